@@ -1,0 +1,260 @@
+"""The Device API: one interface over every way of running accelerator programs.
+
+A device owns a DRAM image of ``dram_bytes``. The host allocates aligned
+buffers in it, copies numpy arrays in and out, loads a `Program` (which
+allocates the program's arena, relocates its addresses and writes the
+instruction stream and micro-ops), runs it, and reads counters.
+
+Backends implement one method, `Device._execute`, which runs the instruction
+stream already in DRAM and returns the run's counters. `fsim` is the
+functional simulator; the RTL simulators (`verilator`, `icarus`) are further
+backends registered with `register_backend`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig, load_config
+from gemforge.hw.isa import encode_program, encode_uops
+
+from .program import Program, ProgramError, arena_alignment
+
+__all__ = [
+    "Device", "DeviceError", "Buffer", "LoadedProgram", "RunResult",
+    "open_device", "register_backend", "available_backends", "DEFAULT_DRAM_BYTES",
+]
+
+DEFAULT_DRAM_BYTES = 256 * 1024 * 1024
+
+
+class DeviceError(RuntimeError):
+    """A device-level failure: out of DRAM, a bad buffer access, an unknown backend."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A block of device DRAM: byte ``address`` and size ``nbytes``."""
+
+    address: int
+    nbytes: int
+
+
+@dataclass
+class LoadedProgram:
+    """A program resident in device DRAM: its arena and instruction stream."""
+
+    program: Program
+    arena: Buffer
+    insn_buffer: Buffer
+    insn_count: int
+
+    def tensor_buffer(self, name: str) -> Buffer:
+        try:
+            region = self.program.tensors[name]
+        except KeyError:
+            raise DeviceError(f"program has no tensor {name!r}; it has "
+                              f"{', '.join(self.program.tensors) or 'none'}") from None
+        return Buffer(self.arena.address + region.offset, region.nbytes)
+
+
+@dataclass
+class RunResult:
+    """What a run reports: event counters, and for RTL backends the cycle count
+    and hardware counters."""
+
+    counters: dict[str, int]
+    cycles: int | None = None
+    hw_counters: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"counters": dict(self.counters)}
+        if self.cycles is not None:
+            out["cycles"] = self.cycles
+        if self.hw_counters:
+            out["hw_counters"] = dict(self.hw_counters)
+        return out
+
+
+class Device(ABC):
+    """Base class of all backends: DRAM image, allocator, program loading."""
+
+    kind = "abstract"
+
+    def __init__(self, config: AccelConfig, dram_bytes: int = DEFAULT_DRAM_BYTES) -> None:
+        if dram_bytes <= 0 or dram_bytes % 4096:
+            raise DeviceError(f"dram_bytes must be a positive multiple of 4096, not {dram_bytes}")
+        self.config = config
+        self.dram_bytes = dram_bytes
+        self.dram = np.zeros(dram_bytes, dtype=np.uint8)
+        # Free list of (address, size), sorted by address, coalesced on free.
+        # Address 0 is never handed out, so a zero address is always a bug.
+        self._free: list[tuple[int, int]] = [(4096, dram_bytes - 4096)]
+        self._allocated: dict[int, int] = {}
+        self.last_result: RunResult | None = None
+
+    # ------------------------------------------------------------------ memory
+
+    def alloc(self, nbytes: int, align: int = 64) -> Buffer:
+        """Allocate ``nbytes`` of DRAM at a multiple of ``align`` (a power of two)."""
+        if nbytes <= 0:
+            raise DeviceError(f"allocation size must be positive, not {nbytes}")
+        if align <= 0 or align & (align - 1):
+            raise DeviceError(f"alignment must be a power of two, not {align}")
+        for i, (start, size) in enumerate(self._free):
+            address = -(-start // align) * align
+            if address + nbytes <= start + size:
+                del self._free[i]
+                if address > start:
+                    self._free.insert(i, (start, address - start))
+                    i += 1
+                end = address + nbytes
+                if end < start + size:
+                    self._free.insert(i, (end, start + size - end))
+                self._allocated[address] = nbytes
+                return Buffer(address, nbytes)
+        raise DeviceError(f"out of device DRAM: cannot allocate {nbytes} bytes aligned to {align} "
+                          f"in {self.dram_bytes} bytes")
+
+    def free(self, buf: Buffer) -> None:
+        if self._allocated.get(buf.address) != buf.nbytes:
+            raise DeviceError(f"buffer at {buf.address:#x} is not an allocation of this device")
+        del self._allocated[buf.address]
+        i = bisect.bisect(self._free, (buf.address, 0))
+        self._free.insert(i, (buf.address, buf.nbytes))
+        # Coalesce with the neighbours.
+        merged: list[tuple[int, int]] = []
+        for start, size in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            else:
+                merged.append((start, size))
+        self._free = merged
+
+    def write(self, buf: Buffer, data: np.ndarray | bytes, offset: int = 0) -> None:
+        """Copy raw bytes of ``data`` (C order) into ``buf`` at byte ``offset``."""
+        raw = np.frombuffer(bytes(data) if isinstance(data, (bytes, bytearray)) else
+                            np.ascontiguousarray(data).tobytes(), dtype=np.uint8)
+        if offset < 0 or offset + raw.size > buf.nbytes:
+            raise DeviceError(f"write of {raw.size} bytes at offset {offset} overruns the "
+                              f"{buf.nbytes}-byte buffer at {buf.address:#x}")
+        self._write_bytes(buf.address + offset, raw)
+
+    def read(self, buf: Buffer, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None,
+             offset: int = 0) -> np.ndarray:
+        """Read ``buf`` (from byte ``offset``) as an array of ``dtype`` and ``shape``."""
+        dtype = np.dtype(dtype)
+        count = (buf.nbytes - offset) // dtype.itemsize if shape is None else int(np.prod(shape))
+        nbytes = count * dtype.itemsize
+        if offset < 0 or offset + nbytes > buf.nbytes:
+            raise DeviceError(f"read of {nbytes} bytes at offset {offset} overruns the "
+                              f"{buf.nbytes}-byte buffer at {buf.address:#x}")
+        raw = self._read_bytes(buf.address + offset, nbytes)
+        array = raw.view(dtype)
+        return array.reshape(shape) if shape is not None else array
+
+    def _write_bytes(self, address: int, raw: np.ndarray) -> None:
+        self.dram[address:address + raw.size] = raw
+
+    def _read_bytes(self, address: int, nbytes: int) -> np.ndarray:
+        return self.dram[address:address + nbytes].copy()
+
+    # ------------------------------------------------------------------ programs
+
+    def load_program(self, program: Program) -> LoadedProgram:
+        """Place a program in DRAM: arena (micro-ops, constants) and instruction stream."""
+        if program.config != self.config:
+            raise ProgramError(f"program was built for config {program.config.name!r}, but this "
+                               f"device is {self.config.name!r}; configs must match exactly")
+        align = arena_alignment(self.config)
+        arena = self.alloc(max(program.arena_bytes, align), align=align)
+        insns = program.relocated(arena.address)
+        stream = encode_program(insns, self.config)
+        insn_buffer = self.alloc(max(len(stream), self.config.insn_bytes), align=max(64, self.config.bus_bytes))
+        self.write(insn_buffer, stream)
+        loaded = LoadedProgram(program, arena, insn_buffer, len(insns))
+        if program.uops:
+            self.write(arena, encode_uops(program.uops, self.config), offset=program.uop_offset)
+        for name, data in program.constants.items():
+            self.write(loaded.tensor_buffer(name), data)
+        return loaded
+
+    def unload_program(self, loaded: LoadedProgram) -> None:
+        self.free(loaded.arena)
+        self.free(loaded.insn_buffer)
+
+    def run(self, loaded: LoadedProgram) -> RunResult:
+        """Run a loaded program to completion and return its counters."""
+        result = self._execute(loaded.insn_buffer.address, loaded.insn_count)
+        self.last_result = result
+        return result
+
+    def run_program(self, program: Program, inputs: dict[str, np.ndarray],
+                    outputs: list[str]) -> tuple[dict[str, np.ndarray], RunResult]:
+        """Load ``program``, write ``inputs`` into its tensors, run, read ``outputs``, unload."""
+        loaded = self.load_program(program)
+        try:
+            for name, array in inputs.items():
+                region = program.tensors.get(name)
+                if region is None:
+                    raise DeviceError(f"program has no input tensor {name!r}")
+                if tuple(array.shape) != region.shape or array.dtype != np.dtype(region.dtype):
+                    raise DeviceError(f"input {name!r} must be {region.dtype}{list(region.shape)}, "
+                                      f"not {array.dtype}{list(array.shape)}")
+                self.write(loaded.tensor_buffer(name), array)
+            result = self.run(loaded)
+            results = {}
+            for name in outputs:
+                region = program.tensors[name]
+                results[name] = self.read(loaded.tensor_buffer(name), region.dtype, region.shape)
+            return results, result
+        finally:
+            self.unload_program(loaded)
+
+    @abstractmethod
+    def _execute(self, insn_address: int, insn_count: int) -> RunResult:
+        """Run ``insn_count`` instructions starting at byte ``insn_address`` of DRAM."""
+
+    def close(self) -> None:
+        """Release backend resources (simulator processes, build handles)."""
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_BACKENDS: dict[str, Callable[..., Device]] = {}
+
+
+def register_backend(kind: str, factory: Callable[..., Device]) -> None:
+    """Make ``open_device(kind, ...)`` construct devices with ``factory(config, **options)``."""
+    _BACKENDS[kind] = factory
+
+
+def available_backends() -> list[str]:
+    _register_builtin_backends()
+    return sorted(_BACKENDS)
+
+
+def open_device(kind: str, config: AccelConfig | str | None = None, **options: Any) -> Device:
+    """Open a device of backend ``kind`` ('fsim', ...) for ``config`` (preset, file or object)."""
+    _register_builtin_backends()
+    config = load_config(config)
+    try:
+        factory = _BACKENDS[kind]
+    except KeyError:
+        raise DeviceError(f"unknown device {kind!r}; available: {', '.join(sorted(_BACKENDS))}") from None
+    return factory(config, **options)
+
+
+def _register_builtin_backends() -> None:
+    if "fsim" not in _BACKENDS:
+        from .fsim_device import FsimDevice
+        register_backend("fsim", FsimDevice)

@@ -1,0 +1,201 @@
+"""The program container: instruction words, micro-ops and the DRAM data layout.
+
+A program is *relocatable*: every DRAM address in it (LOAD/STORE ``dram_base``,
+micro-op and tensor offsets) is relative to the base of the program's arena,
+a block of ``arena_bytes`` that the device allocates when it loads the
+program. Loading adds the arena base, in entries of the addressed buffer, to
+each LOAD/STORE, which is why arenas are aligned to `arena_alignment`.
+
+File format (little-endian), suffix ``.gfp`` by convention::
+
+    magic    8 bytes   b"GEMFORGE"
+    version  u32       FORMAT_VERSION
+    hlen     u32       length of the header
+    header   hlen      UTF-8 JSON: config, counts, uop_offset, arena_bytes,
+                       tensors (name, offset, shape, dtype), constants (name, nbytes)
+    insns    n_insns × config.insn_bytes
+    uops     n_uops × config.uop_entry_bytes
+    consts   the constant tensors' bytes, in header order
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig, ConfigError
+from gemforge.hw.isa import (
+    IsaError,
+    Instruction,
+    Load,
+    Store,
+    Uop,
+    decode_program,
+    decode_uops,
+    encode_program,
+    encode_uops,
+)
+
+from .files import write_bytes_atomic
+
+__all__ = ["Program", "TensorRegion", "ProgramError", "arena_alignment", "FORMAT_VERSION"]
+
+MAGIC = b"GEMFORGE"
+FORMAT_VERSION = 1
+
+
+class ProgramError(ValueError):
+    """A program file or container is malformed or inconsistent."""
+
+
+def arena_alignment(config: AccelConfig) -> int:
+    """Arenas start at a multiple of this, so relocation is a whole number of entries
+    for every buffer (entry sizes are powers of two) and DMA rows stay bus-aligned."""
+    return max(4096, config.bus_bytes,
+               *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out", "uop")))
+
+
+@dataclass(frozen=True)
+class TensorRegion:
+    """A named block of the arena holding one host-visible tensor in its device layout."""
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "offset": self.offset, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TensorRegion:
+        return cls(data["name"], int(data["offset"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+
+
+@dataclass
+class Program:
+    """Everything a device needs to run one accelerator program."""
+
+    config: AccelConfig
+    instructions: list[Instruction]
+    uops: list[Uop] = field(default_factory=list)
+    uop_offset: int = 0
+    arena_bytes: int = 0
+    tensors: dict[str, TensorRegion] = field(default_factory=dict)
+    #: Tensor contents written into the arena when the program is loaded (e.g. weights).
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Consistency of the layout: regions inside the arena, aligned micro-ops."""
+        uop_bytes = len(self.uops) * self.config.uop_entry_bytes
+        if self.uop_offset % self.config.uop_entry_bytes:
+            raise ProgramError(f"uop_offset {self.uop_offset} is not a multiple of the "
+                               f"{self.config.uop_entry_bytes}-byte micro-op size")
+        if self.uop_offset + uop_bytes > self.arena_bytes:
+            raise ProgramError(f"micro-ops end at byte {self.uop_offset + uop_bytes}, past the "
+                               f"{self.arena_bytes}-byte arena")
+        for region in self.tensors.values():
+            if region.offset < 0 or region.offset + region.nbytes > self.arena_bytes:
+                raise ProgramError(f"tensor {region.name} (bytes {region.offset}..{region.offset + region.nbytes})"
+                                   f" does not fit the {self.arena_bytes}-byte arena")
+        for name, data in self.constants.items():
+            if name not in self.tensors:
+                raise ProgramError(f"constant {name!r} has no tensor region")
+            region = self.tensors[name]
+            if tuple(data.shape) != region.shape or data.dtype != np.dtype(region.dtype):
+                raise ProgramError(f"constant {name!r} is {data.dtype}{list(data.shape)}, but its region is "
+                                   f"{region.dtype}{list(region.shape)}")
+
+    # ------------------------------------------------------------------ relocation
+
+    def relocated(self, arena_base: int) -> list[Instruction]:
+        """The instructions with DRAM addresses moved to an arena at ``arena_base``."""
+        align = arena_alignment(self.config)
+        if arena_base % align:
+            raise ProgramError(f"arena base {arena_base:#x} is not aligned to {align} bytes")
+        out = []
+        for insn in self.instructions:
+            if isinstance(insn, (Load, Store)):
+                shift = arena_base // self.config.entry_bytes(insn.mem.buffer)
+                insn = dataclasses.replace(insn, dram_base=insn.dram_base + shift)
+            out.append(insn)
+        return out
+
+    # ------------------------------------------------------------------ serialization
+
+    def to_bytes(self) -> bytes:
+        header = {
+            "config": self.config.to_dict(),
+            "n_insns": len(self.instructions),
+            "n_uops": len(self.uops),
+            "uop_offset": self.uop_offset,
+            "arena_bytes": self.arena_bytes,
+            "tensors": [r.to_json() for r in self.tensors.values()],
+            "constants": [{"name": n, "nbytes": int(a.nbytes)} for n, a in self.constants.items()],
+        }
+        head = json.dumps(header, sort_keys=True).encode()
+        parts = [MAGIC, struct.pack("<II", FORMAT_VERSION, len(head)), head,
+                 encode_program(self.instructions, self.config),
+                 encode_uops(self.uops, self.config)]
+        parts += [np.ascontiguousarray(a).tobytes() for a in self.constants.values()]
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "program") -> Program:
+        if data[:8] != MAGIC:
+            raise ProgramError(f"{source} is not a gemforge program (bad magic)")
+        try:
+            version, hlen = struct.unpack_from("<II", data, 8)
+            if version != FORMAT_VERSION:
+                raise ProgramError(f"{source} has format version {version}; this gemforge reads {FORMAT_VERSION}")
+            header = json.loads(data[16:16 + hlen])
+            config = AccelConfig.from_dict(header["config"], source=f"{source} config")
+            pos = 16 + hlen
+            insn_len = header["n_insns"] * config.insn_bytes
+            uop_len = header["n_uops"] * config.uop_entry_bytes
+            insns = decode_program(data[pos:pos + insn_len], config)
+            pos += insn_len
+            uops = decode_uops(data[pos:pos + uop_len], config)
+            pos += uop_len
+            tensors = {r["name"]: TensorRegion.from_json(r) for r in header["tensors"]}
+            constants = {}
+            for item in header["constants"]:
+                region = tensors[item["name"]]
+                raw = data[pos:pos + item["nbytes"]]
+                if len(raw) != item["nbytes"]:
+                    raise ProgramError(f"{source} is truncated")
+                constants[region.name] = np.frombuffer(raw, dtype=region.dtype).reshape(region.shape).copy()
+                pos += item["nbytes"]
+            if pos != len(data):
+                raise ProgramError(f"{source} has {len(data) - pos} unexpected trailing bytes")
+            return cls(config, insns, uops, header["uop_offset"], header["arena_bytes"], tensors, constants)
+        except (KeyError, TypeError, ValueError, struct.error) as exc:
+            if isinstance(exc, (ProgramError, ConfigError, IsaError)):
+                if isinstance(exc, ProgramError):
+                    raise
+                raise ProgramError(f"{source} is malformed: {exc}") from None
+            raise ProgramError(f"{source} is malformed: {exc!r}") from None
+
+    def save(self, path: str | Path) -> None:
+        write_bytes_atomic(path, self.to_bytes())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Program:
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ProgramError(f"cannot read program {path}: {exc.strerror}") from None
+        return cls.from_bytes(data, source=f"program {path}")

@@ -1,0 +1,406 @@
+"""The accelerator's parameter set: one frozen, validated `AccelConfig`.
+
+Every other part of gemforge (the ISA encoder, the functional simulator, the
+gateware, the compiler) derives its widths, depths and layouts from this
+object, and only from it. Each derived value is a property computed here, in
+exactly one place.
+
+On-chip buffers are arrays of *entries*; an entry is the tile one GEMM
+micro-op touches:
+
+==========  ===========================  ===========================
+buffer      entry shape                  element width
+==========  ===========================  ===========================
+input       ``batch × block_in``         ``inp_width``
+weight      ``block_out × block_in``     ``wgt_width``
+accumulator ``batch × block_out``        ``acc_width``
+output      ``batch × block_out``        ``out_width``
+micro-op    one packed `Uop`             ``uop_bits`` (32 or 64)
+==========  ===========================  ===========================
+
+DRAM holds entries in the same byte layout (row-major, little-endian two's
+complement), so a DMA moves whole entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+__all__ = [
+    "AccelConfig",
+    "ConfigError",
+    "PRESETS",
+    "load_config",
+    "SUPPORTED_INPUT_WIDTHS",
+    "SUPPORTED_ACC_WIDTHS",
+    "SUPPORTED_OUT_WIDTHS",
+    "SUPPORTED_BUS_WIDTHS",
+    "MAX_BUFFER_DEPTH",
+    "MAX_UOP_BITS",
+]
+
+
+class ConfigError(ValueError):
+    """An accelerator configuration is invalid; the message names the field and what is allowed."""
+
+
+#: Element widths (bits) the input and weight operands may have.
+SUPPORTED_INPUT_WIDTHS = (8, 16)
+#: Accumulator widths (bits).
+SUPPORTED_ACC_WIDTHS = (16, 32)
+#: Output-buffer widths (bits); never wider than the accumulator.
+SUPPORTED_OUT_WIDTHS = (8, 16, 32)
+#: AXI data widths (bits) of the DRAM port.
+SUPPORTED_BUS_WIDTHS = (64, 128, 256, 512)
+#: The deepest buffer an SRAM address field may index. Addresses are at most
+#: 16 bits wide so every instruction kind fits a 128- or 256-bit word.
+MAX_BUFFER_DEPTH = 1 << 16
+#: A packed micro-op must fit one 64-bit word.
+MAX_UOP_BITS = 64
+#: The fixed widths of instruction fields that do not depend on buffer depths.
+DRAM_ADDR_BITS = 32
+DMA_SIZE_BITS = 16
+DMA_PAD_BITS = 4
+LOOP_ITER_BITS = 14
+ALU_IMM_BITS = 16
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _bits_for(count: int) -> int:
+    """Bits needed to index ``count`` distinct entries (at least 1)."""
+    return max(1, (count - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class AccelConfig:
+    """One accelerator design point.
+
+    Parameters
+    ----------
+    name:
+        A label carried into generated files; it has no effect on the design.
+    batch, block_in, block_out:
+        GEMM core shape. A micro-op computes
+        ``acc[batch][block_out] += inp[batch][block_in] · wgt[block_out][block_in]ᵀ``.
+    inp_width, wgt_width, acc_width, out_width:
+        Element widths in bits (signed two's complement).
+    inp_buffer_bytes, wgt_buffer_bytes, acc_buffer_bytes, out_buffer_bytes, uop_buffer_bytes:
+        On-chip buffer capacities.
+    bus_width:
+        AXI4 data width of the DRAM port, in bits.
+    cmd_queue_depth:
+        Depth of each engine's command queue (fetch → load/compute/store).
+    token_queue_depth:
+        Capacity of each of the four dependency-token queues.
+    clock_mhz:
+        Target clock frequency for synthesis.
+    """
+
+    name: str = "custom"
+    batch: int = 1
+    block_in: int = 16
+    block_out: int = 16
+    inp_width: int = 8
+    wgt_width: int = 8
+    acc_width: int = 32
+    out_width: int = 8
+    inp_buffer_bytes: int = 32 * 1024
+    wgt_buffer_bytes: int = 256 * 1024
+    acc_buffer_bytes: int = 128 * 1024
+    out_buffer_bytes: int = 32 * 1024
+    uop_buffer_bytes: int = 32 * 1024
+    bus_width: int = 64
+    cmd_queue_depth: int = 512
+    token_queue_depth: int = 512
+    clock_mhz: float = 100.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"name must be a non-empty string, not {self.name!r}")
+        for field in dataclasses.fields(self):
+            if field.name in ("name", "clock_mhz"):
+                continue
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{field.name} must be an integer, not {value!r}")
+        for field in ("batch", "block_in", "block_out"):
+            value = getattr(self, field)
+            if not _is_pow2(value) or value > 256:
+                raise ConfigError(
+                    f"{field} must be a power of two between 1 and 256, not {value}")
+        for field in ("inp_width", "wgt_width"):
+            value = getattr(self, field)
+            if value not in SUPPORTED_INPUT_WIDTHS:
+                raise ConfigError(
+                    f"{field} must be one of {_fmt(SUPPORTED_INPUT_WIDTHS)} bits, not {value}")
+        if self.acc_width not in SUPPORTED_ACC_WIDTHS:
+            raise ConfigError(
+                f"acc_width must be one of {_fmt(SUPPORTED_ACC_WIDTHS)} bits, not {self.acc_width}")
+        if self.out_width not in SUPPORTED_OUT_WIDTHS:
+            raise ConfigError(
+                f"out_width must be one of {_fmt(SUPPORTED_OUT_WIDTHS)} bits, not {self.out_width}")
+        if self.out_width > self.acc_width:
+            raise ConfigError(
+                f"out_width ({self.out_width}) must not exceed acc_width ({self.acc_width}): "
+                "the output buffer holds the low bits of each accumulator")
+        if self.bus_width not in SUPPORTED_BUS_WIDTHS:
+            raise ConfigError(
+                f"bus_width must be one of {_fmt(SUPPORTED_BUS_WIDTHS)} bits, not {self.bus_width}")
+        for buffer in ("inp", "wgt", "acc", "out", "uop"):
+            field = f"{buffer}_buffer_bytes"
+            size = getattr(self, field)
+            entry = self.entry_bytes(buffer)
+            if not _is_pow2(size):
+                raise ConfigError(f"{field} must be a power of two, not {size}")
+            if size < entry:
+                raise ConfigError(
+                    f"{field} ({size}) is smaller than one {_BUFFER_NAMES[buffer]} entry "
+                    f"({entry} bytes for this core shape and width)")
+            if size // entry > MAX_BUFFER_DEPTH:
+                raise ConfigError(
+                    f"{field} ({size}) holds {size // entry} entries, more than the "
+                    f"{MAX_BUFFER_DEPTH} an instruction's SRAM address field can index; "
+                    f"use at most {MAX_BUFFER_DEPTH * entry} bytes")
+        if self.out_depth != self.acc_depth:
+            raise ConfigError(
+                f"out_buffer_bytes ({self.out_buffer_bytes}) must give the output buffer as many "
+                f"entries as the accumulator buffer ({self.acc_depth}), i.e. "
+                f"{self.acc_depth * self.out_entry_bytes} bytes: each accumulator write "
+                "mirrors its low bits into the output entry of the same index")
+        if self.uop_bits_used > MAX_UOP_BITS:
+            raise ConfigError(
+                f"a micro-op needs {self.uop_bits_used} bits for these buffer depths, more than "
+                f"{MAX_UOP_BITS}; make the input, weight or accumulator buffer smaller")
+        for field in ("cmd_queue_depth", "token_queue_depth"):
+            value = getattr(self, field)
+            if not _is_pow2(value) or not 2 <= value <= 4096:
+                raise ConfigError(
+                    f"{field} must be a power of two between 2 and 4096, not {value}")
+        if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, (int, float)) \
+                or not 1 <= self.clock_mhz <= 1000:
+            raise ConfigError(f"clock_mhz must be a number between 1 and 1000, not {self.clock_mhz!r}")
+
+    # ------------------------------------------------------------------ derived values
+
+    def entry_bytes(self, buffer: str) -> int:
+        """Bytes of one entry of ``buffer`` ('inp', 'wgt', 'acc', 'out' or 'uop')."""
+        if buffer == "inp":
+            return self.batch * self.block_in * self.inp_width // 8
+        if buffer == "wgt":
+            return self.block_out * self.block_in * self.wgt_width // 8
+        if buffer == "acc":
+            return self.batch * self.block_out * self.acc_width // 8
+        if buffer == "out":
+            return self.batch * self.block_out * self.out_width // 8
+        if buffer == "uop":
+            return self.uop_bits // 8
+        raise KeyError(f"unknown buffer {buffer!r}; expected one of inp, wgt, acc, out, uop")
+
+    def depth(self, buffer: str) -> int:
+        """Number of entries ``buffer`` holds."""
+        return getattr(self, f"{buffer}_buffer_bytes") // self.entry_bytes(buffer)
+
+    inp_entry_bytes = property(lambda self: self.entry_bytes("inp"))
+    wgt_entry_bytes = property(lambda self: self.entry_bytes("wgt"))
+    acc_entry_bytes = property(lambda self: self.entry_bytes("acc"))
+    out_entry_bytes = property(lambda self: self.entry_bytes("out"))
+    uop_entry_bytes = property(lambda self: self.entry_bytes("uop"))
+    inp_depth = property(lambda self: self.depth("inp"))
+    wgt_depth = property(lambda self: self.depth("wgt"))
+    acc_depth = property(lambda self: self.depth("acc"))
+    out_depth = property(lambda self: self.depth("out"))
+    uop_depth = property(lambda self: self.depth("uop"))
+
+    @property
+    def inp_index_bits(self) -> int:
+        return _bits_for(self.inp_depth)
+
+    @property
+    def wgt_index_bits(self) -> int:
+        return _bits_for(self.wgt_depth)
+
+    @property
+    def acc_index_bits(self) -> int:
+        return _bits_for(self.acc_depth)
+
+    @property
+    def uop_index_bits(self) -> int:
+        return _bits_for(self.uop_depth)
+
+    # Micro-op fields. `src` indexes the input buffer for GEMM and the
+    # accumulator for ALU, so it is as wide as the wider of the two.
+    @property
+    def uop_dst_bits(self) -> int:
+        return self.acc_index_bits
+
+    @property
+    def uop_src_bits(self) -> int:
+        return max(self.inp_index_bits, self.acc_index_bits)
+
+    @property
+    def uop_wgt_bits(self) -> int:
+        return self.wgt_index_bits
+
+    @property
+    def uop_bits_used(self) -> int:
+        return self.uop_dst_bits + self.uop_src_bits + self.uop_wgt_bits
+
+    @property
+    def uop_bits(self) -> int:
+        """Storage width of one micro-op in DRAM and SRAM: 32 or 64 bits."""
+        return 32 if self.uop_bits_used <= 32 else 64
+
+    @property
+    def sram_addr_bits(self) -> int:
+        """Width of a LOAD/STORE SRAM base: enough for the deepest buffer."""
+        return max(_bits_for(self.depth(b)) for b in ("inp", "wgt", "acc", "out", "uop"))
+
+    @property
+    def bus_bytes(self) -> int:
+        return self.bus_width // 8
+
+    @property
+    def macs_per_uop(self) -> int:
+        return self.batch * self.block_in * self.block_out
+
+    @cached_property
+    def insn_bits(self) -> int:
+        """Instruction width: 128 bits, or 256 when some instruction's fields need more."""
+        from .isa import required_insn_bits  # the ISA owns its field tables
+        return 128 if required_insn_bits(self) <= 128 else 256
+
+    @property
+    def insn_bytes(self) -> int:
+        return self.insn_bits // 8
+
+    def derived(self) -> dict[str, Any]:
+        """Every derived parameter, for `gemforge info` and generated files."""
+        out: dict[str, Any] = {}
+        for buffer in ("inp", "wgt", "acc", "out", "uop"):
+            out[f"{buffer}_entry_bytes"] = self.entry_bytes(buffer)
+            out[f"{buffer}_depth"] = self.depth(buffer)
+        out.update(
+            inp_index_bits=self.inp_index_bits,
+            wgt_index_bits=self.wgt_index_bits,
+            acc_index_bits=self.acc_index_bits,
+            uop_index_bits=self.uop_index_bits,
+            uop_dst_bits=self.uop_dst_bits,
+            uop_src_bits=self.uop_src_bits,
+            uop_wgt_bits=self.uop_wgt_bits,
+            uop_bits=self.uop_bits,
+            sram_addr_bits=self.sram_addr_bits,
+            insn_bits=self.insn_bits,
+            bus_bytes=self.bus_bytes,
+            macs_per_uop=self.macs_per_uop,
+        )
+        return out
+
+    # ------------------------------------------------------------------ serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> AccelConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must be a table of fields, not {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"{source} has unknown field(s) {', '.join(unknown)}; "
+                f"allowed fields are {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as TOML or JSON, chosen by the file suffix (atomically)."""
+        from gemforge.driver.files import write_text_atomic  # noqa: PLC0415 (avoid cycle at import)
+        path = Path(path)
+        if path.suffix == ".toml":
+            write_text_atomic(path, self.to_toml())
+        elif path.suffix == ".json":
+            write_text_atomic(path, self.to_json())
+        else:
+            raise ConfigError(f"config file {path} must end in .toml or .json")
+
+    @classmethod
+    def load(cls, path: str | Path) -> AccelConfig:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            if path.suffix == ".toml":
+                data = tomllib.loads(text)
+            elif path.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise ConfigError(f"config file {path} must end in .toml or .json")
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        return cls.from_dict(data, source=f"config file {path}")
+
+    def replace(self, **changes: Any) -> AccelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
+
+
+def _fmt(values: tuple[int, ...]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+#: Named design points. `tiny` keeps tests and RTL builds fast; `default` is the
+#: VTA/PYNQ-class design; `large` doubles the array and widens the bus.
+PRESETS: dict[str, AccelConfig] = {
+    "tiny": AccelConfig(
+        name="tiny", batch=1, block_in=4, block_out=4,
+        inp_buffer_bytes=1024, wgt_buffer_bytes=4096, acc_buffer_bytes=4096,
+        out_buffer_bytes=1024, uop_buffer_bytes=1024, bus_width=64,
+        cmd_queue_depth=32, token_queue_depth=32),
+    "default": AccelConfig(name="default"),
+    "large": AccelConfig(
+        name="large", batch=1, block_in=32, block_out=32,
+        inp_buffer_bytes=64 * 1024, wgt_buffer_bytes=512 * 1024, acc_buffer_bytes=256 * 1024,
+        out_buffer_bytes=64 * 1024, uop_buffer_bytes=64 * 1024, bus_width=256),
+}
+
+
+def load_config(spec: str | Path | AccelConfig | None) -> AccelConfig:
+    """A config from a preset name, a .toml/.json path, or an existing config (None: default)."""
+    if spec is None:
+        return PRESETS["default"]
+    if isinstance(spec, AccelConfig):
+        return spec
+    text = str(spec)
+    if text in PRESETS:
+        return PRESETS[text]
+    path = Path(text)
+    if path.suffix in (".toml", ".json"):
+        return AccelConfig.load(path)
+    raise ConfigError(
+        f"unknown config {text!r}: give a preset ({', '.join(PRESETS)}) or a .toml/.json file")

@@ -1,0 +1,470 @@
+"""fsim: the bit-exact functional simulator, gemforge's executable ISA specification.
+
+`Fsim` holds the on-chip state of one accelerator (the five buffers) and runs
+instruction streams read from a DRAM image with the semantics documented in
+`gemforge.hw.isa`. The three engines (load, compute, store), their command
+queues and the four dependency-token queues are modelled with blocking
+semantics, so a program whose tokens do not balance stops with a report of
+each engine's next instruction and every token count instead of hanging.
+
+Every instruction is executed as a whole with numpy: a GEMM gathers all its
+micro-op operands at once and multiplies them in one batched product, so no
+Python code runs per multiply-accumulate.
+
+Implementation rules that the RTL must match bit for bit:
+
+* Integers are two's complement. The accumulator buffer is kept here as
+  int64 holding values already wrapped to ``acc_width`` bits.
+* Every write to ``acc[i]`` writes ``out[i]`` = low ``out_width`` bits (the mirror rule).
+* Loop counts and DMA sizes must be at least 1 and micro-op ranges non-empty;
+  such a zero is reported as an error rather than treated as a no-op.
+* Bits of a micro-op word above its three fields are ignored.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig
+from gemforge.hw.isa import (
+    DEP_FLAGS,
+    Alu,
+    AluOp,
+    EncodingError,
+    Engine,
+    Finish,
+    Gemm,
+    Instruction,
+    Load,
+    MemType,
+    Store,
+    decode,
+    engine_of,
+    mnemonic,
+    uop_fields,
+)
+
+__all__ = [
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "TOKEN_QUEUES",
+    "COUNTER_NAMES",
+]
+
+
+class FsimError(RuntimeError):
+    """A program did something the ISA does not allow (reported, never a hang)."""
+
+
+class DeadlockError(FsimError):
+    """No engine can make progress, or the program ended with work or tokens left over."""
+
+
+class OutOfBoundsError(FsimError):
+    """An instruction addressed SRAM or DRAM outside its bounds."""
+
+
+#: The four dependency-token queues, named source→destination.
+TOKEN_QUEUES = ("load->compute", "compute->load", "compute->store", "store->compute")
+
+# Which token queue each dependency flag of each engine uses.
+_POPS = {
+    Engine.LOAD: {"pop_next": "compute->load"},
+    Engine.COMPUTE: {"pop_prev": "load->compute", "pop_next": "store->compute"},
+    Engine.STORE: {"pop_prev": "compute->store"},
+}
+_PUSHES = {
+    Engine.LOAD: {"push_next": "load->compute"},
+    Engine.COMPUTE: {"push_prev": "compute->load", "push_next": "compute->store"},
+    Engine.STORE: {"push_prev": "store->compute"},
+}
+_ENGINE_ORDER = (Engine.LOAD, Engine.STORE, Engine.COMPUTE)
+
+#: Every event counter fsim reports, in a stable order.
+COUNTER_NAMES = (
+    "insns", "load_insns", "store_insns", "gemm_insns", "alu_insns", "finish_insns",
+    "load_bytes_inp", "load_bytes_wgt", "load_bytes_acc", "load_bytes_uop",
+    "store_bytes_out", "store_bytes_acc",
+    "gemm_uops", "gemm_reset_uops", "macs", "alu_uops",
+)
+
+# GEMM/ALU loops are executed in chunks of at most this many micro-ops, which
+# bounds the memory of the gathered operands.
+_CHUNK_UOPS = 1 << 16
+
+
+def _wrap(values: np.ndarray, bits: int) -> np.ndarray:
+    """Reduce int64 values to signed ``bits``-bit two's complement."""
+    half = np.int64(1 << (bits - 1))
+    return ((values + half) & np.int64((1 << bits) - 1)) - half
+
+
+def _int_dtype(bits: int) -> np.dtype:
+    return np.dtype(f"<i{bits // 8}")
+
+
+@dataclass
+class _Queued:
+    index: int
+    insn: Instruction
+
+
+@dataclass
+class _EngineState:
+    queue: collections.deque = field(default_factory=collections.deque)
+    pending_pushes: list[str] = field(default_factory=list)
+    # Remembered for the deadlock report: the instruction whose pushes are pending.
+    last: _Queued | None = None
+
+
+class Fsim:
+    """On-chip state and instruction semantics of one accelerator instance.
+
+    Parameters
+    ----------
+    config:
+        The design point; buffer shapes and widths come from it.
+    dram:
+        The DRAM image (a 1-D uint8 array) that LOAD and STORE address and the
+        instruction stream is read from. It is used in place, not copied.
+    """
+
+    def __init__(self, config: AccelConfig, dram: np.ndarray) -> None:
+        if dram.dtype != np.uint8 or dram.ndim != 1:
+            raise TypeError("dram must be a 1-D uint8 array")
+        self.config = config
+        self.dram = dram
+        c = config
+        self.inp = np.zeros((c.inp_depth, c.batch, c.block_in), _int_dtype(c.inp_width))
+        self.wgt = np.zeros((c.wgt_depth, c.block_out, c.block_in), _int_dtype(c.wgt_width))
+        self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), np.int64)
+        self.out = np.zeros((c.out_depth, c.batch, c.block_out), _int_dtype(c.out_width))
+        self.uop = np.zeros((c.uop_depth, 3), np.int64)  # (dst, src, wgt)
+        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        # Element layout of one entry of each buffer, as stored in DRAM.
+        self._dram_dtype = {
+            "inp": (_int_dtype(c.inp_width), (c.batch, c.block_in)),
+            "wgt": (_int_dtype(c.wgt_width), (c.block_out, c.block_in)),
+            "acc": (_int_dtype(c.acc_width), (c.batch, c.block_out)),
+            "out": (_int_dtype(c.out_width), (c.batch, c.block_out)),
+            "uop": (np.dtype(f"<u{c.uop_bits // 8}"), ()),
+        }
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, insn_address: int, insn_count: int) -> dict[str, int]:
+        """Run the ``insn_count`` instructions at byte ``insn_address`` until FINISH retires.
+
+        Returns the counters of this run. Raises `DeadlockError` when no engine
+        can make progress or the program ends unbalanced, `OutOfBoundsError` on
+        a bad address, and `FsimError` for any other illegal program."""
+        c = self.config
+        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        if insn_count < 1:
+            raise FsimError("a program needs at least one instruction (FINISH)")
+        end = insn_address + insn_count * c.insn_bytes
+        if insn_address < 0 or end > self.dram.size:
+            raise OutOfBoundsError(f"instruction stream bytes {insn_address:#x}..{end:#x} lie outside "
+                                   f"the {self.dram.size}-byte DRAM")
+        stream = self.dram[insn_address:end].tobytes()
+
+        def fetch(index: int) -> Instruction:
+            raw = int.from_bytes(stream[index * c.insn_bytes:(index + 1) * c.insn_bytes], "little")
+            try:
+                return decode(raw, c)
+            except EncodingError as exc:
+                raise FsimError(f"instruction {index} (at {insn_address + index * c.insn_bytes:#x}) "
+                                f"is invalid: {exc}") from None
+
+        engines = {e: _EngineState() for e in Engine}
+        tokens = dict.fromkeys(TOKEN_QUEUES, 0)
+        pc = 0
+        finished = False
+
+        def try_pushes(state: _EngineState) -> bool:
+            while state.pending_pushes:
+                name = state.pending_pushes[0]
+                if tokens[name] >= c.token_queue_depth:
+                    return False
+                tokens[name] += 1
+                state.pending_pushes.pop(0)
+            return True
+
+        while not finished:
+            progress = False
+            # Fetch dispatches in program order and stalls on a full command queue.
+            while pc < insn_count:
+                insn = fetch(pc)
+                state = engines[engine_of(insn)]
+                if len(state.queue) >= c.cmd_queue_depth:
+                    break
+                state.queue.append(_Queued(pc, insn))
+                pc += 1
+                progress = True
+            for engine in _ENGINE_ORDER:
+                state = engines[engine]
+                while state.queue or state.pending_pushes:
+                    if not try_pushes(state) or not state.queue:
+                        break
+                    head = state.queue[0]
+                    pops = [q for flag, q in _POPS[engine].items() if getattr(head.insn, flag)]
+                    if any(tokens[q] == 0 for q in pops):
+                        break
+                    # FINISH waits until the other engines have done all they can, so
+                    # work they still hold when it retires is work that can never run.
+                    if isinstance(head.insn, Finish) and progress:
+                        break
+                    for q in pops:
+                        tokens[q] -= 1
+                    state.queue.popleft()
+                    self.execute(head.insn, head.index)
+                    state.last = head
+                    state.pending_pushes = [q for flag, q in _PUSHES[engine].items()
+                                            if getattr(head.insn, flag)]
+                    progress = True
+                    if isinstance(head.insn, Finish):
+                        finished = True
+                        try_pushes(state)
+                        break
+                if finished:
+                    break
+            if not progress and not finished:
+                raise DeadlockError(self._report(
+                    "deadlock: no engine can make progress", engines, tokens, pc, insn_count))
+        leftovers = pc < insn_count or any(s.queue or s.pending_pushes for s in engines.values()) \
+            or any(tokens.values())
+        if leftovers:
+            raise DeadlockError(self._report(
+                f"program ended unbalanced: FINISH (instruction {engines[Engine.COMPUTE].last.index}) "
+                "retired with work or tokens left over", engines, tokens, pc, insn_count))
+        return dict(self.counters)
+
+    @staticmethod
+    def _report(title: str, engines: dict, tokens: dict, pc: int, count: int) -> str:
+        lines = [title + "."]
+        for engine in Engine:
+            state = engines[engine]
+            if state.pending_pushes:
+                what = (f"finished instruction {state.last.index} ({mnemonic(state.last.insn)}) but "
+                        f"cannot push to full queue {state.pending_pushes[0]}")
+            elif state.queue:
+                head = state.queue[0]
+                pops = [f"{flag} ({q})" for flag, q in _POPS[engine].items() if getattr(head.insn, flag)]
+                wait = f", waiting on {', '.join(pops)}" if pops else ""
+                what = f"next instruction {head.index} ({mnemonic(head.insn)}){wait}; {len(state.queue)} queued"
+            else:
+                what = "idle, nothing queued"
+            lines.append(f"  {engine.value:8s} {what}")
+        lines.append("  tokens   " + ", ".join(f"{q}={n}" for q, n in tokens.items()))
+        lines.append(f"  fetch    {pc} of {count} instructions dispatched")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ semantics
+
+    def execute(self, insn: Instruction, index: int = 0) -> None:
+        """Execute one instruction's data effect (no token handling)."""
+        self.counters["insns"] += 1
+        if isinstance(insn, Load):
+            self.counters["load_insns"] += 1
+            self._load(insn, index)
+        elif isinstance(insn, Store):
+            self.counters["store_insns"] += 1
+            self._store(insn, index)
+        elif isinstance(insn, Gemm):
+            self.counters["gemm_insns"] += 1
+            self._gemm(insn, index)
+        elif isinstance(insn, Alu):
+            self.counters["alu_insns"] += 1
+            self._alu(insn, index)
+        elif isinstance(insn, Finish):
+            self.counters["finish_insns"] += 1
+        else:  # pragma: no cover - decode only yields the kinds above
+            raise AssertionError(insn)
+
+    def _where(self, insn: Instruction, index: int) -> str:
+        return f"instruction {index} ({mnemonic(insn)})"
+
+    def _check_dma_shape(self, insn: Load | Store, index: int) -> None:
+        for name in ("y_size", "x_size"):
+            if getattr(insn, name) < 1:
+                raise FsimError(f"{self._where(insn, index)}: {name} must be at least 1, not 0")
+
+    def _dram_entries(self, insn: Load | Store, index: int) -> np.ndarray:
+        """Entry indices (y, x) in DRAM that a LOAD/STORE touches, bounds-checked."""
+        buffer = insn.mem.buffer
+        entry = self.config.entry_bytes(buffer)
+        rows = insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride
+        last = int(rows[-1]) + insn.x_size  # one past the last entry
+        if last * entry > self.dram.size:
+            raise OutOfBoundsError(
+                f"{self._where(insn, index)}: DRAM bytes up to {last * entry:#x} lie outside the "
+                f"{self.dram.size:#x}-byte DRAM (dram_base={insn.dram_base} entries of {entry} bytes)")
+        return rows[:, None] + np.arange(insn.x_size, dtype=np.int64)[None, :]
+
+    def _dram_view(self, buffer: str) -> np.ndarray:
+        """DRAM as an array of whole entries of ``buffer`` (shares memory)."""
+        entry = self.config.entry_bytes(buffer)
+        usable = self.dram.size // entry * entry
+        dtype, shape = self._dram_dtype[buffer]
+        return self.dram[:usable].view(dtype).reshape((usable // entry,) + shape)
+
+    def _sram(self, buffer: str) -> np.ndarray:
+        return {"inp": self.inp, "wgt": self.wgt, "acc": self.acc, "out": self.out, "uop": self.uop}[buffer]
+
+    def _write_acc(self, indices: np.ndarray | slice, values: np.ndarray) -> None:
+        """Write wrapped accumulator values and mirror their low bits into the output buffer."""
+        self.acc[indices] = values
+        self.out[indices] = _wrap(values, self.config.out_width)
+
+    def _load(self, insn: Load, index: int) -> None:
+        self._check_dma_shape(insn, index)
+        buffer = insn.mem.buffer
+        entries = self._dram_entries(insn, index)
+        data = self._dram_view(buffer)[entries]  # (y, x, *entry)
+        rows = insn.y_pad0 + insn.y_size + insn.y_pad1
+        pitch = insn.x_pad0 + insn.x_size + insn.x_pad1
+        total = rows * pitch
+        depth = self.config.depth(buffer)
+        if insn.sram_base + total > depth:
+            raise OutOfBoundsError(
+                f"{self._where(insn, index)}: writes {buffer} entries {insn.sram_base}..{insn.sram_base + total - 1}"
+                f" but the {buffer} buffer has {depth} entries")
+        self.counters[f"load_bytes_{buffer}"] += entries.size * self.config.entry_bytes(buffer)
+        if insn.mem == MemType.UOP:
+            words = data.reshape(-1).astype(np.uint64)
+            decoded = np.empty((words.size, 3), np.int64)
+            pos = 0
+            for col, f in enumerate(uop_fields(self.config)):
+                decoded[:, col] = ((words >> np.uint64(pos)) & np.uint64((1 << f.width) - 1)).astype(np.int64)
+                pos += f.width
+            self.uop[insn.sram_base:insn.sram_base + total] = decoded
+            return
+        tile = np.zeros((rows, pitch) + data.shape[2:], np.int64)
+        tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = data
+        tile = tile.reshape((total,) + data.shape[2:])
+        span = slice(insn.sram_base, insn.sram_base + total)
+        if insn.mem == MemType.ACC:
+            self._write_acc(span, tile)
+        else:
+            self._sram(buffer)[span] = tile
+
+    def _store(self, insn: Store, index: int) -> None:
+        self._check_dma_shape(insn, index)
+        buffer = insn.mem.buffer
+        count = insn.y_size * insn.x_size
+        depth = self.config.depth(buffer)
+        if insn.sram_base + count > depth:
+            raise OutOfBoundsError(
+                f"{self._where(insn, index)}: reads {buffer} entries {insn.sram_base}..{insn.sram_base + count - 1}"
+                f" but the {buffer} buffer has {depth} entries")
+        entries = self._dram_entries(insn, index)
+        dtype, _ = self._dram_dtype[buffer]
+        data = self._sram(buffer)[insn.sram_base:insn.sram_base + count].astype(dtype)
+        data = data.reshape(entries.shape + data.shape[1:])
+        view = self._dram_view(buffer)
+        if insn.y_size > 1 and insn.x_stride < insn.x_size:
+            for y in range(insn.y_size):  # overlapping rows: later rows win, in order
+                view[entries[y]] = data[y]
+        else:
+            view[entries] = data
+        self.counters[f"store_bytes_{buffer}"] += count * self.config.entry_bytes(buffer)
+
+    def _loop_indices(self, insn: Gemm | Alu, index: int) -> tuple[np.ndarray, ...]:
+        """Per executed micro-op, in execution order: (dst, src, wgt) buffer indices."""
+        where = self._where(insn, index)
+        for name in ("iter_out", "iter_in"):
+            if getattr(insn, name) < 1:
+                raise FsimError(f"{where}: {name} must be at least 1, not 0")
+        if not insn.uop_bgn < insn.uop_end <= self.config.uop_depth:
+            raise OutOfBoundsError(
+                f"{where}: micro-op range [{insn.uop_bgn}, {insn.uop_end}) must be non-empty and within "
+                f"the {self.config.uop_depth}-entry micro-op buffer")
+        uops = self.uop[insn.uop_bgn:insn.uop_end]
+        i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
+        j = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
+        is_gemm = isinstance(insn, Gemm)
+        fields = [("dst", 0, "acc", insn.dst_factor_out, insn.dst_factor_in),
+                  ("src", 1, "inp" if is_gemm else "acc", insn.src_factor_out, insn.src_factor_in)]
+        if is_gemm:
+            fields.append(("wgt", 2, "wgt", insn.wgt_factor_out, insn.wgt_factor_in))
+        result = []
+        for name, col, buffer, f_out, f_in in fields:
+            idx = (uops[:, col][None, None, :] + i * f_out + j * f_in).reshape(-1)
+            depth = self.config.depth(buffer)
+            bad = np.flatnonzero(idx >= depth)
+            if bad.size:
+                k = int(bad[0])
+                n = uops.shape[0]
+                raise OutOfBoundsError(
+                    f"{where}: {name} index {int(idx[k])} is outside the {depth}-entry {buffer} buffer "
+                    f"(at i={k // (n * insn.iter_in)}, j={k // n % insn.iter_in}, "
+                    f"micro-op {insn.uop_bgn + k % n})")
+            result.append(idx)
+        return tuple(result)
+
+    def _gemm(self, insn: Gemm, index: int) -> None:
+        dst, src, wgt = self._loop_indices(insn, index)
+        n = dst.size
+        self.counters["gemm_uops"] += n
+        if insn.reset:
+            self.counters["gemm_reset_uops"] += n
+            self._write_acc(dst, np.zeros((n,) + self.acc.shape[1:], np.int64))
+            return
+        self.counters["macs"] += n * self.config.macs_per_uop
+        width = self.config.acc_width
+        touched = np.unique(dst)
+        acc = self.acc
+        for lo in range(0, n, _CHUNK_UOPS):
+            hi = min(n, lo + _CHUNK_UOPS)
+            # Products of int8/int16 operands summed over block_in are exact in float64
+            # (|sum| < 2^53), and BLAS-backed matmul keeps this fast.
+            a = self.inp[src[lo:hi]].astype(np.float64)
+            b = self.wgt[wgt[lo:hi]].astype(np.float64)
+            prod = np.matmul(a, b.transpose(0, 2, 1)).astype(np.int64)
+            # Addition modulo 2^width is associative and commutative, so summing
+            # the micro-ops of an entry in any order equals the in-order result.
+            np.add.at(acc, dst[lo:hi], prod)
+        self._write_acc(touched, _wrap(acc[touched], width))
+
+    def _alu(self, insn: Alu, index: int) -> None:
+        dst, src = self._loop_indices(insn, index)
+        self.counters["alu_uops"] += dst.size
+        if self._alu_is_parallel(insn, dst, src):
+            operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src]
+            self._write_acc(dst, self._alu_op(insn.op, self.acc[dst], operand))
+            return
+        # An entry is written twice or read after an earlier write: replay in order.
+        for k in range(dst.size):
+            operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src[k]]
+            self._write_acc(dst[k], self._alu_op(insn.op, self.acc[dst[k]], operand))
+
+    @staticmethod
+    def _alu_is_parallel(insn: Alu, dst: np.ndarray, src: np.ndarray) -> bool:
+        """True when executing all micro-ops at once equals executing them in order:
+        every destination is written once, and no operand is read after an earlier write."""
+        uniq, first = np.unique(dst, return_index=True)
+        if uniq.size != dst.size:
+            return False
+        if insn.imm is not None:
+            return True
+        pos = np.searchsorted(uniq, src).clip(0, uniq.size - 1)
+        written_before = (uniq[pos] == src) & (first[pos] < np.arange(src.size))
+        return not written_before.any()
+
+    def _alu_op(self, op: AluOp, a: np.ndarray, b: np.ndarray | np.int64) -> np.ndarray:
+        width = self.config.acc_width
+        if op == AluOp.MIN:
+            return np.minimum(a, b)
+        if op == AluOp.MAX:
+            return np.maximum(a, b)
+        if op == AluOp.ADD:
+            return _wrap(a + b, width)
+        if op == AluOp.MUL:
+            return _wrap(a * b, width)  # |a|, |b| < 2^31: the int64 product is exact
+        if op == AluOp.SHR:
+            amount = np.broadcast_to(np.asarray(b, np.int64), a.shape)
+            right = a >> np.minimum(amount, width).clip(0)
+            left = _wrap(a << np.minimum(-amount, width).clip(0), width)
+            return np.where(amount >= 0, right, left)
+        raise AssertionError(op)  # pragma: no cover
