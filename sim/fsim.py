@@ -232,11 +232,15 @@ class Fsim:
             if not progress and not finished:
                 raise DeadlockError(self._report(
                     "deadlock: no engine can make progress", engines, tokens, pc, insn_count))
+        finish_index = engines[Engine.COMPUTE].last.index
+        if finish_index != insn_count - 1:
+            raise FsimError(f"FINISH is instruction {finish_index} but must be the last one "
+                            f"(instruction {insn_count - 1})")
         leftovers = pc < insn_count or any(s.queue or s.pending_pushes for s in engines.values()) \
             or any(tokens.values())
         if leftovers:
             raise DeadlockError(self._report(
-                f"program ended unbalanced: FINISH (instruction {engines[Engine.COMPUTE].last.index}) "
+                f"program ended unbalanced: FINISH (instruction {finish_index}) "
                 "retired with work or tokens left over", engines, tokens, pc, insn_count))
         return dict(self.counters)
 

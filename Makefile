@@ -1,0 +1,33 @@
+# gemforge: `make demo` and `make test` each work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The stamp records that the venv holds the current pyproject's dependencies;
+# editing pyproject.toml re-runs the install, an unchanged one is reused.
+STAMP  := $(VENV)/.installed
+JOBS   ?= 2
+
+.PHONY: install demo test test-slow bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/gemforge demo
+
+test: install
+	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
+
+bench: install
+	$(BIN)/gemforge bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

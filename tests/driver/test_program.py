@@ -1,0 +1,53 @@
+"""The program container: exact serialization and clear errors on bad files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gemforge.compiler.hand_gemm import build_gemm_program
+from gemforge.driver.program import Program, ProgramError, TensorRegion
+from gemforge.hw.config import PRESETS
+from gemforge.hw.isa import Finish, Uop
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_roundtrip_is_exact(name, tmp_path):
+    config = PRESETS[name]
+    program = build_gemm_program(config, 37, 50, 21)
+    program.tensors["w"] = TensorRegion("w", 0, (2, 3), "int16")
+    program.constants["w"] = np.arange(6, dtype=np.int16).reshape(2, 3)
+    path = tmp_path / "p.gfp"
+    program.save(path)
+    again = Program.load(path)
+    assert again.instructions == program.instructions
+    assert again.uops == program.uops
+    assert again.tensors == program.tensors and again.config == config
+    np.testing.assert_array_equal(again.constants["w"], program.constants["w"])
+    assert again.to_bytes() == program.to_bytes()
+
+
+def test_bad_files_are_reported(tmp_path):
+    bad = tmp_path / "bad.gfp"
+    bad.write_bytes(b"not a program")
+    with pytest.raises(ProgramError, match="not a gemforge program"):
+        Program.load(bad)
+    with pytest.raises(ProgramError, match="cannot read program"):
+        Program.load(tmp_path / "missing.gfp")
+    good = build_gemm_program(PRESETS["tiny"], 4, 4, 4).to_bytes()
+    bad.write_bytes(good[:-3])
+    with pytest.raises(ProgramError):
+        Program.load(bad)
+    bad.write_bytes(good + b"xx")
+    with pytest.raises(ProgramError, match="trailing bytes"):
+        Program.load(bad)
+
+
+def test_layout_is_checked():
+    config = PRESETS["tiny"]
+    with pytest.raises(ProgramError, match="past the 4-byte arena"):
+        Program(config, [Finish()], [Uop(0, 0, 0), Uop(1, 1, 1)], arena_bytes=4)
+    with pytest.raises(ProgramError, match="does not fit"):
+        Program(config, [Finish()], tensors={"x": TensorRegion("x", 8, (4,), "int32")}, arena_bytes=16)
+    with pytest.raises(ProgramError, match="not a multiple"):
+        Program(config, [Finish()], [Uop(0, 0, 0)], uop_offset=2, arena_bytes=64)

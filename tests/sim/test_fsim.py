@@ -1,0 +1,419 @@
+"""fsim against the independent reference model, instruction by instruction,
+plus the engine/token semantics, error reporting and counters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gemforge.hw.config import PRESETS, AccelConfig
+from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program, encode_uops
+from gemforge.sim.fsim import DeadlockError, Fsim, FsimError, OutOfBoundsError
+
+from reference import ReferenceModel, wrap
+
+#: Presets plus design points that stress other shapes and widths.
+CONFIGS = {
+    **PRESETS,
+    "nonsquare": AccelConfig(name="nonsquare", batch=2, block_in=8, block_out=16,
+                             inp_buffer_bytes=4096, wgt_buffer_bytes=16384, acc_buffer_bytes=32768,
+                             out_buffer_bytes=8192, uop_buffer_bytes=4096),
+    "wide": AccelConfig(name="wide", batch=2, block_in=4, block_out=8, inp_width=16, wgt_width=16,
+                        acc_width=32, out_width=16, inp_buffer_bytes=2048, wgt_buffer_bytes=4096,
+                        acc_buffer_bytes=8192, out_buffer_bytes=4096, uop_buffer_bytes=1024),
+    "acc16": AccelConfig(name="acc16", batch=1, block_in=8, block_out=8, acc_width=16, out_width=8,
+                         inp_buffer_bytes=1024, wgt_buffer_bytes=4096, acc_buffer_bytes=2048,
+                         out_buffer_bytes=1024, uop_buffer_bytes=1024),
+}
+DRAM_BYTES = 1 << 18
+
+
+def make_pair(config: AccelConfig, seed: int) -> tuple[Fsim, ReferenceModel, np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, DRAM_BYTES, dtype=np.uint8)
+    sim = Fsim(config, dram.copy())
+    ref = ReferenceModel(config, dram)
+    return sim, ref, rng
+
+
+def random_state(sim: Fsim, ref: ReferenceModel, rng: np.random.Generator, uop_limits=None) -> None:
+    """Fill every buffer of both models with the same random contents."""
+    c = sim.config
+    for name, width in (("inp", c.inp_width), ("wgt", c.wgt_width), ("acc", c.acc_width)):
+        buf = getattr(sim, name)
+        values = rng.integers(-(1 << (width - 1)), 1 << (width - 1), buf.shape, dtype=np.int64)
+        if name == "acc":
+            sim._write_acc(slice(None), values)
+            for i in range(values.shape[0]):
+                ref.write_acc(i, values[i].tolist())
+        else:
+            buf[...] = values
+            ref.sram[name] = values.tolist()
+    limits = uop_limits or (c.acc_depth, max(c.inp_depth, c.acc_depth), c.wgt_depth)
+    uops = np.stack([rng.integers(0, lim, c.uop_depth) for lim in limits], axis=1)
+    sim.uop[...] = uops
+    ref.uop = [tuple(int(v) for v in row) for row in uops]
+
+
+def assert_same_state(sim: Fsim, ref: ReferenceModel) -> None:
+    for name in ("inp", "wgt", "acc", "out"):
+        np.testing.assert_array_equal(getattr(sim, name).astype(np.int64), ref.buffer(name), err_msg=name)
+    np.testing.assert_array_equal(sim.uop, ref.buffer("uop"))
+    assert sim.dram.tobytes() == bytes(ref.dram)
+
+
+# ---------------------------------------------------------------------------- DMA
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("mem", [MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP])
+def test_load_matches_reference(config_name, mem):
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=hash((config_name, mem)) % 2**32)
+    random_state(sim, ref, rng)
+    depth = config.depth(mem.buffer)
+    entry = config.entry_bytes(mem.buffer)
+    for _ in range(12):
+        y, x = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        pads = [0] * 4 if mem == MemType.UOP else [int(v) for v in rng.integers(0, 4, 4)]
+        # Strides below x_size (overlapping or repeated rows) are legal for loads.
+        stride = int(rng.integers(0, x + 4))
+        total = (y + pads[0] + pads[1]) * (x + pads[2] + pads[3])
+        if total > depth:
+            continue
+        span = (y - 1) * stride + x
+        insn = Load(mem=mem, sram_base=int(rng.integers(0, depth - total + 1)),
+                    dram_base=int(rng.integers(0, DRAM_BYTES // entry - span)),
+                    y_size=y, x_size=x, x_stride=stride,
+                    y_pad0=pads[0], y_pad1=pads[1], x_pad0=pads[2], x_pad1=pads[3])
+        sim.execute(insn)
+        ref.execute(insn)
+        assert_same_state(sim, ref)
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("mem", [MemType.OUT, MemType.ACC])
+def test_store_matches_reference(config_name, mem):
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=7 + int(mem))
+    random_state(sim, ref, rng)
+    depth = config.depth(mem.buffer)
+    entry = config.entry_bytes(mem.buffer)
+    for _ in range(12):
+        y, x = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        stride = int(rng.integers(0, x + 4))  # overlapping rows: later rows win
+        span = (y - 1) * stride + x
+        insn = Store(mem=mem, sram_base=int(rng.integers(0, depth - y * x + 1)),
+                     dram_base=int(rng.integers(0, DRAM_BYTES // entry - span)),
+                     y_size=y, x_size=x, x_stride=stride)
+        sim.execute(insn)
+        ref.execute(insn)
+        assert_same_state(sim, ref)
+
+
+def test_load_padding_layout_explicit():
+    """All four paddings, checked against a hand-written expectation."""
+    config = PRESETS["tiny"]  # inp entries are 1x4 int8
+    dram = np.zeros(DRAM_BYTES, np.uint8)
+    dram[:4 * 6] = np.arange(1, 25, dtype=np.uint8)  # entries 0..5 hold 1..24
+    sim = Fsim(config, dram)
+    sim.execute(Load(mem=MemType.INP, sram_base=3, dram_base=1, y_size=2, x_size=2, x_stride=3,
+                     y_pad0=1, y_pad1=2, x_pad0=1, x_pad1=1))
+    pitch, rows = 4, 5
+    got = sim.inp[3:3 + pitch * rows, 0].reshape(rows, pitch, 4)
+    expect = np.zeros((rows, pitch, 4), np.int8)
+    entries = np.arange(1, 25).reshape(6, 4)
+    expect[1, 1:3] = entries[[1, 2]]
+    expect[2, 1:3] = entries[[4, 5]]
+    np.testing.assert_array_equal(got, expect)
+    assert not sim.inp[:3].any() and not sim.inp[3 + pitch * rows:].any()
+
+
+def test_acc_load_mirrors_low_bits_to_output():
+    config = PRESETS["tiny"]
+    dram = np.zeros(DRAM_BYTES, np.uint8)
+    values = np.array([[0x12345678, -1, 0x80, -129]], dtype="<i4")
+    dram[:16] = values.view(np.uint8).reshape(-1)
+    sim = Fsim(config, dram)
+    sim.execute(Load(mem=MemType.ACC, sram_base=0, dram_base=0, y_size=1, x_size=1, x_stride=1))
+    np.testing.assert_array_equal(sim.acc[0], values)
+    np.testing.assert_array_equal(sim.out[0], [[0x78, -1, -128, 127]])
+
+
+# ---------------------------------------------------------------------------- GEMM
+
+def _random_loop(rng, config, depth_limits, uop_count):
+    """A random loop nest whose indices stay inside half of each buffer."""
+    io, ii = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    factors = {}
+    for name, depth in depth_limits.items():
+        span = depth // 2
+        fo = int(rng.integers(0, max(1, span // max(1, io * 2))))
+        fi = int(rng.integers(0, max(1, span // max(1, ii * 2 * max(1, io)))))
+        factors[f"{name}_factor_out"], factors[f"{name}_factor_in"] = fo, fi
+    bgn = int(rng.integers(0, config.uop_depth - uop_count))
+    return dict(uop_bgn=bgn, uop_end=bgn + uop_count, iter_out=io, iter_in=ii, **factors)
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+def test_gemm_matches_reference(config_name):
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=11)
+    half = (config.acc_depth // 2, config.inp_depth // 2, config.wgt_depth // 2)
+    random_state(sim, ref, rng, uop_limits=half)
+    for trial in range(8):
+        loop = _random_loop(rng, config, {"dst": config.acc_depth, "src": config.inp_depth,
+                                          "wgt": config.wgt_depth}, int(rng.integers(1, 6)))
+        insn = Gemm(reset=trial % 4 == 3, **loop)
+        sim.execute(insn)
+        ref.execute(insn)
+        assert_same_state(sim, ref)
+
+
+def test_gemm_accumulates_repeated_destination_in_order():
+    """Many micro-ops into one accumulator entry (a K reduction), with wrap-around."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    sim.inp[:] = 127
+    sim.wgt[:] = 127
+    sim._write_acc(slice(None), np.full(sim.acc.shape, 2**31 - 10, np.int64))
+    sim.uop[:4] = [[5, k, k] for k in range(4)]
+    sim.execute(Gemm(uop_bgn=0, uop_end=4, iter_out=2, iter_in=3))
+    total = (2**31 - 10) + 4 * 2 * 3 * 4 * 127 * 127
+    assert (sim.acc[5] == wrap(total, 32)).all()
+    assert (sim.out[5] == wrap(total, 8)).all()
+    assert sim.counters["gemm_uops"] == 24 and sim.counters["macs"] == 24 * 16
+
+
+# ---------------------------------------------------------------------------- ALU
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("op", list(AluOp))
+@pytest.mark.parametrize("use_imm", [False, True])
+def test_alu_matches_reference(config_name, op, use_imm):
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=int(op) * 2 + use_imm)
+    half = (config.acc_depth // 2, config.acc_depth // 2, 1)
+    random_state(sim, ref, rng, uop_limits=half)
+    if op == AluOp.SHR:  # keep shift amounts in an interesting range, both signs
+        amounts = rng.integers(-40, 40, sim.acc.shape)
+        sim._write_acc(slice(None), amounts)
+        for i in range(amounts.shape[0]):
+            ref.write_acc(i, amounts[i].tolist())
+    for _ in range(6):
+        loop = _random_loop(rng, config, {"dst": config.acc_depth, "src": config.acc_depth},
+                            int(rng.integers(1, 5)))
+        imm = int(rng.integers(-2**15, 2**15)) if use_imm else None
+        if use_imm and op == AluOp.SHR:
+            imm = int(rng.choice([0, 1, 3, -2, 31, 32, 33, -31, -32, -40, 64]))
+        insn = Alu(op=op, imm=imm, **loop)
+        sim.execute(insn)
+        ref.execute(insn)
+        assert_same_state(sim, ref)
+
+
+EDGE = [-2**31, -2**31 + 1, -129, -128, -1, 0, 1, 127, 128, 2**31 - 1]
+
+
+@pytest.mark.parametrize("op", list(AluOp))
+def test_alu_edge_values_register_operand(op):
+    """Every pair of edge values, through the register operand, against Python integers."""
+    config = PRESETS["tiny"]  # 1x4 accumulators
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    pairs = [(a, b) for a in EDGE for b in EDGE + [-33, -32, -31, 31, 32, 33]]
+    n = len(pairs)
+    a_vals = np.array([p[0] for p in pairs], np.int64)
+    b_vals = np.array([p[1] for p in pairs], np.int64)
+    # Lay pairs out so entry 2t holds a's and entry 2t+1 holds b's (4 lanes each).
+    lanes = 4
+    entries = -(-n // lanes)
+    acc = np.zeros((2 * entries, 1, lanes), np.int64)
+    padded_a = np.zeros(entries * lanes, np.int64)
+    padded_b = np.zeros(entries * lanes, np.int64)
+    padded_a[:n], padded_b[:n] = a_vals, b_vals
+    acc[0::2, 0, :] = padded_a.reshape(entries, lanes)
+    acc[1::2, 0, :] = padded_b.reshape(entries, lanes)
+    sim._write_acc(slice(0, 2 * entries), acc)
+    sim.uop[0] = [0, 1, 0]
+    sim.execute(Alu(op=op, uop_bgn=0, uop_end=1, iter_out=entries, iter_in=1,
+                    dst_factor_out=2, src_factor_out=2))
+    ref = ReferenceModel(config, np.zeros(8, np.uint8))
+    expect = [ref.alu_scalar(op, a, b) for a, b in pairs]
+    got = sim.acc[0:2 * entries:2, 0, :].reshape(-1)[:n]
+    assert got.tolist() == expect
+    assert sim.out[0:2 * entries:2, 0, :].reshape(-1)[:n].tolist() == [wrap(v, 8) for v in expect]
+
+
+def test_alu_shift_semantics_documented_cases():
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    cases = [  # (value, amount, expected)
+        (-8, 1, -4), (-1, 31, -1), (-5, 32, -1), (5, 32, 0), (5, 100, 0), (-5, 0, -5),
+        (3, -1, 6), (1, -31, -2**31), (1, -32, 0), (-1, -40, 0), (0x40000000, -1, -2**31),
+    ]
+    for value, amount, expected in cases:
+        sim._write_acc(slice(0, 1), np.full((1, 1, 4), value, np.int64))
+        sim.uop[0] = [0, 0, 0]
+        sim.execute(Alu(op=AluOp.SHR, imm=amount, uop_bgn=0, uop_end=1, iter_out=1, iter_in=1))
+        assert (sim.acc[0] == expected).all(), (value, amount)
+
+
+def test_alu_in_order_semantics_with_overlapping_indices():
+    """A running prefix sum: each micro-op reads the previous one's result."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    sim._write_acc(slice(0, 8), np.arange(8, dtype=np.int64)[:, None, None] * np.ones((1, 1, 4), np.int64))
+    sim.uop[0] = [1, 0, 0]  # acc[1 + i] += acc[0 + i]
+    sim.execute(Alu(op=AluOp.ADD, uop_bgn=0, uop_end=1, iter_out=7, iter_in=1,
+                    dst_factor_out=1, src_factor_out=1))
+    assert sim.acc[:8, 0, 0].tolist() == [0, 1, 3, 6, 10, 15, 21, 28]
+    # Repeated destination with an immediate: applied once per micro-op.
+    sim.uop[1] = [9, 0, 0]
+    sim._write_acc(slice(9, 10), np.zeros((1, 1, 4), np.int64))
+    sim.execute(Alu(op=AluOp.ADD, imm=5, uop_bgn=1, uop_end=2, iter_out=3, iter_in=2))
+    assert (sim.acc[9] == 30).all()
+
+
+# ---------------------------------------------------------------------------- engines and tokens
+
+def run_program(config, insns, uops=(), dram_bytes=DRAM_BYTES):
+    dram = np.zeros(dram_bytes, np.uint8)
+    sim = Fsim(config, dram)
+    stream = encode_program(insns, config)
+    base = 4096
+    dram[base:base + len(stream)] = np.frombuffer(stream, np.uint8)
+    if uops:
+        raw = encode_uops(uops, config)
+        dram[:len(raw)] = np.frombuffer(raw, np.uint8)
+    return sim, sim.run(base, len(insns))
+
+
+def test_balanced_program_runs_and_counts():
+    config = PRESETS["tiny"]
+    insns = [
+        Load(mem=MemType.UOP, sram_base=0, dram_base=0, y_size=1, x_size=1, x_stride=1),
+        Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=2, x_stride=2),
+        Load(mem=MemType.WGT, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1, push_next=True),
+        Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1, pop_prev=True, push_next=True),
+        Store(mem=MemType.OUT, sram_base=0, dram_base=64, y_size=1, x_size=1, x_stride=1,
+              pop_prev=True, push_prev=True),
+        Finish(pop_next=True),
+    ]
+    _, counters = run_program(config, insns, [Uop(0, 0, 0)])
+    assert counters["insns"] == 6
+    assert counters["load_bytes_inp"] == 8 and counters["load_bytes_wgt"] == 16
+    assert counters["load_bytes_uop"] == 4 and counters["store_bytes_out"] == 4
+    assert counters["gemm_uops"] == 1 and counters["macs"] == 16 and counters["finish_insns"] == 1
+
+
+def test_missing_token_reports_deadlock_with_state():
+    config = PRESETS["tiny"]
+    insns = [
+        Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1),  # no push
+        Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1, pop_prev=True),
+        Finish(),
+    ]
+    with pytest.raises(DeadlockError) as info:
+        run_program(config, insns)
+    text = str(info.value)
+    assert "deadlock" in text
+    assert "next instruction 1 (gemm), waiting on pop_prev (load->compute)" in text
+    assert "load->compute=0" in text and "store->compute=0" in text
+    assert "3 of 3 instructions dispatched" in text
+
+
+def test_extra_token_reports_unbalanced_end():
+    config = PRESETS["tiny"]
+    insns = [Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1,
+                  push_next=True), Finish()]
+    with pytest.raises(DeadlockError, match=r"unbalanced(.|\n)*load->compute=1"):
+        run_program(config, insns)
+
+
+def test_store_left_waiting_at_finish_is_reported():
+    config = PRESETS["tiny"]
+    insns = [Store(mem=MemType.OUT, sram_base=0, dram_base=64, y_size=1, x_size=1, x_stride=1, pop_prev=True),
+             Finish()]
+    with pytest.raises(DeadlockError, match=r"store +next instruction 0 \(store.out\), waiting on pop_prev"):
+        run_program(config, insns)
+
+
+def test_finish_must_be_last():
+    config = PRESETS["tiny"]
+    insns = [Finish(), Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1)]
+    with pytest.raises(FsimError, match="FINISH is instruction 0 but must be the last one"):
+        run_program(config, insns)
+
+
+def test_program_without_finish_deadlocks():
+    config = PRESETS["tiny"]
+    insns = [Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1)]
+    with pytest.raises(DeadlockError, match="no engine can make progress"):
+        run_program(config, insns)
+
+
+def test_full_token_queue_blocks_the_pusher_until_consumed():
+    """More tokens in flight than the queue holds: the producer waits, nothing is lost."""
+    config = PRESETS["tiny"].replace(token_queue_depth=2)
+    loads = [Load(mem=MemType.INP, sram_base=i, dram_base=8 + i, y_size=1, x_size=1, x_stride=1,
+                  push_next=True) for i in range(5)]
+    gemms = [Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1, pop_prev=True) for _ in range(5)]
+    _, counters = run_program(config, loads + gemms + [Finish()])
+    assert counters["gemm_insns"] == 5
+    # Five pushes with nobody popping: the third cannot enter the full queue.
+    with pytest.raises(DeadlockError, match="cannot push to full queue load->compute"):
+        run_program(config, loads + [Finish()])
+
+
+def test_full_command_queue_stalls_fetch_into_deadlock():
+    """Fetch dispatches in order: a full store queue blocks a later compute instruction."""
+    config = PRESETS["tiny"].replace(cmd_queue_depth=2)
+    stores = [Store(mem=MemType.OUT, sram_base=0, dram_base=64, y_size=1, x_size=1, x_stride=1,
+                    pop_prev=True, push_prev=True) for _ in range(3)]
+    computes = [Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1, push_next=True, pop_next=True) for _ in range(3)]
+    # Stores first: 2 fit the store queue, the third blocks fetch before any GEMM is dispatched.
+    with pytest.raises(DeadlockError, match="2 of 7 instructions dispatched"):
+        run_program(config, stores + computes + [Finish()])
+
+
+# ---------------------------------------------------------------------------- bounds and bad programs
+
+def test_dram_out_of_bounds_names_instruction_and_address():
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(4096, np.uint8))
+    with pytest.raises(OutOfBoundsError, match=r"instruction 3 \(load.wgt\): DRAM bytes up to 0x1010"):
+        sim.execute(Load(mem=MemType.WGT, sram_base=0, dram_base=256, y_size=1, x_size=1, x_stride=1), 3)
+    with pytest.raises(OutOfBoundsError, match=r"store.acc\): DRAM bytes up to"):
+        sim.execute(Store(mem=MemType.ACC, sram_base=0, dram_base=200, y_size=2, x_size=1, x_stride=100))
+
+
+def test_sram_out_of_bounds_names_buffer_and_range():
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(4096, np.uint8))
+    with pytest.raises(OutOfBoundsError, match=r"writes inp entries 250..257 but the inp buffer has 256"):
+        sim.execute(Load(mem=MemType.INP, sram_base=250, dram_base=0, y_size=2, x_size=2, x_stride=2,
+                         x_pad1=2))
+    with pytest.raises(OutOfBoundsError, match=r"reads out entries 255..256"):
+        sim.execute(Store(mem=MemType.OUT, sram_base=255, dram_base=0, y_size=1, x_size=2, x_stride=2))
+    sim.uop[0] = [200, 0, 0]
+    with pytest.raises(OutOfBoundsError, match=r"dst index 260 is outside the 256-entry acc buffer \(at i=3"):
+        sim.execute(Gemm(uop_bgn=0, uop_end=1, iter_out=4, iter_in=1, dst_factor_out=20))
+    with pytest.raises(OutOfBoundsError, match=r"micro-op range \[5, 300\)"):
+        sim.execute(Alu(op=AluOp.ADD, imm=1, uop_bgn=5, uop_end=300, iter_out=1, iter_in=1))
+
+
+def test_zero_sizes_are_refused():
+    sim = Fsim(PRESETS["tiny"], np.zeros(4096, np.uint8))
+    with pytest.raises(FsimError, match="x_size must be at least 1"):
+        sim.execute(Load(mem=MemType.INP, sram_base=0, dram_base=0, y_size=1, x_size=0, x_stride=0))
+    with pytest.raises(FsimError, match="iter_in must be at least 1"):
+        sim.execute(Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=0))
+
+
+def test_undecodable_instruction_is_reported():
+    config = PRESETS["tiny"]
+    dram = np.zeros(8192, np.uint8)
+    dram[4096] = 7  # opcode 7 does not exist
+    with pytest.raises(FsimError, match=r"instruction 0 \(at 0x1000\) is invalid: unknown opcode 7"):
+        Fsim(config, dram).run(4096, 1)
+    with pytest.raises(OutOfBoundsError, match="instruction stream"):
+        Fsim(config, dram).run(8000, 100)
