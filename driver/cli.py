@@ -116,6 +116,21 @@ def cmd_run_op(args: argparse.Namespace) -> None:
                      "shape": {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}, **result.as_dict()})
 
 
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+    if not run_demo(args.device):
+        raise UsageError("the demo's results differ from numpy")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import run_benchmarks
+    results = run_benchmarks(_config(args), quick=args.quick)
+    text = json.dumps(results, indent=2)
+    if args.output:
+        write_bytes_atomic(args.output, (text + "\n").encode())
+    print(text)
+
+
 def cmd_config(args: argparse.Namespace) -> None:
     config = _config(args)
     if args.output:
@@ -163,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="fsim", help="device backend (default: fsim)")
     p.add_argument("--stats", action="store_true", help="print the run's counters as JSON")
     p.set_defaults(func=cmd_run_op)
+
+    p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
+    p.add_argument("--device", default="fsim", help="device backend (default: fsim)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="measure performance against in-run baselines; prints JSON")
+    p.add_argument("--config", default="default", help=config_help)
+    p.add_argument("--quick", action="store_true", help="small sizes, one repetition (smoke run)")
+    p.add_argument("-o", "--output", help="also write the JSON to this file")
+    p.set_defaults(func=cmd_bench)
 
     return parser
 

@@ -142,6 +142,13 @@ class Fsim:
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), _int_dtype(c.out_width))
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # (dst, src, wgt)
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        # GEMM products are summed over block_in in floating point, which is exact
+        # while every partial sum stays below the mantissa: float32 (2^24) when the
+        # operand widths allow, float64 (2^53) otherwise.
+        mac_bits = c.inp_width + c.wgt_width - 2 + (c.block_in - 1).bit_length() + 1
+        self._mac_dtype = np.float32 if mac_bits <= 24 else np.float64
+        # Chunks of micro-ops are summed in float64: keep each chunk's sum below 2^53.
+        self._chunk_uops = min(_CHUNK_UOPS, 1 << max(0, 52 - mac_bits))
         # Element layout of one entry of each buffer, as stored in DRAM.
         self._dram_dtype = {
             "inp": (_int_dtype(c.inp_width), (c.batch, c.block_in)),
@@ -416,20 +423,23 @@ class Fsim:
             self._write_acc(dst, np.zeros((n,) + self.acc.shape[1:], np.int64))
             return
         self.counters["macs"] += n * self.config.macs_per_uop
-        width = self.config.acc_width
+        c = self.config
+        entry = c.batch * c.block_out
+        sums = np.zeros(c.acc_depth * entry, np.int64)
+        lanes = np.arange(entry, dtype=np.int64)
+        for lo in range(0, n, self._chunk_uops):
+            hi = min(n, lo + self._chunk_uops)
+            a = self.inp[src[lo:hi]].astype(self._mac_dtype)
+            b = self.wgt[wgt[lo:hi]].astype(self._mac_dtype)
+            prod = np.matmul(a, b.transpose(0, 2, 1))
+            # Addition modulo 2^acc_width is associative and commutative, so summing
+            # each entry's micro-ops in any order equals the in-order result; bincount
+            # sums in float64, exact for a chunk (see _chunk_uops).
+            flat = (dst[lo:hi, None] * entry + lanes).reshape(-1)
+            sums += np.bincount(flat, weights=prod.reshape(-1), minlength=sums.size).astype(np.int64)
         touched = np.unique(dst)
-        acc = self.acc
-        for lo in range(0, n, _CHUNK_UOPS):
-            hi = min(n, lo + _CHUNK_UOPS)
-            # Products of int8/int16 operands summed over block_in are exact in float64
-            # (|sum| < 2^53), and BLAS-backed matmul keeps this fast.
-            a = self.inp[src[lo:hi]].astype(np.float64)
-            b = self.wgt[wgt[lo:hi]].astype(np.float64)
-            prod = np.matmul(a, b.transpose(0, 2, 1)).astype(np.int64)
-            # Addition modulo 2^width is associative and commutative, so summing
-            # the micro-ops of an entry in any order equals the in-order result.
-            np.add.at(acc, dst[lo:hi], prod)
-        self._write_acc(touched, _wrap(acc[touched], width))
+        total = self.acc[touched] + sums.reshape(self.acc.shape)[touched]
+        self._write_acc(touched, _wrap(total, c.acc_width))
 
     def _alu(self, insn: Alu, index: int) -> None:
         dst, src = self._loop_indices(insn, index)
