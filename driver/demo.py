@@ -30,7 +30,7 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
     expected = a.astype(np.int32) @ b.astype(np.int32)
     console.print(f"[bold]gemforge demo[/bold]: C = A @ B with A {m}x{k}, B {k}x{n} (int8 -> int32) "
                   f"on device [cyan]{device_kind}[/cyan], checked against numpy\n")
-    table = Table("config", "core", "instructions", "GEMM uops", "MACs", "DMA bytes", "matches numpy")
+    table = Table("config", "core", "instructions", "GEMM uops", "MACs", "DMA bytes", "= numpy")
     all_ok = True
     for name, config in PRESETS.items():
         program = build_gemm_program(config, m, k, n)
@@ -52,4 +52,6 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
                       str(counters["gemm_uops"]), f"{counters['macs']:,}", f"{dma:,}",
                       "[green]yes[/green]" if ok else "[red]NO[/red]")
     console.print(table)
+    verdict = "[green]every result equals numpy[/green]" if all_ok else "[red]results differ from numpy[/red]"
+    console.print(f"{len(PRESETS)} configs: {verdict}")
     return all_ok

@@ -1,0 +1,147 @@
+"""The `gemforge` command line, end to end, including its error messages."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gemforge.driver.cli import main
+from gemforge.hw.config import PRESETS
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_run_op_gemm_matches_numpy_on_every_preset(tmp_path, capsys, name):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    m, k, n = (int(v) for v in rng.integers(1, 80, 3))
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    code, out, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                         "-o", tmp_path / "c.npy", "--config", name, "--stats")
+    assert code == 0, err
+    c = np.load(tmp_path / "c.npy")
+    assert c.dtype == np.int32
+    np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
+    stats = json.loads(out)
+    assert stats["counters"]["gemm_uops"] > 0 and stats["shape"] == {"m": m, "k": k, "n": n}
+
+
+def test_run_op_gemm_with_config_file(tmp_path, capsys):
+    config = PRESETS["tiny"].replace(name="mine", batch=2)
+    config.save(tmp_path / "mine.toml")
+    a = np.ones((3, 5), np.int8)
+    b = np.ones((5, 2), np.int8)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                       "-o", tmp_path / "c.npy", "--config", tmp_path / "mine.toml")
+    assert code == 0, err
+    assert (np.load(tmp_path / "c.npy") == 5).all()
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (np.zeros((2, 3), np.float32), np.zeros((3, 2), np.int8), "A must be int8, but .* holds float32"),
+    (np.zeros((2, 3), np.int8), np.zeros((3,), np.int8), "B must have 2 dimensions"),
+    (np.zeros((2, 3), np.int8), np.zeros((4, 2), np.int8), "A's columns must equal B's rows"),
+])
+def test_run_op_gemm_bad_inputs(tmp_path, capsys, a, b, message):
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    (tmp_path / "c.npy").write_bytes(b"previous result")
+    code, out, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                         "-o", tmp_path / "c.npy")
+    assert code == 2
+    assert err.startswith("gemforge: error: ") and "Traceback" not in err
+    assert __import__("re").search(message, err), err
+    assert (tmp_path / "c.npy").read_bytes() == b"previous result"  # nothing written on failure
+
+
+def test_missing_and_garbage_files(tmp_path, capsys):
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "nope.npy", "--b", tmp_path / "b.npy",
+                       "-o", tmp_path / "c.npy")
+    assert code == 2 and "A file" in err and "does not exist" in err
+    (tmp_path / "junk.npy").write_bytes(b"junk")
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "junk.npy", "--b", tmp_path / "junk.npy",
+                       "-o", tmp_path / "c.npy")
+    assert code == 2 and "not a readable .npy array" in err
+    code, _, err = run(capsys, "disasm", tmp_path / "junk.npy")
+    assert code == 2 and "not a gemforge program" in err
+
+
+def test_bad_config_and_device(tmp_path, capsys):
+    code, _, err = run(capsys, "info", "--config", "huge")
+    assert code == 2 and "unknown config 'huge'" in err
+    (tmp_path / "bad.toml").write_text("batch = 3\n")
+    code, _, err = run(capsys, "info", "--config", tmp_path / "bad.toml")
+    assert code == 2 and "batch must be a power of two" in err
+    np.save(tmp_path / "a.npy", np.zeros((2, 2), np.int8))
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "a.npy",
+                       "-o", tmp_path / "c.npy", "--device", "fpga9000")
+    assert code == 2 and "unknown device 'fpga9000'" in err
+
+
+def test_info_reports_derived_parameters(capsys):
+    code, out, _ = run(capsys, "info", "--config", "default")
+    info = json.loads(out)
+    assert code == 0
+    assert info["config"]["block_in"] == 16 and info["derived"]["inp_depth"] == 2048
+    assert info["derived"] == PRESETS["default"].derived()
+
+
+def test_info_isa_is_generated_for_the_config(capsys):
+    code, tiny, _ = run(capsys, "info", "--isa", "--config", "tiny")
+    code2, default, _ = run(capsys, "info", "--isa", "--config", "default")
+    assert code == code2 == 0
+    assert "GEMM" in tiny and "SHR" in tiny and tiny != default
+
+
+def test_asm_disasm_roundtrip(tmp_path, capsys):
+    source = tmp_path / "p.s"
+    source.write_text("""
+        ; a tiny program
+        .uop dst=0 src=0 wgt=0
+        load.uop sram_base=0 dram_base=0 y_size=1 x_size=1 x_stride=1
+        load.inp push_next sram_base=0 dram_base=64 y_size=1 x_size=1 x_stride=1
+        gemm pop_prev push_next uop_bgn=0 uop_end=1 iter_out=1 iter_in=1
+        alu.shr uop_bgn=0 uop_end=1 iter_out=1 iter_in=1 imm=-3
+        store.out pop_prev push_prev sram_base=0 dram_base=128 y_size=1 x_size=1 x_stride=1
+        finish pop_next
+    """)
+    code, _, err = run(capsys, "asm", source, "-o", tmp_path / "p.gfp", "--config", "tiny")
+    assert code == 0, err
+    code, text, err = run(capsys, "disasm", tmp_path / "p.gfp")
+    assert code == 0, err
+    assert "alu.shr" in text and "imm=-3" in text
+    (tmp_path / "again.s").write_text(text)
+    code, _, err = run(capsys, "asm", tmp_path / "again.s", "-o", tmp_path / "again.gfp", "--config", "tiny")
+    assert code == 0, err
+    assert (tmp_path / "again.gfp").read_bytes() == (tmp_path / "p.gfp").read_bytes()
+
+
+def test_asm_reports_bad_source(tmp_path, capsys):
+    source = tmp_path / "bad.s"
+    source.write_text("gemm uop_bgn=0 uop_end=1 iter_out=99999 iter_in=1\nfinish\n")
+    code, _, err = run(capsys, "asm", source, "-o", tmp_path / "x.gfp", "--config", "tiny")
+    assert code == 2 and "line 1" in err and "iter_out" in err
+    assert not (tmp_path / "x.gfp").exists()
+
+
+def test_bench_quick_prints_ratio(capsys):
+    code, out, _ = run(capsys, "bench", "--quick", "--config", "tiny")
+    assert code == 0
+    result = json.loads(out)["fsim_gemm"]
+    assert result["uops_per_second"] > 0 and result["time_ratio_vs_numpy"] > 0
+
+
+def test_demo_runs(capsys):
+    assert main(["demo"]) == 0
+    assert "every result equals numpy" in capsys.readouterr().out
