@@ -27,7 +27,7 @@ import numpy as np
 
 from gemforge.hw.config import DMA_SIZE_BITS, LOOP_ITER_BITS, AccelConfig
 from gemforge.hw.isa import Finish, Gemm, Instruction, Load, MemType, Store, Uop
-from gemforge.driver.program import Program, TensorRegion, arena_alignment
+from gemforge.hw.program import Program, TensorRegion, arena_alignment
 
 __all__ = [
     "GemmShapeError", "GemmPlan", "plan_gemm", "build_gemm_program", "pack_a", "pack_b", "unpack_c", "run_gemm",

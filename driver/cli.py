@@ -21,8 +21,8 @@ from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError
 
 from .device import DeviceError, available_backends, open_device
-from .files import write_bytes_atomic
-from .program import Program, ProgramError
+from gemforge.files import write_bytes_atomic
+from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
 

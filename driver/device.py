@@ -23,7 +23,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.isa import encode_program, encode_uops
 
-from .program import Program, ProgramError, arena_alignment
+from gemforge.hw.program import Program, ProgramError, arena_alignment
 
 __all__ = [
     "Device", "DeviceError", "Buffer", "LoadedProgram", "RunResult",
@@ -258,3 +258,8 @@ def _register_builtin_backends() -> None:
     if "fsim" not in _BACKENDS:
         from .fsim_device import FsimDevice
         register_backend("fsim", FsimDevice)
+    if "verilator" not in _BACKENDS:
+        # RTL co-simulation backends; a simulator is only needed once a device runs.
+        from gemforge.sim.cosim.device import IcarusDevice, VerilatorDevice
+        register_backend("verilator", VerilatorDevice)
+        register_backend("icarus", IcarusDevice)

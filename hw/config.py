@@ -34,6 +34,8 @@ from typing import Any
 
 import tomli_w
 
+from gemforge.files import write_text_atomic
+
 __all__ = [
     "AccelConfig",
     "ConfigError",
@@ -183,10 +185,8 @@ class AccelConfig:
                 f"entries as the accumulator buffer ({self.acc_depth}), i.e. "
                 f"{self.acc_depth * self.out_entry_bytes} bytes: each accumulator write "
                 "mirrors its low bits into the output entry of the same index")
-        if self.uop_bits_used > MAX_UOP_BITS:
-            raise ConfigError(
-                f"a micro-op needs {self.uop_bits_used} bits for these buffer depths, more than "
-                f"{MAX_UOP_BITS}; make the input, weight or accumulator buffer smaller")
+        # Depths are capped at MAX_BUFFER_DEPTH, so a micro-op needs at most 3 × 16 bits.
+        assert self.uop_bits_used <= MAX_UOP_BITS
         for field in ("cmd_queue_depth", "token_queue_depth"):
             value = getattr(self, field)
             if not _is_pow2(value) or not 2 <= value <= 4096:
@@ -336,7 +336,6 @@ class AccelConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as TOML or JSON, chosen by the file suffix (atomically)."""
-        from gemforge.driver.files import write_text_atomic  # noqa: PLC0415 (avoid cycle at import)
         path = Path(path)
         if path.suffix == ".toml":
             write_text_atomic(path, self.to_toml())

@@ -9,6 +9,22 @@ encoder refuses any value that does not fit its field; the decoder refuses
 words with unknown opcodes or non-zero unused bits, so ``encode(decode(w)) ==
 w`` for every word it accepts.
 
+Execution rules every backend follows (fsim checks them and reports a
+violation as an error naming the instruction):
+
+* Integers are two's complement; accumulator arithmetic wraps at
+  ``acc_width`` bits, never saturates.
+* Every write to ``acc[i]`` also writes ``out[i]`` = the low ``out_width``
+  bits of the new value (the mirror rule).
+* ``y_size``, ``x_size``, ``iter_out`` and ``iter_in`` are at least 1 and a
+  micro-op range is non-empty; zero is an error, not a no-op.
+* Every SRAM and DRAM entry an instruction touches lies inside its buffer or
+  the DRAM; behaviour outside is undefined in hardware and an error in fsim.
+* Fetch dispatches instructions in program order into per-engine command
+  queues of ``cmd_queue_depth`` entries and stalls while the next
+  instruction's queue is full.
+* Bits of a micro-op word above its three fields are ignored.
+
 This module is the one definition of opcodes, field order and widths; the ISA
 reference (`gemforge info --isa`), the assembler, the simulator and the
 gateware all read it.

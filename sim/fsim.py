@@ -11,14 +11,9 @@ Every instruction is executed as a whole with numpy: a GEMM gathers all its
 micro-op operands at once and multiplies them in one batched product, so no
 Python code runs per multiply-accumulate.
 
-Implementation rules that the RTL must match bit for bit:
-
-* Integers are two's complement. The accumulator buffer is kept here as
-  int64 holding values already wrapped to ``acc_width`` bits.
-* Every write to ``acc[i]`` writes ``out[i]`` = low ``out_width`` bits (the mirror rule).
-* Loop counts and DMA sizes must be at least 1 and micro-op ranges non-empty;
-  such a zero is reported as an error rather than treated as a no-op.
-* Bits of a micro-op word above its three fields are ignored.
+The execution rules it enforces are those of the `gemforge.hw.isa` module
+docstring. Internally the accumulator buffer is int64 holding values already
+wrapped to ``acc_width`` bits.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pytest
 
 from gemforge.compiler.hand_gemm import build_gemm_program, pack_a, pack_b, unpack_c
 from gemforge.driver.device import DeviceError, available_backends, open_device
-from gemforge.driver.program import Program, ProgramError, arena_alignment
+from gemforge.hw.program import Program, ProgramError, arena_alignment
 from gemforge.hw.config import PRESETS
 
 

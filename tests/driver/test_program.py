@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler.hand_gemm import build_gemm_program
-from gemforge.driver.program import Program, ProgramError, TensorRegion
+from gemforge.hw.program import Program, ProgramError, TensorRegion
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Finish, Uop
 

@@ -41,7 +41,7 @@ from gemforge.hw.isa import (
     encode_uops,
 )
 
-from .files import write_bytes_atomic
+from gemforge.files import write_bytes_atomic
 
 __all__ = ["Program", "TensorRegion", "ProgramError", "arena_alignment", "FORMAT_VERSION"]
 

@@ -1,0 +1,249 @@
+"""AccelConfig: every refusal has its own test, presets, serialization, derived values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+
+from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
+from strategies import accel_configs
+
+BUFFERS = ("inp", "wgt", "acc", "out", "uop")
+
+
+def refused(match: str, **changes) -> None:
+    with pytest.raises(ConfigError, match=match):
+        AccelConfig(**changes)
+
+
+# ---------------------------------------------------------------------------- refusals
+
+def test_empty_name_refused():
+    refused(r"name must be a non-empty string, not ''", name="")
+
+
+def test_non_integer_field_refused():
+    refused(r"batch must be an integer, not 1\.0", batch=1.0)
+
+
+def test_bool_field_refused():
+    refused(r"block_in must be an integer, not True", block_in=True)
+
+
+@pytest.mark.parametrize("field", ["batch", "block_in", "block_out"])
+@pytest.mark.parametrize("value", [0, 3, 12, 512])
+def test_block_size_not_power_of_two_refused(field, value):
+    refused(rf"{field} must be a power of two between 1 and 256, not {value}", **{field: value})
+
+
+@pytest.mark.parametrize("field", ["inp_width", "wgt_width"])
+def test_input_width_unsupported_refused(field):
+    refused(rf"{field} must be one of 8, 16 bits, not 4", **{field: 4})
+
+
+def test_acc_width_unsupported_refused():
+    refused(r"acc_width must be one of 16, 32 bits, not 64", acc_width=64)
+
+
+def test_out_width_unsupported_refused():
+    refused(r"out_width must be one of 8, 16, 32 bits, not 12", out_width=12)
+
+
+def test_out_wider_than_acc_refused():
+    refused(r"out_width \(32\) must not exceed acc_width \(16\)", acc_width=16, out_width=32,
+            acc_buffer_bytes=64 * 1024, out_buffer_bytes=128 * 1024)
+
+
+def test_bus_width_unsupported_refused():
+    refused(r"bus_width must be one of 64, 128, 256, 512 bits, not 32", bus_width=32)
+
+
+@pytest.mark.parametrize("buffer", BUFFERS)
+def test_buffer_not_power_of_two_refused(buffer):
+    refused(rf"{buffer}_buffer_bytes must be a power of two, not 3000", **{f"{buffer}_buffer_bytes": 3000})
+
+
+def test_buffer_smaller_than_one_entry_refused():
+    # One default weight entry is 16 × 16 int8 = 256 bytes.
+    refused(r"wgt_buffer_bytes \(128\) is smaller than one weight entry \(256 bytes",
+            wgt_buffer_bytes=128)
+
+
+def test_too_many_entries_for_address_field_refused():
+    # 1-byte input entries: 128 KiB is 131072 entries, past the 16-bit SRAM address.
+    refused(r"inp_buffer_bytes \(131072\) holds 131072 entries, more than the 65536 .* "
+            r"use at most 65536 bytes",
+            block_in=1, block_out=1, inp_buffer_bytes=1 << 17, wgt_buffer_bytes=1 << 10,
+            acc_buffer_bytes=1 << 12, out_buffer_bytes=1 << 10)
+
+
+def test_out_depth_differs_from_acc_depth_refused():
+    refused(r"out_buffer_bytes \(16384\) must give the output buffer as many entries as the "
+            r"accumulator buffer \(2048\), i\.e\. 32768 bytes", out_buffer_bytes=16 * 1024)
+
+
+@pytest.mark.parametrize("field", ["cmd_queue_depth", "token_queue_depth"])
+@pytest.mark.parametrize("value", [1, 3, 8192])
+def test_bad_queue_depth_refused(field, value):
+    refused(rf"{field} must be a power of two between 2 and 4096, not {value}", **{field: value})
+
+
+@pytest.mark.parametrize("value", [0.5, 2000, "fast", True])
+def test_bad_clock_refused(value):
+    refused(rf"clock_mhz must be a number between 1 and 1000, not {value!r}", clock_mhz=value)
+
+
+def test_unknown_fields_in_file_refused(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\nbloc_in = 8\nfrequency = 3\n')
+    with pytest.raises(ConfigError, match=rf"config file {path} has unknown field\(s\) bloc_in, frequency; "
+                                          r"allowed fields are acc_buffer_bytes, .*"):
+        AccelConfig.load(path)
+
+
+def test_non_table_refused():
+    with pytest.raises(ConfigError, match=r"config must be a table of fields, not list"):
+        AccelConfig.from_dict([1, 2])
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".txt", ""])
+def test_bad_suffix_refused_on_save(tmp_path, suffix):
+    path = tmp_path / f"config{suffix}"
+    with pytest.raises(ConfigError, match=r"must end in \.toml or \.json"):
+        PRESETS["tiny"].save(path)
+    assert not path.exists()
+
+
+def test_bad_suffix_refused_on_load(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("batch: 1\n")
+    with pytest.raises(ConfigError, match=r"must end in \.toml or \.json"):
+        AccelConfig.load(path)
+
+
+def test_malformed_toml_refused(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("batch = = 1\n")
+    with pytest.raises(ConfigError, match=rf"config file {path} is not valid TOML"):
+        AccelConfig.load(path)
+
+
+def test_malformed_json_refused(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"batch": 1,')
+    with pytest.raises(ConfigError, match=rf"config file {path} is not valid JSON"):
+        AccelConfig.load(path)
+
+
+def test_missing_file_refused(tmp_path):
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match=rf"cannot read config file {path}"):
+        AccelConfig.load(path)
+
+
+def test_invalid_value_in_file_refused(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"batch": 3}))
+    with pytest.raises(ConfigError, match=r"batch must be a power of two"):
+        AccelConfig.load(path)
+
+
+# ---------------------------------------------------------------------------- presets and files
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_valid_and_named(name):
+    config = PRESETS[name]
+    assert config.name == name
+    assert AccelConfig(**config.to_dict()) == config  # re-validates
+
+
+def test_default_preset_is_the_vta_class_design():
+    c = PRESETS["default"]
+    assert (c.batch, c.block_in, c.block_out) == (1, 16, 16)
+    assert (c.inp_width, c.wgt_width, c.acc_width, c.out_width) == (8, 8, 32, 8)
+    assert (c.inp_buffer_bytes, c.wgt_buffer_bytes, c.acc_buffer_bytes, c.out_buffer_bytes,
+            c.uop_buffer_bytes) == (32 << 10, 256 << 10, 128 << 10, 32 << 10, 32 << 10)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_save_load_round_trip(tmp_path, name, suffix):
+    path = tmp_path / f"{name}{suffix}"
+    PRESETS[name].save(path)
+    assert AccelConfig.load(path) == PRESETS[name]
+    assert load_config(path) == PRESETS[name]
+    assert load_config(str(path)) == PRESETS[name]
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_save_load_round_trip_custom(tmp_path, suffix):
+    config = PRESETS["tiny"].replace(name="mine", clock_mhz=250, token_queue_depth=4)
+    path = tmp_path / f"mine{suffix}"
+    config.save(path)
+    assert AccelConfig.load(path) == config
+
+
+def test_partial_file_takes_defaults(tmp_path):
+    path = tmp_path / "partial.toml"
+    path.write_text('name = "p"\nbus_width = 128\n')
+    assert AccelConfig.load(path) == AccelConfig(name="p", bus_width=128)
+
+
+def test_load_config_by_name():
+    for name, config in PRESETS.items():
+        assert load_config(name) is config
+
+
+def test_load_config_none_and_instance():
+    assert load_config(None) is PRESETS["default"]
+    assert load_config(PRESETS["tiny"]) is PRESETS["tiny"]
+
+
+def test_load_config_unknown_name_refused():
+    with pytest.raises(ConfigError, match=r"unknown config 'huge': give a preset \(tiny, default, large\) "
+                                          r"or a \.toml/\.json file"):
+        load_config("huge")
+
+
+# ---------------------------------------------------------------------------- derived values
+
+def check_derived(config: AccelConfig) -> None:
+    d = config.derived()
+    for b in BUFFERS:
+        assert d[f"{b}_depth"] * d[f"{b}_entry_bytes"] == getattr(config, f"{b}_buffer_bytes")
+        assert d[f"{b}_depth"] >= 1
+    assert config.inp_entry_bytes * 8 == config.batch * config.block_in * config.inp_width
+    assert config.wgt_entry_bytes * 8 == config.block_out * config.block_in * config.wgt_width
+    assert config.acc_entry_bytes * 8 == config.batch * config.block_out * config.acc_width
+    assert config.out_depth == config.acc_depth
+    for b in ("inp", "wgt", "acc", "uop"):
+        bits = d[f"{b}_index_bits"]
+        assert 1 << bits >= d[f"{b}_depth"], b           # every entry is addressable
+        assert bits == 1 or 1 << (bits - 1) < d[f"{b}_depth"], b  # and no wider than needed
+    assert d["uop_src_bits"] == max(d["inp_index_bits"], d["acc_index_bits"])
+    used = d["uop_dst_bits"] + d["uop_src_bits"] + d["uop_wgt_bits"]
+    assert used <= d["uop_bits"] in (32, 64)
+    assert d["uop_bits"] == 32 or used > 32
+    assert all(1 << d["sram_addr_bits"] >= d[f"{b}_depth"] for b in BUFFERS)
+    assert d["insn_bits"] in (128, 256) and config.insn_bytes * 8 == d["insn_bits"]
+    assert d["bus_bytes"] * 8 == config.bus_width
+    assert d["macs_per_uop"] == config.batch * config.block_in * config.block_out
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_derived_consistent_on_presets(name):
+    check_derived(PRESETS[name])
+
+
+@settings(max_examples=60, deadline=None)
+@given(accel_configs())
+def test_derived_consistent_on_random_configs(config):
+    check_derived(config)
+    assert AccelConfig.from_dict(json.loads(config.to_json())) == config
+
+
+def test_entry_bytes_unknown_buffer():
+    with pytest.raises(KeyError, match="unknown buffer 'foo'"):
+        PRESETS["tiny"].entry_bytes("foo")
