@@ -1,0 +1,115 @@
+"""What every operator shares: the fused epilogue, the compiled-operator handle, tiling helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from gemforge.hw.program import Program
+
+from ..ir import Cast, Expr, Max, Shr, Const
+from ..te import clip
+
+__all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback"]
+
+
+class OpError(ValueError):
+    """An operator was called with shapes, dtypes or options it does not support."""
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """``out = clip((acc + bias) >> shift, lo, 127)`` with ``lo = 0`` under ReLU and
+    −128 otherwise, as int8; without ``shift`` the int32 ``acc + bias`` (ReLU'd if
+    asked) is the output."""
+
+    bias: bool = False
+    shift: int | None = None
+    relu: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shift is not None and (isinstance(self.shift, bool) or not isinstance(self.shift, int)
+                                       or not 0 <= self.shift <= 31):
+            raise OpError(f"shift must be an integer between 0 and 31, not {self.shift!r}")
+
+    def out_dtype(self, acc_dtype: str = "int32") -> str:
+        """int8 after the shift and clip; otherwise the accumulator type."""
+        return "int8" if self.shift is not None else acc_dtype
+
+    def apply(self, acc: Expr, bias: Expr | None) -> Expr:
+        value = acc
+        if self.bias:
+            value = value + bias
+        if self.shift is not None:
+            if self.shift:
+                value = Shr(value, Const(self.shift))
+            value = Cast("int8", clip(value, 0 if self.relu else -128, 127))
+        elif self.relu:
+            value = Max(value, Const(0))
+        return value
+
+
+def reference_epilogue(acc: np.ndarray, bias: np.ndarray | None, shift: int | None, relu: bool,
+                       channel_axis: int) -> np.ndarray:
+    """numpy reference of `Epilogue` (int64 math, int32 wrap-around like the accumulator)."""
+    value = acc.astype(np.int64)
+    if bias is not None:
+        shape = [1] * value.ndim
+        shape[channel_axis] = -1
+        value = value + bias.astype(np.int64).reshape(shape)
+    value = ((value + (1 << 31)) % (1 << 32)) - (1 << 31)
+    if shift is not None:
+        value = np.clip(value >> shift, 0 if relu else -128, 127).astype(np.int8)
+        return value
+    if relu:
+        value = np.maximum(value, 0)
+    return value.astype(np.int32)
+
+
+@dataclass
+class CompiledOp:
+    """A compiled operator: the program plus its host-side packing.
+
+    ``pack_inputs(**arrays)`` turns host arrays (numpy layouts) into the
+    program's input tensors; ``unpack_output(array)`` turns the device output
+    tensor back into the host layout. ``plan`` records the tiling the default
+    schedule chose."""
+
+    name: str
+    program: Program
+    inputs: list[str]
+    output: str
+    pack: Callable[..., dict[str, np.ndarray]]
+    unpack: Callable[[np.ndarray], np.ndarray]
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    def pack_inputs(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        return self.pack(**arrays)
+
+    def unpack_output(self, array: np.ndarray) -> np.ndarray:
+        return self.unpack(array)
+
+    def run(self, device, **arrays: np.ndarray):
+        """Pack, run on ``device``, unpack: returns (output, RunResult)."""
+        outputs, result = device.run_program(self.program, self.pack_inputs(**arrays), [self.output])
+        return self.unpack_output(outputs[self.output]), result
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order (tile sizes without partial tiles)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def plan_with_fallback(plan: Callable[[int], Any], latency_hiding: bool) -> Any:
+    """``plan(threads)`` with two virtual threads when latency hiding is asked for;
+    if double buffering does not fit the buffers, one thread (the operator still
+    runs, without overlap) — an explicit choice recorded in the plan."""
+    if latency_hiding:
+        try:
+            return plan(2)
+        except OpError:
+            pass
+    return plan(1)

@@ -1,0 +1,247 @@
+"""``conv2d`` on packed layouts with a fused epilogue.
+
+Data NCHW{B}n{BI}c ``(N/B, C/BI, H, W, B, BI)``, weights OIHW{BO}o{BI}i
+``(O/BO, C/BI, KH, KW, BO, BI)``, output ``(N/B, O/BO, OH, OW, B, BO)``::
+
+    xp          = pad(x, rows and columns by `padding`)
+    c[n, oc, y, x, b, o] = Σ_ic,kh,kw,ki xp[n, ic, y·s + kh, x·s + kw, b, ki] · w[oc, ic, kh, kw, o, ki]
+    out         = epilogue(c, bias[oc, b, o])
+
+Default schedule: output tiles of ``toc`` channel blocks × ``toh`` rows ×
+``tow`` columns, the tile loops fused and split into ``V`` virtual threads
+(2 with latency hiding, 1 if double buffering does not fit the buffers);
+the reduction over input-channel blocks in chunks of ``tic`` and kernel rows
+in chunks of ``tkh`` (small buffers), with the input window
+(``(toh−1)·s + tkh`` rows × ``(tow−1)·s + KW`` columns, zero padding added by
+the DMA at the borders) and the weight chunk loaded per chunk; the
+pad stage is inlined into the input copy so that no padded tensor ever
+exists in DRAM. `plan_conv2d` picks the tiles for any config and shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gemforge.hw.config import DMA_PAD_BITS, LOOP_ITER_BITS, AccelConfig
+
+from ..intrin import gemm_intrin
+from ..layout import ceil_div, int_dtype, pack_bias, pack_nchw, pack_oihw, unpack_nchw
+from ..pipeline import build
+from ..schedule import Schedule, create_schedule
+from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
+from .common import CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue
+
+__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d", "conv2d_reference"]
+
+_MAX_PAD = (1 << DMA_PAD_BITS) - 1
+_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
+_DMA_OVERHEAD = 16  # cycles a DMA or instruction costs beyond its data (issue, DRAM latency)
+
+
+def _out_size(size: int, k: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - k) // stride + 1
+
+
+def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tuple[int, int, int, int],
+              stride: int, padding: int, epilogue: Epilogue) -> dict[str, Tensor]:
+    """The conv2d tensor expression on packed shapes: ``data = (nb, cb, H, W)`` and
+    ``kernel = (ob, cb, KH, KW)`` in blocks."""
+    c = config
+    nb, cb, h, w = data
+    ob, _, kh, kw = kernel
+    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    acc = f"int{c.acc_width}"
+    x = placeholder((nb, cb, h, w, c.batch, c.block_in), f"int{c.inp_width}", "x")
+    wt = placeholder((ob, cb, kh, kw, c.block_out, c.block_in), f"int{c.wgt_width}", "w")
+    xp = pad(x, (0, 0, padding, padding, 0, 0), (0, 0, padding, padding, 0, 0), "xp") if padding else x
+    ric, rkh, rkw, rki = (reduce_axis(cb, "ic"), reduce_axis(kh, "kh"), reduce_axis(kw, "kw"),
+                          reduce_axis(c.block_in, "ki"))
+    conv = compute(
+        (nb, ob, oh, ow, c.batch, c.block_out),
+        lambda n, oc, y, xx, b, o: sum_(
+            xp[n, ric, y * stride + rkh, xx * stride + rkw, b, rki].astype(acc)
+            * wt[oc, ric, rkh, rkw, o, rki].astype(acc), [ric, rkh, rkw, rki]),
+        name="c", dtype=acc)
+    tensors = {"x": x, "w": wt, "xp": xp, "c": conv}
+    bias = None
+    if epilogue.bias:
+        bias = placeholder((ob, c.batch, c.block_out), acc, "bias")
+        tensors["bias"] = bias
+    tensors["out"] = compute(
+        (nb, ob, oh, ow, c.batch, c.block_out),
+        lambda n, oc, y, xx, b, o: epilogue.apply(conv[n, oc, y, xx, b, o], bias[oc, b, o] if bias else None),
+        name="out", dtype=epilogue.out_dtype(acc))
+    return tensors
+
+
+def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
+                bias: bool) -> dict[str, int]:
+    """Tiles ``toc, toh, tow, tic, tkh`` (blocks / rows / columns / kernel rows) for the default
+    schedule, minimizing a run-time estimate (loads overlap the GEMM with two threads)."""
+    c = config
+    nb, cb, h, w = data
+    ob, _, kh, kw = kernel
+    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    best = None
+    for tkh in reversed(divisors(kh)):
+        for tow in reversed(divisors(ow)):
+            win_w = (tow - 1) * stride + kw
+            for toh in divisors(oh):
+                win_h = (toh - 1) * stride + tkh
+                if threads * win_h * win_w > c.inp_depth:
+                    break
+                for tic in divisors(cb):
+                    if threads * tic * win_h * win_w > c.inp_depth or threads * tic * tkh * kw > c.wgt_depth:
+                        break
+                    for toc in divisors(ob):
+                        if threads * toc * tic * tkh * kw > c.wgt_depth or \
+                                threads * (toc * toh * tow + (toc if bias else 0)) > c.acc_depth:
+                            break
+                        if max(toc, toh, tow) > _MAX_ITER:
+                            continue
+                        tiles = nb * (ob // toc) * (oh // toh) * (ow // tow)
+                        load = (tic * win_h * win_w * c.inp_entry_bytes
+                                + toc * tic * tkh * kw * c.wgt_entry_bytes) / c.bus_bytes + (tic + 1) * _DMA_OVERHEAD
+                        gemm = toc * toh * tow * tic * tkh * kw + _DMA_OVERHEAD
+                        chunk = max(load, gemm) if threads > 1 else load + gemm
+                        store = toc * toh * tow * c.out_entry_bytes / c.bus_bytes + toc * _DMA_OVERHEAD
+                        tile = (cb // tic) * (kh // tkh) * chunk + toc * toh * tow * 4 + \
+                            (store if threads == 1 else 0)
+                        cost = tiles * tile
+                        if best is None or cost < best[0]:
+                            best = (cost, toc, toh, tow, tic, tkh)
+    if best is None:
+        raise OpError(f"conv2d with a {kh}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
+                      f"output row of one channel block needs more input or weight buffer than it has")
+    return {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads}
+
+
+def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
+    """The default accelerator schedule of `conv2d_te` for a tiling ``plan``."""
+    x, w, xp, c, out = (tensors[k] for k in ("x", "w", "xp", "c", "out"))
+    s = create_schedule(out)
+    s[c].set_scope("acc")
+    out_acc = s.cache_write(out, "acc")
+    x_inp = s.cache_read(xp, "inp", [c])
+    if xp is not x:
+        s[xp].compute_inline()  # padding becomes the DMA's zero frame
+    w_wgt = s.cache_read(w, "wgt", [c])
+    readers = []
+    if "bias" in tensors:
+        readers.append(s.cache_read(tensors["bias"], "acc", [out_acc]))
+
+    so = s[out]
+    n, oc, y, xx, _, _ = so.leaf
+    oco, oci = so.split(oc, plan["toc"])
+    yo, yi = so.split(y, plan["toh"])
+    xo, xi = so.split(xx, plan["tow"])
+    so.reorder(n, oco, yo, xo, oci, yi, xi)
+    tile = so.fuse(so.fuse(so.fuse(n, oco), yo), xo)
+    if plan["threads"] > 1:
+        _, tile = so.split(tile, factor=plan["threads"])
+        so.vthread(tile)
+    so.pragma(oci, "dma_copy")
+
+    for t in [*readers, c, out_acc]:
+        s[t].compute_at(so, tile)
+    for t in readers:
+        s[t].pragma(s[t].leaf[0], "dma_copy")
+    s[out_acc].pragma(s[out_acc].leaf[0], "alu")
+
+    sc = s[c]
+    cn, coc, cy, cx, cb, co, ic, kh, kw, ki = sc.leaf
+    ico, ici = sc.split(ic, plan["tic"])
+    kho, khi = sc.split(kh, plan.get("tkh", tensors["w"].shape[2]))
+    sc.reorder(ico, kho, cn, coc, cy, cx, ici, khi, kw, cb, co, ki)
+    sc.tensorize(cb, gemm_intrin(config))
+    for t in (x_inp, w_wgt):
+        s[t].compute_at(sc, kho)
+        s[t].pragma(s[t].leaf[0], "dma_copy")
+    return s
+
+
+def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
+                   weight_shape: tuple[int, int, int, int], *, stride: int = 1, padding: int = 0,
+                   bias: bool = False, shift: int | None = None, relu: bool = False,
+                   latency_hiding: bool = True) -> CompiledOp:
+    """Compile a 2-D convolution of NCHW ``input_shape`` with OIHW ``weight_shape``.
+
+    Inputs of the result: ``x`` (NCHW int8), ``w`` (OIHW int8), with ``bias`` a
+    (O,) int32 ``bias``. The output is NCHW, int8 with ``shift``, else int32."""
+    if len(input_shape) != 4 or len(weight_shape) != 4:
+        raise OpError(f"conv2d needs an NCHW input and an OIHW weight shape, not {input_shape} and {weight_shape}")
+    n, ch, h, w = (int(v) for v in input_shape)
+    o, ci, kh, kw = (int(v) for v in weight_shape)
+    if ci != ch:
+        raise OpError(f"conv2d input has {ch} channels but the weights expect {ci}")
+    if min(n, ch, h, w, o, kh, kw) < 1:
+        raise OpError(f"conv2d shapes must be positive: input {input_shape}, weight {weight_shape}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise OpError(f"stride must be a positive integer, not {stride!r}")
+    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= _MAX_PAD:
+        raise OpError(f"padding must be an integer between 0 and {_MAX_PAD} (the DMA's pad field), "
+                      f"not {padding!r}")
+    if padding >= kh or padding >= kw:
+        raise OpError(f"padding {padding} must be smaller than the kernel ({kh}x{kw}): a larger pad "
+                      "gives output pixels that see only zeros")
+    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    if oh < 1 or ow < 1:
+        raise OpError(f"a {kh}x{kw} kernel with padding {padding} does not fit a {h}x{w} input")
+    c = config
+    data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
+    kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
+    epi = Epilogue(bias, shift, relu)
+    plan = plan_with_fallback(
+        lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, bias=bias), latency_hiding)
+    tensors = conv2d_te(c, data, kernel, stride, padding, epi)
+    sch = conv2d_schedule(c, tensors, plan)
+    inputs = ["x", "w"] + (["bias"] if bias else [])
+    program = build(sch, c, [tensors[k] for k in inputs] + [tensors["out"]])
+
+    width = w
+
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if tuple(x.shape) != (n, ch, h, width) or tuple(w.shape) != (o, ci, kh, kw):
+            raise OpError(f"conv2d was compiled for input {[n, ch, h, width]} and weight {[o, ci, kh, kw]}, "
+                          f"not {list(x.shape)} and {list(w.shape)}")
+        arrays = {"x": pack_nchw(c, x), "w": pack_oihw(c, w)}
+        if epi.bias:
+            if bias is None or bias.shape != (o,):
+                raise OpError(f"conv2d with bias needs a bias of shape ({o},)")
+            arrays["bias"] = pack_bias(c, bias)
+        elif bias is not None:
+            raise OpError("conv2d was compiled without bias")
+        return arrays
+
+    return CompiledOp("conv2d", program, inputs, "out", pack, lambda t: unpack_nchw(t, n, o),
+                      plan=dict(plan, oh=oh, ow=ow))
+
+
+def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stride: int = 1,
+               padding: int = 0, shift: int | None = None, relu: bool = False, latency_hiding: bool = True):
+    """2-D convolution (NCHW × OIHW, + epilogue) on ``device``; returns (output NCHW, RunResult)."""
+    if x.ndim != 4 or w.ndim != 4:
+        raise OpError(f"conv2d needs x in NCHW and w in OIHW; got {list(x.shape)} and {list(w.shape)}")
+    inp = int_dtype(device.config.inp_width)
+    if x.dtype != inp or w.dtype != int_dtype(device.config.wgt_width):
+        raise OpError(f"conv2d operands must be {inp.name}, not {x.dtype} and {w.dtype}")
+    op = compile_conv2d(device.config, x.shape, w.shape, stride=stride, padding=padding,
+                        bias=bias is not None, shift=shift, relu=relu, latency_hiding=latency_hiding)
+    return op.run(device, x=x, w=w, bias=bias)
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, padding: int = 0,
+                     shift=None, relu=False) -> np.ndarray:
+    """numpy reference of `run_conv2d` (exact integer arithmetic)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.zeros((n, c, h + 2 * padding, wd + 2 * padding), np.int64)
+    xp[:, :, padding:padding + h, padding:padding + wd] = x
+    oh, ow = _out_size(h, kh, stride, padding), _out_size(wd, kw, stride, padding)
+    acc = np.zeros((n, o, oh, ow), np.int64)
+    wl = w.astype(np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride]
+            acc += np.einsum("nchw,oc->nohw", patch, wl[:, :, i, j])
+    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)

@@ -1,0 +1,187 @@
+"""``dense``: ``C = A @ B`` (int8 × int8 → int32) with an optional fused epilogue.
+
+Tensor expression on packed tiles (see `gemforge.compiler.layout`)::
+
+    c[m, n, b, o]   = Σ_ko,ki a[m, ko, b, ki] · w[n, ko, o, ki]        (accumulator)
+    out[m, n, b, o] = epilogue(c[m, n, b, o], bias[n, b, o])
+
+Default schedule (VTA's): tile the output ``tm × tn`` entries, fuse the tile
+loops and split off ``V`` virtual threads (V = 2 with latency hiding, 1 if
+double buffering does not fit the buffers), compute
+the accumulator tile and its epilogue at the thread loop, reduce over ``K`` in
+chunks of ``tk`` with the input and weight chunks DMA'd at the chunk loop,
+tensorize the entry loops onto the GEMM intrinsic. `plan_dense` picks the
+tile sizes for any config: the divisors of the tile counts that fit the
+buffers (double-buffered) and minimize DRAM traffic plus instruction count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gemforge.hw.config import LOOP_ITER_BITS, AccelConfig
+
+from ..intrin import gemm_intrin
+from ..layout import ceil_div, int_dtype, pack_bias, pack_matrix_a, pack_matrix_b, unpack_matrix
+from ..pipeline import build
+from ..schedule import Schedule, create_schedule
+from ..te import Tensor, compute, placeholder, reduce_axis, sum_
+from .common import CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue
+
+__all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense", "dense_reference"]
+
+_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
+
+
+def dense_te(config: AccelConfig, mt: int, kt: int, nt: int, epilogue: Epilogue) -> dict[str, Tensor]:
+    """The dense tensor expression on ``mt × kt`` input and ``nt × kt`` weight tiles."""
+    c = config
+    acc = f"int{c.acc_width}"
+    a = placeholder((mt, kt, c.batch, c.block_in), f"int{c.inp_width}", "a")
+    w = placeholder((nt, kt, c.block_out, c.block_in), f"int{c.wgt_width}", "w")
+    ko, ki = reduce_axis(kt, "ko"), reduce_axis(c.block_in, "ki")
+    acc_t = compute((mt, nt, c.batch, c.block_out),
+                    lambda m, n, b, o: sum_(a[m, ko, b, ki].astype(acc) * w[n, ko, o, ki].astype(acc), [ko, ki]),
+                    name="c", dtype=acc)
+    tensors = {"a": a, "w": w, "c": acc_t}
+    bias = None
+    if epilogue.bias:
+        bias = placeholder((nt, c.batch, c.block_out), acc, "bias")
+        tensors["bias"] = bias
+    out = compute((mt, nt, c.batch, c.block_out),
+                  lambda m, n, b, o: epilogue.apply(acc_t[m, n, b, o], bias[n, b, o] if bias else None),
+                  name="out", dtype=epilogue.out_dtype(acc))
+    tensors["out"] = out
+    return tensors
+
+
+def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int, bias: bool) -> dict[str, int]:
+    """Tile sizes (in entries) ``tm, tn, tk`` for the default schedule."""
+    c = config
+    best = None
+    for tk in divisors(kt):
+        if threads * tk > min(c.inp_depth, c.wgt_depth):
+            break
+        for tm in divisors(mt):
+            if threads * tm * tk > c.inp_depth or tm > _MAX_ITER:
+                break
+            for tn in divisors(nt):
+                if threads * tn * tk > c.wgt_depth or tn > _MAX_ITER or \
+                        threads * (tm * tn + (tn if bias else 0)) > c.acc_depth:
+                    break
+                cost = _dense_cycles(c, mt, kt, nt, tm, tn, tk, threads, bias)
+                if best is None or cost < best[0]:
+                    best = (cost, tm, tn, tk)
+    if best is None:
+        raise OpError(f"dense cannot be tiled for config {c.name!r}: even one entry per tile does not fit "
+                      f"{threads} virtual thread(s)")
+    return {"tm": best[1], "tn": best[2], "tk": best[3], "threads": threads}
+
+
+_DMA_OVERHEAD = 16  # cycles a DMA or instruction costs beyond its data (issue, DRAM latency)
+
+
+def _dense_cycles(c: AccelConfig, mt, kt, nt, tm, tn, tk, threads, bias) -> float:
+    """Estimated run time of a tiling: per reduction chunk the loads (bytes over the
+    bus) and the GEMM (one micro-op per cycle) overlap when there are two virtual
+    threads and add up otherwise; per tile the epilogue and the store follow."""
+    load = (tm * tk * c.inp_entry_bytes + tn * tk * c.wgt_entry_bytes) / c.bus_bytes + 2 * _DMA_OVERHEAD
+    gemm = tm * tn * tk + _DMA_OVERHEAD
+    chunk = max(load, gemm) if threads > 1 else load + gemm
+    store = tm * tn * c.out_entry_bytes / c.bus_bytes + _DMA_OVERHEAD
+    epilogue = tm * tn * 4 + (tn * c.acc_entry_bytes / c.bus_bytes if bias else 0)
+    tile = (kt // tk) * chunk + epilogue + (store if threads == 1 else 0)
+    return (mt // tm) * (nt // tn) * tile
+
+
+def dense_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
+    """The default accelerator schedule of `dense_te` for a tiling ``plan``."""
+    a, w, c, out = tensors["a"], tensors["w"], tensors["c"], tensors["out"]
+    s = create_schedule(out)
+    s[c].set_scope("acc")
+    out_acc = s.cache_write(out, "acc")
+    a_inp = s.cache_read(a, "inp", [c])
+    w_wgt = s.cache_read(w, "wgt", [c])
+    readers = []
+    if "bias" in tensors:
+        readers.append(s.cache_read(tensors["bias"], "acc", [out_acc]))
+
+    so = s[out]
+    m, n, _, _ = so.leaf
+    mo, no, mi, ni = so.tile(m, n, plan["tm"], plan["tn"])
+    tile = so.fuse(mo, no)
+    if plan["threads"] > 1:
+        _, tile = so.split(tile, factor=plan["threads"])
+        so.vthread(tile)
+    so.pragma(mi, "dma_copy")
+
+    for t in [*readers, c, out_acc]:
+        s[t].compute_at(so, tile)
+    for t in readers:
+        s[t].pragma(s[t].leaf[0], "dma_copy")
+    s[out_acc].pragma(s[out_acc].leaf[0], "alu")
+
+    sc = s[c]
+    cm, cn, cb, co, ko, ki = sc.leaf
+    kzo, kzi = sc.split(ko, plan["tk"])
+    sc.reorder(kzo, cm, cn, kzi, cb, co, ki)
+    sc.tensorize(cb, gemm_intrin(config))
+    for t in (a_inp, w_wgt):
+        s[t].compute_at(sc, kzo)
+        s[t].pragma(s[t].leaf[0], "dma_copy")
+    return s
+
+
+def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = False, shift: int | None = None,
+                  relu: bool = False, latency_hiding: bool = True) -> CompiledOp:
+    """Compile ``(M×K) @ (K×N)`` (+ bias, >> shift, clip/ReLU) for ``config``.
+
+    Inputs of the result: ``a`` (M, K) int8, ``b`` (K, N) int8, and with
+    ``bias`` a (N,) int32 ``bias``. The output is (M, N) int8 with ``shift``,
+    else int32."""
+    for name, v in (("M", m), ("K", k), ("N", n)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise OpError(f"dense dimension {name} must be a positive integer, not {v!r}")
+    epi = Epilogue(bias, shift, relu)
+    c = config
+    mt, kt, nt = ceil_div(m, c.batch), ceil_div(k, c.block_in), ceil_div(n, c.block_out)
+    plan = plan_with_fallback(lambda threads: plan_dense(c, mt, kt, nt, threads=threads, bias=bias),
+                              latency_hiding)
+    tensors = dense_te(c, mt, kt, nt, epi)
+    sch = dense_schedule(c, tensors, plan)
+    inputs = ["a", "w"] + (["bias"] if bias else [])
+    program = build(sch, c, [tensors[x] for x in inputs] + [tensors["out"]])
+
+    def pack(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if a.shape != (m, k) or b.shape != (k, n):
+            raise OpError(f"dense was compiled for A{[m, k]} @ B{[k, n]}, not A{list(a.shape)} @ B{list(b.shape)}")
+        arrays = {"a": pack_matrix_a(c, a), "w": pack_matrix_b(c, b)}
+        if epi.bias:
+            if bias is None or bias.shape != (n,):
+                raise OpError(f"dense with bias needs a bias of shape ({n},)")
+            arrays["bias"] = pack_bias(c, bias)
+        elif bias is not None:
+            raise OpError("dense was compiled without bias")
+        return arrays
+
+    return CompiledOp("dense", program, inputs, "out", pack, lambda t: unpack_matrix(t, m, n),
+                      plan=dict(plan, mt=mt, kt=kt, nt=nt))
+
+
+def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, shift: int | None = None,
+              relu: bool = False, latency_hiding: bool = True):
+    """``A @ B`` (+ epilogue) on ``device``; returns (output, RunResult)."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise OpError(f"dense needs A (M, K) and B (K, N); got A{list(a.shape)} and B{list(b.shape)}")
+    inp = int_dtype(device.config.inp_width)
+    if a.dtype != inp or b.dtype != int_dtype(device.config.wgt_width):
+        raise OpError(f"dense operands must be {inp.name}, not {a.dtype} and {b.dtype}")
+    op = compile_dense(device.config, a.shape[0], a.shape[1], b.shape[1], bias=bias is not None,
+                       shift=shift, relu=relu, latency_hiding=latency_hiding)
+    return op.run(device, a=a, b=b, bias=bias)
+
+
+def dense_reference(a: np.ndarray, b: np.ndarray, bias=None, shift=None, relu=False) -> np.ndarray:
+    """numpy reference of `run_dense`."""
+    acc = a.astype(np.int64) @ b.astype(np.int64)
+    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)

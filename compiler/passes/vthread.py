@@ -1,0 +1,151 @@
+"""Virtual-thread interleaving: the latency-hiding transformation.
+
+A loop of kind ``vthread`` with V iterations runs V independent copies of its
+body (V tiles). This pass gives each copy its own half (third, ...) of every
+on-chip buffer allocated inside the body (double buffering for V = 2) and
+interleaves the copies: loops that hold work for several engines and have
+the same extent in every copy are fused and their bodies interleaved
+recursively, while a run of statements for one engine stays together per
+copy (an engine is in-order, so splitting one thread's work by another's
+would delay the release of its buffers). A reduction chunk then reads
+``load(t0) load(t1) gemm(t0) gemm(t1)``. Because the copies touch disjoint
+on-chip regions, the dependency tokens the back end derives let the load
+engine fetch tile t+1 and the store engine drain tile t−1 while compute works
+on tile t. Copies past a partial loop's extent are guarded. The pass runs
+after `fold_uop_loops`, so interleaving never splits an instruction's loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import (
+    Allocate, AttrStmt, Buffer, BufferRef, Const, DmaCopy, Expr, For, ForKind, HwLoopTask, IfThenElse, Seq, Stmt,
+    StmtMutator, const_upper_bound, same_expr, seq, simplify, substitute_stmt, walk,
+)
+
+__all__ = ["inject_virtual_threads"]
+
+
+def inject_virtual_threads(stmt: Stmt) -> Stmt:
+    """Expand every ``vthread`` loop into interleaved, double-buffered copies."""
+    class Mutator(StmtMutator):
+        def visit_For(self, s: For) -> Stmt:
+            if s.kind is not ForKind.VTHREAD:
+                return self.generic_visit(s)
+            return _expand(s, self.visit(s.body))
+    return Mutator().visit(stmt)
+
+
+def _expand(loop: For, body: Stmt) -> Stmt:
+    threads = const_upper_bound(loop.extent)
+    allocs: list[Buffer] = []
+    walk(body, lambda s: allocs.append(s.buffer) if isinstance(s, Allocate) else None)
+    body = _strip_allocations(body)
+    widened = {b: Buffer(b.name, (threads * b.entries,) + tuple(b.shape[len(b.shape) - b.entry_dims:]),
+                         b.dtype, b.scope, b.entry_dims) for b in allocs}
+    copies = []
+    for t in range(threads):
+        copy = substitute_stmt(body, {loop.var: Const(t)})
+        copy = _rebase(copy, {b: (widened[b], t * b.entries) for b in allocs})
+        guard = simplify(Const(t) < loop.extent)
+        if isinstance(guard, Const) and not guard.value:
+            continue
+        copies.append((guard, copy))
+    out = _interleave(copies)
+    for b in reversed(allocs):
+        out = Allocate(widened[b], out)
+    return out
+
+
+def _strip_allocations(stmt: Stmt) -> Stmt:
+    class Strip(StmtMutator):
+        def visit_Allocate(self, s: Allocate) -> Stmt:
+            return self.visit(s.body)
+    return Strip().visit(stmt)
+
+
+def _rebase(stmt: Stmt, moves: dict[Buffer, tuple[Buffer, int]]) -> Stmt:
+    def ref(r: BufferRef | None) -> BufferRef | None:
+        if r is None or r.buffer not in moves:
+            return r
+        buf, shift = moves[r.buffer]
+        return BufferRef(buf, (), simplify(r.offset + shift))
+
+    class Rebase(StmtMutator):
+        def visit_DmaCopy(self, s):
+            return replace(s, dram=ref(s.dram), sram=ref(s.sram))
+
+        def visit_GemmIntrin(self, s):
+            return replace(s, dst=ref(s.dst), src=ref(s.src), wgt=ref(s.wgt))
+
+        def visit_AluIntrin(self, s):
+            return replace(s, dst=ref(s.dst), src=ref(s.src))
+
+        def visit_HwLoopTask(self, s):
+            return replace(s, body=self.visit(s.body))
+
+        def visit_BufferStore(self, s):
+            if s.buffer in moves:
+                raise AssertionError("virtual threads run after storage flattening and intrinsic injection")
+            return s
+    return Rebase().visit(stmt)
+
+
+def _guarded(guard: Expr, stmt: Stmt) -> Stmt:
+    if isinstance(guard, Const) and guard.value:
+        return stmt
+    return IfThenElse(guard, stmt)
+
+
+def _engine_kind(stmt: Stmt) -> str:
+    """Which engine runs every instruction of ``stmt``: load, compute, store or mixed."""
+    kinds: set[str] = set()
+
+    def visit(s: Stmt) -> None:
+        if isinstance(s, DmaCopy):
+            if s.direction == "store":
+                kinds.add("store")
+            else:
+                kinds.add("load" if s.sram.buffer.scope in ("inp", "wgt") else "compute")
+        elif isinstance(s, HwLoopTask):
+            kinds.add("compute")
+    walk(stmt, visit)
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _interleave(copies: list[tuple[Expr, Stmt]]) -> Stmt:
+    """Merge structurally identical statements of the copies, interleaving their contents."""
+    if len(copies) == 1:
+        return _guarded(*copies[0])
+    stmts = [s for _, s in copies]
+    first = stmts[0]
+    if _engine_kind(first) != "mixed":
+        # One engine runs all of it: thread-major order, so each thread's part
+        # finishes (and releases its buffers) as early as possible.
+        return seq(_guarded(g, s) for g, s in copies)
+    if all(isinstance(s, For) for s in stmts) and \
+            all(s.var is first.var and s.kind == first.kind and
+                same_expr(s.extent, first.extent) for s in stmts):
+        return For(first.var, first.extent, _interleave([(g, s.body) for g, s in copies]), first.kind,
+                   first.thread)
+    if all(isinstance(s, Seq) and len(s.stmts) == len(first.stmts) for s in stmts):
+        # Consecutive statements of one engine stay together per thread, so an
+        # in-order engine never queues thread 1's work between two parts of
+        # thread 0's (e.g. ``load a0, load w0, load a1, load w1``).
+        out: list[Stmt] = []
+        i = 0
+        while i < len(first.stmts):
+            kind = _engine_kind(first.stmts[i])
+            j = i + 1
+            while kind != "mixed" and j < len(first.stmts) and _engine_kind(first.stmts[j]) == kind:
+                j += 1
+            if j - i > 1:
+                out.extend(_guarded(g, seq(s.stmts[i:j])) for g, s in copies)
+            else:
+                out.append(_interleave([(g, s.stmts[i]) for g, s in copies]))
+            i = j
+        return seq(out)
+    if all(isinstance(s, AttrStmt) and s.key == first.key for s in stmts):
+        return AttrStmt(first.key, first.value, _interleave([(g, s.body) for g, s in copies]))
+    return seq(_guarded(g, s) for g, s in copies)

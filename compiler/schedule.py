@@ -1,0 +1,311 @@
+"""Schedules: how a tensor expression is computed (loop order, tiling, placement).
+
+A `Schedule` holds one `Stage` per operation, producers first. Each stage
+starts with one loop per axis (its *root* iteration variables) and is
+transformed by primitives that only record relations; `lower` turns the
+result into loop IR:
+
+- loop structure: `Stage.split`, `Stage.fuse`, `Stage.reorder`, `Stage.tile`;
+- placement: `Stage.compute_at` (inside another stage's loop, the region it
+  computes is inferred from what the consumers read), `Stage.compute_inline`;
+- memory: `Schedule.cache_read` / `Schedule.cache_write` (a copy stage in an
+  on-chip scope: ``inp``, ``wgt``, ``acc``), `Stage.set_scope`;
+- accelerator: `Stage.tensorize` (the loops under an axis become one GEMM
+  micro-op, see `intrin.gemm_intrin`), `Stage.vthread` (virtual threads for
+  latency hiding), `Stage.pragma` (``dma_copy``: the stage is a DMA;
+  ``alu``: the stage runs on the tensor ALU);
+- loop annotations for the CPU/GPU back ends: `Stage.vectorize`,
+  `Stage.parallel`, `Stage.unroll`, `Stage.bind` (GPU thread axes). They set
+  `ir.ForKind` on the generated loop; each back end decides what it supports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .ir import BufferLoad, Const, Expr, ForKind, Min, ON_CHIP_SCOPES, Reduce, Var, map_expr, simplify, substitute
+from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, compute, tensor_of
+
+__all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError"]
+
+
+class ScheduleError(ValueError):
+    """A schedule primitive was misused (wrong stage, axis or order)."""
+
+
+@dataclass(eq=False)
+class Split:
+    parent: IterVar
+    outer: IterVar
+    inner: IterVar
+    factor: int
+
+
+@dataclass(eq=False)
+class Fuse:
+    outer: IterVar
+    inner: IterVar
+    fused: IterVar
+
+
+@dataclass(eq=False)
+class Stage:
+    """The schedule of one operation."""
+
+    op: Any
+    tensor: Tensor
+    leaf: list[IterVar] = field(default_factory=list)
+    relations: list = field(default_factory=list)
+    attach: tuple["Stage", IterVar] | None = None
+    scope: str = "global"
+    inlined: bool = False
+    kinds: dict[IterVar, tuple[ForKind, str | None]] = field(default_factory=dict)
+    pragmas: dict[IterVar, list[str]] = field(default_factory=dict)
+    tensorized: dict[IterVar, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Stage({self.op.name})"
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def is_placeholder(self) -> bool:
+        return isinstance(self.op, PlaceholderOp)
+
+    @property
+    def root_axes(self) -> list[IterVar]:
+        if self.is_placeholder:
+            return []
+        return list(self.op.axes) + self.op.reduce_axes
+
+    def _check_leaf(self, iv: IterVar) -> int:
+        if iv not in self.leaf:
+            raise ScheduleError(f"{iv.name} is not a current loop of stage {self.name} "
+                                f"(loops: {', '.join(a.name for a in self.leaf)})")
+        return self.leaf.index(iv)
+
+    # ------------------------------------------------------------------ loop structure
+
+    def split(self, iv: IterVar, factor: int | None = None, nparts: int | None = None
+              ) -> tuple[IterVar, IterVar]:
+        """``iv`` → ``(outer, inner)`` with ``iv = outer·factor + inner``; the last
+        inner range is clipped when the extent is not a multiple of ``factor``."""
+        pos = self._check_leaf(iv)
+        if (factor is None) == (nparts is None):
+            raise ScheduleError("split takes exactly one of factor and nparts")
+        extent = simplify(iv.extent)
+        if nparts is not None:
+            if not isinstance(extent, Const):
+                raise ScheduleError(f"split of {iv.name} by nparts needs a constant extent")
+            factor = -(-extent.value // nparts)
+        if not isinstance(factor, int) or factor < 1:
+            raise ScheduleError(f"split factor must be a positive integer, not {factor!r}")
+        outer_v, inner_v = Var(f"{iv.name}.o"), Var(f"{iv.name}.i")
+        if isinstance(extent, Const):
+            n_outer = -(-extent.value // factor)
+            outer = IterVar(outer_v, Const(n_outer), iv.kind)
+            if extent.value % factor == 0:
+                inner_ext: Expr = Const(factor)
+            elif n_outer == 1:
+                inner_ext = Const(extent.value)
+            else:  # the last tile is partial
+                inner_ext = Min(Const(factor), extent - outer_v * factor)
+        else:
+            outer = IterVar(outer_v, (extent + (factor - 1)) // factor, iv.kind)
+            inner_ext = Min(Const(factor), extent - outer_v * factor)
+        inner = IterVar(inner_v, inner_ext, iv.kind)
+        self.relations.append(Split(iv, outer, inner, factor))
+        self.leaf[pos:pos + 1] = [outer, inner]
+        return outer, inner
+
+    def fuse(self, outer: IterVar, inner: IterVar) -> IterVar:
+        """Two adjacent loops → one over their product (the inner extent must be constant)."""
+        pos = self._check_leaf(outer)
+        if pos + 1 >= len(self.leaf) or self.leaf[pos + 1] is not inner:
+            raise ScheduleError(f"fuse needs adjacent loops, outer first: {outer.name}, {inner.name}")
+        ie, oe = simplify(inner.extent), simplify(outer.extent)
+        if not isinstance(ie, Const) or not isinstance(oe, Const):
+            raise ScheduleError(f"fuse of {outer.name} and {inner.name} needs constant extents")
+        fused = IterVar(Var(f"{outer.name}.{inner.name}.f"), Const(ie.value * oe.value),
+                        "reduce" if outer.kind == inner.kind == "reduce" else "data")
+        self.relations.append(Fuse(outer, inner, fused))
+        self.leaf[pos:pos + 2] = [fused]
+        return fused
+
+    def reorder(self, *order: IterVar) -> None:
+        """Put the given loops in this order, in the positions they occupy now."""
+        positions = sorted(self._check_leaf(iv) for iv in order)
+        if len(set(order)) != len(order):
+            raise ScheduleError("reorder lists a loop twice")
+        for pos, iv in zip(positions, order):
+            self.leaf[pos] = iv
+
+    def tile(self, x: IterVar, y: IterVar, x_factor: int, y_factor: int
+             ) -> tuple[IterVar, IterVar, IterVar, IterVar]:
+        """2-D tiling: returns ``(x_outer, y_outer, x_inner, y_inner)`` in that loop order."""
+        xo, xi = self.split(x, x_factor)
+        yo, yi = self.split(y, y_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
+    # ------------------------------------------------------------------ placement and memory
+
+    def compute_at(self, parent: "Stage", iv: IterVar) -> None:
+        """Compute this stage inside ``parent``'s loop ``iv``, just the region its consumers need there."""
+        parent._check_leaf(iv)
+        if self.is_placeholder:
+            raise ScheduleError(f"{self.name} is an input; cache it (cache_read) to place a copy")
+        self.attach = (parent, iv)
+
+    def compute_inline(self) -> None:
+        """Substitute this stage's formula into its readers (it gets no loops or storage)."""
+        if self.is_placeholder or self.op.reduce_axes:
+            raise ScheduleError(f"{self.name} cannot be inlined (only element-wise computes can)")
+        self.inlined = True
+
+    def set_scope(self, scope: str) -> None:
+        if scope not in ("global",) + ON_CHIP_SCOPES:
+            raise ScheduleError(f"unknown scope {scope!r}; allowed: global, {', '.join(ON_CHIP_SCOPES)}")
+        self.scope = scope
+
+    # ------------------------------------------------------------------ annotations
+
+    def tensorize(self, iv: IterVar, intrin: Any) -> None:
+        """Replace the loops from ``iv`` inwards with the tensor intrinsic ``intrin``."""
+        self._check_leaf(iv)
+        self.tensorized[iv] = intrin
+
+    def pragma(self, iv: IterVar, key: str) -> None:
+        """Annotate the loop ``iv`` (``dma_copy``, ``alu``); passes act on the annotation."""
+        self._check_leaf(iv)
+        self.pragmas.setdefault(iv, []).append(key)
+
+    def vthread(self, iv: IterVar) -> None:
+        """Run the iterations of ``iv`` as interleaved virtual threads (latency hiding)."""
+        self._set_kind(iv, ForKind.VTHREAD)
+
+    def vectorize(self, iv: IterVar) -> None:
+        self._set_kind(iv, ForKind.VECTORIZED)
+
+    def parallel(self, iv: IterVar) -> None:
+        self._set_kind(iv, ForKind.PARALLEL)
+
+    def unroll(self, iv: IterVar) -> None:
+        self._set_kind(iv, ForKind.UNROLLED)
+
+    def bind(self, iv: IterVar, thread: str) -> None:
+        """Bind a loop to a GPU index (``blockIdx.x``, ``threadIdx.x``, ...)."""
+        self._set_kind(iv, ForKind.THREAD_BINDING, thread)
+
+    def _set_kind(self, iv: IterVar, kind: ForKind, thread: str | None = None) -> None:
+        self._check_leaf(iv)
+        self.kinds[iv] = (kind, thread)
+
+    # ------------------------------------------------------------------ index reconstruction
+
+    def root_values(self, leaf_values: dict[IterVar, Expr]) -> dict[IterVar, Expr]:
+        """Root axis values as expressions of the leaf loop values (inverting splits and fuses)."""
+        values = self.iter_values(leaf_values)
+        return {iv: values[iv] for iv in self.root_axes}
+
+    def iter_values(self, leaf_values: dict[IterVar, Expr]) -> dict[IterVar, Expr]:
+        """Every iteration variable's value (root, intermediate, leaf) from the leaf values."""
+        values: dict[IterVar, Expr] = dict(leaf_values)
+        for rel in reversed(self.relations):
+            if isinstance(rel, Split):
+                values[rel.parent] = values[rel.outer] * rel.factor + values[rel.inner]
+            else:
+                ext = simplify(rel.inner.extent)
+                values[rel.outer] = values[rel.fused] // ext
+                values[rel.inner] = values[rel.fused] % ext
+        return {iv: simplify(v) for iv, v in values.items()}
+
+
+class Schedule:
+    """Stages of every operation that the outputs depend on, producers first."""
+
+    def __init__(self, outputs: Sequence[Tensor]) -> None:
+        self.outputs = list(outputs)
+        self.stages: list[Stage] = []
+        self._by_tensor: dict[int, Stage] = {}
+        for t in self.outputs:
+            self._add(t)
+
+    def _add(self, tensor: Tensor) -> Stage:
+        if id(tensor) in self._by_tensor:
+            return self._by_tensor[id(tensor)]
+        if isinstance(tensor.op, ComputeOp):
+            for buf in tensor.op.input_buffers():
+                self._add(tensor_of(buf))
+        stage = Stage(tensor.op, tensor)
+        stage.leaf = list(stage.root_axes)
+        self.stages.append(stage)
+        self._by_tensor[id(tensor)] = stage
+        return stage
+
+    def __getitem__(self, tensor: Tensor) -> Stage:
+        try:
+            return self._by_tensor[id(tensor)]
+        except KeyError:
+            raise ScheduleError(f"{tensor.name} is not part of this schedule") from None
+
+    def readers(self, tensor: Tensor) -> list[Stage]:
+        return [s for s in self.stages if not s.is_placeholder and tensor.buffer in s.op.input_buffers()]
+
+    def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Tensor]) -> Tensor:
+        """A copy of ``tensor`` in ``scope`` that ``readers`` read instead of it."""
+        copy = compute(tensor.shape, lambda *i: tensor[i], name=f"{tensor.name}.{scope}",
+                       dtype=tensor.dtype, entry_dims=tensor.buffer.entry_dims)
+        stage = Stage(copy.op, copy, scope=scope)
+        stage.leaf = list(stage.root_axes)
+        for reader in readers:
+            _redirect(self[reader].op, tensor, copy)
+        self.stages.insert(self.stages.index(self[tensor]) + 1, stage)
+        self._by_tensor[id(copy)] = stage
+        return copy
+
+    def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
+        """Compute ``tensor`` in ``scope``; ``tensor`` becomes a copy of the result.
+        Must come before the stage's loops are transformed."""
+        stage = self[tensor]
+        if stage.relations:
+            raise ScheduleError(f"cache_write of {tensor.name} must come before split/fuse on it")
+        op = stage.op
+        cached = compute(tensor.shape, lambda *i: _rename_body(op, i), name=f"{tensor.name}.{scope}",
+                         dtype=tensor.dtype, entry_dims=tensor.buffer.entry_dims)
+        new_stage = Stage(cached.op, cached, scope=scope)
+        new_stage.leaf = list(new_stage.root_axes)
+        # The original stage now copies the cached result out.
+        op.body = BufferLoad(cached.buffer, tuple(a.var for a in op.axes))
+        stage.leaf = list(stage.root_axes)
+        self.stages.insert(self.stages.index(stage), new_stage)
+        self._by_tensor[id(cached)] = new_stage
+        return cached
+
+
+def _rename_body(op: ComputeOp, new_axes: tuple[Var, ...]) -> Expr:
+    """``op``'s body over new axis variables (reductions keep their own axes)."""
+    mapping = {a.var: v for a, v in zip(op.axes, new_axes)}
+    body = op.body
+    if isinstance(body, Reduce):
+        return Reduce(body.combiner, substitute(body.value, mapping), body.axes)
+    return substitute(body, mapping)
+
+
+def _redirect(op: ComputeOp, old: Tensor, new: Tensor) -> None:
+    def fn(e: Expr):
+        if isinstance(e, BufferLoad) and e.buffer is old.buffer:
+            return BufferLoad(new.buffer, e.indices, e.zero_outside)
+        return None
+    op.body = map_expr(op.body, fn)
+
+
+def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule:
+    """A default schedule (one loop per axis, everything at the root) for ``outputs``."""
+    if isinstance(outputs, Tensor):
+        outputs = [outputs]
+    return Schedule(outputs)
+

@@ -1,0 +1,144 @@
+"""conv2d on fsim against numpy: kernels 1x1/3x3/7x7, stride, padding, odd channels, every preset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from compiler_helpers import BATCHED, CONFIGS, CRAMPED, device_for, int8
+from gemforge.compiler.layout import pack_bias, pack_nchw, pack_oihw, unpack_nchw
+from gemforge.compiler.ops import OpError, compile_conv2d, conv2d_reference, run_conv2d
+from gemforge.compiler.ops.common import Epilogue
+from gemforge.compiler.ops.conv2d import conv2d_schedule, conv2d_te
+from gemforge.compiler.pipeline import build
+from gemforge.hw.config import PRESETS
+
+# (input NCHW, weight OIHW, stride, padding)
+CASES = [
+    ((1, 3, 8, 8), (5, 3, 3, 3), 1, 1),
+    ((1, 4, 9, 7), (6, 4, 1, 1), 1, 0),
+    ((2, 5, 10, 10), (6, 5, 3, 3), 2, 1),
+    ((1, 3, 14, 14), (4, 3, 7, 7), 2, 3),
+    ((1, 6, 6, 5), (3, 6, 3, 3), 1, 0),
+    ((1, 2, 9, 9), (3, 2, 1, 1), 2, 0),
+]
+EPILOGUES = [(False, None, False), (True, 7, True), (True, None, False), (False, 3, False)]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS.values()), ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}p{c[3]}".replace(" ", ""))
+@pytest.mark.parametrize("latency_hiding", [True, False], ids=["lh", "no-lh"])
+def test_conv2d_equals_numpy(config, case, latency_hiding):
+    xs, ws, stride, padding = case
+    rng = np.random.default_rng(hash((config.name, case, latency_hiding)) % 2**32)
+    bias_on, shift, relu = EPILOGUES[rng.integers(len(EPILOGUES))]
+    x, w = int8(rng, xs), int8(rng, ws)
+    bias = rng.integers(-(1 << 16), 1 << 16, ws[0], dtype=np.int32) if bias_on else None
+    out, result = run_conv2d(device_for(config), x, w, bias, stride=stride, padding=padding, shift=shift,
+                             relu=relu, latency_hiding=latency_hiding)
+    expect = conv2d_reference(x, w, bias, stride, padding, shift, relu)
+    assert out.dtype == expect.dtype and out.shape == expect.shape
+    np.testing.assert_array_equal(out, expect)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 9), h=st.integers(3, 9), w=st.integers(3, 9), o=st.integers(1, 9),
+       k=st.sampled_from([1, 3]), stride=st.integers(1, 2), pad=st.integers(0, 1), lh=st.booleans(),
+       epilogue=st.sampled_from(EPILOGUES), seed=st.integers(0, 2**32 - 1))
+def test_conv2d_random_shapes(n, c, h, w, o, k, stride, pad, lh, epilogue, seed):
+    if pad >= k:
+        pad = 0
+    rng = np.random.default_rng(seed)
+    bias_on, shift, relu = epilogue
+    x, wt = int8(rng, (n, c, h, w)), int8(rng, (o, c, k, k))
+    bias = rng.integers(-5000, 5000, o, dtype=np.int32) if bias_on else None
+    out, _ = run_conv2d(device_for(PRESETS["tiny"]), x, wt, bias, stride=stride, padding=pad, shift=shift,
+                        relu=relu, latency_hiding=lh)
+    np.testing.assert_array_equal(out, conv2d_reference(x, wt, bias, stride, pad, shift, relu))
+
+
+@pytest.mark.parametrize("plan", [
+    dict(toc=2, toh=3, tow=4, tic=2, tkh=3, threads=2),   # partial tiles on every axis
+    dict(toc=3, toh=4, tow=7, tic=1, tkh=3, threads=1),
+    dict(toc=1, toh=2, tow=7, tic=1, tkh=1, threads=2),   # kernel rows split: chunk = 1 row
+], ids=["partial-lh", "whole-width", "row-chunks"])
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
+def test_hand_schedules(plan, stride, padding):
+    c = PRESETS["tiny"]
+    if plan["tkh"] <= padding and plan["tkh"] < 3:
+        padding = 0
+    rng = np.random.default_rng(5)
+    n, ch, h, w, o, k = 1, 12, 8, 7, 12, 3
+    t = conv2d_te(c, (1, 3, h, w), (3, 3, k, k), stride, padding, Epilogue(True, None, True))
+    program = build(conv2d_schedule(c, t, plan), c, [t["x"], t["w"], t["bias"], t["out"]])
+    x, wt = int8(rng, (n, ch, h, w)), int8(rng, (o, ch, k, k))
+    bias = rng.integers(-999, 999, o, dtype=np.int32)
+    outs, _ = device_for(c).run_program(
+        program, {"x": pack_nchw(c, x), "w": pack_oihw(c, wt), "bias": pack_bias(c, bias)}, ["out"])
+    np.testing.assert_array_equal(unpack_nchw(outs["out"], n, o),
+                                  conv2d_reference(x, wt, bias, stride, padding, None, True))
+
+
+def test_kernel_rows_are_chunked_when_the_weight_buffer_is_small():
+    op = compile_conv2d(CRAMPED, (1, 8, 6, 6), (8, 8, 7, 7), padding=3)
+    assert op.plan["tkh"] < 7
+    rng = np.random.default_rng(9)
+    x, w = int8(rng, (1, 8, 6, 6)), int8(rng, (8, 8, 7, 7))
+    out, _ = op.run(device_for(CRAMPED), x=x, w=w)
+    np.testing.assert_array_equal(out, conv2d_reference(x, w, None, 1, 3))
+
+
+def test_latency_hiding_falls_back_to_one_thread_when_double_buffers_do_not_fit():
+    from gemforge.hw.config import AccelConfig
+    small = AccelConfig(name="one-window", batch=1, block_in=4, block_out=4, inp_buffer_bytes=32,
+                        wgt_buffer_bytes=1024, acc_buffer_bytes=1024, out_buffer_bytes=256, uop_buffer_bytes=256)
+    op = compile_conv2d(small, (1, 4, 6, 5), (4, 4, 5, 5), padding=2, latency_hiding=True)
+    assert op.plan["threads"] == 1
+    rng = np.random.default_rng(3)
+    x, w = int8(rng, (1, 4, 6, 5)), int8(rng, (4, 4, 5, 5))
+    out, _ = op.run(device_for(small), x=x, w=w)
+    np.testing.assert_array_equal(out, conv2d_reference(x, w, None, 1, 2))
+
+
+def test_single_iteration_hardware_loops_get_no_step():
+    """Regression (found by fuzzing): a hardware loop of one iteration whose step equals
+    the whole 8-entry input buffer must not put 8 into a 3-bit factor field."""
+    from gemforge.hw.config import AccelConfig
+    cfg = AccelConfig(name="eight-inputs", batch=2, block_in=8, block_out=8, inp_buffer_bytes=128,
+                      wgt_buffer_bytes=2048, acc_buffer_bytes=4096, out_buffer_bytes=1024, uop_buffer_bytes=16)
+    rng = np.random.default_rng(0)
+    x, w = int8(rng, (1, 9, 7, 8)), int8(rng, (3, 9, 1, 1))
+    out, _ = run_conv2d(device_for(cfg), x, w, latency_hiding=False)
+    np.testing.assert_array_equal(out, conv2d_reference(x, w))
+
+
+def test_bad_arguments_are_refused():
+    c = PRESETS["tiny"]
+    with pytest.raises(OpError, match="3 channels but the weights expect 4"):
+        compile_conv2d(c, (1, 3, 8, 8), (4, 4, 3, 3))
+    with pytest.raises(OpError, match="padding must be an integer between 0 and 15"):
+        compile_conv2d(c, (1, 3, 8, 8), (4, 3, 3, 3), padding=16)
+    with pytest.raises(OpError, match="smaller than the kernel"):
+        compile_conv2d(c, (1, 3, 8, 8), (4, 3, 3, 3), padding=3)
+    with pytest.raises(OpError, match="stride must be a positive integer"):
+        compile_conv2d(c, (1, 3, 8, 8), (4, 3, 3, 3), stride=0)
+    with pytest.raises(OpError, match="does not fit"):
+        compile_conv2d(c, (1, 3, 2, 2), (4, 3, 5, 5))
+    with pytest.raises(OpError, match="cannot be tiled"):
+        compile_conv2d(CRAMPED, (1, 4, 2, 100), (4, 4, 1, 80))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [PRESETS["default"], PRESETS["large"], BATCHED], ids=lambda c: c.name)
+@pytest.mark.parametrize("layer", [((1, 64, 28, 28), (64, 64, 3, 3), 1, 1), ((1, 64, 28, 28), (128, 64, 1, 1), 2, 0),
+                                   ((1, 32, 30, 30), (48, 32, 7, 7), 2, 3)], ids=["3x3", "1x1s2", "7x7s2"])
+def test_conv2d_resnet_like_layers(config, layer):
+    xs, ws, stride, padding = layer
+    rng = np.random.default_rng(11)
+    x, w = int8(rng, xs), int8(rng, ws)
+    bias = rng.integers(-(1 << 14), 1 << 14, ws[0], dtype=np.int32)
+    for lh in (True, False):
+        out, _ = run_conv2d(device_for(config), x, w, bias, stride=stride, padding=padding, shift=9, relu=True,
+                            latency_hiding=lh)
+        np.testing.assert_array_equal(out, conv2d_reference(x, w, bias, stride, padding, 9, True))

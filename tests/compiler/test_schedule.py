@@ -1,0 +1,119 @@
+"""Schedule primitives and their lowering to loop IR (bounds inference included)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemforge.compiler.ir import Allocate, AttrStmt, Const, For, ForKind, Min, format_ir, simplify, walk
+from gemforge.compiler.lower import infer_bounds, schedule_to_ir
+from gemforge.compiler.schedule import ScheduleError, create_schedule
+from gemforge.compiler.te import compute, placeholder, reduce_axis, sum_
+
+
+def _vector_add(n=10):
+    a = placeholder((n, 1, 4), "int32", "a", entry_dims=2)
+    b = compute((n, 1, 4), lambda i, x, y: a[i, x, y] + 1, name="b")
+    return a, b
+
+
+def _loops(stmt):
+    found = []
+    walk(stmt, lambda s: found.append(s) if isinstance(s, For) else None)
+    return found
+
+
+def test_split_exact_and_partial():
+    _, b = _vector_add(12)
+    s = create_schedule(b)
+    i, _, _ = s[b].leaf
+    o, inner = s[b].split(i, 4)
+    assert o.extent == Const(3) and inner.extent == Const(4)
+    _, b = _vector_add(10)
+    s = create_schedule(b)
+    o, inner = s[b].split(s[b].leaf[0], 4)
+    assert o.extent == Const(3) and isinstance(inner.extent, Min)
+    o2, _ = s[b].split(o, nparts=2)
+    assert o2.extent == Const(2)
+    with pytest.raises(ScheduleError, match="exactly one of factor and nparts"):
+        s[b].split(inner)
+
+
+def test_fuse_reorder_tile_and_errors():
+    a = placeholder((6, 8, 1, 4), "int32", "a")
+    b = compute((6, 8, 1, 4), lambda i, j, x, y: a[i, j, x, y], name="b")
+    st = create_schedule(b)[b]
+    i, j, x, y = st.leaf
+    io, jo, ii, ji = st.tile(i, j, 3, 4)
+    assert st.leaf[:4] == [io, jo, ii, ji]
+    f = st.fuse(io, jo)
+    assert f.extent == Const(4) and st.leaf[0] is f
+    with pytest.raises(ScheduleError, match="adjacent"):
+        st.fuse(f, ji)
+    with pytest.raises(ScheduleError, match="not a current loop"):
+        st.reorder(i, j)
+    st.reorder(ji, ii)
+    assert st.leaf[1:3] == [ji, ii]
+
+
+def test_lowering_follows_the_leaf_order_and_kinds():
+    _, b = _vector_add(8)
+    s = create_schedule(b)
+    st = s[b]
+    o, inner = st.split(st.leaf[0], 2)
+    st.vthread(inner)
+    st.unroll(st.leaf[-1])
+    ir = schedule_to_ir(s)
+    loops = _loops(ir)
+    assert [simplify(l.extent) for l in loops[:2]] == [Const(4), Const(2)]
+    assert loops[1].kind is ForKind.VTHREAD and loops[-1].kind is ForKind.UNROLLED
+    st.bind(o, "blockIdx.x")
+    assert _loops(schedule_to_ir(s))[0].thread == "blockIdx.x"
+
+
+def test_compute_at_region_is_inferred_from_the_reads():
+    """A 3-row window per output row: the copy computes (toh-1)*s + 3 rows, not the whole tensor."""
+    x = placeholder((1, 20, 1, 4), "int32", "x")
+    k = reduce_axis(3, "k")
+    y = compute((1, 9, 1, 4), lambda n, h, b, o: sum_(x[n, h * 2 + k, b, o], [k]), name="y")
+    s = create_schedule(y)
+    xc = s.cache_read(x, "acc", [y])
+    st = s[y]
+    ho, hi = st.split(st.leaf[1], 3)
+    s[xc].compute_at(st, ho)
+    regions = infer_bounds(s)
+    assert simplify(regions[s[xc]].extent[1]) == Const(7)  # (3-1)*2 + 3
+    assert regions[s[xc]].alloc == [1, 7, 1, 4]
+    ir = schedule_to_ir(s)
+    allocs = []
+    walk(ir, lambda n: allocs.append(n.buffer) if isinstance(n, Allocate) else None)
+    assert [b.shape for b in allocs] == [(1, 7, 1, 4)]
+    assert "x.acc" in format_ir(ir)
+
+
+def test_compute_inline_and_pragmas():
+    a = placeholder((4, 1, 4), "int32", "a")
+    b = compute((4, 1, 4), lambda i, x, y: a[i, x, y] * 2, name="b")
+    c = compute((4, 1, 4), lambda i, x, y: b[i, x, y] + 1, name="c")
+    s = create_schedule(c)
+    s[b].compute_inline()
+    s[c].pragma(s[c].leaf[0], "alu")
+    ir = schedule_to_ir(s)
+    assert isinstance(ir, AttrStmt) and ir.key == "alu"
+    assert "b[" not in format_ir(ir) and "a[" in format_ir(ir)
+
+
+def test_reduction_gets_an_init_nest_before_the_reduce_loop():
+    a = placeholder((2, 6, 1, 4), "int32", "a")
+    k = reduce_axis(6, "k")
+    c = compute((2, 1, 4), lambda i, x, y: sum_(a[i, k, x, y], [k]), name="c")
+    text = format_ir(schedule_to_ir(create_schedule(c)))
+    assert text.index("= 0") < text.index("for k in")
+
+
+def test_compute_at_on_a_placeholder_is_refused():
+    a, b = _vector_add()
+    s = create_schedule(b)
+    with pytest.raises(ScheduleError, match="is an input"):
+        s[a].compute_at(s[b], s[b].leaf[0])
+    with pytest.raises(ScheduleError, match="unknown scope"):
+        s[b].set_scope("l2")
