@@ -26,11 +26,12 @@ from typing import Any, Sequence
 
 from .ir import BufferLoad, Const, Expr, ForKind, Min, ON_CHIP_SCOPES, Reduce, Var, map_expr, simplify, substitute
 from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, compute, tensor_of
+from .errors import CompileError
 
 __all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError"]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(CompileError):
     """A schedule primitive was misused (wrong stage, axis or order)."""
 
 

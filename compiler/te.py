@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import weakref
 
 from .ir import Buffer, BufferLoad, Const, Expr, Max, Min, Reduce, Var, as_expr, map_expr
+from .errors import CompileError
 
 __all__ = [
     "IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp",
@@ -44,7 +45,7 @@ def tensor_of(buffer: Buffer) -> "Tensor":
     return _PRODUCERS[buffer]
 
 
-class TeError(ValueError):
+class TeError(CompileError):
     """A tensor expression is malformed (shape, arity or axis misuse)."""
 
 

@@ -26,21 +26,21 @@ def _best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 3) -> dict[str, Any]:
-    """fsim's speed on the hand-built GEMM program, against numpy's int32 matmul of the same product."""
-    from gemforge.compiler.hand_gemm import build_gemm_program, pack_a, pack_b, unpack_c
+    """fsim's speed on the compiled GEMM, against numpy's int32 matmul of the same product."""
+    from gemforge.compiler import compile_dense
     from .device import open_device
 
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    compile_seconds, op = _best_of(1, lambda: compile_dense(config, m, k, n))
     device = open_device("fsim", config)
-    program = build_gemm_program(config, m, k, n)
-    loaded = device.load_program(program)
-    device.write(loaded.tensor_buffer("a"), pack_a(config, a))
-    device.write(loaded.tensor_buffer("b"), pack_b(config, b))
+    loaded = device.load_program(op.program)
+    for name, array in op.pack_inputs(a=a, b=b).items():
+        device.write(loaded.tensor_buffer(name), array)
     seconds, result = _best_of(repeats, lambda: device.run(loaded))
-    region = program.tensors["c"]
-    c = unpack_c(config, device.read(loaded.tensor_buffer("c"), region.dtype, region.shape), m, n)
+    region = op.program.tensors[op.output]
+    c = op.unpack_output(device.read(loaded.tensor_buffer(op.output), region.dtype, region.shape))
     a32, b32 = a.astype(np.int32), b.astype(np.int32)
     numpy_seconds, expected = _best_of(repeats, lambda: a32 @ b32)
     if not np.array_equal(c, expected):
@@ -48,6 +48,7 @@ def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 
     uops = result.counters["gemm_uops"] - result.counters["gemm_reset_uops"]
     return {
         "config": config.name, "shape": [m, k, n], "instructions": result.counters["insns"],
+        "compile_seconds": round(compile_seconds, 4),
         "gemm_uops": uops, "seconds": round(seconds, 4),
         "uops_per_second": round(uops / seconds),
         "macs_per_second": round(result.counters["macs"] / seconds),

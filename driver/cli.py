@@ -33,11 +33,11 @@ class UsageError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that report a user mistake (imported lazily: optional parts)."""
-    from gemforge.compiler.hand_gemm import GemmShapeError
+    from gemforge.compiler.errors import CompileError
     from gemforge.hw.asm import AsmError
     from gemforge.sim.fsim import FsimError
     return (UsageError, ConfigError, IsaError, ProgramError, DeviceError, FsimError,
-            GemmShapeError, AsmError)
+            AsmError, CompileError)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -99,21 +99,79 @@ def cmd_disasm(args: argparse.Namespace) -> None:
     print(disassemble(Program.load(args.program)), end="")
 
 
+def _shape(text: str, what: str, rank: int) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(v) for v in text.replace("x", ",").split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != rank or min(dims) < 1:
+        raise UsageError(f"{what} must be {rank} positive integers separated by commas, not {text!r}")
+    return dims
+
+
+def _epilogue(args: argparse.Namespace) -> dict:
+    return {"shift": args.shift, "relu": args.relu, "latency_hiding": not args.no_latency_hiding}
+
+
+def _load_bias(args: argparse.Namespace) -> np.ndarray | None:
+    return None if args.bias is None else _load_npy(args.bias, "bias", np.dtype(np.int32), 1)
+
+
+def _compile_from_files(args: argparse.Namespace, config: AccelConfig):
+    """Load the operator's input files and compile it; returns (compiled op, host inputs)."""
+    from gemforge.compiler import compile_conv2d, compile_dense
+    bias = _load_bias(args)
+    if args.op in ("gemm", "dense"):
+        a = _load_npy(args.a, "A", np.dtype(np.int8), 2)
+        b = _load_npy(args.b, "B", np.dtype(np.int8), 2)
+        if a.shape[1] != b.shape[0]:
+            raise UsageError(f"A is {list(a.shape)} and B is {list(b.shape)}: A's columns must equal B's rows")
+        if bias is not None and bias.shape != (b.shape[1],):
+            raise UsageError(f"bias must have one int32 per output column ({b.shape[1]}), not {list(bias.shape)}")
+        op = compile_dense(config, a.shape[0], a.shape[1], b.shape[1], bias=bias is not None, **_epilogue(args))
+        return op, {"a": a, "b": b, "bias": bias}
+    x = _load_npy(args.input, "input", np.dtype(np.int8), 4)
+    w = _load_npy(args.weight, "weight", np.dtype(np.int8), 4)
+    if x.shape[1] != w.shape[1]:
+        raise UsageError(f"input has {x.shape[1]} channels (NCHW {list(x.shape)}) but the weight expects "
+                         f"{w.shape[1]} (OIHW {list(w.shape)})")
+    if bias is not None and bias.shape != (w.shape[0],):
+        raise UsageError(f"bias must have one int32 per output channel ({w.shape[0]}), not {list(bias.shape)}")
+    op = compile_conv2d(config, x.shape, w.shape, stride=args.stride, padding=args.padding,
+                        bias=bias is not None, **_epilogue(args))
+    return op, {"x": x, "w": w, "bias": bias}
+
+
 def cmd_run_op(args: argparse.Namespace) -> None:
-    from gemforge.compiler.hand_gemm import run_gemm
     config = _config(args)
-    if args.op != "gemm":  # argparse restricts the choices; kept for clarity
-        raise UsageError(f"unknown operator {args.op!r}")
-    a = _load_npy(args.a, "A", np.dtype(np.int8), 2)
-    b = _load_npy(args.b, "B", np.dtype(np.int8), 2)
-    if a.shape[1] != b.shape[0]:
-        raise UsageError(f"A is {list(a.shape)} and B is {list(b.shape)}: A's columns must equal B's rows")
+    op, inputs = _compile_from_files(args, config)
     with open_device(args.device, config) as device:
-        c, result = run_gemm(device, a, b)
-    _save_npy(args.output, c)
+        output, result = op.run(device, **inputs)
+    _save_npy(args.output, output)
     if args.stats:
-        _print_json({"op": "gemm", "device": args.device, "config": config.name,
-                     "shape": {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}, **result.as_dict()})
+        _print_json({"op": args.op, "device": args.device, "config": config.name,
+                     "latency_hiding": not args.no_latency_hiding, "output": {
+                         "shape": list(output.shape), "dtype": output.dtype.name},
+                     "plan": {k: v for k, v in op.plan.items() if isinstance(v, (int, str, bool))},
+                     **result.as_dict()})
+
+
+def cmd_compile_op(args: argparse.Namespace) -> None:
+    from gemforge.compiler import compile_conv2d, compile_dense
+    config = _config(args)
+    options = {"bias": args.bias, **_epilogue(args)}
+    if args.op in ("gemm", "dense"):
+        m, k, n = _shape(args.shape, "--shape (M,K,N)", 3)
+        op = compile_dense(config, m, k, n, **options)
+    else:
+        op = compile_conv2d(config, _shape(args.input_shape, "--input-shape (N,C,H,W)", 4),
+                            _shape(args.weight_shape, "--weight-shape (O,I,KH,KW)", 4),
+                            stride=args.stride, padding=args.padding, **options)
+    op.program.save(args.output)
+    print(json.dumps({"op": args.op, "program": str(args.output),
+                      "instructions": len(op.program.instructions), "uops": len(op.program.uops),
+                      "tensors": {name: {"shape": list(r.shape), "dtype": r.dtype}
+                                  for name, r in op.program.tensors.items()}}, indent=2))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -169,15 +227,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program", help="program file (from `gemforge asm` or a compiler)")
     p.set_defaults(func=cmd_disasm)
 
-    p = sub.add_parser("run-op", help="run one operator on a device")
-    p.add_argument("op", choices=["gemm"], help="operator: gemm (C = A @ B, int8 x int8 -> int32)")
-    p.add_argument("--a", required=True, help="A: (M, K) int8 .npy")
-    p.add_argument("--b", required=True, help="B: (K, N) int8 .npy")
-    p.add_argument("-o", "--output", required=True, help="C: (M, N) int32 .npy to write")
-    p.add_argument("--config", default="default", help=config_help)
-    p.add_argument("--device", default="fsim", help="device backend (default: fsim)")
-    p.add_argument("--stats", action="store_true", help="print the run's counters as JSON")
-    p.set_defaults(func=cmd_run_op)
+    p = sub.add_parser("run-op", help="compile one operator and run it on a device")
+    ops = p.add_subparsers(dest="op", metavar="OP", required=True)
+    for name, summary in _OPERATORS.items():
+        q = ops.add_parser(name, help=summary, description=summary)
+        _operator_inputs(q, name, files=True)
+        q.add_argument("-o", "--output", required=True, help="output .npy to write")
+        _common_operator_options(q, config_help)
+        q.add_argument("--device", default="fsim", help="device backend (default: fsim)")
+        q.add_argument("--stats", action="store_true", help="print the plan and the run's counters as JSON")
+        q.set_defaults(func=cmd_run_op)
+
+    p = sub.add_parser("compile-op", help="compile one operator to a program file (see `disasm`)")
+    ops = p.add_subparsers(dest="op", metavar="OP", required=True)
+    for name, summary in _OPERATORS.items():
+        q = ops.add_parser(name, help=summary, description=summary)
+        _operator_inputs(q, name, files=False)
+        q.add_argument("-o", "--output", required=True, help="program file to write")
+        _common_operator_options(q, config_help)
+        q.set_defaults(func=cmd_compile_op)
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
     p.add_argument("--device", default="fsim", help="device backend (default: fsim)")
@@ -190,6 +258,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     return parser
+
+
+_OPERATORS = {
+    "gemm": "C = A @ B: A (M, K) int8, B (K, N) int8, C (M, N) int32 (dense without epilogue)",
+    "dense": "C = A @ B with a fused epilogue: clip((acc + bias) >> shift, lo, 127) as int8 "
+             "(lo = 0 with --relu, else -128); without --shift the int32 (acc + bias)",
+    "conv2d": "Y = conv2d(X, W): X NCHW int8, W OIHW int8, bias int32 per output channel; "
+              "Y NCHW int32, or int8 with --shift",
+}
+
+
+def _operator_inputs(parser: argparse.ArgumentParser, op: str, files: bool) -> None:
+    if files and op in ("gemm", "dense"):
+        parser.add_argument("--a", required=True, help="A: (M, K) int8 .npy")
+        parser.add_argument("--b", required=True, help="B: (K, N) int8 .npy")
+    elif files:
+        parser.add_argument("--input", required=True, help="X: (N, C, H, W) int8 .npy")
+        parser.add_argument("--weight", required=True, help="W: (O, C, KH, KW) int8 .npy")
+    elif op in ("gemm", "dense"):
+        parser.add_argument("--shape", required=True, help="M,K,N")
+    else:
+        parser.add_argument("--input-shape", required=True, help="N,C,H,W")
+        parser.add_argument("--weight-shape", required=True, help="O,C,KH,KW")
+    if op == "gemm":
+        parser.set_defaults(bias=None if files else False, shift=None, relu=False, stride=1, padding=0)
+        return
+    if files:
+        parser.add_argument("--bias", help="bias: int32 .npy, one per output channel/column")
+    else:
+        parser.add_argument("--bias", action="store_true", help="the operator takes a bias input")
+    parser.add_argument("--shift", type=int, help="requantize: arithmetic shift right, then clip to int8")
+    parser.add_argument("--relu", action="store_true", help="ReLU (clip at 0 instead of -128)")
+    if op == "conv2d":
+        parser.add_argument("--stride", type=int, default=1, help="stride (default 1)")
+        parser.add_argument("--padding", type=int, default=0, help="zero padding on each side (default 0)")
+    else:
+        parser.set_defaults(stride=1, padding=0)
+
+
+def _common_operator_options(parser: argparse.ArgumentParser, config_help: str) -> None:
+    parser.add_argument("--config", default="default", help=config_help)
+    parser.add_argument("--no-latency-hiding", action="store_true",
+                        help="one virtual thread: no overlap of loads, compute and stores")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

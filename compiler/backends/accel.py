@@ -42,6 +42,7 @@ from ..ir import (
     AttrStmt, Buffer, DmaCopy, Evaluate, Expr, For, ForKind, GemmIntrin, HwLoopTask, IfThenElse,
     Seq, Stmt, Var, compile_expr, evaluate, linear_coefficient,
 )
+from ..errors import CompileError
 
 __all__ = ["build_program", "insert_dependency_tokens", "AccelCompileError", "ACCEL_STAGES", "Emitted"]
 
@@ -55,7 +56,7 @@ _RESOURCE = {MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc", MemType
 _ALL = (0, 1 << 62)
 
 
-class AccelCompileError(ValueError):
+class AccelCompileError(CompileError):
     """The loop IR cannot be turned into an accelerator program."""
 
 

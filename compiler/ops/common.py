@@ -11,11 +11,12 @@ from gemforge.hw.program import Program
 
 from ..ir import Cast, Expr, Max, Shr, Const
 from ..te import clip
+from ..errors import CompileError
 
 __all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback"]
 
 
-class OpError(ValueError):
+class OpError(CompileError):
     """An operator was called with shapes, dtypes or options it does not support."""
 
 

@@ -19,6 +19,7 @@ from ..ir import (
     Add, AluIntrin, AttrStmt, BinOp, Buffer, BufferLoad, BufferRef, BufferStore, Cast, Const, Expr, For,
     Max, Min, Mul, Shr, Stmt, StmtMutator, Sub, Var, map_expr, replace_buffers, same_expr, seq, simplify,
 )
+from ..errors import CompileError
 
 __all__ = ["inject_alu", "AluInjectionError"]
 
@@ -27,7 +28,7 @@ _COMMUTATIVE = (Add, Mul, Max, Min)
 IMM_MIN, IMM_MAX = -(1 << 15), (1 << 15) - 1
 
 
-class AluInjectionError(ValueError):
+class AluInjectionError(CompileError):
     """A stage marked ``alu`` is not expressible with the tensor ALU."""
 
 

@@ -26,13 +26,14 @@ from ..ir import (
     AttrStmt, BufferLoad, BufferRef, BufferStore, Cast, Const, DmaCopy, Expr, For, Max, Min, Stmt,
     StmtMutator, Var, const_upper_bound, extremes, free_vars, interval, simplify, simplify_in,
 )
+from ..errors import CompileError
 
 __all__ = ["inject_dma", "DmaInjectionError"]
 
 _MAX_PAD = (1 << DMA_PAD_BITS) - 1
 
 
-class DmaInjectionError(ValueError):
+class DmaInjectionError(CompileError):
     """A copy nest cannot be expressed with 2-D strided DMA."""
 
 

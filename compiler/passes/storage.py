@@ -15,13 +15,14 @@ from dataclasses import dataclass, replace
 from gemforge.hw.config import AccelConfig
 
 from ..ir import Allocate, AttrStmt, Buffer, BufferRef, ON_CHIP_SCOPES, Stmt, StmtMutator, simplify, walk
+from ..errors import CompileError
 
 __all__ = ["allocate_storage", "StoragePlan", "CapacityError"]
 
 _NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator"}
 
 
-class CapacityError(ValueError):
+class CapacityError(CompileError):
     """A schedule's on-chip buffers do not fit the config."""
 
 

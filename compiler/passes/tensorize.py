@@ -15,11 +15,12 @@ from ..ir import (
     Add, AttrStmt, BufferLoad, BufferRef, BufferStore, Cast, Const, Expr, For, GemmIntrin, Mul, Stmt,
     StmtMutator, Var, free_vars, simplify,
 )
+from ..errors import CompileError
 
 __all__ = ["tensorize", "TensorizeError"]
 
 
-class TensorizeError(ValueError):
+class TensorizeError(CompileError):
     """A loop nest marked for tensorization does not compute the intrinsic."""
 
 

@@ -32,7 +32,81 @@ def test_run_op_gemm_matches_numpy_on_every_preset(tmp_path, capsys, name):
     assert c.dtype == np.int32
     np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
     stats = json.loads(out)
-    assert stats["counters"]["gemm_uops"] > 0 and stats["shape"] == {"m": m, "k": k, "n": n}
+    assert stats["counters"]["gemm_uops"] > 0 and stats["output"] == {"shape": [m, n], "dtype": "int32"}
+
+
+@pytest.mark.parametrize("latency", [[], ["--no-latency-hiding"]])
+@pytest.mark.parametrize("epilogue", [[], ["--shift", "7"], ["--shift", "5", "--relu"], ["--relu"]])
+def test_run_op_dense_with_epilogue(tmp_path, capsys, latency, epilogue):
+    rng = np.random.default_rng(len(epilogue) + 10 * len(latency))
+    a = rng.integers(-128, 128, (21, 40), dtype=np.int8)
+    b = rng.integers(-128, 128, (40, 19), dtype=np.int8)
+    bias = rng.integers(-5000, 5000, 19, dtype=np.int32)
+    for name, arr in (("a", a), ("b", b), ("bias", bias)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    code, out, err = run(capsys, "run-op", "dense", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                         "--bias", tmp_path / "bias.npy", "-o", tmp_path / "c.npy", "--config", "tiny",
+                         "--stats", *latency, *epilogue)
+    assert code == 0, err
+    acc = a.astype(np.int64) @ b.astype(np.int64) + bias
+    if "--shift" in epilogue:
+        shift = int(epilogue[epilogue.index("--shift") + 1])
+        expect = np.clip(acc >> shift, 0 if "--relu" in epilogue else -128, 127).astype(np.int8)
+    else:
+        expect = (np.maximum(acc, 0) if "--relu" in epilogue else acc).astype(np.int32)
+    got = np.load(tmp_path / "c.npy")
+    assert got.dtype == expect.dtype
+    np.testing.assert_array_equal(got, expect)
+    assert json.loads(out)["latency_hiding"] is (not latency)
+
+
+@pytest.mark.parametrize("stride, padding, kernel", [(1, 1, 3), (2, 0, 1), (2, 3, 7)])
+def test_run_op_conv2d(tmp_path, capsys, stride, padding, kernel):
+    rng = np.random.default_rng(stride * 100 + kernel)
+    x = rng.integers(-128, 128, (1, 5, 9, 10), dtype=np.int8)
+    w = rng.integers(-128, 128, (6, 5, kernel, kernel), dtype=np.int8)
+    bias = rng.integers(-1000, 1000, 6, dtype=np.int32)
+    for name, arr in (("x", x), ("w", w), ("bias", bias)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "--bias", tmp_path / "bias.npy", "--stride", stride, "--padding", padding,
+                       "--shift", 6, "--relu", "-o", tmp_path / "y.npy", "--config", "tiny")
+    assert code == 0, err
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    oh = (9 + 2 * padding - kernel) // stride + 1
+    ow = (10 + 2 * padding - kernel) // stride + 1
+    acc = np.zeros((1, 6, oh, ow), np.int64)
+    for i in range(kernel):
+        for j in range(kernel):
+            patch = xp[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride]
+            acc += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j].astype(np.int64))
+    expect = np.clip((acc + bias[None, :, None, None]) >> 6, 0, 127).astype(np.int8)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expect)
+
+
+def test_compile_op_then_disasm(tmp_path, capsys):
+    code, out, err = run(capsys, "compile-op", "conv2d", "--input-shape", "1,16,8,8", "--weight-shape",
+                         "16,16,3,3", "--padding", "1", "--bias", "--shift", "8", "-o", tmp_path / "c.gfp")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert set(summary["tensors"]) == {"x", "w", "bias", "out"}
+    code, text, err = run(capsys, "disasm", tmp_path / "c.gfp")
+    assert code == 0, err
+    assert "gemm" in text and "alu.shr" in text and "finish" in text
+    code, _, err = run(capsys, "compile-op", "dense", "--shape", "4,x,4", "-o", tmp_path / "d.gfp")
+    assert code == 2 and "--shape (M,K,N) must be 3 positive integers" in err
+
+
+def test_run_op_conv2d_bad_inputs(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((1, 5, 4, 4), np.int8))
+    np.save(tmp_path / "w.npy", np.zeros((2, 3, 3, 3), np.int8))
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "-o", tmp_path / "y.npy")
+    assert code == 2 and "input has 5 channels" in err
+    np.save(tmp_path / "w.npy", np.zeros((2, 5, 3, 3), np.int8))
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "--padding", "99", "-o", tmp_path / "y.npy")
+    assert code == 2 and "padding must be an integer between 0 and" in err and "Traceback" not in err
 
 
 def test_run_op_gemm_with_config_file(tmp_path, capsys):

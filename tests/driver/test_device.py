@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemforge.compiler.hand_gemm import build_gemm_program, pack_a, pack_b, unpack_c
+from gemforge.compiler import compile_dense
 from gemforge.driver.device import DeviceError, available_backends, open_device
 from gemforge.hw.program import Program, ProgramError, arena_alignment
 from gemforge.hw.config import PRESETS
@@ -56,7 +56,7 @@ def test_unknown_backend_is_named():
 
 
 def test_program_config_must_match_device():
-    program = build_gemm_program(PRESETS["tiny"], 4, 4, 4)
+    program = compile_dense(PRESETS["tiny"], 4, 4, 4).program
     with pytest.raises(ProgramError, match="built for config 'tiny'"):
         open_device("fsim", "default").load_program(program)
 
@@ -68,14 +68,15 @@ def test_relocation_runs_anywhere_and_survives_save_load(tmp_path):
     a = rng.integers(-128, 128, (9, 13), dtype=np.int8)
     b = rng.integers(-128, 128, (13, 6), dtype=np.int8)
     path = tmp_path / "gemm.gfp"
-    build_gemm_program(config, 9, 13, 6).save(path)
+    op = compile_dense(config, 9, 13, 6)
+    op.program.save(path)
     program = Program.load(path)
     dev = open_device("fsim", config, dram_bytes=1 << 20)
     first = dev.alloc(3 * arena_alignment(config))  # shifts the next arena
     results = []
     for _ in range(2):
-        out, _ = dev.run_program(program, {"a": pack_a(config, a), "b": pack_b(config, b)}, ["c"])
-        results.append(unpack_c(config, out["c"], 9, 6))
+        out, _ = dev.run_program(program, op.pack_inputs(a=a, b=b), ["out"])
+        results.append(op.unpack_output(out["out"]))
         dev.free(first) if first else None
         first = None
     for c in results:
@@ -84,9 +85,10 @@ def test_relocation_runs_anywhere_and_survives_save_load(tmp_path):
 
 def test_run_program_checks_inputs():
     config = PRESETS["tiny"]
-    program = build_gemm_program(config, 4, 4, 4)
+    program = compile_dense(config, 4, 4, 4).program
     dev = open_device("fsim", config)
-    with pytest.raises(DeviceError, match=r"input 'a' must be int8\[4, 1, 1, 4\]"):
-        dev.run_program(program, {"a": np.zeros((4, 4), np.int8)}, ["c"])
+    expected = program.tensors["a"]
+    with pytest.raises(DeviceError, match=rf"input 'a' must be int8\[{', '.join(map(str, expected.shape))}\]"):
+        dev.run_program(program, {"a": np.zeros((4, 4, 4), np.int8)}, ["out"])
     with pytest.raises(DeviceError, match="no input tensor 'z'"):
-        dev.run_program(program, {"z": np.zeros(1)}, ["c"])
+        dev.run_program(program, {"z": np.zeros(1)}, ["out"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemforge.compiler.hand_gemm import build_gemm_program
+from gemforge.compiler import compile_dense
 from gemforge.hw.program import Program, ProgramError, TensorRegion
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Finish, Uop
@@ -14,7 +14,7 @@ from gemforge.hw.isa import Finish, Uop
 @pytest.mark.parametrize("name", PRESETS)
 def test_roundtrip_is_exact(name, tmp_path):
     config = PRESETS[name]
-    program = build_gemm_program(config, 37, 50, 21)
+    program = compile_dense(config, 37, 50, 21, bias=True, shift=4).program
     program.tensors["w"] = TensorRegion("w", 0, (2, 3), "int16")
     program.constants["w"] = np.arange(6, dtype=np.int16).reshape(2, 3)
     path = tmp_path / "p.gfp"
@@ -34,7 +34,7 @@ def test_bad_files_are_reported(tmp_path):
         Program.load(bad)
     with pytest.raises(ProgramError, match="cannot read program"):
         Program.load(tmp_path / "missing.gfp")
-    good = build_gemm_program(PRESETS["tiny"], 4, 4, 4).to_bytes()
+    good = compile_dense(PRESETS["tiny"], 4, 4, 4).program.to_bytes()
     bad.write_bytes(good[:-3])
     with pytest.raises(ProgramError):
         Program.load(bad)
