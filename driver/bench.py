@@ -57,6 +57,80 @@ def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 
     }
 
 
-def run_benchmarks(config: AccelConfig, quick: bool = False) -> dict[str, Any]:
+#: The distinct convolution layers of ResNet-18 after the first (batch 1):
+#: (name, input NCHW, weight OIHW, stride, padding).
+RESNET18_LAYERS = [
+    ("conv2_3x3", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
+    ("conv3_3x3_s2", (1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
+    ("conv3_1x1_s2", (1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
+    ("conv3_3x3", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
+    ("conv4_3x3_s2", (1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
+    ("conv4_1x1_s2", (1, 128, 28, 28), (256, 128, 1, 1), 2, 0),
+    ("conv4_3x3", (1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
+    ("conv5_3x3_s2", (1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
+    ("conv5_1x1_s2", (1, 256, 14, 14), (512, 256, 1, 1), 2, 0),
+    ("conv5_3x3", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
+]
+
+
+def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:
+    start = time.perf_counter()
+    out, result = op.run(device, **inputs)
+    wall = time.perf_counter() - start
+    if not np.array_equal(out, expected):
+        raise AssertionError(f"{op.name} on {device.kind} differs from numpy; benchmark is void")
+    if result.cycles is None:
+        raise ValueError(f"device {device.kind!r} reports no cycles; utilization needs an RTL device")
+    active = result.hw_counters["gemm_active"]
+    return {"cycles": result.cycles, "gemm_active_cycles": active,
+            "utilization": round(active / result.cycles, 4), "sim_seconds": round(wall, 2),
+            "sim_cycles_per_second": round(result.cycles / wall)}
+
+
+def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None = None) -> dict[str, Any]:
+    """GEMM-core utilization (GEMM-active cycles / total cycles, from the RTL counters) of
+    dense 256×1024·1024×1024 and the ResNet-18 convolutions, each with latency hiding on
+    and off in the same run; compile time per operator."""
+    from gemforge.compiler import compile_conv2d, compile_dense, conv2d_reference, dense_reference
+    from .device import open_device
+
+    rng = np.random.default_rng(0)
+    report: dict[str, Any] = {"config": config.name, "device": device_kind}
+    with open_device(device_kind, config) as device:
+        a = rng.integers(-128, 128, (256, 1024), dtype=np.int8)
+        b = rng.integers(-128, 128, (1024, 1024), dtype=np.int8)
+        expected = dense_reference(a, b)
+        t0 = time.perf_counter()
+        op = compile_dense(config, 256, 1024, 1024)
+        entry = {"compile_seconds": round(time.perf_counter() - t0, 3)}
+        entry.update(_utilization_run(device, op, {"a": a, "b": b}, expected))
+        report["dense_256x1024x1024"] = entry
+        rows = {}
+        for name, xs, ws, stride, padding in (layers or RESNET18_LAYERS):
+            x = rng.integers(-128, 128, xs, dtype=np.int8)
+            w = rng.integers(-128, 128, ws, dtype=np.int8)
+            expected = conv2d_reference(x, w, stride=stride, padding=padding)
+            row = {}
+            for hiding in (True, False):
+                t0 = time.perf_counter()
+                op = compile_conv2d(config, xs, ws, stride=stride, padding=padding, latency_hiding=hiding)
+                compile_s = round(time.perf_counter() - t0, 3)
+                run = _utilization_run(device, op, {"x": x, "w": w}, expected)
+                row["latency_hiding" if hiding else "no_latency_hiding"] = {"compile_seconds": compile_s, **run}
+            rows[name] = row
+        report["resnet18"] = rows
+        for key in ("latency_hiding", "no_latency_hiding"):
+            values = [r[key]["utilization"] for r in rows.values()]
+            report[f"resnet18_mean_utilization_{key}"] = round(sum(values) / len(values), 4)
+    return report
+
+
+def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None) -> dict[str, Any]:
+    """The fsim speed benchmark; with an RTL ``device``, also the utilization suite."""
     m, k, n = (64, 256, 256) if quick else (512, 1024, 1024)
-    return {"fsim_gemm": bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)}
+    results: dict[str, Any] = {"fsim_gemm": bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)}
+    if device is not None and device != "fsim":
+        from .rtl_perf import measure
+        results["rtl_core"] = measure(config, simulator=device)
+        results["utilization"] = bench_utilization(config, device, RESNET18_LAYERS[:2] if quick else None)
+    return results

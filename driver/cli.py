@@ -182,11 +182,17 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run_benchmarks
-    results = run_benchmarks(_config(args), quick=args.quick)
+    results = run_benchmarks(_config(args), quick=args.quick, device=args.device)
     text = json.dumps(results, indent=2)
     if args.output:
         write_bytes_atomic(args.output, (text + "\n").encode())
     print(text)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from gemforge.hw.generate import generate
+    for path in generate(_config(args), args.output):
+        print(path)
 
 
 def cmd_config(args: argparse.Namespace) -> None:
@@ -216,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="default", help=config_help)
     p.add_argument("-o", "--output", help="file to write (.toml or .json); default: TOML on stdout")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("generate", help="write the accelerator's Verilog, config, register map and file list")
+    p.add_argument("--config", default="default", help=config_help)
+    p.add_argument("-o", "--output", required=True, help="output directory (created if needed)")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("asm", help="assemble a text program into a program file")
     p.add_argument("source", help="assembly source (.s)")
@@ -254,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure performance against in-run baselines; prints JSON")
     p.add_argument("--config", default="default", help=config_help)
     p.add_argument("--quick", action="store_true", help="small sizes, one repetition (smoke run)")
+    p.add_argument("--device", help="also measure GEMM-core utilization on this RTL device (verilator, icarus)")
     p.add_argument("-o", "--output", help="also write the JSON to this file")
     p.set_defaults(func=cmd_bench)
 

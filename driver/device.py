@@ -258,3 +258,8 @@ def _register_builtin_backends() -> None:
     if "fsim" not in _BACKENDS:
         from .fsim_device import FsimDevice
         register_backend("fsim", FsimDevice)
+    if "verilator" not in _BACKENDS:
+        # RTL co-simulation backends; a simulator is only needed once a device runs.
+        from .rtl_device import IcarusDevice, VerilatorDevice
+        register_backend("verilator", VerilatorDevice)
+        register_backend("icarus", IcarusDevice)

@@ -1,0 +1,108 @@
+"""RTL performance measurements on the co-simulation (the issue's performance targets).
+
+``python -m gemforge.driver.rtl_perf [CONFIG] [SIMULATOR]`` prints one JSON object:
+
+* ``gemm_uops_per_cycle``: extra cycles for 102,400 more GEMM micro-ops in one
+  instruction (two runs differing only in ``iter_out``), so fixed costs cancel;
+* ``alu_imm_uops_per_cycle`` / ``alu_reg_uops_per_cycle``: the same for ALU ADD with an
+  immediate and with a register (accumulator) operand;
+* ``gemm_fixed_cycles``: cycles of a whole run (fetch, micro-op load, GEMM, FINISH)
+  beyond one per micro-op;
+* ``load_bus_efficiency`` / ``store_bus_efficiency``: bytes per cycle of long
+  weight loads and accumulator stores, as a fraction of the bus width (again from
+  the difference of two sizes);
+* ``sim_cycles_per_s``: simulated cycles per wall-clock second of a ~1M-cycle
+  GEMM-bound run (the simulator's own time, without process start).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig, load_config
+from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Instruction, Load, MemType, Store, Uop, encode_program, encode_uops
+
+from .device import open_device
+
+__all__ = ["measure"]
+
+
+def _run(config: AccelConfig, simulator: str, make_insns, uops: list[Uop]):
+    dev = open_device(simulator, config, dram_bytes=1 << 22)
+    data = dev.alloc(1 << 20, align=4096)
+    raw = encode_uops(uops, config)
+    dev.dram[data.address:data.address + len(raw)] = np.frombuffer(raw, np.uint8)
+    insns: list[Instruction] = make_insns(data.address)
+    stream = encode_program(insns, config)
+    code = dev.alloc(max(4096, len(stream)), align=4096)
+    dev.dram[code.address:code.address + len(stream)] = np.frombuffer(stream, np.uint8)
+    start = time.perf_counter()
+    result = dev._execute(code.address, len(insns))
+    return result, time.perf_counter() - start
+
+
+def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
+    """Run the measurement programs on ``config`` and return the figures."""
+    c = config
+    uops = [Uop(dst=i % 8, src=i % 16, wgt=i % 16) for i in range(16)]
+
+    def gemm(iter_out):
+        return lambda base: [
+            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
+                 x_stride=16),
+            Gemm(uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64, dst_factor_in=1), Finish()]
+
+    def alu(iter_out, imm):
+        return lambda base: [
+            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
+                 x_stride=16),
+            Alu(op=AluOp.ADD, imm=imm, uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64,
+                dst_factor_in=1, src_factor_in=1), Finish()]
+
+    def load(rows):
+        return lambda base: [Load(mem=MemType.WGT, sram_base=0, dram_base=base // c.wgt_entry_bytes,
+                                  y_size=rows, x_size=8, x_stride=8), Finish()]
+
+    def store(rows):
+        return lambda base: [Store(mem=MemType.ACC, sram_base=0, dram_base=base // c.acc_entry_bytes,
+                                   y_size=rows, x_size=8, x_stride=8), Finish()]
+
+    g1, _ = _run(c, simulator, gemm(1), uops)
+    g2, _ = _run(c, simulator, gemm(101), uops)
+    l1, _ = _run(c, simulator, load(1), uops)
+    l2, _ = _run(c, simulator, load(33), uops)
+    s1, _ = _run(c, simulator, store(1), uops)
+    s2, _ = _run(c, simulator, store(33), uops)
+    alu_rate = {}
+    for kind, imm in (("imm", 5), ("reg", None)):
+        a1, _ = _run(c, simulator, alu(1, imm), uops)
+        a2, _ = _run(c, simulator, alu(101, imm), uops)
+        alu_rate[kind] = 100 * 64 * 16 / (a2.cycles - a1.cycles)
+    big, wall = _run(c, simulator, gemm(1000), uops)
+    extra_uops = 100 * 64 * 16
+    return {
+        "config": c.name, "simulator": simulator,
+        "gemm_uops_per_cycle": extra_uops / (g2.cycles - g1.cycles),
+        "gemm_fixed_cycles": g2.cycles - 101 * 64 * 16,
+        "alu_imm_uops_per_cycle": alu_rate["imm"],
+        "alu_reg_uops_per_cycle": alu_rate["reg"],
+        "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / (l2.cycles - l1.cycles) / c.bus_bytes,
+        "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / (s2.cycles - s1.cycles) / c.bus_bytes,
+        "long_run_cycles": big.cycles,
+        "sim_cycles_per_s": big.cycles / big.hw_counters["sim_wall_s"],
+        "long_run_wall_s_with_process_start": wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    config = load_config(argv[0] if argv else "default")
+    print(json.dumps(measure(config, argv[1] if len(argv) > 1 else "verilator"), indent=2))
+
+
+if __name__ == "__main__":
+    main()

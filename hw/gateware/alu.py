@@ -1,0 +1,70 @@
+"""The tensor ALU: one element-wise operation on ``batch × block_out`` accumulator lanes.
+
+Semantics (`gemforge.hw.isa.Alu`): MIN/MAX compare signed; ADD and MUL wrap at
+acc_width; SHR shifts arithmetically right by the operand, or left by its
+negation when negative; an amount of acc_width or more gives the sign fill
+(right) or zero (left).
+"""
+
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import ALU_OP_BITS, AluOp
+from .gemm import lanes
+
+__all__ = ["TensorAlu"]
+
+
+class TensorAlu(wiring.Component):
+    """Combinational ``result = op(a, b)`` lane by lane.
+
+    Attributes
+    ----------
+    op : In(ALU_OP_BITS)
+        An `AluOp` value.
+    a, b : In(batch·block_out·acc_width)
+        Accumulator entries (``b`` is the operand: acc[src] or the broadcast immediate).
+    result : Out(batch·block_out·acc_width)
+    """
+
+    def __init__(self, config):
+        self._config = config
+        width = config.batch * config.block_out * config.acc_width
+        super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width), "result": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        w = c.acc_width
+        sh_bits = (w - 1).bit_length()          # enough for 0..w-1
+        n = c.batch * c.block_out
+        results = []
+        for i, (a, b) in enumerate(zip(lanes(self.a, n, w), lanes(self.b, n, w))):
+            a, b = a.as_signed(), b.as_signed()
+            r = Signal(w, name=f"lane{i}")
+            right = Signal(sh_bits, name=f"right{i}")
+            left = Signal(w, name=f"left{i}")       # |b| when b < 0
+            m.d.comb += [
+                right.eq(Mux(b >= w - 1, w - 1, b[:sh_bits])),
+                left.eq(-b),
+            ]
+            with m.Switch(self.op):
+                with m.Case(AluOp.MIN):
+                    m.d.comb += r.eq(Mux(a < b, a, b))
+                with m.Case(AluOp.MAX):
+                    m.d.comb += r.eq(Mux(a > b, a, b))
+                with m.Case(AluOp.ADD):
+                    m.d.comb += r.eq(a + b)
+                with m.Case(AluOp.MUL):
+                    m.d.comb += r.eq(a * b)
+                with m.Case(AluOp.SHR):
+                    with m.If(b >= 0):
+                        m.d.comb += r.eq(a >> right)
+                    with m.Elif(left >= w):
+                        m.d.comb += r.eq(0)
+                    with m.Else():
+                        m.d.comb += r.eq(a << left[:sh_bits])
+            results.append(r)
+        m.d.comb += self.result.eq(Cat(*results))
+        return m

@@ -1,0 +1,80 @@
+"""Read-channel arbiter: several DMA clients share the AXI4 master's AR/R channels.
+
+A client asks with ``req``; the arbiter grants one client at a time and keeps
+the grant until that client drops ``req`` (after its last R beat), so R data
+always belongs to the granted client and no IDs need tracking. Clients hold
+the bus only for work they can finish without waiting on anything else (a
+chunk of instructions, one DMA instruction), so holding cannot deadlock.
+Priority is round-robin.
+"""
+
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiReadSignature
+
+__all__ = ["ReadArbiter"]
+
+
+class ReadArbiter(wiring.Component):
+    """Round-robin arbiter of ``count`` read clients onto one read port.
+
+    Attributes
+    ----------
+    clients : list of In(AxiReadSignature)
+        ``clients[i]`` connects to client ``i``; the client's ID on the bus is ``i``.
+    bus : Out(AxiReadSignature)
+        The shared read channels (``req``/``gnt`` unused).
+    grant_id : Out(range(count))
+        The client holding the channels (the AXI ARID).
+    """
+
+    def __init__(self, data_bits, count):
+        if not isinstance(count, int) or count < 1:
+            raise TypeError(f"Client count must be a positive integer, not {count!r}")
+        self._count = count
+        members = {f"client{i}": In(AxiReadSignature(data_bits)) for i in range(count)}
+        members["bus"] = Out(AxiReadSignature(data_bits))
+        members["grant_id"] = Out(range(max(2, count)))
+        super().__init__(members)
+
+    @property
+    def clients(self):
+        return [getattr(self, f"client{i}") for i in range(self._count)]
+
+    def elaborate(self, platform):
+        m = Module()
+        clients = self.clients
+        granted = Signal()
+        owner = Signal(range(max(2, self._count)))
+        m.d.comb += self.grant_id.eq(owner)
+
+        with m.If(~granted):
+            # Round robin: the first requester after the last owner.
+            for offset in reversed(range(1, self._count + 1)):
+                for i in range(self._count):
+                    with m.If((owner == i) & clients[(i + offset) % self._count].req):
+                        m.d.sync += [owner.eq((i + offset) % self._count), granted.eq(1)]
+        with m.Else():
+            for i, client in enumerate(clients):
+                with m.If((owner == i) & ~client.req):
+                    m.d.sync += granted.eq(0)
+
+        for i, client in enumerate(clients):
+            mine = granted & (owner == i)
+            m.d.comb += [
+                client.gnt.eq(mine),
+                client.arready.eq(mine & self.bus.arready),
+                client.rdata.eq(self.bus.rdata),
+                client.rlast.eq(self.bus.rlast),
+                client.rvalid.eq(mine & self.bus.rvalid),
+            ]
+            with m.If(mine):
+                m.d.comb += [
+                    self.bus.araddr.eq(client.araddr),
+                    self.bus.arlen.eq(client.arlen),
+                    self.bus.arvalid.eq(client.arvalid),
+                    self.bus.rready.eq(client.rready),
+                ]
+        return m

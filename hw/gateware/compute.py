@@ -1,0 +1,273 @@
+"""The compute engine: micro-op buffer, GEMM/ALU pipeline, accumulator and micro-op loads.
+
+GEMM and ALU share one four-stage pipeline that accepts a micro-op every cycle:
+
+====  ==============================================================
+S0    loop counters (i, j, u); read micro-op ``u``
+S1    indices = micro-op fields + loop offsets; read inp, wgt, acc[dst], acc[src]
+S2    dot products (GEMM) or operand select (ALU); forward from S3
+S3    acc[dst] = acc + dot, or op(acc, operand); write acc and its out mirror
+====  ==============================================================
+
+Read-after-write: the accumulator read ports are transparent to the write
+port, so a micro-op sees every write made up to the cycle it reads (S1). The
+only write it can miss is that of the micro-op directly ahead of it, which is
+in S3 while it is in S2: S2 takes S3's result instead of the memory's when the
+indices match. Hence micro-ops behave exactly sequentially, as the ISA says,
+at one micro-op per cycle. Instructions drain the pipeline before they
+complete, so nothing crosses an instruction boundary.
+"""
+
+from amaranth import *
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import LOOP_ITER_BITS
+from ..isa import MemType, Opcode, uop_fields
+from ..regmap import ENGINE_STATES
+from .alu import TensorAlu
+from .axi import AxiReadSignature
+from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
+from .gemm import GemmCore, lanes
+from .tile_load import TileLoader
+
+__all__ = ["ComputeEngine", "uop_layout", "mirror"]
+
+
+def uop_layout(config):
+    """`data.StructLayout` of a packed micro-op (dst | src | wgt from bit 0)."""
+    return data.StructLayout({f.name: f.width for f in uop_fields(config)})
+
+
+def mirror(config, acc_entry):
+    """The output-buffer entry of an accumulator entry: the low out_width bits of each lane."""
+    n = config.batch * config.block_out
+    return Cat(*(lane[:config.out_width] for lane in lanes(acc_entry, n, config.acc_width)))
+
+
+class ComputeEngine(wiring.Component):
+    """Runs the compute engine's instruction queue (GEMM, ALU, LOAD acc/uop, FINISH).
+
+    Attributes
+    ----------
+    cmd : In(stream of insn_bits)
+    prev_pop, prev_push, next_pop, next_push : Out(TokenPort)
+        load→compute / compute→load and store→compute / compute→store queues.
+    acc_bus, uop_bus : Out(AxiReadSignature)
+    inp_rd_addr/inp_rd_data, wgt_rd_*, acc_rda_*, acc_rdb_* :
+        synchronous read ports (data one cycle after address), acc ports
+        transparent to ``acc_wr``.
+    acc_wr_*, out_wr_* : write ports.
+    finish : Out(1)
+        Pulses when FINISH retires.
+    gemm_active, alu_active : Out(1)
+        A GEMM / ALU micro-op enters the pipeline this cycle.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        c = config
+        acc_w = c.acc_entry_bytes * 8
+        super().__init__({
+            "cmd": In(stream.Signature(c.insn_bits)),
+            "prev_pop": Out(TokenPort()), "prev_push": Out(TokenPort()),
+            "next_pop": Out(TokenPort()), "next_push": Out(TokenPort()),
+            "acc_bus": Out(AxiReadSignature(c.bus_width)),
+            "uop_bus": Out(AxiReadSignature(c.bus_width)),
+            "inp_rd_addr": Out(c.inp_index_bits), "inp_rd_data": In(c.inp_entry_bytes * 8),
+            "wgt_rd_addr": Out(c.wgt_index_bits), "wgt_rd_data": In(c.wgt_entry_bytes * 8),
+            "acc_rda_addr": Out(c.acc_index_bits), "acc_rda_data": In(acc_w),
+            "acc_rdb_addr": Out(c.acc_index_bits), "acc_rdb_data": In(acc_w),
+            "acc_wr_addr": Out(c.acc_index_bits), "acc_wr_data": Out(acc_w), "acc_wr_en": Out(1),
+            "out_wr_addr": Out(c.acc_index_bits), "out_wr_data": Out(c.out_entry_bytes * 8),
+            "out_wr_en": Out(1),
+            "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
+            "retire": Out(1), "finish": Out(1),
+            "gemm_active": Out(1), "alu_active": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        acc_bits = c.acc_index_bits
+
+        # ---------------------------------------------------------------- micro-op buffer and loaders
+        m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_depth, init=[])
+        uop_wr = uop_mem.write_port()
+        uop_rd = uop_mem.read_port(transparent_for=(uop_wr,))
+        m.submodules.acc_loader = acc_loader = TileLoader(c, "acc")
+        m.submodules.uop_loader = uop_loader = TileLoader(c, "uop")
+        wiring.connect(m, wiring.flipped(self.acc_bus), acc_loader.bus)
+        wiring.connect(m, wiring.flipped(self.uop_bus), uop_loader.bus)
+        m.d.comb += [uop_wr.addr.eq(uop_loader.wr_addr), uop_wr.data.eq(uop_loader.wr_data),
+                     uop_wr.en.eq(uop_loader.wr_en)]
+
+        # ---------------------------------------------------------------- instruction views
+        word = Signal(c.insn_bits)
+        header = data.View(insn_layout(c, Opcode.FINISH), word[:insn_layout(c, Opcode.FINISH).size])
+        ld_l = insn_layout(c, Opcode.LOAD)
+        gm_l = insn_layout(c, Opcode.GEMM)
+        al_l = insn_layout(c, Opcode.ALU)
+        ld = data.View(ld_l, word[:ld_l.size])
+        gm = data.View(gm_l, word[:gm_l.size])
+        al = data.View(al_l, word[:al_l.size])
+        is_alu = header.opcode == Opcode.ALU
+        for loader in (acc_loader, uop_loader):
+            for name in ("sram_base", "dram_base", "y_size", "x_size", "x_stride",
+                         "y_pad0", "y_pad1", "x_pad0", "x_pad1"):
+                m.d.comb += getattr(loader.cmd.p, name).eq(getattr(ld, name))
+
+        # Loop parameters (the GEMM and ALU layouts share names; pick by opcode).
+        def loop_field(name):
+            return Mux(is_alu, getattr(al, name), getattr(gm, name))
+
+        uop_bgn, uop_end = loop_field("uop_bgn"), loop_field("uop_end")
+        iter_out, iter_in = loop_field("iter_out"), loop_field("iter_in")
+        factors = {
+            "dst": (loop_field("dst_factor_out"), loop_field("dst_factor_in")),
+            "src": (Mux(is_alu, al.src_factor_out, gm.src_factor_out),
+                    Mux(is_alu, al.src_factor_in, gm.src_factor_in)),
+            "wgt": (gm.wgt_factor_out, gm.wgt_factor_in),
+        }
+
+        # ---------------------------------------------------------------- S0: loop counters
+        run = Signal()
+        i = Signal(LOOP_ITER_BITS)
+        j = Signal(LOOP_ITER_BITS)
+        u = Signal(c.uop_index_bits + 1)
+        off_bits = 32
+        base = {k: Signal(off_bits, name=f"{k}_base") for k in factors}   # i · factor_out
+        off = {k: Signal(off_bits, name=f"{k}_off") for k in factors}     # + j · factor_in
+        issue = run
+        m.d.comb += uop_rd.addr.eq(u)
+
+        with m.If(issue):
+            with m.If(u + 1 == uop_end):
+                m.d.sync += u.eq(uop_bgn)
+                with m.If(j + 1 == iter_in):
+                    m.d.sync += [j.eq(0), i.eq(i + 1)]
+                    for k, (fo, _fi) in factors.items():
+                        m.d.sync += [base[k].eq(base[k] + fo), off[k].eq(base[k] + fo)]
+                    with m.If(i + 1 == iter_out):
+                        m.d.sync += run.eq(0)
+                with m.Else():
+                    m.d.sync += j.eq(j + 1)
+                    for k, (_fo, fi) in factors.items():
+                        m.d.sync += off[k].eq(off[k] + fi)
+            with m.Else():
+                m.d.sync += u.eq(u + 1)
+
+        # ---------------------------------------------------------------- S1: indices, operand reads
+        s1_valid = Signal()
+        s1_off = {k: Signal(off_bits, name=f"s1_{k}_off") for k in factors}
+        m.d.sync += s1_valid.eq(issue)
+        for k in factors:
+            m.d.sync += s1_off[k].eq(off[k])
+        uop = data.View(uop_layout(c), uop_rd.data[:uop_layout(c).size])
+        s1_dst = Signal(acc_bits)
+        s1_src_acc = Signal(acc_bits)
+        m.d.comb += [
+            s1_dst.eq(uop.dst + s1_off["dst"]),
+            s1_src_acc.eq(uop.src + s1_off["src"]),
+            self.inp_rd_addr.eq(uop.src + s1_off["src"]),
+            self.wgt_rd_addr.eq(uop.wgt + s1_off["wgt"]),
+            self.acc_rda_addr.eq(s1_dst),
+            self.acc_rdb_addr.eq(s1_src_acc),
+        ]
+
+        # ---------------------------------------------------------------- S2: dot / operand, forwarding
+        s2_valid = Signal()
+        s2_dst = Signal(acc_bits)
+        s2_src = Signal(acc_bits)
+        m.d.sync += [s2_valid.eq(s1_valid), s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
+
+        s3_valid = Signal()
+        s3_dst = Signal(acc_bits)
+        s3_acc = Signal(c.acc_entry_bytes * 8)
+        s3_b = Signal(c.acc_entry_bytes * 8)
+        s3_result = Signal(c.acc_entry_bytes * 8)
+
+        m.submodules.gemm = gemm = GemmCore(c)
+        m.d.comb += [gemm.inp.eq(self.inp_rd_data), gemm.wgt.eq(self.wgt_rd_data)]
+        fwd_a = Mux(s3_valid & (s3_dst == s2_dst), s3_result, self.acc_rda_data)
+        fwd_b = Mux(s3_valid & (s3_dst == s2_src), s3_result, self.acc_rdb_data)
+        lane_count = c.batch * c.block_out
+        imm_lane = Signal(c.acc_width)
+        m.d.comb += imm_lane.eq(al.imm.as_signed())
+        operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
+        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_acc.eq(fwd_a),
+                     s3_b.eq(Mux(is_alu, operand, gemm.dot))]
+
+        # ---------------------------------------------------------------- S3: result, write-back
+        m.submodules.alu = alu = TensorAlu(c)
+        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s3_acc), alu.b.eq(s3_b)]
+        sums = [a + b for a, b in zip(lanes(s3_acc, lane_count, c.acc_width),
+                                      lanes(s3_b, lane_count, c.acc_width))]
+        gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
+        m.d.comb += s3_result.eq(Mux(is_alu, alu.result, gemm_result))
+
+        with m.If(s3_valid):
+            m.d.comb += [self.acc_wr_addr.eq(s3_dst), self.acc_wr_data.eq(s3_result), self.acc_wr_en.eq(1)]
+        with m.Else():
+            m.d.comb += [self.acc_wr_addr.eq(acc_loader.wr_addr), self.acc_wr_data.eq(acc_loader.wr_data),
+                         self.acc_wr_en.eq(acc_loader.wr_en)]
+        m.d.comb += [self.out_wr_addr.eq(self.acc_wr_addr), self.out_wr_data.eq(mirror(c, self.acc_wr_data)),
+                     self.out_wr_en.eq(self.acc_wr_en)]
+
+        # ---------------------------------------------------------------- sequencing
+        seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push),
+                                                     "next": (self.next_pop, self.next_push)})
+        exec_state = ENGINE_STATES["exec"]
+        with m.FSM():
+            seq.idle_state()
+            seq.pop_state("DISPATCH")
+            with m.State("DISPATCH"):
+                m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
+                with m.Switch(header.opcode):
+                    with m.Case(Opcode.GEMM, Opcode.ALU):
+                        with m.If((iter_out == 0) | (iter_in == 0) | (uop_bgn >= uop_end)):
+                            m.next = "PUSH"
+                        with m.Else():
+                            m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(uop_bgn)]
+                            for k in factors:
+                                m.d.sync += [base[k].eq(0), off[k].eq(0)]
+                            m.next = "RUN"
+                    with m.Case(Opcode.LOAD):
+                        m.next = "LAUNCH"
+                    with m.Default():        # FINISH
+                        m.next = "PUSH"
+            with m.State("LAUNCH"):
+                m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
+                with m.If(ld.mem == MemType.UOP):
+                    m.d.comb += uop_loader.cmd.valid.eq(1)
+                    with m.If(uop_loader.cmd.ready):
+                        m.next = "WAIT"
+                with m.Else():
+                    m.d.comb += acc_loader.cmd.valid.eq(1)
+                    with m.If(acc_loader.cmd.ready):
+                        m.next = "WAIT"
+            with m.State("WAIT"):
+                m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
+                with m.If(~acc_loader.busy & ~uop_loader.busy):
+                    m.next = "PUSH"
+            with m.State("RUN"):
+                m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
+                with m.If(~run):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += [seq.state.eq(ENGINE_STATES["drain"]), seq.busy.eq(1)]
+                with m.If(~s1_valid & ~s2_valid & ~s3_valid):
+                    m.next = "PUSH"
+            seq.push_state()
+
+        m.d.comb += [
+            self.state.eq(seq.state), self.busy.eq(seq.busy), self.token_stall.eq(seq.token_stall),
+            self.retire.eq(seq.retire),
+            self.finish.eq(seq.retire & (header.opcode == Opcode.FINISH)),
+            self.gemm_active.eq(issue & ~is_alu),
+            self.alu_active.eq(issue & is_alu),
+            self.mem_stall.eq(acc_loader.mem_stall | uop_loader.mem_stall |
+                              (acc_loader.bus.req & ~acc_loader.bus.gnt) |
+                              (uop_loader.bus.req & ~uop_loader.bus.gnt)),
+        ]
+        return m

@@ -1,0 +1,377 @@
+"""2-D strided DMA between DRAM (AXI4 bursts) and streams of buffer entries.
+
+A DMA command moves ``y_size`` rows of ``x_size`` entries; row ``y`` starts at
+DRAM entry ``base + y·x_stride`` (entries of ``entry_bytes`` bytes, so byte
+address = entry index × entry_bytes). Entries and bus beats may differ in size:
+
+* entry ≥ beat: an entry is ``entry_bytes / bus_bytes`` consecutive beats
+  (first beat = low bits), every row is beat-aligned;
+* entry < beat: a beat holds ``bus_bytes / entry_bytes`` entries (lane 0 =
+  low bits); a row starting or ending inside a beat reads the whole beat and
+  writes only its lanes (``wstrb``).
+
+Bursts never cross a `max_burst`-beat boundary, so they never cross 4 KiB.
+Address generation (`BurstGenerator`) runs ahead of the data, so consecutive
+bursts overlap and the data channel can stream one beat per cycle.
+"""
+
+from amaranth import *
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
+
+__all__ = ["DmaCommand", "BurstGenerator", "DmaReader", "DmaWriter", "max_burst_beats"]
+
+#: A DMA command: DRAM entry index of row 0, rows, entries per row, entries between row starts.
+DmaCommand = data.StructLayout({
+    "base": 32,
+    "y_size": 16,
+    "x_size": 16,
+    "x_stride": 16,
+})
+
+BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8})
+
+
+def max_burst_beats(bus_bytes):
+    """Longest burst issued: 64 beats, fewer on wide buses so a burst stays within 4 KiB."""
+    return min(64, 4096 // bus_bytes)
+
+
+def _log2(value):
+    assert value > 0 and value & (value - 1) == 0, value
+    return value.bit_length() - 1
+
+
+def _check_sizes(entry_bytes, bus_bytes):
+    for name, value in (("entry_bytes", entry_bytes), ("bus_bytes", bus_bytes)):
+        if not isinstance(value, int) or value <= 0 or value & (value - 1):
+            raise TypeError(f"{name} must be a positive power of two, not {value!r}")
+
+
+class BurstGenerator(wiring.Component):
+    """Splits 2-D DMA commands into AXI bursts (byte address, AxLEN).
+
+    Parameters
+    ----------
+    entry_bytes, bus_bytes : int
+        Entry and beat sizes (powers of two).
+
+    Attributes
+    ----------
+    cmd : In(stream of DmaCommand)
+        One command at a time; ``x_size`` and ``y_size`` must be non-zero.
+    burst : Out(stream of {addr, len})
+        Bursts in order; ``len`` is beats − 1.
+    busy : Out(1)
+        A command is being split.
+    """
+
+    def __init__(self, entry_bytes, bus_bytes):
+        _check_sizes(entry_bytes, bus_bytes)
+        self._entry_bytes = entry_bytes
+        self._bus_bytes = bus_bytes
+        super().__init__({
+            "cmd": In(stream.Signature(DmaCommand)),
+            "burst": Out(stream.Signature(BurstLayout)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        maxb = max_burst_beats(self._bus_bytes)
+        beat_bits = ADDR_BITS - n_log
+
+        cmd = Signal(DmaCommand)
+        row = Signal(16)
+        row_addr = Signal(32)
+        beat = Signal(beat_bits)
+        left = Signal(32)
+
+        first_beat = Signal(beat_bits)
+        beat_count = Signal(32)
+        if e_log >= n_log:
+            m.d.comb += [first_beat.eq(row_addr << (e_log - n_log)),
+                         beat_count.eq(cmd.x_size << (e_log - n_log))]
+        else:
+            k_log = n_log - e_log
+            last = Signal(33)
+            m.d.comb += [last.eq(row_addr + cmd.x_size - 1),
+                         first_beat.eq(row_addr >> k_log),
+                         beat_count.eq((last >> k_log) - (row_addr >> k_log) + 1)]
+
+        to_boundary = Signal(range(maxb + 1))
+        m.d.comb += to_boundary.eq(maxb - beat[:_log2(maxb)])
+        length = Signal(range(maxb + 1))
+        m.d.comb += length.eq(Mux(left < to_boundary, left, to_boundary))
+        m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    m.d.sync += [cmd.eq(self.cmd.p), row.eq(0), row_addr.eq(self.cmd.p.base)]
+                    m.next = "ROW"
+            with m.State("ROW"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [beat.eq(first_beat), left.eq(beat_count)]
+                m.next = "BURST"
+            with m.State("BURST"):
+                m.d.comb += [self.busy.eq(1), self.burst.valid.eq(1)]
+                with m.If(self.burst.ready):
+                    m.d.sync += [beat.eq(beat + length), left.eq(left - length)]
+                    with m.If(left == length):
+                        m.d.sync += [row.eq(row + 1), row_addr.eq(row_addr + cmd.x_stride)]
+                        with m.If(row + 1 == cmd.y_size):
+                            m.next = "IDLE"
+                        with m.Else():
+                            m.next = "ROW"
+        return m
+
+
+class _RowTracker:
+    """Walks the rows of a command on the data side (entry count and lane per row)."""
+
+    def __init__(self, m, cmd, k_log):
+        self.row = Signal(16)
+        self.left = Signal(16)          # entries left in this row
+        self.row_addr = Signal(32)
+        self.lane = Signal(max(1, k_log))
+        self._m, self._cmd, self._k_log = m, cmd, k_log
+
+    def start(self, cmd):
+        """Statements for a new command (``cmd`` is the incoming payload, not yet latched)."""
+        m = self._m
+        m.d.sync += [self.row.eq(0), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base)]
+        if self._k_log:
+            m.d.sync += self.lane.eq(cmd.base[:self._k_log])
+
+    def advance(self):
+        """Statements for one entry consumed; returns (row_end, last_entry) conditions."""
+        m, cmd = self._m, self._cmd
+        row_end = self.left == 1
+        last = row_end & (self.row + 1 == cmd.y_size)
+        with m.If(row_end):
+            next_addr = self.row_addr + cmd.x_stride
+            m.d.sync += [self.row.eq(self.row + 1), self.left.eq(cmd.x_size),
+                         self.row_addr.eq(next_addr)]
+            if self._k_log:
+                m.d.sync += self.lane.eq(next_addr[:self._k_log])
+        with m.Else():
+            m.d.sync += self.left.eq(self.left - 1)
+            if self._k_log:
+                m.d.sync += self.lane.eq(self.lane + 1)
+        return row_end, last
+
+
+class DmaReader(wiring.Component):
+    """DRAM → stream of entries, over the read half of an AXI4 master.
+
+    Attributes
+    ----------
+    cmd : In(stream of DmaCommand)
+        Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
+    out : Out(stream of entry_bytes·8 bits)
+        The entries of the tile, row by row.
+    bus : Out(AxiReadSignature)
+        ``req`` is held from the command until the last entry is delivered.
+    busy : Out(1)
+    """
+
+    def __init__(self, entry_bytes, bus_bytes):
+        _check_sizes(entry_bytes, bus_bytes)
+        self._entry_bytes = entry_bytes
+        self._bus_bytes = bus_bytes
+        super().__init__({
+            "cmd": In(stream.Signature(DmaCommand)),
+            "out": Out(stream.Signature(entry_bytes * 8)),
+            "bus": Out(AxiReadSignature(bus_bytes * 8)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
+        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        k_log = max(0, n_log - e_log)
+        bus = self.bus
+
+        cmd = Signal(DmaCommand)
+        active = Signal()
+        rows = _RowTracker(m, cmd, k_log)
+
+        m.d.comb += [
+            bursts.cmd.p.eq(self.cmd.p),
+            bursts.cmd.valid.eq(self.cmd.valid & ~active),
+            self.cmd.ready.eq(bursts.cmd.ready & ~active),
+            bus.araddr.eq(bursts.burst.p.addr),
+            bus.arlen.eq(bursts.burst.p.len),
+            bus.arvalid.eq(bursts.burst.valid & bus.gnt),
+            bursts.burst.ready.eq(bus.arready & bus.gnt),
+            bus.req.eq(active),
+            self.busy.eq(active),
+        ]
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [cmd.eq(self.cmd.p), active.eq(1)]
+            rows.start(self.cmd.p)
+
+        if e_log >= n_log:
+            # Gather entry_bytes/bus_bytes beats per entry, first beat lowest.
+            beats = 1 << (e_log - n_log)
+            width = self._bus_bytes * 8
+            entry = Signal(self._entry_bytes * 8)
+            count = Signal(range(beats + 1))
+            full = count == beats
+            take = Signal()
+            m.d.comb += [
+                self.out.valid.eq(full),
+                self.out.p.eq(entry),
+                bus.rready.eq(active & (~full | self.out.ready)),
+                take.eq(bus.rvalid & bus.rready),
+            ]
+            shifted = Cat(entry[width:], bus.rdata) if beats > 1 else bus.rdata
+            with m.If(take):
+                m.d.sync += entry.eq(shifted)
+            with m.If(self.out.valid & self.out.ready):
+                m.d.sync += count.eq(take)
+                _, last = rows.advance()
+                with m.If(last):
+                    m.d.sync += active.eq(0)
+            with m.Elif(take):
+                m.d.sync += count.eq(count + 1)
+        else:
+            # Present one lane of the current beat per cycle; release the beat at
+            # its last lane or at the end of the row.
+            k = 1 << k_log
+            m.d.comb += [
+                self.out.valid.eq(active & bus.rvalid),
+                self.out.p.eq(bus.rdata.word_select(rows.lane, self._entry_bytes * 8)),
+            ]
+            with m.If(self.out.valid & self.out.ready):
+                row_end, last = rows.advance()
+                m.d.comb += bus.rready.eq(row_end | (rows.lane == k - 1))
+                with m.If(last):
+                    m.d.sync += active.eq(0)
+        return m
+
+
+class DmaWriter(wiring.Component):
+    """Stream of entries → DRAM, over the write half of an AXI4 master.
+
+    Attributes
+    ----------
+    cmd : In(stream of DmaCommand)
+        Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
+    inp : In(stream of entry_bytes·8 bits)
+    bus : Out(AxiWriteSignature)
+    busy : Out(1)
+        High until the last write response has arrived.
+    """
+
+    def __init__(self, entry_bytes, bus_bytes):
+        _check_sizes(entry_bytes, bus_bytes)
+        self._entry_bytes = entry_bytes
+        self._bus_bytes = bus_bytes
+        super().__init__({
+            "cmd": In(stream.Signature(DmaCommand)),
+            "inp": In(stream.Signature(entry_bytes * 8)),
+            "bus": Out(AxiWriteSignature(bus_bytes * 8)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
+        # AW runs ahead of W; W learns each burst's length from this queue.
+        m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=8)
+        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        k_log = max(0, n_log - e_log)
+        bus = self.bus
+        width = self._bus_bytes * 8
+
+        cmd = Signal(DmaCommand)
+        active = Signal()
+        data_done = Signal()
+        outstanding = Signal(16)
+        rows = _RowTracker(m, cmd, k_log)
+
+        m.d.comb += [
+            bursts.cmd.p.eq(self.cmd.p),
+            bursts.cmd.valid.eq(self.cmd.valid & ~active),
+            self.cmd.ready.eq(bursts.cmd.ready & ~active),
+            bus.awaddr.eq(bursts.burst.p.addr),
+            bus.awlen.eq(bursts.burst.p.len),
+            bus.awvalid.eq(bursts.burst.valid & lengths.w_rdy),
+            bursts.burst.ready.eq(bus.awready & lengths.w_rdy),
+            lengths.w_data.eq(bursts.burst.p.len),
+            lengths.w_en.eq(bus.awvalid & bus.awready),
+            bus.bready.eq(1),
+            self.busy.eq(active),
+        ]
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [cmd.eq(self.cmd.p), active.eq(1), data_done.eq(0)]
+            rows.start(self.cmd.p)
+
+        aw_fire = bus.awvalid & bus.awready
+        b_fire = bus.bvalid & bus.bready
+        m.d.sync += outstanding.eq(outstanding + aw_fire - b_fire)
+        with m.If(active & data_done & ~bursts.busy & (outstanding == 0) & ~lengths.r_rdy):
+            m.d.sync += active.eq(0)
+
+        # W beats: `beat`/`strb` hold the beat being presented.
+        beat = Signal(width)
+        strb = Signal(width // 8)
+        beat_valid = Signal()
+        w_count = Signal(8)
+        m.d.comb += [
+            bus.wdata.eq(beat), bus.wstrb.eq(strb),
+            bus.wvalid.eq(beat_valid & lengths.r_rdy),
+            bus.wlast.eq(w_count == lengths.r_data),
+        ]
+        w_fire = bus.wvalid & bus.wready
+        with m.If(w_fire):
+            m.d.sync += beat_valid.eq(0)
+            with m.If(bus.wlast):
+                m.d.comb += lengths.r_en.eq(1)
+                m.d.sync += w_count.eq(0)
+            with m.Else():
+                m.d.sync += w_count.eq(w_count + 1)
+
+        free = ~beat_valid | w_fire
+        if e_log >= n_log:
+            beats = 1 << (e_log - n_log)
+            entry = Signal(self._entry_bytes * 8)
+            index = Signal(range(max(2, beats)))
+            holding = Signal()
+            m.d.comb += self.inp.ready.eq(active & ~data_done & (~holding | (free & (index == beats - 1))))
+            with m.If(holding & free):
+                m.d.sync += [beat.eq(entry.word_select(index, width)), strb.eq(~0), beat_valid.eq(1),
+                             index.eq(index + 1)]
+                with m.If(index == beats - 1):
+                    m.d.sync += [holding.eq(0), index.eq(0)]
+            with m.If(self.inp.valid & self.inp.ready):
+                m.d.sync += [entry.eq(self.inp.p), holding.eq(1), index.eq(0)]
+                _, last = rows.advance()
+                with m.If(last):
+                    m.d.sync += data_done.eq(1)
+        else:
+            k = 1 << k_log
+            lane_bytes = self._entry_bytes
+            m.d.comb += self.inp.ready.eq(active & ~data_done & free)
+            with m.If(self.inp.valid & self.inp.ready):
+                row_end, last = rows.advance()
+                lanes = Signal(width // 8)
+                for lane in range(k):
+                    with m.If(rows.lane == lane):
+                        m.d.sync += beat.word_select(lane, lane_bytes * 8).eq(self.inp.p)
+                        m.d.comb += lanes.eq(((1 << lane_bytes) - 1) << (lane * lane_bytes))
+                m.d.sync += strb.eq(Mux(beat_valid, 0, strb) | lanes)
+                with m.If(row_end | (rows.lane == k - 1)):
+                    m.d.sync += beat_valid.eq(1)
+                with m.If(last):
+                    m.d.sync += data_done.eq(1)
+            with m.Elif(w_fire):
+                m.d.sync += strb.eq(0)
+        return m

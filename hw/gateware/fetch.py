@@ -1,0 +1,110 @@
+"""The fetch engine: reads the instruction stream and dispatches it by kind.
+
+Instructions are read in chunks of `CHUNK` (one DMA command each; the read
+channels are held only for a chunk) into a local queue that always has room
+for the chunk, so reading never waits on dispatch. Dispatch takes the head of
+that queue to the load, compute or store command queue in program order and
+stalls while the target queue is full.
+"""
+
+from amaranth import *
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import MemType, Opcode
+from .axi import AxiReadSignature
+from .dma import DmaReader
+from .engine import STATE_BITS, insn_layout
+from ..regmap import ENGINE_STATES
+
+__all__ = ["FetchEngine", "CHUNK"]
+
+#: Instructions per read request.
+CHUNK = 16
+
+
+class FetchEngine(wiring.Component):
+    """Attributes
+    ----------
+    start : In(1)
+        Pulse: fetch ``count`` instructions from byte ``address``.
+    address, count : In(32)
+    bus : Out(AxiReadSignature)
+    load, compute, store : Out(stream of insn_bits)
+        Instruction words for the three command queues.
+    busy : Out(1)
+        Instructions remain to be read or dispatched.
+    fetched : Out(32)
+        Instructions dispatched since ``start``.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        c = config
+        super().__init__({
+            "start": In(1), "address": In(32), "count": In(32),
+            "bus": Out(AxiReadSignature(c.bus_width)),
+            "load": Out(stream.Signature(c.insn_bits)),
+            "compute": Out(stream.Signature(c.insn_bits)),
+            "store": Out(stream.Signature(c.insn_bits)),
+            "busy": Out(1), "mem_stall": Out(1), "queue_stall": Out(1),
+            "state": Out(STATE_BITS), "fetched": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes)
+        wiring.connect(m, wiring.flipped(self.bus), reader.bus)
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=c.insn_bits, depth=2 * CHUNK)
+
+        next_entry = Signal(32)      # entry index of the next chunk
+        to_read = Signal(32)         # instructions not yet requested
+        to_dispatch = Signal(32)
+        requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
+        insn_log = c.insn_bytes.bit_length() - 1
+
+        chunk = Mux(to_read < CHUNK, to_read, CHUNK)
+        m.d.comb += [
+            reader.cmd.p.base.eq(next_entry), reader.cmd.p.y_size.eq(1),
+            reader.cmd.p.x_size.eq(chunk), reader.cmd.p.x_stride.eq(0),
+            reader.cmd.valid.eq((to_read != 0) & (queue.level + requested <= CHUNK)),
+            queue.w_data.eq(reader.out.p), queue.w_en.eq(reader.out.valid),
+            reader.out.ready.eq(queue.w_rdy),
+        ]
+        req_fire = reader.cmd.valid & reader.cmd.ready
+        got = reader.out.valid & reader.out.ready
+        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - got)
+        with m.If(req_fire):
+            m.d.sync += [next_entry.eq(next_entry + chunk), to_read.eq(to_read - chunk)]
+
+        # Dispatch.
+        header = data.View(insn_layout(c, Opcode.FINISH), queue.r_data[:insn_layout(c, Opcode.FINISH).size])
+        ld_l = insn_layout(c, Opcode.LOAD)
+        mem = data.View(ld_l, queue.r_data[:ld_l.size]).mem
+        to_load = (header.opcode == Opcode.LOAD) & ((mem == MemType.INP) | (mem == MemType.WGT))
+        to_store = header.opcode == Opcode.STORE
+        to_compute = ~to_load & ~to_store
+        for port in (self.load, self.compute, self.store):
+            m.d.comb += port.payload.eq(queue.r_data)
+        m.d.comb += [
+            self.load.valid.eq(queue.r_rdy & to_load),
+            self.store.valid.eq(queue.r_rdy & to_store),
+            self.compute.valid.eq(queue.r_rdy & to_compute),
+            queue.r_en.eq((self.load.valid & self.load.ready) | (self.store.valid & self.store.ready) |
+                          (self.compute.valid & self.compute.ready)),
+        ]
+        with m.If(queue.r_en & queue.r_rdy):
+            m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
+
+        with m.If(self.start):
+            m.d.sync += [next_entry.eq(self.address >> insn_log), to_read.eq(self.count),
+                         to_dispatch.eq(self.count), self.fetched.eq(0)]
+
+        m.d.comb += [
+            self.busy.eq(to_dispatch != 0),
+            self.mem_stall.eq((to_dispatch != 0) & ~queue.r_rdy),
+            self.queue_stall.eq(queue.r_rdy & ~queue.r_en),
+            self.state.eq(Mux(to_dispatch != 0, ENGINE_STATES["exec"], ENGINE_STATES["idle"])),
+        ]
+        return m

@@ -1,0 +1,58 @@
+"""The GEMM core's arithmetic: one micro-op's ``batch × block_out`` dot products.
+
+``dot[b][o] = Σ_k inp[b][k] · wgt[o][k]`` over ``block_in`` signed products,
+i.e. ``batch · block_in · block_out`` multiplies in one cycle. The sums are
+returned modulo 2^acc_width (the accumulator adds them with wrap-around, so
+dropping the high bits here changes nothing).
+"""
+
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["GemmCore", "lanes"]
+
+
+def lanes(value, count, width):
+    """Split an entry into ``count`` lanes of ``width`` bits (element 0 = low bits)."""
+    return [value[i * width:(i + 1) * width] for i in range(count)]
+
+
+class GemmCore(wiring.Component):
+    """Combinational dot products of one input entry with one weight entry.
+
+    Attributes
+    ----------
+    inp : In(batch·block_in·inp_width)
+    wgt : In(block_out·block_in·wgt_width)
+    dot : Out(batch·block_out·acc_width)
+        Row-major ``[b][o]`` lanes, like an accumulator entry.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        c = config
+        super().__init__({
+            "inp": In(c.batch * c.block_in * c.inp_width),
+            "wgt": In(c.block_out * c.block_in * c.wgt_width),
+            "dot": Out(c.batch * c.block_out * c.acc_width),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        x = [v.as_signed() for v in lanes(self.inp, c.batch * c.block_in, c.inp_width)]
+        w = [v.as_signed() for v in lanes(self.wgt, c.block_out * c.block_in, c.wgt_width)]
+        out = []
+        for b in range(c.batch):
+            for o in range(c.block_out):
+                terms = [x[b * c.block_in + k] * w[o * c.block_in + k] for k in range(c.block_in)]
+                # Balanced adder tree.
+                while len(terms) > 1:
+                    terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                             for i in range(0, len(terms), 2)]
+                lane = Signal(c.acc_width, name=f"dot_{b}_{o}")
+                m.d.comb += lane.eq(terms[0])   # sign-extends or wraps to acc_width
+                out.append(lane)
+        m.d.comb += self.dot.eq(Cat(*out))
+        return m

@@ -1,0 +1,171 @@
+"""cocotb testbench: runs one program on the generated accelerator.
+
+Loaded by the simulator (through `gemforge.sim.cosim.harness`), never imported
+by users. The job file named by ``$GEMFORGE_COSIM_JOB`` says what to run; the
+DRAM contents come in and go out through the Verilog DRAM model's hex files,
+so Python only touches the simulation to poke registers and to poll status
+every `poll_cycles` cycles (no per-cycle callbacks).
+
+Result (JSON, ``job["result"]``): ``status`` ("done", "hang", "timeout" or
+"error"), ``cycles``, ``counters`` (every counter of the register map),
+``debug`` (the debug registers, decoded), ``oob`` and ``wall_s``.
+"""
+
+import json
+import os
+import time
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import First, RisingEdge, Timer
+
+from gemforge.hw.regmap import COUNTERS, ENGINE_STATES, ID_MAGIC, by_name
+
+PERIOD_NS = 10
+
+
+class AxiLiteDriver:
+    """Register access over the DUT's ``s_axil__*`` ports (a few cycles per access)."""
+
+    def __init__(self, dut):
+        self.dut = dut
+        self.clk = dut.clk
+        for name in ("awaddr", "awvalid", "wdata", "wstrb", "wvalid", "bready", "araddr", "arvalid", "rready"):
+            getattr(dut, f"s_axil__{name}").value = 0
+
+    def _sig(self, name):
+        return getattr(self.dut, f"s_axil__{name}")
+
+    async def write(self, offset, value):
+        s = self._sig
+        s("awaddr").value = offset
+        s("wdata").value = value & 0xFFFFFFFF
+        s("wstrb").value = 0xF
+        s("awvalid").value = 1
+        s("wvalid").value = 1
+        s("bready").value = 1
+        while True:
+            await RisingEdge(self.clk)
+            if int(s("awready").value):
+                break
+        s("awvalid").value = 0
+        s("wvalid").value = 0
+        while True:
+            await RisingEdge(self.clk)
+            if int(s("bvalid").value):
+                break
+        s("bready").value = 0
+
+    async def read(self, offset):
+        s = self._sig
+        s("araddr").value = offset
+        s("arvalid").value = 1
+        s("rready").value = 1
+        while True:
+            await RisingEdge(self.clk)
+            if int(s("arready").value):
+                break
+        s("arvalid").value = 0
+        while True:
+            await RisingEdge(self.clk)
+            if int(s("rvalid").value):
+                value = int(s("rdata").value)
+                break
+        s("rready").value = 0
+        return value
+
+    async def read_reg(self, name):
+        return await self.read(by_name(name).offset)
+
+    async def read_counter(self, name):
+        lo = await self.read_reg(f"{name.upper()}_LO")
+        hi = await self.read_reg(f"{name.upper()}_HI")
+        return lo | hi << 32
+
+
+async def read_debug(regs):
+    """The debug registers, decoded into names."""
+    state_names = {v: k for k, v in ENGINE_STATES.items()}
+    state = await regs.read_reg("DEBUG_STATE")
+    cmdq = await regs.read_reg("DEBUG_CMDQ")
+    tok_a = await regs.read_reg("DEBUG_TOKENS_A")
+    tok_b = await regs.read_reg("DEBUG_TOKENS_B")
+    return {
+        "engines": {name: state_names.get((state >> (4 * i)) & 0xF, "?")
+                    for i, name in enumerate(("fetch", "load", "compute", "store"))},
+        "finish_retired": bool(state >> 16 & 1),
+        "cmd_queue_levels": {"load": cmdq & 0x3FF, "compute": cmdq >> 10 & 0x3FF, "store": cmdq >> 20 & 0x3FF},
+        "tokens": {"load->compute": tok_a & 0xFFFF, "compute->load": tok_a >> 16,
+                   "compute->store": tok_b & 0xFFFF, "store->compute": tok_b >> 16},
+        "fetched": await regs.read_reg("DEBUG_FETCHED"),
+        "retired": await regs.read_counter("insns_retired"),
+    }
+
+
+@cocotb.test()
+async def run_program(dut):
+    with open(os.environ["GEMFORGE_COSIM_JOB"]) as f:
+        job = json.load(f)
+    result = {"status": "error"}
+    try:
+        result = await _run(dut, job)
+    finally:
+        with open(job["result"], "w") as f:
+            json.dump(result, f)
+
+
+async def _run(dut, job):
+    # cocotb's clock is driven from C++ (GPI), not from Python coroutines.
+    dut.rst.value = 1
+    Clock(dut.clk, PERIOD_NS, unit="ns").start(start_high=False)
+    dut.rst.value = 1
+    dut.dump.value = 0
+    regs = AxiLiteDriver(dut)
+    for _ in range(4):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+    await RisingEdge(dut.clk)
+
+    ident = await regs.read_reg("ID")
+    if ident != ID_MAGIC:
+        return {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}"}
+    await regs.write(by_name("INSN_ADDR").offset, job["insn_addr"])
+    await regs.write(by_name("INSN_COUNT").offset, job["insn_count"])
+    await regs.write(by_name("IRQ_ENABLE").offset, 1)
+    t0 = time.perf_counter()
+    await regs.write(by_name("CTRL").offset, 1)
+
+    poll = job["poll_cycles"]
+    status = "done"
+    last_progress, idle_cycles, cycles = None, 0, 0
+    while True:
+        if not int(dut.irq.value):
+            await First(RisingEdge(dut.irq), Timer(poll * PERIOD_NS, unit="ns"))
+        if int(dut.irq.value):
+            break
+        cycles = await regs.read_counter("cycles")
+        progress = (await regs.read_reg("DEBUG_FETCHED"),
+                    await regs.read_counter("insns_retired"),
+                    await regs.read_counter("dma_bytes_read"),
+                    await regs.read_counter("dma_bytes_written"),
+                    await regs.read_counter("gemm_active"),
+                    await regs.read_counter("alu_active"))
+        if progress == last_progress:
+            idle_cycles += poll
+            if idle_cycles >= job["watchdog_cycles"]:
+                status = "hang"
+                break
+        else:
+            last_progress, idle_cycles = progress, 0
+        if cycles >= job["max_cycles"]:
+            status = "timeout"
+            break
+    wall = time.perf_counter() - t0
+
+    counters = {name: await regs.read_counter(name) for name, _ in COUNTERS}
+    debug = await read_debug(regs)
+    dut.dump.value = 1
+    while not int(dut.dumped.value):
+        await RisingEdge(dut.clk)
+    return {"status": status, "cycles": counters["cycles"], "counters": counters, "debug": debug,
+            "oob": bool(int(dut.oob.value)), "wall_s": wall}
