@@ -172,6 +172,7 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     result = Build(config, simulator, build_dir, dram_bytes)
     stamp = build_dir / "BUILT"
     if stamp.exists():
+        stamp.touch()  # most recently used: kept by _prune_cache
         return result
     with _locked(build_dir.with_suffix(".lock")):
         if stamp.exists():
@@ -202,7 +203,26 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
             else:
                 os.environ["MAKEFLAGS"] = saved_makeflags
         stamp.write_text("ok\n")
+    _prune_cache(keep=CACHE_KEEP_BUILDS)
     return result
+
+
+#: Builds kept in the cache (each 50-200 MB); the least recently used go first.
+CACHE_KEEP_BUILDS = 12
+
+
+def _prune_cache(keep: int) -> None:
+    """Delete all but the ``keep`` most recently used builds (a new source hash makes
+    every earlier build of the same config unreachable, so the cache would only grow)."""
+    stamps = sorted((cache_root() / "rtl").glob("*/BUILT"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in stamps[keep:]:
+        build_dir = stale.parent
+        try:
+            with _locked(build_dir.with_suffix(".lock")):
+                shutil.rmtree(build_dir, ignore_errors=True)
+            build_dir.with_suffix(".lock").unlink(missing_ok=True)
+        except OSError:
+            pass  # another process is using or removing it; try again next time
 
 
 def write_hex(path: Path, image: np.ndarray, bus_bytes: int) -> None:
