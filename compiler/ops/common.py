@@ -13,7 +13,8 @@ from ..ir import Cast, Expr, Max, Shr, Const
 from ..te import clip
 from ..errors import CompileError
 
-__all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback"]
+__all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback",
+           "schedule_output_tile"]
 
 
 class OpError(CompileError):
@@ -114,3 +115,24 @@ def plan_with_fallback(plan: Callable[[int], Any], latency_hiding: bool) -> Any:
         except OpError:
             pass
     return plan(1)
+
+
+def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, readers: list) -> None:
+    """The part of every default accelerator schedule around one output tile.
+
+    ``tile`` is the fused loop over output tiles of ``out``'s stage and ``inner``
+    the first loop inside a tile. With ``threads`` > 1 the tile loop is split
+    into virtual threads (latency hiding). The accumulator stages (GEMM result,
+    epilogue) and the ``readers`` (accumulator-scope inputs such as the bias) are
+    computed per tile; the readers and the output copy become DMAs and the
+    epilogue becomes ALU micro-ops."""
+    so = s[out]
+    if threads > 1:
+        _, tile = so.split(tile, factor=threads)
+        so.vthread(tile)
+    so.pragma(inner, "dma_copy")
+    for t in [*readers, *acc_stages]:
+        s[t].compute_at(so, tile)
+    for t in readers:
+        s[t].pragma(s[t].leaf[0], "dma_copy")
+    s[acc_stages[-1]].pragma(s[acc_stages[-1]].leaf[0], "alu")

@@ -29,7 +29,9 @@ from ..layout import ceil_div, int_dtype, pack_bias, pack_nchw, pack_oihw, unpac
 from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
-from .common import CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue
+from .common import (
+    CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue, schedule_output_tile,
+)
 
 __all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d", "conv2d_reference"]
 
@@ -137,16 +139,7 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
     xo, xi = so.split(xx, plan["tow"])
     so.reorder(n, oco, yo, xo, oci, yi, xi)
     tile = so.fuse(so.fuse(so.fuse(n, oco), yo), xo)
-    if plan["threads"] > 1:
-        _, tile = so.split(tile, factor=plan["threads"])
-        so.vthread(tile)
-    so.pragma(oci, "dma_copy")
-
-    for t in [*readers, c, out_acc]:
-        s[t].compute_at(so, tile)
-    for t in readers:
-        s[t].pragma(s[t].leaf[0], "dma_copy")
-    s[out_acc].pragma(s[out_acc].leaf[0], "alu")
+    schedule_output_tile(s, out, tile, oci, plan["threads"], [c, out_acc], readers)
 
     sc = s[c]
     cn, coc, cy, cx, cb, co, ic, kh, kw, ki = sc.leaf

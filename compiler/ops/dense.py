@@ -26,7 +26,9 @@ from ..layout import ceil_div, int_dtype, pack_bias, pack_matrix_a, pack_matrix_
 from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, placeholder, reduce_axis, sum_
-from .common import CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue
+from .common import (
+    CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue, schedule_output_tile,
+)
 
 __all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense", "dense_reference"]
 
@@ -110,16 +112,7 @@ def dense_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[s
     m, n, _, _ = so.leaf
     mo, no, mi, ni = so.tile(m, n, plan["tm"], plan["tn"])
     tile = so.fuse(mo, no)
-    if plan["threads"] > 1:
-        _, tile = so.split(tile, factor=plan["threads"])
-        so.vthread(tile)
-    so.pragma(mi, "dma_copy")
-
-    for t in [*readers, c, out_acc]:
-        s[t].compute_at(so, tile)
-    for t in readers:
-        s[t].pragma(s[t].leaf[0], "dma_copy")
-    s[out_acc].pragma(s[out_acc].leaf[0], "alu")
+    schedule_output_tile(s, out, tile, mi, plan["threads"], [c, out_acc], readers)
 
     sc = s[c]
     cm, cn, cb, co, ko, ki = sc.leaf
