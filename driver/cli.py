@@ -325,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # e.g. `gemforge disasm x | head`
         return 0
+    except OSError as exc:  # unwritable output, full disk, ...
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"gemforge: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     return 0
 
 

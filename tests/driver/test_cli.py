@@ -219,3 +219,10 @@ def test_bench_quick_prints_ratio(capsys):
 def test_demo_runs(capsys):
     assert main(["demo"]) == 0
     assert "every result equals numpy" in capsys.readouterr().out
+
+
+def test_unwritable_output_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(capsys, "generate", "--config", "tiny", "-o", blocker / "sub")
+    assert code == 2 and err.startswith("gemforge: error: ") and "Traceback" not in err
