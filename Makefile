@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install install-icarus demo test test-slow bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow"
+
+install-icarus:
+	command -v iverilog >/dev/null || (apt-get update -qq && apt-get install -y -qq iverilog)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow

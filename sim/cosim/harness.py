@@ -189,7 +189,7 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
         # a command-line variable (via MAKEFLAGS) restores GCC's "-include".
         saved_makeflags = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = f"{saved_makeflags or ''} CFG_CXXFLAGS_PCH_I=-include".strip()
-        args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3"] if simulator == "verilator" else []
+        args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3"] if simulator == "verilator" else list(ICARUS_BUILD_ARGS)
         try:
             runner.build(sources=[src / "gemforge_top.v", src / DRAM_MODEL_FILE, src / f"{TB_TOP}.v"],
                          hdl_toplevel=TB_TOP, build_dir=build_dir / "sim", build_args=args,
@@ -206,6 +206,18 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     _prune_cache(keep=CACHE_KEEP_BUILDS)
     return result
 
+
+#: Extra iverilog arguments. cocotb's runner compiles with ``-g2012``; under SystemVerilog
+#: rules Icarus applies declaration initializers (``reg x = 0;``) before time 0 *without an
+#: update event*. Yosys's Verilog (Amaranth's output) relies on that event: every
+#: ``always @*`` block reads a dummy ``reg ... = 0`` so that it runs once at time 0. Without
+#: it, a combinational block whose inputs are only initialized registers (e.g. an FSM's
+#: ``cmd.ready = state == IDLE`` in the DMA burst generator) stays X until one of them
+#: first changes, and the X leaks into state (the fetch engine's ``requested`` credit
+#: counter latched X on the first START, so nothing was ever fetched). Verilog-2005 rules
+#: (the later ``-g`` wins) treat initializers as time-0 assignments, so the blocks run.
+#: The generated top and the DRAM model are plain Verilog-2005.
+ICARUS_BUILD_ARGS = ["-g2005"]
 
 #: Builds kept in the cache (each 50-200 MB); the least recently used go first.
 CACHE_KEEP_BUILDS = 12
