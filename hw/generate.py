@@ -22,7 +22,7 @@ from gemforge.files import write_text_atomic
 from .config import AccelConfig
 from .regmap import to_c_header, to_markdown
 
-__all__ = ["generate", "verilog_top", "TOP_NAME", "LINT_WAIVERS"]
+__all__ = ["generate", "verilog_top", "TOP_NAME", "LINT_WAIVERS", "GENERIC_SYNTH_SCRIPT"]
 
 TOP_NAME = "gemforge_top"
 
@@ -37,6 +37,15 @@ LINT_WAIVERS: dict[str, str] = {
     "PROCASSINIT": "Amaranth emits an initial value and a process assignment for registers",
     "DECLFILENAME": "submodules share one file",
 }
+
+
+#: Target-independent Yosys synthesis of the generated top: the whole `synth` flow (coarse
+#: optimisation, memory inference, fine techmap) except `memory_map`, so the buffers stay
+#: `$mem` cells (block RAM or SRAM macros on a real target) instead of becoming hundreds of
+#: thousands of flip-flops, and except ABC, whose run on the GEMM array's generic gates
+#: takes hours; `check -assert` fails on any problem.
+GENERIC_SYNTH_SCRIPT = (f"read_verilog {TOP_NAME}.v; synth -top {TOP_NAME} -run :fine; opt -fast -full; "
+                        "techmap; opt -fast; hierarchy -check; stat; check -assert")
 
 
 def verilog_top(config: AccelConfig) -> str:
