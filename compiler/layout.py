@@ -77,22 +77,23 @@ def pack_bias(config: AccelConfig, bias: np.ndarray, tiles: int | None = None) -
     return np.ascontiguousarray(lanes.astype(int_dtype(config.acc_width)))
 
 
-def pack_nchw(config: AccelConfig, x: np.ndarray) -> np.ndarray:
-    """NCHW → (N/B, C/BI, H, W, B, BI)."""
+def _pack_nchw_blocks(config: AccelConfig, x: np.ndarray, block_c: int, bits: int) -> np.ndarray:
+    """NCHW → (N/B, C/block_c, H, W, B, block_c), zero-padded, as ``bits``-bit integers."""
     n, c, h, w = x.shape
-    b, bi = config.batch, config.block_in
-    nb, cb = ceil_div(n, b), ceil_div(c, bi)
-    full = _padded(x, (nb * b, cb * bi, h, w), int_dtype(config.inp_width))
-    return np.ascontiguousarray(full.reshape(nb, b, cb, bi, h, w).transpose(0, 2, 4, 5, 1, 3))
+    b = config.batch
+    nb, cb = ceil_div(n, b), ceil_div(c, block_c)
+    full = _padded(x, (nb * b, cb * block_c, h, w), int_dtype(bits))
+    return np.ascontiguousarray(full.reshape(nb, b, cb, block_c, h, w).transpose(0, 2, 4, 5, 1, 3))
+
+
+def pack_nchw(config: AccelConfig, x: np.ndarray) -> np.ndarray:
+    """NCHW → (N/B, C/BI, H, W, B, BI): input entries."""
+    return _pack_nchw_blocks(config, x, config.block_in, config.inp_width)
 
 
 def pack_nchw_acc(config: AccelConfig, x: np.ndarray) -> np.ndarray:
     """NCHW (accumulator-width values) → (N/B, C/BO, H, W, B, BO): accumulator entries."""
-    n, c, h, w = x.shape
-    b, bo = config.batch, config.block_out
-    nb, cb = ceil_div(n, b), ceil_div(c, bo)
-    full = _padded(x, (nb * b, cb * bo, h, w), int_dtype(config.acc_width))
-    return np.ascontiguousarray(full.reshape(nb, b, cb, bo, h, w).transpose(0, 2, 4, 5, 1, 3))
+    return _pack_nchw_blocks(config, x, config.block_out, config.acc_width)
 
 
 def pack_oihw(config: AccelConfig, w: np.ndarray) -> np.ndarray:

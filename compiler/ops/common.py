@@ -10,6 +10,7 @@ import numpy as np
 from gemforge.hw.program import Program
 
 from ..ir import Cast, Expr, Max, Shr, Const
+from ..layout import pack_bias
 from ..te import clip
 from ..errors import CompileError
 
@@ -86,6 +87,18 @@ class CompiledOp:
     pack: Callable[..., dict[str, np.ndarray]]
     unpack: Callable[[np.ndarray], np.ndarray]
     plan: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def bias_input(op: str, epilogue: Epilogue, config, bias: np.ndarray | None, channels: int) -> dict:
+        """The packed ``bias`` input of an operator compiled with ``epilogue`` (empty without
+        bias), refusing a missing, unexpected or wrongly shaped bias."""
+        if not epilogue.bias:
+            if bias is not None:
+                raise OpError(f"{op} was compiled without bias")
+            return {}
+        if bias is None or bias.shape != (channels,):
+            raise OpError(f"{op} with bias needs a bias of shape ({channels},)")
+        return {"bias": pack_bias(config, bias)}
 
     def pack_inputs(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.pack(**arrays)

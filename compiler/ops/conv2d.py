@@ -25,7 +25,7 @@ import numpy as np
 from gemforge.hw.config import DMA_PAD_BITS, LOOP_ITER_BITS, AccelConfig
 
 from ..intrin import gemm_intrin
-from ..layout import ceil_div, int_dtype, pack_bias, pack_nchw, pack_oihw, unpack_nchw
+from ..layout import ceil_div, int_dtype, pack_nchw, pack_oihw, unpack_nchw
 from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
@@ -197,14 +197,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
         if tuple(x.shape) != (n, ch, h, width) or tuple(w.shape) != (o, ci, kh, kw):
             raise OpError(f"conv2d was compiled for input {[n, ch, h, width]} and weight {[o, ci, kh, kw]}, "
                           f"not {list(x.shape)} and {list(w.shape)}")
-        arrays = {"x": pack_nchw(c, x), "w": pack_oihw(c, w)}
-        if epi.bias:
-            if bias is None or bias.shape != (o,):
-                raise OpError(f"conv2d with bias needs a bias of shape ({o},)")
-            arrays["bias"] = pack_bias(c, bias)
-        elif bias is not None:
-            raise OpError("conv2d was compiled without bias")
-        return arrays
+        return {"x": pack_nchw(c, x), "w": pack_oihw(c, w), **CompiledOp.bias_input("conv2d", epi, c, bias, o)}
 
     return CompiledOp("conv2d", program, inputs, "out", pack, lambda t: unpack_nchw(t, n, o),
                       plan=dict(plan, oh=oh, ow=ow))

@@ -22,7 +22,7 @@ import numpy as np
 from gemforge.hw.config import LOOP_ITER_BITS, AccelConfig
 
 from ..intrin import gemm_intrin
-from ..layout import ceil_div, int_dtype, pack_bias, pack_matrix_a, pack_matrix_b, unpack_matrix
+from ..layout import ceil_div, int_dtype, pack_matrix_a, pack_matrix_b, unpack_matrix
 from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, placeholder, reduce_axis, sum_
@@ -148,14 +148,7 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
     def pack(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if a.shape != (m, k) or b.shape != (k, n):
             raise OpError(f"dense was compiled for A{[m, k]} @ B{[k, n]}, not A{list(a.shape)} @ B{list(b.shape)}")
-        arrays = {"a": pack_matrix_a(c, a), "w": pack_matrix_b(c, b)}
-        if epi.bias:
-            if bias is None or bias.shape != (n,):
-                raise OpError(f"dense with bias needs a bias of shape ({n},)")
-            arrays["bias"] = pack_bias(c, bias)
-        elif bias is not None:
-            raise OpError("dense was compiled without bias")
-        return arrays
+        return {"a": pack_matrix_a(c, a), "w": pack_matrix_b(c, b), **CompiledOp.bias_input("dense", epi, c, bias, n)}
 
     return CompiledOp("dense", program, inputs, "out", pack, lambda t: unpack_matrix(t, m, n),
                       plan=dict(plan, mt=mt, kt=kt, nt=nt))
