@@ -16,11 +16,13 @@ become `AttrStmt` and `For.kind`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from math import gcd
 
 from .ir import (
-    Add, Allocate, AttrStmt, Buffer, BufferLoad, BufferStore, Const, Expr, For, ForKind, Max, Min,
-    Reduce, Stmt, Var, const_upper_bound, extremes, free_vars, interval, map_expr, seq, simplify, substitute,
+    Add, Allocate, AttrStmt, Buffer, BufferLoad, BufferStore, Const, Expr, FloorDiv, For, ForKind, Max, Min,
+    Reduce, Stmt, Var, const_upper_bound, extremes, free_vars, interval, linear_coefficient, map_expr, same_expr,
+    seq, simplify, substitute,
 )
 from .schedule import Schedule, ScheduleError, Split, Stage
 from .te import IterVar
@@ -30,11 +32,21 @@ __all__ = ["Region", "infer_bounds", "schedule_to_ir", "inline_stages"]
 
 @dataclass
 class Region:
-    """Per data axis of a stage: first index (expression of enclosing loops), extent, allocation size."""
+    """Per data axis of a stage: first index (expression of enclosing loops), extent,
+    allocation size and stride: position ``k`` of the region is index ``lo + k·stride``.
+
+    A stride above 1 arises when every consumer read steps over the axis in
+    multiples of it (a 1×1 convolution with stride 2 reads every other pixel):
+    the on-chip copy then holds only the positions read."""
 
     lo: list[Expr]
     extent: list[Expr]
     alloc: list[int]
+    stride: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.stride:
+            self.stride = [1] * len(self.lo)
 
 
 def inline_stages(sch: Schedule) -> None:
@@ -94,7 +106,8 @@ def _global_root_values(stage: Stage, regions: dict[Stage, Region]) -> dict[Var,
     out: dict[Var, Expr] = {}
     region = regions.get(stage)
     for d, iv in enumerate(stage.op.axes):
-        out[iv.var] = simplify(region.lo[d] + local[iv]) if stage.attach is not None else local[iv]
+        out[iv.var] = (simplify(region.lo[d] + local[iv] * region.stride[d]) if stage.attach is not None
+                       else local[iv])
     for iv in stage.op.reduce_axes:
         out[iv.var] = local[iv]
     return out
@@ -132,6 +145,7 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
     ndim = len(stage.op.axes)
     los: list[list[Expr]] = [[] for _ in range(ndim)]
     his: list[list[Expr]] = [[] for _ in range(ndim)]
+    reads_of: list[list[tuple[Expr, bool]]] = [[] for _ in range(ndim)]  # (index, zero-padded)
     for consumer in stages:
         if consumer is stage or consumer not in regions:
             continue
@@ -151,9 +165,15 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
                     lo, hi = interval(g, varying_const)
                 los[d].append(lo)
                 his[d].append(hi)
+                reads_of[d].append((g, load.zero_outside))
     if ndim and not los[0]:
         raise ScheduleError(f"stage {stage.name} is placed with compute_at but nothing inside reads it")
-    lo_out, ext_out, alloc = [], [], []
+    # A copy that adds zero padding keeps contiguous regions: the DMA's pad frame
+    # counts whole positions, which a strided region would not line up with.
+    padded_copy: list[BufferLoad] = []
+    map_expr(stage.op.body, lambda e: padded_copy.append(e) if isinstance(e, BufferLoad) and e.zero_outside
+             else None)
+    lo_out, ext_out, alloc, strides = [], [], [], []
     for d in range(ndim):
         lo, hi = los[d][0], his[d][0]
         for x in los[d][1:]:
@@ -161,16 +181,40 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
         for x in his[d][1:]:
             hi = simplify(Max(hi, x))
         size = stage.op.shape[d]
-        alloc.append(min(size, const_upper_bound(simplify(hi - lo + 1))))
+        below = _bound(lo, enclosing, everything)[0] < 0
+        above = _bound(hi, enclosing, everything)[1] > size - 1
+        step = 1 if below or above or padded_copy else _read_stride(reads_of[d], varying_const)
+        if step > 1 and not isinstance(simplify(hi - lo), Const):
+            step = 1  # a variable-size tile: keep the contiguous region
+        alloc.append(min(size, const_upper_bound(simplify(FloorDiv(hi - lo, Const(step)) + 1))))
         # Clip to the stage's own domain where some executed iteration leaves it
         # (a partial last tile); guarded-off iterations do not count.
-        if _bound(lo, enclosing, everything)[0] < 0:
+        if below:
             lo = simplify(Max(lo, Const(0)))
-        if _bound(hi, enclosing, everything)[1] > size - 1:
+        if above:
             hi = simplify(Min(hi, Const(size - 1)))
         lo_out.append(lo)
-        ext_out.append(simplify(hi - lo + 1))
-    return Region(lo_out, ext_out, alloc)
+        ext_out.append(simplify(FloorDiv(hi - lo, Const(step)) + 1))
+        strides.append(step)
+    return Region(lo_out, ext_out, alloc, strides)
+
+
+def _read_stride(reads: list[tuple[Expr, bool]], varying: dict[Var, tuple[Expr, Expr]]) -> int:
+    """The step between the indices one axis is read at inside the attach point: the
+    gcd of the coefficients of the loops that vary there, when every read is the same
+    affine index without zero padding (else 1: the region is contiguous)."""
+    first = reads[0][0]
+    if any(padded or not same_expr(g, first) for g, padded in reads):
+        return 1
+    step = 0
+    for var, (lo, hi) in varying.items():
+        if isinstance(lo, Const) and isinstance(hi, Const) and lo.value == hi.value:
+            continue
+        coefficient = linear_coefficient(first, var)
+        if coefficient is None:
+            return 1
+        step = gcd(step, abs(coefficient))
+    return max(step, 1)
 
 
 def _bound(e: Expr, enclosing, everything) -> tuple[float, float]:
@@ -212,7 +256,10 @@ def schedule_to_ir(sch: Schedule, regions: dict[Stage, Region] | None = None) ->
             dtype = "int32" if stage.scope == "acc" else stage.tensor.dtype
             buffers[stage] = Buffer(stage.name, shape, dtype, stage.scope, entry)
     by_buffer = {s.tensor.buffer: s for s in stages}
-    gen = _Generator(regions, buffers, by_buffer, stages)
+    # Loops of extent 1 only ever take 0; strided reads need them gone to divide exactly.
+    unit_loops = {iv.var: Const(0) for stage in stages
+                  for iv, e in _leaf_extents(stage, regions).items() if isinstance(e, Const) and e.value == 1}
+    gen = _Generator(regions, buffers, by_buffer, stages, unit_loops)
     roots = [s for s in stages if s.attach is None]
     body = seq(gen.stage(s) for s in roots)
     for s in reversed(roots):
@@ -222,8 +269,9 @@ def schedule_to_ir(sch: Schedule, regions: dict[Stage, Region] | None = None) ->
 
 
 class _Generator:
-    def __init__(self, regions, buffers, by_buffer, stages) -> None:
+    def __init__(self, regions, buffers, by_buffer, stages, unit_loops) -> None:
         self.regions = regions
+        self.unit_loops = unit_loops
         self.buffers = buffers
         self.by_buffer = by_buffer
         self.stages = stages
@@ -238,10 +286,22 @@ class _Generator:
                 region = self.regions[producer]
                 idx = e.indices
                 if producer.attach is not None:
-                    idx = tuple(simplify(i - region.lo[d]) for d, i in enumerate(idx))
+                    idx = tuple(self._local_index(i, region, d) for d, i in enumerate(idx))
                 return BufferLoad(self.buffers[producer], idx, e.zero_outside)
             return None
         return map_expr(substitute(expr, roots), fn)
+
+    def _local_index(self, index: Expr, region: Region, d: int) -> Expr:
+        """Position of a global index in the region's on-chip copy."""
+        offset = simplify(index - region.lo[d])
+        step = region.stride[d]
+        if step == 1:
+            return offset
+        local = simplify(FloorDiv(simplify(substitute(offset, self.unit_loops)), Const(step)))
+        if isinstance(local, FloorDiv):
+            raise ScheduleError(f"index {index!r} does not step by {step} over the strided region of "
+                                f"{region!r}")
+        return local
 
     def stage(self, stage: Stage) -> Stmt:
         regions = self.regions

@@ -41,6 +41,15 @@ class Epilogue:
         """int8 after the shift and clip; otherwise the accumulator type."""
         return "int8" if self.shift is not None else acc_dtype
 
+    @property
+    def alu_ops(self) -> int:
+        """ALU micro-ops per output entry: bias add, shift, clip (two) or ReLU."""
+        return int(self.bias) + (3 if self.shift else 2 if self.shift is not None else int(self.relu))
+
+    def store_entry_bytes(self, config) -> int:
+        """Bytes per stored entry: the output buffer's (int8) after a shift, else the accumulator's."""
+        return config.out_entry_bytes if self.shift is not None else config.acc_entry_bytes
+
     def apply(self, acc: Expr, bias: Expr | None) -> Expr:
         value = acc
         if self.bias:
@@ -110,6 +119,46 @@ class CompiledOp:
         """Pack, run on ``device``, unpack: returns (output, RunResult)."""
         outputs, result = device.run_program(self.program, self.pack_inputs(**arrays), [self.output])
         return self.unpack_output(outputs[self.output]), result
+
+
+#: Cycles an instruction costs beyond its data: a DMA's issue and DRAM latency, a
+#: GEMM/ALU's dispatch and pipeline drain (measured on the RTL, `driver.rtl_perf`).
+DMA_OVERHEAD = 16
+COMPUTE_OVERHEAD = 6
+
+
+@dataclass(frozen=True)
+class TilingCost:
+    """The work of one tiling, per reduction chunk and per output tile, in bytes,
+    micro-ops and instructions; `cycles` estimates its run time on the accelerator."""
+
+    tiles: int
+    chunks: int              # reduction chunks per tile
+    chunk_read_bytes: int    # input + weight bytes loaded per chunk
+    chunk_loads: int         # LOAD instructions per chunk
+    chunk_uops: int          # GEMM micro-ops per chunk
+    tile_uops: int           # micro-ops per tile outside the chunks (accumulator reset, epilogue)
+    tile_read_bytes: int     # bytes loaded once per tile (bias)
+    tile_store_bytes: int
+    tile_stores: int         # STORE instructions per tile
+
+    def cycles(self, config, threads: int) -> float:
+        """Loads run on the read channel, stores on the write channel, micro-ops on the
+        compute pipeline. With virtual threads they overlap: the compute engine takes
+        the longer of a chunk's GEMM and its loads (the other thread's loads run
+        under it); stores run under the next tiles' compute, and the first chunk's
+        loads (fill) and the last tile's store (drain) stay exposed. With one thread
+        everything adds up."""
+        bus = config.bus_bytes
+        read = self.chunk_read_bytes / bus + self.chunk_loads * DMA_OVERHEAD
+        gemm = self.chunk_uops + COMPUTE_OVERHEAD
+        store = self.tile_store_bytes / bus + self.tile_stores * DMA_OVERHEAD
+        fixed = self.tile_uops + 2 * COMPUTE_OVERHEAD + self.tile_read_bytes / bus + \
+            (DMA_OVERHEAD if self.tile_read_bytes else 0)
+        if threads == 1:
+            return self.tiles * (self.chunks * (read + gemm) + fixed + store)
+        compute = self.chunks * max(gemm, read) + fixed
+        return read + max(self.tiles * compute + store, compute + self.tiles * store)
 
 
 def divisors(n: int) -> list[int]:

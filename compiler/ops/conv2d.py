@@ -30,14 +30,14 @@ from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from .common import (
-    CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue, schedule_output_tile,
+    CompiledOp, Epilogue, OpError, TilingCost, divisors, plan_with_fallback, reference_epilogue,
+    schedule_output_tile,
 )
 
 __all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d", "conv2d_reference"]
 
 _MAX_PAD = (1 << DMA_PAD_BITS) - 1
 _MAX_ITER = (1 << LOOP_ITER_BITS) - 1
-_DMA_OVERHEAD = 16  # cycles a DMA or instruction costs beyond its data (issue, DRAM latency)
 
 
 def _out_size(size: int, k: int, stride: int, padding: int) -> int:
@@ -77,39 +77,51 @@ def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tupl
 
 
 def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
-                bias: bool) -> dict[str, int]:
+                epilogue: Epilogue) -> dict[str, int]:
     """Tiles ``toc, toh, tow, tic, tkh`` (blocks / rows / columns / kernel rows) for the default
-    schedule, minimizing a run-time estimate (loads overlap the GEMM with two threads)."""
+    schedule, minimizing the run time `TilingCost.cycles` estimates.
+
+    Without padding, a stride above the kernel's extent along an axis (a 1×1
+    kernel, or one kernel row per chunk) makes the input window strided: the
+    DMA copies only the pixels read (`lower.Region`), one LOAD per window row
+    when the columns are strided."""
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
     oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    cols_strided = stride > 1 and padding == 0 and kw == 1
+    store_bytes = epilogue.store_entry_bytes(c)
     best = None
     for tkh in reversed(divisors(kh)):
+        rows_strided = stride > 1 and padding == 0 and tkh == 1
         for tow in reversed(divisors(ow)):
-            win_w = (tow - 1) * stride + kw
+            win_w = tow if cols_strided else (tow - 1) * stride + kw
             for toh in divisors(oh):
-                win_h = (toh - 1) * stride + tkh
+                win_h = toh if rows_strided else (toh - 1) * stride + tkh
                 if threads * win_h * win_w > c.inp_depth:
                     break
                 for tic in divisors(cb):
                     if threads * tic * win_h * win_w > c.inp_depth or threads * tic * tkh * kw > c.wgt_depth:
                         break
                     for toc in divisors(ob):
+                        pixels = toh * tow
                         if threads * toc * tic * tkh * kw > c.wgt_depth or \
-                                threads * (toc * toh * tow + (toc if bias else 0)) > c.acc_depth:
+                                threads * (toc * pixels + (toc if epilogue.bias else 0)) > c.acc_depth:
                             break
                         if max(toc, toh, tow) > _MAX_ITER:
                             continue
-                        tiles = nb * (ob // toc) * (oh // toh) * (ow // tow)
-                        load = (tic * win_h * win_w * c.inp_entry_bytes
-                                + toc * tic * tkh * kw * c.wgt_entry_bytes) / c.bus_bytes + (tic + 1) * _DMA_OVERHEAD
-                        gemm = toc * toh * tow * tic * tkh * kw + _DMA_OVERHEAD
-                        chunk = max(load, gemm) if threads > 1 else load + gemm
-                        store = toc * toh * tow * c.out_entry_bytes / c.bus_bytes + toc * _DMA_OVERHEAD
-                        tile = (cb // tic) * (kh // tkh) * chunk + toc * toh * tow * 4 + \
-                            (store if threads == 1 else 0)
-                        cost = tiles * tile
+                        work = TilingCost(
+                            tiles=nb * (ob // toc) * (oh // toh) * (ow // tow),
+                            chunks=(cb // tic) * (kh // tkh),
+                            chunk_read_bytes=tic * win_h * win_w * c.inp_entry_bytes
+                            + toc * tic * tkh * kw * c.wgt_entry_bytes,
+                            chunk_loads=tic * (win_h if cols_strided else 1) + toc,
+                            chunk_uops=toc * pixels * tic * tkh * kw,
+                            tile_uops=toc * pixels * (1 + epilogue.alu_ops),
+                            tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
+                            tile_store_bytes=toc * pixels * store_bytes,
+                            tile_stores=1 if tow == ow else toc)
+                        cost = work.cycles(c, threads)
                         if best is None or cost < best[0]:
                             best = (cost, toc, toh, tow, tic, tkh)
     if best is None:
@@ -185,7 +197,8 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
     epi = Epilogue(bias, shift, relu)
     plan = plan_with_fallback(
-        lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, bias=bias), latency_hiding)
+        lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
+        latency_hiding)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)
     sch = conv2d_schedule(c, tensors, plan)
     inputs = ["x", "w"] + (["bias"] if bias else [])

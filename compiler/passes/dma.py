@@ -7,6 +7,10 @@ statements the LOAD/STORE instructions execute directly:
 - the innermost dimension is the DMA row (``x``); inner dimensions that span
   the whole tensor and the whole on-chip buffer are merged into it;
 - the next dimension is the row count (``y``), with the DRAM row stride;
+- a strided region (the on-chip copy holds every s-th index of a dimension,
+  see `lower.Region`) multiplies that dimension's DRAM step by s; when the
+  innermost dimension is strided, each of its positions is a DMA row of the
+  full dimensions inside it;
 - remaining outer dimensions stay loops around the DMA;
 - reads of a zero-padded tensor (`te.pad` inlined into the copy) become the
   DMA's ``y_pad``/``x_pad`` zero frames, computed per tile (border tiles get
@@ -24,7 +28,7 @@ from gemforge.hw.config import DMA_PAD_BITS
 
 from ..ir import (
     AttrStmt, BufferLoad, BufferRef, BufferStore, Cast, Const, DmaCopy, Expr, For, Max, Min, Stmt,
-    StmtMutator, Var, const_upper_bound, extremes, free_vars, interval, simplify, simplify_in,
+    StmtMutator, Var, const_upper_bound, extremes, free_vars, interval, linear_coefficient, simplify, simplify_in,
 )
 from ..errors import CompileError
 
@@ -93,15 +97,21 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         v = chip_idx[d]
         if not (isinstance(v, Var) and v in loop_of and simplify(dram_idx[d]) is v):
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: entry dimension {d} is not copied whole")
-    dims = []  # per outer dimension: (loop or None, on-chip base, DRAM lo, extent, dram size, alloc size)
+    # Per outer dimension: (loop or None, on-chip base, DRAM lo, extent, dram size, alloc size,
+    # DRAM step between consecutive on-chip positions).
+    dims = []
     for d in range(n):
         v = chip_idx[d]
         if isinstance(v, Var) and v in loop_of:
             loop, base, ext = loop_of[v], Const(0), simplify(loop_of[v].extent)
-            lo = simplify(dram_idx[d] - v)
+            step = linear_coefficient(dram_idx[d], v)
+            if step is None or step < 1:
+                raise DmaInjectionError(f"copy {src.name} → {dst.name}: DRAM index {dram_idx[d]!r} does not "
+                                        f"step forward with the on-chip index {v!r}")
+            lo = simplify(dram_idx[d] - v * step)
         elif not free_vars(v) & set(loop_of):
             # A dimension of extent 1 whose loop was fused away: a fixed index on both sides.
-            loop, base, ext = None, simplify(v), Const(1)
+            loop, base, ext, step = None, simplify(v), Const(1), 1
             lo = simplify(dram_idx[d])
         else:
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: on-chip index {v!r} of dimension {d} "
@@ -109,14 +119,17 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         if free_vars(lo) & set(loop_of):
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: DRAM index {dram_idx[d]!r} is not "
                                     f"an offset of the on-chip index {v!r}")
-        dims.append((loop, base, lo, ext, dram.outer_shape[d], onchip.outer_shape[d]))
+        if step > 1 and value.zero_outside:
+            raise DmaInjectionError(f"copy {src.name} → {dst.name}: a strided dimension ({dram_idx[d]!r}) "
+                                    "cannot take zero padding")
+        dims.append((loop, base, lo, ext, dram.outer_shape[d], onchip.outer_shape[d], step))
 
     def s(e: Expr) -> Expr:
         return simplify_in(e, ranges)
 
     # Per dimension: zero frame before/after, first valid DRAM index, valid size.
     pads0, pads1, starts, sizes = [], [], [], []
-    for loop, _, lo, ext, size, _ in dims:
+    for loop, _, lo, ext, size, _, _ in dims:
         if value.zero_outside:
             start = s(Max(lo, Const(0)))
             stop = s(Min(lo + ext, Const(size)))
@@ -131,8 +144,8 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
             starts.append(lo)
 
     def full(d: int) -> bool:
-        _, _, lo, ext, size, alloc = dims[d]
-        return (isinstance(ext, Const) and ext.value == size == alloc and _zero(pads0[d], ranges, enclosing)
+        _, _, lo, ext, size, alloc, step = dims[d]
+        return (step == 1 and isinstance(ext, Const) and ext.value == size == alloc and _zero(pads0[d], ranges, enclosing)
                 and _zero(pads1[d], ranges, enclosing))
 
     # x: innermost dimension plus every full dimension merged into it.
@@ -148,13 +161,22 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
     x0 = n - 1
     while x0 > 0 and full(x0):
         x0 -= 1
-    x_size, x_pad0, x_pad1, x_alloc = x_run(x0)
-    if x0 < n - 1 and not _zero(s(Const(x_alloc) - (x_pad0 + x_size + x_pad1)), ranges, enclosing):
-        # The merged run would be short in a partial tile: keep the full inner
-        # dimensions as the row and make the partial dimension the row count.
-        x0 += 1
+    if dims[x0][6] > 1:
+        # The positions of x0 are not contiguous in DRAM (a strided region): each
+        # is a DMA row of the full dimensions inside it, x0 is the row count.
+        inner = 1
+        for d in range(x0 + 1, n):
+            inner *= dims[d][4]
+        x_size, x_pad0, x_pad1, x_alloc = Const(inner), Const(0), Const(0), inner
+        y = x0
+    else:
         x_size, x_pad0, x_pad1, x_alloc = x_run(x0)
-    y = x0 - 1
+        if x0 < n - 1 and not _zero(s(Const(x_alloc) - (x_pad0 + x_size + x_pad1)), ranges, enclosing):
+            # The merged run would be short in a partial tile: keep the full inner
+            # dimensions as the row and make the partial dimension the row count.
+            x0 += 1
+            x_size, x_pad0, x_pad1, x_alloc = x_run(x0)
+        y = x0 - 1
     host = list(range(y)) if y >= 0 else []
     if direction == "store":
         row_fill = s(Const(x_alloc) - x_size)
@@ -176,16 +198,16 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         if not (_zero(pads0[d], ranges, enclosing) and _zero(pads1[d], ranges, enclosing)):
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: dimension {d} needs zero padding but "
                                     "only the two innermost copied dimensions can be padded")
-    dram_stride = 1
+    dram_stride = dims[y][6] if y >= 0 else 1
     for d in range(y + 1, n):
         dram_stride *= dims[d][4]
 
     chip_ref, dram_ref = [], []
     for d in range(n):
-        loop, base, lo, ext, size, alloc = dims[d]
+        loop, base, lo, ext, size, alloc, step = dims[d]
         if d in host:
             chip_ref.append(base if loop is None else loop.var)
-            dram_ref.append(lo if loop is None else s(lo + loop.var))
+            dram_ref.append(lo if loop is None else s(lo + loop.var * step))
         elif d == y or d == x0:
             chip_ref.append(base)
             dram_ref.append(starts[d])

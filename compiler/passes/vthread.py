@@ -137,6 +137,11 @@ def _interleave(copies: list[tuple[Expr, Stmt]]) -> Stmt:
         i = 0
         while i < len(first.stmts):
             kind = _engine_kind(first.stmts[i])
+            if kind == "compute" and _staggers(first.stmts, i):
+                out.extend(_staggered([(g, s.stmts[i]) for g, s in copies],
+                                      [(g, s.stmts[i + 1]) for g, s in copies]))
+                i += 2
+                continue
             j = i + 1
             while kind != "mixed" and j < len(first.stmts) and _engine_kind(first.stmts[j]) == kind:
                 j += 1
@@ -149,3 +154,28 @@ def _interleave(copies: list[tuple[Expr, Stmt]]) -> Stmt:
     if all(isinstance(s, AttrStmt) and s.key == first.key for s in stmts):
         return AttrStmt(first.key, first.value, _interleave([(g, s.body) for g, s in copies]))
     return seq(_guarded(g, s) for g, s in copies)
+
+
+def _staggers(stmts: tuple[Stmt, ...], i: int) -> bool:
+    """Compute work (an accumulator reset) followed by a loop that feeds several
+    engines (the reduction chunks)."""
+    return i + 1 < len(stmts) and isinstance(stmts[i + 1], For) and _engine_kind(stmts[i + 1]) == "mixed" \
+        and isinstance(simplify(stmts[i + 1].extent), Const) and simplify(stmts[i + 1].extent).value >= 2
+
+
+def _staggered(heads: list[tuple[Expr, Stmt]], loops: list[tuple[Expr, For]]) -> list[Stmt]:
+    """``head; for v: body`` of every copy, with each copy's head after the previous
+    copy's first iteration: ``head0, body0[0], head1, body1[0], …`` then the other
+    iterations interleaved. The head of a copy waits for that copy's previous
+    tile to leave its buffers (the store of the accumulator tile); in lockstep
+    order (``head0, head1, body0[0], …``) the in-order compute engine would wait
+    there for the last copy's store with nothing to do, here the first copies'
+    work runs meanwhile."""
+    out: list[Stmt] = []
+    for (g, head), (_, loop) in zip(heads, loops):
+        out.append(_guarded(g, seq([head, substitute_stmt(loop.body, {loop.var: Const(0)})])))
+    first = loops[0][1]
+    rest = simplify(first.extent - 1)
+    bodies = [(g, substitute_stmt(l.body, {l.var: l.var + 1})) for g, l in loops]
+    out.append(For(first.var, rest, _interleave(bodies), first.kind, first.thread))
+    return out
