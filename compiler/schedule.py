@@ -31,6 +31,10 @@ from .errors import CompileError
 __all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError"]
 
 
+#: How `Stage.vthread` issues the threads' instructions (see `passes.vthread`).
+VTHREAD_ORDERS = ("interleaved", "sequential")
+
+
 class ScheduleError(CompileError):
     """A schedule primitive was misused (wrong stage, axis or order)."""
 
@@ -184,9 +188,20 @@ class Stage:
         self._check_leaf(iv)
         self.pragmas.setdefault(iv, []).append(key)
 
-    def vthread(self, iv: IterVar) -> None:
-        """Run the iterations of ``iv`` as interleaved virtual threads (latency hiding)."""
+    def vthread(self, iv: IterVar, order: str = "interleaved") -> None:
+        """Run the iterations of ``iv`` as virtual threads (latency hiding), each with
+        its own part of every on-chip buffer allocated inside.
+
+        ``order`` is how the threads' instructions are issued: ``interleaved``
+        (chunk by chunk: one thread's loads run under another's GEMMs — for
+        compute- and load-bound tiles) or ``sequential`` (thread by thread: one
+        thread's store runs under the next thread's whole tile — for store-bound
+        tiles)."""
+        if order not in VTHREAD_ORDERS:
+            raise ScheduleError(f"vthread order must be one of {', '.join(VTHREAD_ORDERS)}, not {order!r}")
         self._set_kind(iv, ForKind.VTHREAD)
+        if order != "interleaved":
+            self.pragma(iv, f"vthread_{order}")
 
     def vectorize(self, iv: IterVar) -> None:
         self._set_kind(iv, ForKind.VECTORIZED)

@@ -13,6 +13,7 @@ from ..ir import Cast, Expr, Max, Shr, Const
 from ..layout import pack_bias
 from ..te import clip
 from ..errors import CompileError
+from ..schedule import VTHREAD_ORDERS
 
 __all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback",
            "schedule_output_tile"]
@@ -142,13 +143,20 @@ class TilingCost:
     tile_store_bytes: int
     tile_stores: int         # STORE instructions per tile
 
-    def cycles(self, config, threads: int) -> float:
-        """Loads run on the read channel, stores on the write channel, micro-ops on the
-        compute pipeline. With virtual threads they overlap: the compute engine takes
-        the longer of a chunk's GEMM and its loads (the other thread's loads run
-        under it); stores run under the next tiles' compute, and the first chunk's
-        loads (fill) and the last tile's store (drain) stay exposed. With one thread
-        everything adds up."""
+    def cycles(self, config, threads: int, order: str = "interleaved") -> float:
+        """Estimated cycles with ``threads`` virtual threads issued in ``order``
+        (`Stage.vthread`).
+
+        Loads use the read channel, stores the write channel, micro-ops the
+        compute pipeline; each engine is in order. With one thread everything
+        adds up. Interleaved pairs of tiles: a chunk costs the longer of its GEMM
+        and its loads (the other thread's loads run under it); a thread's store
+        runs while the other thread finishes, and a store longer than a chunk
+        delays the next reset, or — when stores dominate — the store engine idles
+        while the next pair computes up to its first finished tile. Sequential:
+        a thread's chunks load and compute in turn (its first load ran under the
+        other thread's tile), and its store runs under the next thread's tile. Both pay the first loads (fill) and the last store
+        (drain)."""
         bus = config.bus_bytes
         read = self.chunk_read_bytes / bus + self.chunk_loads * DMA_OVERHEAD
         gemm = self.chunk_uops + COMPUTE_OVERHEAD
@@ -157,8 +165,19 @@ class TilingCost:
             (DMA_OVERHEAD if self.tile_read_bytes else 0)
         if threads == 1:
             return self.tiles * (self.chunks * (read + gemm) + fixed + store)
-        compute = self.chunks * max(gemm, read) + fixed
-        return read + max(self.tiles * compute + store, compute + self.tiles * store)
+        if order == "sequential":
+            per_tile = max(self.chunks * gemm + (self.chunks - 1) * read + fixed, store, self.chunks * read)
+        else:
+            chunk = max(gemm, read)
+            compute = self.chunks * chunk + fixed
+            per_pair = max(2 * compute + max(0.0, store - chunk),
+                           2 * store + max(0.0, 2 * (compute - fixed - chunk)))
+            per_tile = per_pair / 2
+        return read + self.tiles * per_tile + store
+
+    def best_order(self, config, threads: int) -> tuple[float, str]:
+        """(cycles, order) of the faster thread order."""
+        return min((self.cycles(config, threads, order), order) for order in VTHREAD_ORDERS)
 
 
 def divisors(n: int) -> list[int]:
@@ -179,7 +198,8 @@ def plan_with_fallback(plan: Callable[[int], Any], latency_hiding: bool) -> Any:
     return plan(1)
 
 
-def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, readers: list) -> None:
+def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, readers: list,
+                         order: str = "interleaved") -> None:
     """The part of every default accelerator schedule around one output tile.
 
     ``tile`` is the fused loop over output tiles of ``out``'s stage and ``inner``
@@ -191,7 +211,7 @@ def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, re
     so = s[out]
     if threads > 1:
         _, tile = so.split(tile, factor=threads)
-        so.vthread(tile)
+        so.vthread(tile, order)
     so.pragma(inner, "dma_copy")
     for t in [*readers, *acc_stages]:
         s[t].compute_at(so, tile)

@@ -121,13 +121,14 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
                             tile_store_bytes=toc * pixels * store_bytes,
                             tile_stores=1 if tow == ow else toc)
-                        cost = work.cycles(c, threads)
+                        cost, order = work.best_order(c, threads)
                         if best is None or cost < best[0]:
-                            best = (cost, toc, toh, tow, tic, tkh)
+                            best = (cost, toc, toh, tow, tic, tkh, order)
     if best is None:
         raise OpError(f"conv2d with a {kh}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
                       f"output row of one channel block needs more input or weight buffer than it has")
-    return {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads}
+    return {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads,
+            "order": best[6]}
 
 
 def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
@@ -151,7 +152,8 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
     xo, xi = so.split(xx, plan["tow"])
     so.reorder(n, oco, yo, xo, oci, yi, xi)
     tile = so.fuse(so.fuse(so.fuse(n, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [c, out_acc], readers)
+    schedule_output_tile(s, out, tile, oci, plan["threads"], [c, out_acc], readers,
+                         plan.get("order", "interleaved"))
 
     sc = s[c]
     cn, coc, cy, cx, cb, co, ic, kh, kw, ki = sc.leaf

@@ -13,6 +13,18 @@ on-chip regions, the dependency tokens the back end derives let the load
 engine fetch tile t+1 and the store engine drain tile t−1 while compute works
 on tile t. Copies past a partial loop's extent are guarded. The pass runs
 after `fold_uop_loops`, so interleaving never splits an instruction's loops.
+
+Two refinements of the order:
+
+- staggered heads: the work before a chunk loop (the accumulator reset) of
+  copy t is issued after copy t−1's first chunk, not next to copy t−1's reset.
+  The reset waits for the copy's previous store; issued in lockstep it would
+  hold the in-order compute engine while other copies' work could run.
+- ``sequential`` (the ``vthread_sequential`` pragma, `Stage.vthread` with
+  ``order="sequential"``): the copies are issued one after the other. For
+  store-bound tiles the store of one copy then runs under the next copy's
+  whole tile, where interleaving would finish all copies together and leave
+  the store engine idle in between.
 """
 
 from __future__ import annotations
@@ -33,11 +45,16 @@ def inject_virtual_threads(stmt: Stmt) -> Stmt:
         def visit_For(self, s: For) -> Stmt:
             if s.kind is not ForKind.VTHREAD:
                 return self.generic_visit(s)
-            return _expand(s, self.visit(s.body))
+            return _expand(s, self.visit(s.body), sequential=False)
+
+        def visit_AttrStmt(self, s: AttrStmt) -> Stmt:
+            if s.key == "vthread_sequential" and isinstance(s.body, For) and s.body.kind is ForKind.VTHREAD:
+                return _expand(s.body, self.visit(s.body.body), sequential=True)
+            return self.generic_visit(s)
     return Mutator().visit(stmt)
 
 
-def _expand(loop: For, body: Stmt) -> Stmt:
+def _expand(loop: For, body: Stmt, sequential: bool) -> Stmt:
     threads = const_upper_bound(loop.extent)
     allocs: list[Buffer] = []
     walk(body, lambda s: allocs.append(s.buffer) if isinstance(s, Allocate) else None)
@@ -52,7 +69,7 @@ def _expand(loop: For, body: Stmt) -> Stmt:
         if isinstance(guard, Const) and not guard.value:
             continue
         copies.append((guard, copy))
-    out = _interleave(copies)
+    out = seq(_guarded(g, s) for g, s in copies) if sequential else _interleave(copies)
     for b in reversed(allocs):
         out = Allocate(widened[b], out)
     return out
@@ -157,24 +174,27 @@ def _interleave(copies: list[tuple[Expr, Stmt]]) -> Stmt:
 
 
 def _staggers(stmts: tuple[Stmt, ...], i: int) -> bool:
-    """Compute work (an accumulator reset) followed by a loop that feeds several
-    engines (the reduction chunks)."""
-    return i + 1 < len(stmts) and isinstance(stmts[i + 1], For) and _engine_kind(stmts[i + 1]) == "mixed" \
-        and isinstance(simplify(stmts[i + 1].extent), Const) and simplify(stmts[i + 1].extent).value >= 2
+    """Compute work (an accumulator reset) followed by work for several engines
+    (the reduction chunks, a loop or a single chunk)."""
+    return i + 1 < len(stmts) and _engine_kind(stmts[i + 1]) == "mixed"
 
 
-def _staggered(heads: list[tuple[Expr, Stmt]], loops: list[tuple[Expr, For]]) -> list[Stmt]:
+def _staggered(heads: list[tuple[Expr, Stmt]], loops: list[tuple[Expr, Stmt]]) -> list[Stmt]:
     """``head; for v: body`` of every copy, with each copy's head after the previous
     copy's first iteration: ``head0, body0[0], head1, body1[0], …`` then the other
-    iterations interleaved. The head of a copy waits for that copy's previous
+    iterations interleaved (without a loop of two or more iterations: ``head0,
+    body0, head1, body1``). The head of a copy waits for that copy's previous
     tile to leave its buffers (the store of the accumulator tile); in lockstep
     order (``head0, head1, body0[0], …``) the in-order compute engine would wait
     there for the last copy's store with nothing to do, here the first copies'
     work runs meanwhile."""
+    first = loops[0][1]
+    if not (isinstance(first, For) and isinstance(simplify(first.extent), Const)
+            and simplify(first.extent).value >= 2 and all(isinstance(l, For) for _, l in loops)):
+        return [_guarded(g, seq([head, body])) for (g, head), (_, body) in zip(heads, loops)]
     out: list[Stmt] = []
     for (g, head), (_, loop) in zip(heads, loops):
         out.append(_guarded(g, seq([head, substitute_stmt(loop.body, {loop.var: Const(0)})])))
-    first = loops[0][1]
     rest = simplify(first.extent - 1)
     bodies = [(g, substitute_stmt(l.body, {l.var: l.var + 1})) for g, l in loops]
     out.append(For(first.var, rest, _interleave(bodies), first.kind, first.thread))
