@@ -27,7 +27,8 @@ from ..pipeline import build
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, placeholder, reduce_axis, sum_
 from .common import (
-    CompiledOp, Epilogue, OpError, divisors, plan_with_fallback, reference_epilogue, schedule_output_tile,
+    CompiledOp, Epilogue, OpError, TilingCost, divisors, plan_with_fallback, reference_epilogue,
+    schedule_output_tile,
 )
 
 __all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense", "dense_reference"]
@@ -57,8 +58,10 @@ def dense_te(config: AccelConfig, mt: int, kt: int, nt: int, epilogue: Epilogue)
     return tensors
 
 
-def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int, bias: bool) -> dict[str, int]:
-    """Tile sizes (in entries) ``tm, tn, tk`` for the default schedule."""
+def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int,
+               epilogue: Epilogue) -> dict[str, int]:
+    """Tile sizes (in entries) ``tm, tn, tk`` and the thread order for the default schedule,
+    minimizing the run time `TilingCost.cycles` estimates."""
     c = config
     best = None
     for tk in divisors(kt):
@@ -69,31 +72,21 @@ def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int, 
                 break
             for tn in divisors(nt):
                 if threads * tn * tk > c.wgt_depth or tn > _MAX_ITER or \
-                        threads * (tm * tn + (tn if bias else 0)) > c.acc_depth:
+                        threads * (tm * tn + (tn if epilogue.bias else 0)) > c.acc_depth:
                     break
-                cost = _dense_cycles(c, mt, kt, nt, tm, tn, tk, threads, bias)
+                work = TilingCost(
+                    tiles=(mt // tm) * (nt // tn), chunks=kt // tk,
+                    chunk_read_bytes=tm * tk * c.inp_entry_bytes + tn * tk * c.wgt_entry_bytes, chunk_loads=2,
+                    chunk_uops=tm * tn * tk, tile_uops=tm * tn * (1 + epilogue.alu_ops),
+                    tile_read_bytes=tn * c.acc_entry_bytes if epilogue.bias else 0,
+                    tile_store_bytes=tm * tn * epilogue.store_entry_bytes(c), tile_stores=1)
+                cost, order = work.best_order(c, threads)
                 if best is None or cost < best[0]:
-                    best = (cost, tm, tn, tk)
+                    best = (cost, tm, tn, tk, order)
     if best is None:
         raise OpError(f"dense cannot be tiled for config {c.name!r}: even one entry per tile does not fit "
                       f"{threads} virtual thread(s)")
-    return {"tm": best[1], "tn": best[2], "tk": best[3], "threads": threads}
-
-
-_DMA_OVERHEAD = 16  # cycles a DMA or instruction costs beyond its data (issue, DRAM latency)
-
-
-def _dense_cycles(c: AccelConfig, mt, kt, nt, tm, tn, tk, threads, bias) -> float:
-    """Estimated run time of a tiling: per reduction chunk the loads (bytes over the
-    bus) and the GEMM (one micro-op per cycle) overlap when there are two virtual
-    threads and add up otherwise; per tile the epilogue and the store follow."""
-    load = (tm * tk * c.inp_entry_bytes + tn * tk * c.wgt_entry_bytes) / c.bus_bytes + 2 * _DMA_OVERHEAD
-    gemm = tm * tn * tk + _DMA_OVERHEAD
-    chunk = max(load, gemm) if threads > 1 else load + gemm
-    store = tm * tn * c.out_entry_bytes / c.bus_bytes + _DMA_OVERHEAD
-    epilogue = tm * tn * 4 + (tn * c.acc_entry_bytes / c.bus_bytes if bias else 0)
-    tile = (kt // tk) * chunk + epilogue + (store if threads == 1 else 0)
-    return (mt // tm) * (nt // tn) * tile
+    return {"tm": best[1], "tn": best[2], "tk": best[3], "threads": threads, "order": best[4]}
 
 
 def dense_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
@@ -112,7 +105,8 @@ def dense_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[s
     m, n, _, _ = so.leaf
     mo, no, mi, ni = so.tile(m, n, plan["tm"], plan["tn"])
     tile = so.fuse(mo, no)
-    schedule_output_tile(s, out, tile, mi, plan["threads"], [c, out_acc], readers)
+    schedule_output_tile(s, out, tile, mi, plan["threads"], [c, out_acc], readers,
+                         plan.get("order", "interleaved"))
 
     sc = s[c]
     cm, cn, cb, co, ko, ki = sc.leaf
@@ -138,7 +132,7 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
     epi = Epilogue(bias, shift, relu)
     c = config
     mt, kt, nt = ceil_div(m, c.batch), ceil_div(k, c.block_in), ceil_div(n, c.block_out)
-    plan = plan_with_fallback(lambda threads: plan_dense(c, mt, kt, nt, threads=threads, bias=bias),
+    plan = plan_with_fallback(lambda threads: plan_dense(c, mt, kt, nt, threads=threads, epilogue=epi),
                               latency_hiding)
     tensors = dense_te(c, mt, kt, nt, epi)
     sch = dense_schedule(c, tensors, plan)

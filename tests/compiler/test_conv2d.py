@@ -13,6 +13,7 @@ from gemforge.compiler.ops.common import Epilogue
 from gemforge.compiler.ops.conv2d import conv2d_schedule, conv2d_te
 from gemforge.compiler.pipeline import build
 from gemforge.hw.config import PRESETS
+from gemforge.hw.isa import Gemm, Load, MemType
 
 # (input NCHW, weight OIHW, stride, padding)
 CASES = [
@@ -142,3 +143,57 @@ def test_conv2d_resnet_like_layers(config, layer):
         out, _ = run_conv2d(device_for(config), x, w, bias, stride=stride, padding=padding, shift=9, relu=True,
                             latency_hiding=lh)
         np.testing.assert_array_equal(out, conv2d_reference(x, w, bias, stride, padding, 9, True))
+
+
+@pytest.mark.parametrize("config", [PRESETS["tiny"], PRESETS["default"]], ids=lambda c: c.name)
+@pytest.mark.parametrize("stride", [2, 3])
+def test_strided_1x1_convolutions_load_only_the_pixels_read(config, stride):
+    """A 1x1 kernel with stride s reads every s-th pixel of every s-th row: the input
+    DMA gathers exactly those (x_stride = s entries), every pixel once per output tile
+    channel group, and the result still equals numpy."""
+    n, ch, h, w, o = 1, 2 * config.block_in, 4 * stride + 1, 3 * stride + 2, config.block_out
+    op = compile_conv2d(config, (n, ch, h, w), (o, ch, 1, 1), stride=stride)
+    loads = [i for i in op.program.instructions if isinstance(i, Load) and i.mem == MemType.INP]
+    assert loads and all(i.x_size == 1 and i.x_stride == stride for i in loads)
+    oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+    pixels_read = sum(i.y_size * i.x_size for i in loads)
+    assert pixels_read == 2 * oh * ow  # two channel blocks, one output-channel tile
+    rng = np.random.default_rng(stride)
+    x, wt = int8(rng, (n, ch, h, w)), int8(rng, (o, ch, 1, 1))
+    out, _ = op.run(device_for(config), x=x, w=wt)
+    np.testing.assert_array_equal(out, conv2d_reference(x, wt, None, stride, 0))
+
+
+@pytest.mark.parametrize("order", ["interleaved", "sequential"])
+@pytest.mark.parametrize("case", [((1, 8, 9, 9), (8, 8, 1, 1), 2, 0), ((1, 8, 6, 6), (8, 8, 3, 3), 1, 1)],
+                         ids=["1x1s2", "3x3p1"])
+def test_both_thread_orders_equal_numpy(order, case):
+    c = PRESETS["tiny"]
+    xs, ws, stride, padding = case
+    data = (1, xs[1] // c.block_in, xs[2], xs[3])
+    kernel = (ws[0] // c.block_out, data[1], ws[2], ws[3])
+    oh = (xs[2] + 2 * padding - ws[2]) // stride + 1
+    plan = dict(toc=1, toh=oh // 3 if oh % 3 == 0 else 1, tow=oh, tic=1, tkh=ws[2], threads=2, order=order)
+    t = conv2d_te(c, data, kernel, stride, padding, Epilogue(True, 5, False))
+    program = build(conv2d_schedule(c, t, plan), c, [t["x"], t["w"], t["bias"], t["out"]])
+    gemms = [i for i in program.instructions if isinstance(i, Gemm)]
+    resets = [k for k, i in enumerate(gemms) if i.reset]
+    if order == "interleaved":
+        # Staggered heads: thread 1's reset follows thread 0's first accumulating GEMM.
+        assert not gemms[resets[1] - 1].reset
+    rng = np.random.default_rng(11)
+    x, wt = int8(rng, xs), int8(rng, ws)
+    bias = rng.integers(-999, 999, ws[0], dtype=np.int32)
+    outs, _ = device_for(c).run_program(
+        program, {"x": pack_nchw(c, x), "w": pack_oihw(c, wt), "bias": pack_bias(c, bias)}, ["out"])
+    np.testing.assert_array_equal(unpack_nchw(outs["out"], xs[0], ws[0]),
+                                  conv2d_reference(x, wt, bias, stride, padding, 5, False))
+
+
+def test_store_bound_layers_issue_threads_sequentially():
+    """int32 outputs of a 1x1 convolution are four times its int8 input on the bus: the
+    planner's pipeline model picks the sequential thread order; a 3x3 layer stays
+    interleaved."""
+    c = PRESETS["default"]
+    assert compile_conv2d(c, (1, 64, 56, 56), (128, 64, 1, 1), stride=2).plan["order"] == "sequential"
+    assert compile_conv2d(c, (1, 64, 28, 28), (64, 64, 3, 3), padding=1).plan["order"] == "interleaved"

@@ -117,3 +117,48 @@ def test_compute_at_on_a_placeholder_is_refused():
         s[a].compute_at(s[b], s[b].leaf[0])
     with pytest.raises(ScheduleError, match="unknown scope"):
         s[b].set_scope("l2")
+
+
+def test_a_stride_above_the_window_gives_a_strided_region():
+    """A 1-tap window with stride 3: the copy holds every third row only, and the
+    consumer reads it densely."""
+    x = placeholder((1, 20, 1, 4), "int32", "x")
+    k = reduce_axis(1, "k")
+    y = compute((1, 6, 1, 4), lambda n, h, b, o: sum_(x[n, h * 3 + k, b, o], [k]), name="y")
+    s = create_schedule(y)
+    xc = s.cache_read(x, "acc", [y])
+    st = s[y]
+    ho, hi = st.split(st.leaf[1], 2)
+    s[xc].compute_at(st, ho)
+    region = infer_bounds(s)[s[xc]]
+    assert region.stride == [1, 3, 1, 1]
+    assert simplify(region.extent[1]) == Const(2) and region.alloc == [1, 2, 1, 4]
+    text = format_ir(schedule_to_ir(s))
+    assert "x[" in text and "* 3" in text  # the copy gathers rows h*3 ...
+
+
+@pytest.mark.parametrize("taps,padded", [(2, False), (1, True)])
+def test_overlapping_or_padded_windows_stay_contiguous(taps, padded):
+    """Two taps with stride 3 read rows 3h and 3h+1 (no common step), and a zero-padded
+    copy frames whole rows: both keep stride 1."""
+    from gemforge.compiler.te import pad
+    x = placeholder((1, 20, 1, 4), "int32", "x")
+    src = pad(x, (0, 1, 0, 0), (0, 1, 0, 0), "xp") if padded else x
+    k = reduce_axis(taps, "k")
+    y = compute((1, 6, 1, 4), lambda n, h, b, o: sum_(src[n, h * 3 + k, b, o], [k]), name="y")
+    s = create_schedule(y)
+    if padded:
+        s[src].compute_inline()
+    xc = s.cache_read(src, "acc", [y])
+    st = s[y]
+    ho, hi = st.split(st.leaf[1], 2)
+    s[xc].compute_at(st, ho)
+    region = infer_bounds(s)[s[xc]]
+    assert region.stride == [1, 1, 1, 1]
+
+
+def test_vthread_order_is_checked():
+    _, b = _vector_add()
+    s = create_schedule(b)
+    with pytest.raises(ScheduleError, match="vthread order must be one of interleaved, sequential"):
+        s[b].vthread(s[b].leaf[0], order="random")
