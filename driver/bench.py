@@ -72,6 +72,36 @@ RESNET18_LAYERS = [
     ("conv5_3x3", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
 ]
 
+#: How each ResNet layer is compiled: (key, latency hiding, requantizing epilogue).
+#: Without the epilogue the output is the int32 accumulator; with it, the layer
+#: of a quantized network: ``clip((acc + bias) >> 8, 0, 127)`` as int8 (bias,
+#: shift and ReLU run on the ALU between the GEMMs).
+RESNET18_VARIANTS = [
+    ("latency_hiding", True, False),
+    ("no_latency_hiding", False, False),
+    ("int8_epilogue", True, True),
+]
+
+
+def roofline(program) -> dict[str, Any]:
+    """The best utilization a program's work allows on an ideal machine: every engine
+    busy all the time, reads and writes each at one beat per cycle on their own AXI
+    channel, GEMM and ALU micro-ops one per cycle on the shared compute pipeline."""
+    from gemforge.hw.isa import Alu, Gemm, Load, Store
+    c = program.config
+    gemm = alu = read = write = 0
+    for insn in program.instructions:
+        if isinstance(insn, (Gemm, Alu)):
+            uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+            gemm, alu = (gemm + uops, alu) if isinstance(insn, Gemm) else (gemm, alu + uops)
+        elif isinstance(insn, Load):
+            read += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
+        elif isinstance(insn, Store):
+            write += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
+    beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
+    return {"gemm_uops": gemm, "alu_uops": alu, "beats_read": beats_read, "beats_written": beats_written,
+            "roofline": round(gemm / max(gemm + alu, beats_read, beats_written), 4)}
+
 
 def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:
     start = time.perf_counter()
@@ -83,14 +113,14 @@ def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.nda
         raise ValueError(f"device {device.kind!r} reports no cycles; utilization needs an RTL device")
     active = result.hw_counters["gemm_active"]
     return {"cycles": result.cycles, "gemm_active_cycles": active,
-            "utilization": round(active / result.cycles, 4), "sim_seconds": round(wall, 2),
-            "sim_cycles_per_second": round(result.cycles / wall)}
+            "utilization": round(active / result.cycles, 4), **roofline(op.program),
+            "sim_seconds": round(wall, 2), "sim_cycles_per_second": round(result.cycles / wall)}
 
 
 def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None = None) -> dict[str, Any]:
     """GEMM-core utilization (GEMM-active cycles / total cycles, from the RTL counters) of
-    dense 256×1024·1024×1024 and the ResNet-18 convolutions, each with latency hiding on
-    and off in the same run; compile time per operator."""
+    dense 256×1024·1024×1024 and the ResNet-18 convolutions (`RESNET18_VARIANTS`), each
+    with latency hiding on and off in the same run; compile time and tiling per operator."""
     from gemforge.compiler import compile_conv2d, compile_dense, conv2d_reference, dense_reference
     from .device import open_device
 
@@ -100,26 +130,32 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
         a = rng.integers(-128, 128, (256, 1024), dtype=np.int8)
         b = rng.integers(-128, 128, (1024, 1024), dtype=np.int8)
         expected = dense_reference(a, b)
-        t0 = time.perf_counter()
-        op = compile_dense(config, 256, 1024, 1024)
-        entry = {"compile_seconds": round(time.perf_counter() - t0, 3)}
-        entry.update(_utilization_run(device, op, {"a": a, "b": b}, expected))
+        entry = {}
+        for key, hiding in (("latency_hiding", True), ("no_latency_hiding", False)):
+            t0 = time.perf_counter()
+            op = compile_dense(config, 256, 1024, 1024, latency_hiding=hiding)
+            entry[key] = {"compile_seconds": round(time.perf_counter() - t0, 3), "plan": op.plan,
+                          **_utilization_run(device, op, {"a": a, "b": b}, expected)}
         report["dense_256x1024x1024"] = entry
         rows = {}
         for name, xs, ws, stride, padding in (layers or RESNET18_LAYERS):
             x = rng.integers(-128, 128, xs, dtype=np.int8)
             w = rng.integers(-128, 128, ws, dtype=np.int8)
-            expected = conv2d_reference(x, w, stride=stride, padding=padding)
+            bias = rng.integers(-(1 << 12), 1 << 12, ws[0], dtype=np.int32)
             row = {}
-            for hiding in (True, False):
+            for key, hiding, epilogue in RESNET18_VARIANTS:
                 t0 = time.perf_counter()
-                op = compile_conv2d(config, xs, ws, stride=stride, padding=padding, latency_hiding=hiding)
+                op = compile_conv2d(config, xs, ws, stride=stride, padding=padding, latency_hiding=hiding,
+                                    bias=epilogue, shift=8 if epilogue else None, relu=epilogue)
                 compile_s = round(time.perf_counter() - t0, 3)
-                run = _utilization_run(device, op, {"x": x, "w": w}, expected)
-                row["latency_hiding" if hiding else "no_latency_hiding"] = {"compile_seconds": compile_s, **run}
+                inputs = {"x": x, "w": w, **({"bias": bias} if epilogue else {})}
+                expected = conv2d_reference(x, w, bias if epilogue else None, stride=stride, padding=padding,
+                                            shift=8 if epilogue else None, relu=epilogue)
+                run = _utilization_run(device, op, inputs, expected)
+                row[key] = {"compile_seconds": compile_s, "plan": op.plan, **run}
             rows[name] = row
         report["resnet18"] = rows
-        for key in ("latency_hiding", "no_latency_hiding"):
+        for key, _, _ in RESNET18_VARIANTS:
             values = [r[key]["utilization"] for r in rows.values()]
             report[f"resnet18_mean_utilization_{key}"] = round(sum(values) / len(values), 4)
     return report

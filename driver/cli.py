@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -182,10 +184,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run_benchmarks
+    from .bench_report import render_markdown
+    start = time.perf_counter()
     results = run_benchmarks(_config(args), quick=args.quick, device=args.device)
+    results["wall_seconds"] = round(time.perf_counter() - start, 1)
     text = json.dumps(results, indent=2)
     if args.output:
         write_bytes_atomic(args.output, (text + "\n").encode())
+    if args.markdown:
+        command = " ".join(["gemforge", "bench", "--config", args.config]
+                           + (["--quick"] if args.quick else []) + (["--device", args.device] if args.device else [])
+                           + ["--markdown", os.path.basename(args.markdown)])
+        write_bytes_atomic(args.markdown, render_markdown(results, command).encode())
     print(text)
 
 
@@ -267,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes, one repetition (smoke run)")
     p.add_argument("--device", help="also measure GEMM-core utilization on this RTL device (verilator, icarus)")
     p.add_argument("-o", "--output", help="also write the JSON to this file")
+    p.add_argument("--markdown", metavar="FILE", help="also write the figures as Markdown (BENCHMARKS.md)")
     p.set_defaults(func=cmd_bench)
 
     return parser

@@ -1,0 +1,76 @@
+"""BENCHMARKS.md rendering and the roofline the benchmark reports next to each utilization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gemforge.compiler import compile_conv2d, compile_dense
+from gemforge.driver.bench import RESNET18_LAYERS, RESNET18_VARIANTS, roofline
+from gemforge.driver.bench_report import render_markdown
+from gemforge.driver.cli import main
+from gemforge.driver.device import open_device
+from gemforge.hw.config import PRESETS
+
+
+def test_roofline_counts_the_programs_work():
+    config = PRESETS["tiny"]
+    op = compile_dense(config, 16, 32, 24, shift=4, relu=True)
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (16, 32), dtype=np.int8)
+    b = rng.integers(-128, 128, (32, 24), dtype=np.int8)
+    _, result = op.run(open_device("fsim", config), a=a, b=b)
+    r = roofline(op.program)
+    assert r["gemm_uops"] == result.counters["gemm_uops"]
+    assert r["alu_uops"] == result.counters["alu_uops"] > 0
+    assert r["beats_written"] == -(-16 * 24 // config.bus_bytes)  # int8 outputs, stored once
+    assert r["roofline"] == round(r["gemm_uops"] / max(r["gemm_uops"] + r["alu_uops"], r["beats_read"],
+                                                       r["beats_written"]), 4)
+
+
+def test_int32_outputs_make_a_strided_1x1_layer_write_bound():
+    r = roofline(compile_conv2d(PRESETS["default"], (1, 64, 56, 56), (128, 64, 1, 1), stride=2).program)
+    assert r["beats_written"] == 128 * 28 * 28 * 4 // 8 and r["roofline"] < 0.7
+
+
+def _run(utilization, cycles=1000, bound=(500, 0, 100, 200)):
+    gemm, alu, read, write = bound
+    return {"cycles": cycles, "utilization": utilization, "compile_seconds": 0.01, "gemm_uops": gemm,
+            "alu_uops": alu, "beats_read": read, "beats_written": write,
+            "roofline": round(gemm / max(gemm + alu, read, write), 4),
+            "plan": {"toc": 1, "toh": 2, "tow": 3, "tic": 4, "tkh": 3, "threads": 2, "order": "sequential"}}
+
+
+def _results(mean):
+    rows = {name: {key: _run(mean) for key, _, _ in RESNET18_VARIANTS} for name, *_ in RESNET18_LAYERS[:3]}
+    rows["conv3_1x1_s2"]["latency_hiding"] = _run(mean, bound=(300, 0, 100, 600))
+    util = {"config": "default", "device": "verilator", "resnet18": rows,
+            "dense_256x1024x1024": {"latency_hiding": _run(0.99), "no_latency_hiding": _run(0.7)}}
+    for key, _, _ in RESNET18_VARIANTS:
+        util[f"resnet18_mean_utilization_{key}"] = mean
+    return {"fsim_gemm": {"config": "default", "shape": [8, 16, 16], "instructions": 9, "gemm_uops": 100,
+                          "seconds": 0.1, "uops_per_second": 1000, "macs_per_second": 256000,
+                          "numpy_int32_seconds": 0.2, "time_ratio_vs_numpy": 0.5},
+            "rtl_core": {"config": "default", "simulator": "verilator", "gemm_uops_per_cycle": 1.0,
+                         "load_bus_efficiency": 0.97, "uop_load_bus_efficiency": 0.5},
+            "utilization": util, "wall_seconds": 12.0}
+
+
+@pytest.mark.parametrize("mean,verdict", [(0.9, "meets it"), (0.8, "does not meet it")])
+def test_markdown_is_made_from_the_results(mean, verdict):
+    text = render_markdown(_results(mean), "gemforge bench --config default --device verilator")
+    assert text.startswith("# Benchmarks") and "    gemforge bench --config default --device verilator" in text
+    assert f"this run {verdict} ({100 * mean:.1f}%)" in text
+    assert "| conv3_1x1_s2 | 1×64×56×56 | 128×64×1×1 | 2 |" in text
+    assert "50.0% (writes)" in text and "cannot reach it" in text and "conv3_1x1_s2 (50.0%, writes)" in text
+    assert "| long weight load, fraction of the bus's bytes per cycle | 0.97 | ≥ 0.90 |" in text
+    assert "| long uop load, fraction of the bus's bytes per cycle | 0.50 |" in text
+    assert "toc=1 toh=2 tow=3 tic=4 tkh=3, 2 threads sequential" in text
+
+
+def test_bench_writes_markdown(tmp_path, capsys):
+    target = tmp_path / "BENCH.md"
+    assert main(["bench", "--quick", "--config", "tiny", "--markdown", str(target)]) == 0
+    text = target.read_text()
+    assert "## fsim: functional-simulator speed" in text and "--markdown BENCH.md" in text
+    assert "GEMM-core utilization" not in text  # no RTL device asked for
