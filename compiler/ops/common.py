@@ -122,10 +122,12 @@ class CompiledOp:
         return self.unpack_output(outputs[self.output]), result
 
 
-#: Cycles an instruction costs beyond its data: a DMA's issue and DRAM latency, a
-#: GEMM/ALU's dispatch and pipeline drain (measured on the RTL, `driver.rtl_perf`).
-DMA_OVERHEAD = 16
-COMPUTE_OVERHEAD = 6
+#: Cycles an instruction costs beyond its data on the RTL (`default`, Verilator): a
+#: LOAD 12 and a STORE 11 (issue, DRAM latency, write response), a GEMM/ALU 8
+#: (dispatch and pipeline drain); measured as the difference of runs of 1 and 101
+#: instructions of one and of several beats.
+DMA_OVERHEAD = 12
+COMPUTE_OVERHEAD = 8
 
 
 @dataclass(frozen=True)
