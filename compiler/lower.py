@@ -170,9 +170,10 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
         raise ScheduleError(f"stage {stage.name} is placed with compute_at but nothing inside reads it")
     # A copy that adds zero padding keeps contiguous regions: the DMA's pad frame
     # counts whole positions, which a strided region would not line up with.
-    padded_copy: list[BufferLoad] = []
-    map_expr(stage.op.body, lambda e: padded_copy.append(e) if isinstance(e, BufferLoad) and e.zero_outside
+    padded_reads: list[BufferLoad] = []
+    map_expr(stage.op.body, lambda e: padded_reads.append(e) if isinstance(e, BufferLoad) and e.zero_outside
              else None)
+    padded_copy = bool(padded_reads)
     lo_out, ext_out, alloc, strides = [], [], [], []
     for d in range(ndim):
         lo, hi = los[d][0], his[d][0]
