@@ -11,6 +11,10 @@
 * ``load_bus_efficiency`` / ``store_bus_efficiency``: bytes per cycle of long
   weight loads and accumulator stores, as a fraction of the bus width (again from
   the difference of two sizes);
+* ``uop_load_bus_efficiency``: the same for long micro-op loads, and, where input or
+  output entries are narrower than a bus beat, ``inp_load_bus_efficiency`` and
+  ``out_store_bus_efficiency`` (several entries share a beat; rows of about 16 beats,
+  as many as the buffer holds);
 * ``sim_cycles_per_s``: simulated cycles per wall-clock second of a ~1M-cycle
   GEMM-bound run (the simulator's own time, without process start).
 """
@@ -45,6 +49,11 @@ def _run(config: AccelConfig, simulator: str, make_insns, uops: list[Uop]):
     return result, time.perf_counter() - start
 
 
+def _narrow_row(config: AccelConfig, buffer: str) -> int:
+    """Entries per row of a narrow-entry DMA measurement: about 16 beats, within the buffer."""
+    return min(config.depth(buffer), max(8, 16 * config.bus_bytes // config.entry_bytes(buffer)))
+
+
 def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
     """Run the measurement programs on ``config`` and return the figures."""
     c = config
@@ -71,6 +80,27 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         return lambda base: [Store(mem=MemType.ACC, sram_base=0, dram_base=base // c.acc_entry_bytes,
                                    y_size=rows, x_size=8, x_stride=8), Finish()]
 
+    def narrow(buffer, rows):
+        """A LOAD (uop, inp) or STORE (out) of ``rows`` rows of `_narrow_row` entries."""
+        x = _narrow_row(c, buffer)
+        mem = {"uop": MemType.UOP, "inp": MemType.INP, "out": MemType.OUT}[buffer]
+        op = Store if buffer == "out" else Load
+        return lambda base: [op(mem=mem, sram_base=0, dram_base=base // c.entry_bytes(buffer), y_size=rows,
+                                x_size=x, x_stride=x), Finish()]
+
+    narrow_rates = {}
+    for buffer, kind in (("uop", "load"), ("inp", "load"), ("out", "store")):
+        if buffer != "uop" and c.entry_bytes(buffer) >= c.bus_bytes:
+            continue    # entries of a beat or more: the wgt/acc figures above cover them
+        x = _narrow_row(c, buffer)
+        rows = min(33, c.depth(buffer) // x)
+        if rows < 2:
+            continue
+        n1, _ = _run(c, simulator, narrow(buffer, 1), uops)
+        n2, _ = _run(c, simulator, narrow(buffer, rows), uops)
+        narrow_rates[f"{buffer}_{kind}_bus_efficiency"] = (
+            (rows - 1) * x * c.entry_bytes(buffer) / (n2.cycles - n1.cycles) / c.bus_bytes)
+
     g1, _ = _run(c, simulator, gemm(1), uops)
     g2, _ = _run(c, simulator, gemm(101), uops)
     l1, _ = _run(c, simulator, load(1), uops)
@@ -92,6 +122,7 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         "alu_reg_uops_per_cycle": alu_rate["reg"],
         "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / (l2.cycles - l1.cycles) / c.bus_bytes,
         "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / (s2.cycles - s1.cycles) / c.bus_bytes,
+        **narrow_rates,
         "long_run_cycles": big.cycles,
         "sim_cycles_per_s": big.cycles / big.hw_counters["sim_wall_s"],
         "long_run_wall_s_with_process_start": wall,

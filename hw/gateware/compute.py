@@ -16,10 +16,15 @@ in S3 while it is in S2: S2 takes S3's result instead of the memory's when the
 indices match. Hence micro-ops behave exactly sequentially, as the ISA says,
 at one micro-op per cycle. Instructions drain the pipeline before they
 complete, so nothing crosses an instruction boundary.
+
+LOADs into the micro-op and accumulator buffers write a bus beat's worth of
+entries per cycle through the buffers' group write ports (`banked`); the
+pipeline reads and writes single entries through one-lane ports, with the same
+one-cycle read latency as a plain memory.
 """
 
 from amaranth import *
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import LOOP_ITER_BITS
@@ -27,6 +32,7 @@ from ..isa import MemType, Opcode, uop_fields
 from ..regmap import ENGINE_STATES
 from .alu import TensorAlu
 from .axi import AxiReadSignature
+from .banked import BankedMemory, GroupWriteSignature, buffer_lanes
 from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
 from .gemm import GemmCore, lanes
 from .tile_load import TileLoader
@@ -57,7 +63,10 @@ class ComputeEngine(wiring.Component):
     inp_rd_addr/inp_rd_data, wgt_rd_*, acc_rda_*, acc_rdb_* :
         synchronous read ports (data one cycle after address), acc ports
         transparent to ``acc_wr``.
-    acc_wr_*, out_wr_* : write ports.
+    acc_wr, out_wr : Out(GroupWriteSignature)
+        Group write ports of the accumulator and output buffers (`buffer_lanes` of acc):
+        a GEMM/ALU write-back is a group of one; accumulator LOADs write whole groups,
+        mirrored into the output buffer.
     finish : Out(1)
         Pulses when FINISH retires.
     gemm_active, alu_active : Out(1)
@@ -78,9 +87,8 @@ class ComputeEngine(wiring.Component):
             "wgt_rd_addr": Out(c.wgt_index_bits), "wgt_rd_data": In(c.wgt_entry_bytes * 8),
             "acc_rda_addr": Out(c.acc_index_bits), "acc_rda_data": In(acc_w),
             "acc_rdb_addr": Out(c.acc_index_bits), "acc_rdb_data": In(acc_w),
-            "acc_wr_addr": Out(c.acc_index_bits), "acc_wr_data": Out(acc_w), "acc_wr_en": Out(1),
-            "out_wr_addr": Out(c.acc_index_bits), "out_wr_data": Out(c.out_entry_bytes * 8),
-            "out_wr_en": Out(1),
+            "acc_wr": Out(GroupWriteSignature(acc_w, buffer_lanes(c, "acc"), c.acc_index_bits)),
+            "out_wr": Out(GroupWriteSignature(c.out_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
             "retire": Out(1), "finish": Out(1),
             "gemm_active": Out(1), "alu_active": Out(1),
@@ -92,15 +100,15 @@ class ComputeEngine(wiring.Component):
         acc_bits = c.acc_index_bits
 
         # ---------------------------------------------------------------- micro-op buffer and loaders
-        m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_depth, init=[])
-        uop_wr = uop_mem.write_port()
+        uop_lanes = buffer_lanes(c, "uop")
+        m.submodules.uop_mem = uop_mem = BankedMemory(width=c.uop_bits, depth=c.uop_depth, banks=uop_lanes)
+        uop_wr = uop_mem.write_port(lanes=uop_lanes)
         uop_rd = uop_mem.read_port(transparent_for=(uop_wr,))
         m.submodules.acc_loader = acc_loader = TileLoader(c, "acc")
         m.submodules.uop_loader = uop_loader = TileLoader(c, "uop")
         wiring.connect(m, wiring.flipped(self.acc_bus), acc_loader.bus)
         wiring.connect(m, wiring.flipped(self.uop_bus), uop_loader.bus)
-        m.d.comb += [uop_wr.addr.eq(uop_loader.wr_addr), uop_wr.data.eq(uop_loader.wr_data),
-                     uop_wr.en.eq(uop_loader.wr_en)]
+        wiring.connect(m, uop_loader.wr, uop_wr)
 
         # ---------------------------------------------------------------- instruction views
         word = Signal(c.insn_bits)
@@ -163,7 +171,7 @@ class ComputeEngine(wiring.Component):
         m.d.sync += s1_valid.eq(issue)
         for k in factors:
             m.d.sync += s1_off[k].eq(off[k])
-        uop = data.View(uop_layout(c), uop_rd.data[:uop_layout(c).size])
+        uop = data.View(uop_layout(c), uop_rd.data[0][:uop_layout(c).size])
         s1_dst = Signal(acc_bits)
         s1_src_acc = Signal(acc_bits)
         m.d.comb += [
@@ -206,13 +214,16 @@ class ComputeEngine(wiring.Component):
         gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
         m.d.comb += s3_result.eq(Mux(is_alu, alu.result, gemm_result))
 
+        acc_wr, out_wr = self.acc_wr, self.out_wr
         with m.If(s3_valid):
-            m.d.comb += [self.acc_wr_addr.eq(s3_dst), self.acc_wr_data.eq(s3_result), self.acc_wr_en.eq(1)]
+            m.d.comb += [acc_wr.addr.eq(s3_dst), acc_wr.count.eq(1), acc_wr.data[0].eq(s3_result),
+                         acc_wr.en.eq(1)]
         with m.Else():
-            m.d.comb += [self.acc_wr_addr.eq(acc_loader.wr_addr), self.acc_wr_data.eq(acc_loader.wr_data),
-                         self.acc_wr_en.eq(acc_loader.wr_en)]
-        m.d.comb += [self.out_wr_addr.eq(self.acc_wr_addr), self.out_wr_data.eq(mirror(c, self.acc_wr_data)),
-                     self.out_wr_en.eq(self.acc_wr_en)]
+            m.d.comb += [acc_wr.addr.eq(acc_loader.wr.addr), acc_wr.count.eq(acc_loader.wr.count),
+                         acc_wr.data.eq(acc_loader.wr.data), acc_wr.en.eq(acc_loader.wr.en)]
+        m.d.comb += [out_wr.addr.eq(acc_wr.addr), out_wr.count.eq(acc_wr.count), out_wr.en.eq(acc_wr.en)]
+        for lane in range(len(acc_wr.data)):
+            m.d.comb += out_wr.data[lane].eq(mirror(c, acc_wr.data[lane]))
 
         # ---------------------------------------------------------------- sequencing
         seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push),

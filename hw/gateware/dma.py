@@ -6,9 +6,14 @@ address = entry index × entry_bytes). Entries and bus beats may differ in size:
 
 * entry ≥ beat: an entry is ``entry_bytes / bus_bytes`` consecutive beats
   (first beat = low bits), every row is beat-aligned;
-* entry < beat: a beat holds ``bus_bytes / entry_bytes`` entries (lane 0 =
+* entry < beat: a beat holds ``k = bus_bytes / entry_bytes`` entries (lane 0 =
   low bits); a row starting or ending inside a beat reads the whole beat and
   writes only its lanes (``wstrb``).
+
+The data side moves *groups* (`group_layout`), one per cycle: the entries of one
+beat that belong to one row, at most ``lanes`` of them (`DmaWalk`, `dma_groups`).
+With ``lanes = k`` a long row streams at one beat per cycle whatever the entry
+size; a group is one entry when entries are a beat or wider (or ``lanes = 1``).
 
 Bursts never cross a `max_burst`-beat boundary, so they never cross 4 KiB.
 Address generation (`BurstGenerator`) runs ahead of the data, so consecutive
@@ -20,8 +25,10 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
+from .banked import group_layout
 
-__all__ = ["DmaCommand", "BurstGenerator", "DmaReader", "DmaWriter", "max_burst_beats"]
+__all__ = ["DmaCommand", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
+           "max_burst_beats"]
 
 #: A DMA command: DRAM entry index of row 0, rows, entries per row, entries between row starts.
 DmaCommand = data.StructLayout({
@@ -131,15 +138,41 @@ class BurstGenerator(wiring.Component):
         return m
 
 
-class _RowTracker:
-    """Walks the rows of a command on the data side (entry count and lane per row)."""
+class DmaWalk:
+    """The data side's walk over a command, one group per step (logic added to ``m``).
 
-    def __init__(self, m, cmd, k_log):
+    A step moves ``count`` = min(``lanes``, lanes left in the beat, entries left in
+    the row) entries: the entries of one beat that belong to one row (one entry when
+    entries are at least a beat wide). `dma_groups` is the same walk in Python.
+
+    Attributes
+    ----------
+    count : Value
+        Entries of the current step (1..lanes).
+    row_end, last : Value
+        The step ends a row / the command.
+    lane : Signal
+        Lane of the step's first entry within its beat.
+    """
+
+    def __init__(self, m, cmd, k_log, lanes=1):
+        assert 1 <= lanes <= 1 << k_log and lanes & (lanes - 1) == 0
         self.row = Signal(16)
         self.left = Signal(16)          # entries left in this row
         self.row_addr = Signal(32)
         self.lane = Signal(max(1, k_log))
         self._m, self._cmd, self._k_log = m, cmd, k_log
+        if lanes == 1:
+            self.count = C(1, 1)
+        else:
+            k = 1 << k_log
+            to_beat_end = Signal(k_log + 1)
+            self.count = Signal(range(lanes + 1))
+            m.d.comb += to_beat_end.eq(k - self.lane)
+            limit = Mux(to_beat_end < lanes, to_beat_end, lanes)
+            m.d.comb += self.count.eq(Mux(self.left < limit, self.left, limit))
+        self.row_end = self.left == self.count
+        self.last = self.row_end & (self.row + 1 == cmd.y_size)
 
     def start(self, cmd):
         """Statements for a new command (``cmd`` is the incoming payload, not yet latched)."""
@@ -149,47 +182,82 @@ class _RowTracker:
             m.d.sync += self.lane.eq(cmd.base[:self._k_log])
 
     def advance(self):
-        """Statements for one entry consumed; returns (row_end, last_entry) conditions."""
+        """Statements for the current step's entries consumed."""
         m, cmd = self._m, self._cmd
-        row_end = self.left == 1
-        last = row_end & (self.row + 1 == cmd.y_size)
-        with m.If(row_end):
+        with m.If(self.row_end):
             next_addr = self.row_addr + cmd.x_stride
             m.d.sync += [self.row.eq(self.row + 1), self.left.eq(cmd.x_size),
                          self.row_addr.eq(next_addr)]
             if self._k_log:
                 m.d.sync += self.lane.eq(next_addr[:self._k_log])
         with m.Else():
-            m.d.sync += self.left.eq(self.left - 1)
+            m.d.sync += self.left.eq(self.left - self.count)
             if self._k_log:
-                m.d.sync += self.lane.eq(self.lane + 1)
-        return row_end, last
+                m.d.sync += self.lane.eq(self.lane + self.count)
+
+
+def dma_groups(base, y_size, x_size, x_stride, entry_bytes, bus_bytes, lanes=None):
+    """The group sizes `DmaWalk` steps through for one command (a reference model)."""
+    k = max(1, bus_bytes // entry_bytes)
+    lanes = k if lanes is None else lanes
+    out = []
+    for y in range(y_size):
+        addr, left = base + y * x_stride, x_size
+        while left:
+            n = min(lanes, k - addr % k, left)
+            out.append(n)
+            addr, left = addr + n, left - n
+    return out
+
+
+def dma_lanes(entry_bytes, bus_bytes, lanes):
+    """Check and default the group width of a reader/writer: a power of two up to a beat's entries."""
+    _check_sizes(entry_bytes, bus_bytes)
+    k = max(1, bus_bytes // entry_bytes)
+    if lanes is None:
+        return k
+    if not isinstance(lanes, int) or lanes <= 0 or lanes & (lanes - 1) or lanes > k:
+        raise TypeError(f"lanes must be a power of two from 1 to {k} (entries per beat), not {lanes!r}")
+    return lanes
 
 
 class DmaReader(wiring.Component):
-    """DRAM → stream of entries, over the read half of an AXI4 master.
+    """DRAM → stream of entry groups, over the read half of an AXI4 master.
+
+    Parameters
+    ----------
+    entry_bytes, bus_bytes : int
+        Entry and beat sizes (powers of two).
+    lanes : int
+        Most entries per group (a power of two, at most the entries of a beat;
+        default: a beat's worth). 1 gives one entry per cycle.
 
     Attributes
     ----------
     cmd : In(stream of DmaCommand)
         Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
-    out : Out(stream of entry_bytes·8 bits)
-        The entries of the tile, row by row.
+    out : Out(stream of group_layout(entry_bytes·8, lanes))
+        The entries of the tile, row by row, in the groups of `dma_groups`: the
+        entries of one beat that belong to one row, ``entries[0]`` first.
     bus : Out(AxiReadSignature)
         ``req`` is held from the command until the last entry is delivered.
     busy : Out(1)
     """
 
-    def __init__(self, entry_bytes, bus_bytes):
-        _check_sizes(entry_bytes, bus_bytes)
+    def __init__(self, entry_bytes, bus_bytes, lanes=None):
+        self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
         super().__init__({
             "cmd": In(stream.Signature(DmaCommand)),
-            "out": Out(stream.Signature(entry_bytes * 8)),
+            "out": Out(stream.Signature(group_layout(entry_bytes * 8, self._lanes))),
             "bus": Out(AxiReadSignature(bus_bytes * 8)),
             "busy": Out(1),
         })
+
+    @property
+    def lanes(self):
+        return self._lanes
 
     def elaborate(self, platform):
         m = Module()
@@ -200,7 +268,7 @@ class DmaReader(wiring.Component):
 
         cmd = Signal(DmaCommand)
         active = Signal()
-        rows = _RowTracker(m, cmd, k_log)
+        walk = DmaWalk(m, cmd, k_log, self._lanes)
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
@@ -212,10 +280,11 @@ class DmaReader(wiring.Component):
             bursts.burst.ready.eq(bus.arready & bus.gnt),
             bus.req.eq(active),
             self.busy.eq(active),
+            self.out.p.count.eq(walk.count),
         ]
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [cmd.eq(self.cmd.p), active.eq(1)]
-            rows.start(self.cmd.p)
+            walk.start(self.cmd.p)
 
         if e_log >= n_log:
             # Gather entry_bytes/bus_bytes beats per entry, first beat lowest.
@@ -227,7 +296,7 @@ class DmaReader(wiring.Component):
             take = Signal()
             m.d.comb += [
                 self.out.valid.eq(full),
-                self.out.p.eq(entry),
+                self.out.p.entries[0].eq(entry),
                 bus.rready.eq(active & (~full | self.out.ready)),
                 take.eq(bus.rvalid & bus.rready),
             ]
@@ -236,50 +305,61 @@ class DmaReader(wiring.Component):
                 m.d.sync += entry.eq(shifted)
             with m.If(self.out.valid & self.out.ready):
                 m.d.sync += count.eq(take)
-                _, last = rows.advance()
-                with m.If(last):
+                walk.advance()
+                with m.If(walk.last):
                     m.d.sync += active.eq(0)
             with m.Elif(take):
                 m.d.sync += count.eq(count + 1)
         else:
-            # Present one lane of the current beat per cycle; release the beat at
-            # its last lane or at the end of the row.
+            # Present the current beat's entries from the walk's lane on; release the
+            # beat when its last lane or the row's last entry is taken.
             k = 1 << k_log
-            m.d.comb += [
-                self.out.valid.eq(active & bus.rvalid),
-                self.out.p.eq(bus.rdata.word_select(rows.lane, self._entry_bytes * 8)),
-            ]
+            bits = self._entry_bytes * 8
+            m.d.comb += self.out.valid.eq(active & bus.rvalid)
+            for i in range(self._lanes):
+                m.d.comb += self.out.p.entries[i].eq(bus.rdata.word_select((walk.lane + i)[:k_log], bits))
             with m.If(self.out.valid & self.out.ready):
-                row_end, last = rows.advance()
-                m.d.comb += bus.rready.eq(row_end | (rows.lane == k - 1))
-                with m.If(last):
+                walk.advance()
+                m.d.comb += bus.rready.eq(walk.row_end | (walk.lane + walk.count == k))
+                with m.If(walk.last):
                     m.d.sync += active.eq(0)
         return m
 
 
 class DmaWriter(wiring.Component):
-    """Stream of entries → DRAM, over the write half of an AXI4 master.
+    """Stream of entry groups → DRAM, over the write half of an AXI4 master.
+
+    Parameters
+    ----------
+    entry_bytes, bus_bytes, lanes : int
+        As for `DmaReader`.
 
     Attributes
     ----------
     cmd : In(stream of DmaCommand)
         Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
-    inp : In(stream of entry_bytes·8 bits)
+    inp : In(stream of group_layout(entry_bytes·8, lanes))
+        The tile's entries in the groups of `dma_groups` (each group fills the
+        lanes of one beat that belong to one row; ``count`` must be the walk's).
     bus : Out(AxiWriteSignature)
     busy : Out(1)
         High until the last write response has arrived.
     """
 
-    def __init__(self, entry_bytes, bus_bytes):
-        _check_sizes(entry_bytes, bus_bytes)
+    def __init__(self, entry_bytes, bus_bytes, lanes=None):
+        self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
         super().__init__({
             "cmd": In(stream.Signature(DmaCommand)),
-            "inp": In(stream.Signature(entry_bytes * 8)),
+            "inp": In(stream.Signature(group_layout(entry_bytes * 8, self._lanes))),
             "bus": Out(AxiWriteSignature(bus_bytes * 8)),
             "busy": Out(1),
         })
+
+    @property
+    def lanes(self):
+        return self._lanes
 
     def elaborate(self, platform):
         m = Module()
@@ -295,7 +375,7 @@ class DmaWriter(wiring.Component):
         active = Signal()
         data_done = Signal()
         outstanding = Signal(16)
-        rows = _RowTracker(m, cmd, k_log)
+        walk = DmaWalk(m, cmd, k_log, self._lanes)
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
@@ -312,7 +392,7 @@ class DmaWriter(wiring.Component):
         ]
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [cmd.eq(self.cmd.p), active.eq(1), data_done.eq(0)]
-            rows.start(self.cmd.p)
+            walk.start(self.cmd.p)
 
         aw_fire = bus.awvalid & bus.awready
         b_fire = bus.bvalid & bus.bready
@@ -352,25 +432,30 @@ class DmaWriter(wiring.Component):
                 with m.If(index == beats - 1):
                     m.d.sync += [holding.eq(0), index.eq(0)]
             with m.If(self.inp.valid & self.inp.ready):
-                m.d.sync += [entry.eq(self.inp.p), holding.eq(1), index.eq(0)]
-                _, last = rows.advance()
-                with m.If(last):
+                m.d.sync += [entry.eq(self.inp.p.entries[0]), holding.eq(1), index.eq(0)]
+                walk.advance()
+                with m.If(walk.last):
                     m.d.sync += data_done.eq(1)
         else:
+            # Lane j of the beat takes entry (j - lane) mod k of the group, if the group has it.
             k = 1 << k_log
             lane_bytes = self._entry_bytes
+            l_log = _log2(self._lanes)
             m.d.comb += self.inp.ready.eq(active & ~data_done & free)
             with m.If(self.inp.valid & self.inp.ready):
-                row_end, last = rows.advance()
+                walk.advance()
                 lanes = Signal(width // 8)
-                for lane in range(k):
-                    with m.If(rows.lane == lane):
-                        m.d.sync += beat.word_select(lane, lane_bytes * 8).eq(self.inp.p)
-                        m.d.comb += lanes.eq(((1 << lane_bytes) - 1) << (lane * lane_bytes))
+                for j in range(k):
+                    i = Signal(k_log, name=f"index{j}")
+                    m.d.comb += i.eq(j - walk.lane)
+                    with m.If(i < walk.count):
+                        entry = self.inp.p.entries[i[:l_log]] if l_log else self.inp.p.entries[0]
+                        m.d.sync += beat.word_select(j, lane_bytes * 8).eq(entry)
+                        m.d.comb += lanes[j * lane_bytes:(j + 1) * lane_bytes].eq(~0)
                 m.d.sync += strb.eq(Mux(beat_valid, 0, strb) | lanes)
-                with m.If(row_end | (rows.lane == k - 1)):
+                with m.If(walk.row_end | (walk.lane + walk.count == k)):
                     m.d.sync += beat_valid.eq(1)
-                with m.If(last):
+                with m.If(walk.last):
                     m.d.sync += data_done.eq(1)
             with m.Elif(w_fire):
                 m.d.sync += strb.eq(0)

@@ -54,7 +54,8 @@ class FetchEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self._config
-        m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes)
+        # One instruction per cycle: dispatch takes no more, so wider groups would buy nothing.
+        m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes, lanes=1)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=c.insn_bits, depth=2 * CHUNK)
 
@@ -69,7 +70,7 @@ class FetchEngine(wiring.Component):
             reader.cmd.p.base.eq(next_entry), reader.cmd.p.y_size.eq(1),
             reader.cmd.p.x_size.eq(chunk), reader.cmd.p.x_stride.eq(0),
             reader.cmd.valid.eq((to_read != 0) & (queue.level + requested <= CHUNK)),
-            queue.w_data.eq(reader.out.p), queue.w_en.eq(reader.out.valid),
+            queue.w_data.eq(reader.out.p.entries[0]), queue.w_en.eq(reader.out.valid),
             reader.out.ready.eq(queue.w_rdy),
         ]
         req_fire = reader.cmd.valid & reader.cmd.ready

@@ -6,6 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import MemType, Opcode
 from .axi import AxiReadSignature
+from .banked import GroupWriteSignature, buffer_lanes
 from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
 from .tile_load import TileLoader
 
@@ -22,7 +23,8 @@ class LoadEngine(wiring.Component):
     next_pop, next_push : Out(TokenPort)
         compute→load queue (pop side) and load→compute queue (push side).
     inp_bus, wgt_bus : Out(AxiReadSignature)
-    inp_wr_*, wgt_wr_* : SRAM write ports of the input and weight buffers.
+    inp_wr, wgt_wr : Out(GroupWriteSignature)
+        Group write ports of the input and weight buffers (`buffer_lanes` entries).
     state, busy, token_stall, mem_stall, retire : status for counters and debug.
     """
 
@@ -33,10 +35,10 @@ class LoadEngine(wiring.Component):
             "next_pop": Out(TokenPort()), "next_push": Out(TokenPort()),
             "inp_bus": Out(AxiReadSignature(config.bus_width)),
             "wgt_bus": Out(AxiReadSignature(config.bus_width)),
-            "inp_wr_addr": Out(config.inp_index_bits), "inp_wr_data": Out(config.inp_entry_bytes * 8),
-            "inp_wr_en": Out(1),
-            "wgt_wr_addr": Out(config.wgt_index_bits), "wgt_wr_data": Out(config.wgt_entry_bytes * 8),
-            "wgt_wr_en": Out(1),
+            "inp_wr": Out(GroupWriteSignature(config.inp_entry_bytes * 8, buffer_lanes(config, "inp"),
+                                              config.inp_index_bits)),
+            "wgt_wr": Out(GroupWriteSignature(config.wgt_entry_bytes * 8, buffer_lanes(config, "wgt"),
+                                              config.wgt_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
             "retire": Out(1),
         })
@@ -49,9 +51,7 @@ class LoadEngine(wiring.Component):
             loader = loaders[name] = TileLoader(config, name)
             m.submodules[f"{name}_loader"] = loader
             wiring.connect(m, wiring.flipped(getattr(self, f"{name}_bus")), loader.bus)
-            m.d.comb += [getattr(self, f"{name}_wr_addr").eq(loader.wr_addr),
-                         getattr(self, f"{name}_wr_data").eq(loader.wr_data),
-                         getattr(self, f"{name}_wr_en").eq(loader.wr_en)]
+            wiring.connect(m, wiring.flipped(getattr(self, f"{name}_wr")), loader.wr)
 
         word = Signal(config.insn_bits)
         layout = insn_layout(config, Opcode.LOAD)

@@ -3,8 +3,11 @@
 Entries are read from SRAM contiguously from ``sram_base`` into a small
 queue (reads are issued only with room to spare, so the one-cycle read
 latency never overflows it) and streamed to the DMA writer of the buffer's
-entry size. The instruction completes when the last write response arrives,
-so a token pushed after a STORE means its data is in DRAM.
+entry size. Reads go by groups: each read takes, through the buffer's group
+read port, exactly the entries the writer will pack into one beat (the same
+`DmaWalk` over the DRAM side of the command), so narrow entries leave at a
+beat per cycle. The instruction completes when the last write response
+arrives, so a token pushed after a STORE means its data is in DRAM.
 """
 
 from amaranth import *
@@ -13,7 +16,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import MemType, Opcode
 from .axi import AxiWriteSignature
-from .dma import DmaWriter
+from .banked import GroupReadSignature, buffer_lanes, group_layout
+from .dma import DmaCommand, DmaWalk, DmaWriter
 from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
 from ..regmap import ENGINE_STATES
 
@@ -31,9 +35,11 @@ class StoreEngine(wiring.Component):
     prev_pop, prev_push : Out(TokenPort)
         compute→store queue (pop side) and store→compute queue (push side).
     bus : Out(AxiWriteSignature)
-    out_rd_addr/out_rd_data, acc_rd_addr/acc_rd_data : synchronous SRAM read ports.
-    bytes_written : Out(8)
-        Bytes accepted by the DMA writers this cycle (for the counter).
+    out_rd, acc_rd : Out(GroupReadSignature)
+        Group read ports of the output and accumulator buffers (`buffer_lanes` entries).
+    bytes_written : Out(range(largest group's bytes + 1))
+        Bytes accepted by the DMA writers this cycle (for the counter): a group of
+        entries, at most a beat when entries are narrower, one entry otherwise.
     """
 
     def __init__(self, config):
@@ -43,17 +49,20 @@ class StoreEngine(wiring.Component):
             "cmd": In(stream.Signature(c.insn_bits)),
             "prev_pop": Out(TokenPort()), "prev_push": Out(TokenPort()),
             "bus": Out(AxiWriteSignature(c.bus_width)),
-            "out_rd_addr": Out(c.acc_index_bits), "out_rd_data": In(c.out_entry_bytes * 8),
-            "acc_rd_addr": Out(c.acc_index_bits), "acc_rd_data": In(c.acc_entry_bytes * 8),
+            "out_rd": Out(GroupReadSignature(c.out_entry_bytes * 8, buffer_lanes(c, "out"), c.acc_index_bits)),
+            "acc_rd": Out(GroupReadSignature(c.acc_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
-            "retire": Out(1), "bytes_written": Out(16),
+            "retire": Out(1),
+            "bytes_written": Out(range(max(c.bus_bytes, c.out_entry_bytes, c.acc_entry_bytes) + 1)),
         })
 
     def elaborate(self, platform):
         m = Module()
         c = self._config
-        writers = {"out": DmaWriter(c.out_entry_bytes, c.bus_bytes),
-                   "acc": DmaWriter(c.acc_entry_bytes, c.bus_bytes)}
+        # buffer: (read port, entry bytes, lanes)
+        buffers = {name: (getattr(self, f"{name}_rd"), c.entry_bytes(name), buffer_lanes(c, name))
+                   for name in ("out", "acc")}
+        writers = {name: DmaWriter(entry, c.bus_bytes, lanes) for name, (_, entry, lanes) in buffers.items()}
         for name, writer in writers.items():
             m.submodules[f"{name}_writer"] = writer
 
@@ -62,12 +71,14 @@ class StoreEngine(wiring.Component):
         insn = data.View(layout, word[:layout.size])
         use_acc = Signal()
         m.d.comb += use_acc.eq(insn.mem == MemType.ACC)
+        selected = {"out": ~use_acc, "acc": use_acc}
 
         # Bus: the writer of the current instruction drives it.
-        active_bus = writers["out"].bus
+        dma_cmd = Signal(DmaCommand)
+        m.d.comb += [dma_cmd.base.eq(insn.dram_base), dma_cmd.y_size.eq(insn.y_size),
+                     dma_cmd.x_size.eq(insn.x_size), dma_cmd.x_stride.eq(insn.x_stride)]
         for name, writer in writers.items():
-            sel = use_acc if name == "acc" else ~use_acc
-            with m.If(sel):
+            with m.If(selected[name]):
                 m.d.comb += [
                     self.bus.awaddr.eq(writer.bus.awaddr), self.bus.awlen.eq(writer.bus.awlen),
                     self.bus.awvalid.eq(writer.bus.awvalid), writer.bus.awready.eq(self.bus.awready),
@@ -77,38 +88,44 @@ class StoreEngine(wiring.Component):
                     writer.bus.bresp.eq(self.bus.bresp), writer.bus.bvalid.eq(self.bus.bvalid),
                     self.bus.bready.eq(writer.bus.bready),
                 ]
-            m.d.comb += [
-                writer.cmd.p.base.eq(insn.dram_base), writer.cmd.p.y_size.eq(insn.y_size),
-                writer.cmd.p.x_size.eq(insn.x_size), writer.cmd.p.x_stride.eq(insn.x_stride),
-            ]
+            m.d.comb += writer.cmd.p.eq(dma_cmd)
 
-        # SRAM → queue → writer.
-        m.submodules.queue = queue = fifo.SyncFIFO(width=c.acc_entry_bytes * 8, depth=_QUEUE_DEPTH)
+        # SRAM → queue → writer, a group per read. Each buffer has its own walk (its
+        # entries per beat); only the selected one advances.
+        layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in buffers.items()}
+        group_bits = max(layout.size for layout in layouts.values())
+        m.submodules.queue = queue = fifo.SyncFIFO(width=group_bits, depth=_QUEUE_DEPTH)
         addr = Signal(c.sram_addr_bits)
-        row = Signal(16)
-        col = Signal(16)
         reading = Signal()
         inflight = Signal()
         can_issue = reading & (queue.level + inflight < _QUEUE_DEPTH - 1)
-        m.d.comb += [self.out_rd_addr.eq(addr), self.acc_rd_addr.eq(addr)]
-        m.d.sync += inflight.eq(can_issue)
+        walks = {name: DmaWalk(m, dma_cmd, max(0, (c.bus_bytes // entry).bit_length() - 1), lanes)
+                 for name, (_, entry, lanes) in buffers.items()}
+        count = Mux(use_acc, walks["acc"].count, walks["out"].count)
+        last = Mux(use_acc, walks["acc"].last, walks["out"].last)
+        inflight_count = Signal(range(max(lanes for _, _, lanes in buffers.values()) + 1))
+        m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count)]
+        read_groups = {}
+        for name, (port, _, _) in buffers.items():
+            m.d.comb += port.addr.eq(addr)
+            group = read_groups[name] = Signal(layouts[name], name=f"{name}_group")
+            m.d.comb += [group.entries.eq(port.data), group.count.eq(inflight_count)]
         m.d.comb += [queue.w_en.eq(inflight),
-                     queue.w_data.eq(Mux(use_acc, self.acc_rd_data, self.out_rd_data))]
+                     queue.w_data.eq(Mux(use_acc, read_groups["acc"].as_value(), read_groups["out"].as_value()))]
         with m.If(can_issue):
-            m.d.sync += addr.eq(addr + 1)
-            with m.If(col + 1 == insn.x_size):
-                m.d.sync += [col.eq(0), row.eq(row + 1)]
-                with m.If(row + 1 == insn.y_size):
-                    m.d.sync += reading.eq(0)
-            with m.Else():
-                m.d.sync += col.eq(col + 1)
+            m.d.sync += addr.eq(addr + count)
+            for name, walk in walks.items():
+                with m.If(selected[name]):
+                    walk.advance()
+            with m.If(last):
+                m.d.sync += reading.eq(0)
+        m.d.comb += self.bytes_written.eq(0)
         for name, writer in writers.items():
-            sel = use_acc if name == "acc" else ~use_acc
-            m.d.comb += writer.inp.p.eq(queue.r_data)
-            with m.If(sel):
+            m.d.comb += writer.inp.p.eq(queue.r_data[:len(writer.inp.p.as_value())])
+            with m.If(selected[name]):
                 m.d.comb += [writer.inp.valid.eq(queue.r_rdy), queue.r_en.eq(writer.inp.ready)]
-        m.d.comb += self.bytes_written.eq(Mux(queue.r_en & queue.r_rdy,
-                                              Mux(use_acc, c.acc_entry_bytes, c.out_entry_bytes), 0))
+                with m.If(queue.r_en & queue.r_rdy):
+                    m.d.comb += self.bytes_written.eq(writer.inp.p.count * buffers[name][1])
 
         seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push)})
         exec_state = ENGINE_STATES["exec"]
@@ -121,11 +138,12 @@ class StoreEngine(wiring.Component):
                     m.next = "PUSH"
                 with m.Else():
                     for name, writer in writers.items():
-                        sel = use_acc if name == "acc" else ~use_acc
-                        with m.If(sel):
+                        with m.If(selected[name]):
                             m.d.comb += writer.cmd.valid.eq(1)
                             with m.If(writer.cmd.ready):
-                                m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), row.eq(0), col.eq(0)]
+                                m.d.sync += [reading.eq(1), addr.eq(insn.sram_base)]
+                                for walk in walks.values():
+                                    walk.start(dma_cmd)
                                 m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += [seq.state.eq(ENGINE_STATES["drain"]), seq.busy.eq(1)]

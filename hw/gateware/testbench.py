@@ -6,7 +6,7 @@ Python runs every cycle here: these are for unit tests of blocks and of short
 programs. Long runs belong on the Verilator co-simulation (`gemforge.sim.cosim`).
 """
 
-__all__ = ["simulate", "stream_put", "axil_write", "axil_read", "AxiReadMemory", "AxiWriteMemory",
+__all__ = ["simulate", "stream_put", "stream_get", "group_entries", "axil_write", "axil_read", "AxiReadMemory", "AxiWriteMemory",
            "run_accelerator"]
 
 from amaranth.sim import Simulator
@@ -29,15 +29,37 @@ def simulate(dut, *testbenches, processes=(), vcd=None, clock=True):
 
 
 async def stream_put(ctx, stream, payload: dict):
-    """Offer one payload on a stream (fields by name) until it is accepted."""
+    """Offer one payload on a stream (fields by name; a list fills an array field from
+    element 0) until it is accepted."""
     for name, value in payload.items():
-        ctx.set(getattr(stream.p, name), value)
+        field = getattr(stream.p, name)
+        if isinstance(value, (list, tuple)):
+            for i, element in enumerate(value):
+                ctx.set(field[i], element)
+        else:
+            ctx.set(field, value)
     ctx.set(stream.valid, 1)
     while True:
         _, _, ready = await ctx.tick().sample(stream.ready)
         if ready:
             break
     ctx.set(stream.valid, 0)
+
+
+async def stream_get(ctx, stream):
+    """Accept one payload from a stream (ready held until a transfer); returns it."""
+    ctx.set(stream.ready, 1)
+    while True:
+        _, _, valid, payload = await ctx.tick().sample(stream.valid, stream.p)
+        if valid:
+            break
+    ctx.set(stream.ready, 0)
+    return payload
+
+
+def group_entries(group) -> list[int]:
+    """The valid entries of a sampled `group_layout` value (``entries[:count]``)."""
+    return [group.entries[i] for i in range(group.count)]
 
 
 class AxiReadMemory:

