@@ -86,21 +86,27 @@ RESNET18_VARIANTS = [
 def roofline(program) -> dict[str, Any]:
     """The best utilization a program's work allows on an ideal machine: every engine
     busy all the time, reads and writes each at one beat per cycle on their own AXI
-    channel, GEMM and ALU micro-ops one per cycle on the shared compute pipeline."""
+    channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
+    the shared compute pipeline."""
     from gemforge.hw.isa import Alu, Gemm, Load, Store
     c = program.config
-    gemm = alu = read = write = 0
+    gemm = resets = alu = read = write = 0
     for insn in program.instructions:
         if isinstance(insn, (Gemm, Alu)):
             uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
-            gemm, alu = (gemm + uops, alu) if isinstance(insn, Gemm) else (gemm, alu + uops)
+            if isinstance(insn, Alu):
+                alu += uops
+            else:
+                gemm += uops
+                resets += uops if insn.reset else 0
         elif isinstance(insn, Load):
             read += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
         elif isinstance(insn, Store):
             write += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
     beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
-    return {"gemm_uops": gemm, "alu_uops": alu, "beats_read": beats_read, "beats_written": beats_written,
-            "roofline": round(gemm / max(gemm + alu, beats_read, beats_written), 4)}
+    return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
+            "beats_written": beats_written,
+            "roofline": round((gemm - resets) / max(gemm + alu, beats_read, beats_written), 4)}
 
 
 def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:
@@ -111,14 +117,17 @@ def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.nda
         raise AssertionError(f"{op.name} on {device.kind} differs from numpy; benchmark is void")
     if result.cycles is None:
         raise ValueError(f"device {device.kind!r} reports no cycles; utilization needs an RTL device")
-    active = result.hw_counters["gemm_active"]
-    return {"cycles": result.cycles, "gemm_active_cycles": active,
-            "utilization": round(active / result.cycles, 4), **roofline(op.program),
+    # Reset micro-ops occupy the GEMM core but multiply nothing: they do not count.
+    macs = result.hw_counters["gemm_active"] - result.hw_counters["gemm_reset"]
+    return {"cycles": result.cycles, "gemm_mac_cycles": macs,
+            "gemm_reset_cycles": result.hw_counters["gemm_reset"],
+            "utilization": round(macs / result.cycles, 4), **roofline(op.program),
             "sim_seconds": round(wall, 2), "sim_cycles_per_second": round(result.cycles / wall)}
 
 
 def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None = None) -> dict[str, Any]:
-    """GEMM-core utilization (GEMM-active cycles / total cycles, from the RTL counters) of
+    """GEMM-core utilization (cycles the GEMM core multiply-accumulates / total cycles, from
+    the RTL counters gemm_active − gemm_reset) of
     dense 256×1024·1024×1024 and the ResNet-18 convolutions (`RESNET18_VARIANTS`), each
     with latency hiding on and off in the same run; compile time and tiling per operator."""
     from gemforge.compiler import compile_conv2d, compile_dense, conv2d_reference, dense_reference

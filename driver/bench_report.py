@@ -112,12 +112,14 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
     from .bench import RESNET18_LAYERS
     out = [
         f"## RTL: GEMM-core utilization of compiled operators ({util['device']}, `{util['config']}`)", "",
-        "Utilization = GEMM-active cycles / total cycles, from the accelerator's own counters; every",
-        "output is checked against numpy. Latency hiding = two virtual threads (double-buffered",
-        "tiles and dependency tokens); \"off\" is the same operator compiled with one thread",
-        "(`--no-latency-hiding`). Roofline = the utilization the program's own work allows: GEMM",
-        "micro-ops / max(GEMM + ALU micro-ops, beats read, beats written), reads and writes each on",
-        "their AXI channel at one beat per cycle; \"bound by\" names the largest term.", "",
+        "Utilization = cycles the GEMM core multiply-accumulates / total cycles, from the",
+        "accelerator's own counters (`gemm_active` − `gemm_reset`: the micro-ops that zero an",
+        "accumulator tile occupy the core but are not counted); every output is checked against",
+        "numpy. Latency hiding = two virtual threads (double-buffered tiles and dependency tokens);",
+        "\"off\" is the same operator compiled with one thread (`--no-latency-hiding`). Roofline =",
+        "the utilization the program's own work allows: multiply-accumulate micro-ops / max(all",
+        "GEMM and ALU micro-ops, beats read, beats written), reads and writes each on their AXI",
+        "channel at one beat per cycle; \"bound by\" names the largest term.", "",
     ]
     dense = util.get("dense_256x1024x1024")
     if dense:

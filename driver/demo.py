@@ -97,7 +97,8 @@ def _demo_conv2d(device_kind: str, console: Console) -> bool:
                 same = bool(np.array_equal(y, expected))
                 ok &= same
                 cycles = f"{result.cycles:,}" if result.cycles else "-"
-                util = (f"{result.hw_counters['gemm_active'] / result.cycles:.1%}" if result.cycles else "-")
+                macs = result.hw_counters["gemm_active"] - result.hw_counters["gemm_reset"] if result.cycles else 0
+                util = f"{macs / result.cycles:.1%}" if result.cycles else "-"
                 table.add_row(kind, "on" if hiding else "off", str(len(op.program.instructions)), cycles, util,
                               "[green]yes[/green]" if same else "[red]NO[/red]")
     console.print(table)

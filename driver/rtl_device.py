@@ -98,6 +98,7 @@ class RtlDevice(Device):
         # Event counts under fsim's names where the meaning is the same.
         return RunResult(counters={"insns": counters["insns_retired"],
                                    "gemm_uops": counters["gemm_active"],
+                                   "gemm_reset_uops": counters["gemm_reset"],
                                    "alu_uops": counters["alu_active"],
                                    "dma_bytes_read": counters["dma_bytes_read"],
                                    "dma_bytes_written": counters["dma_bytes_written"]},

@@ -66,6 +66,8 @@ COUNTERS: list[tuple[str, str]] = [
     ("store_token_stall", "cycles the store engine waits to pop or push a dependency token"),
     ("store_mem_stall", "cycles the store engine waits for the memory bus"),
     ("gemm_active", "cycles a GEMM micro-op enters the GEMM core"),
+    ("gemm_reset", "cycles a GEMM reset micro-op enters the GEMM core (counted in gemm_active too; "
+                   "it zeroes an accumulator and multiplies nothing)"),
     ("alu_active", "cycles an ALU micro-op enters the tensor ALU"),
     ("dma_bytes_read", "bytes read from DRAM (whole bus beats, including instructions)"),
     ("dma_bytes_written", "bytes written to DRAM (enabled byte lanes)"),

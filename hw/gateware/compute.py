@@ -71,6 +71,8 @@ class ComputeEngine(wiring.Component):
         Pulses when FINISH retires.
     gemm_active, alu_active : Out(1)
         A GEMM / ALU micro-op enters the pipeline this cycle.
+    gemm_reset : Out(1)
+        The GEMM micro-op entering is a reset (it multiplies nothing).
     """
 
     def __init__(self, config):
@@ -91,7 +93,7 @@ class ComputeEngine(wiring.Component):
             "out_wr": Out(GroupWriteSignature(c.out_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
             "retire": Out(1), "finish": Out(1),
-            "gemm_active": Out(1), "alu_active": Out(1),
+            "gemm_active": Out(1), "gemm_reset": Out(1), "alu_active": Out(1),
         })
 
     def elaborate(self, platform):
@@ -276,6 +278,7 @@ class ComputeEngine(wiring.Component):
             self.retire.eq(seq.retire),
             self.finish.eq(seq.retire & (header.opcode == Opcode.FINISH)),
             self.gemm_active.eq(issue & ~is_alu),
+            self.gemm_reset.eq(issue & ~is_alu & gm.reset),
             self.alu_active.eq(issue & is_alu),
             self.mem_stall.eq(acc_loader.mem_stall | uop_loader.mem_stall |
                               (acc_loader.bus.req & ~acc_loader.bus.gnt) |

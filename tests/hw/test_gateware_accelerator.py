@@ -43,6 +43,7 @@ def test_gemm_and_alu_chains_on_one_accumulator():
         Load(mem=MemType.ACC, sram_base=0, dram_base=20480 // acc_entry, y_size=1, x_size=2, x_stride=2,
              pop_prev=True),
         Gemm(uop_bgn=0, uop_end=4, iter_out=2, iter_in=3),               # 24 dependent uops
+        Gemm(reset=True, uop_bgn=4, uop_end=5, iter_out=1, iter_in=1),   # acc[1] = 0
         Alu(op=AluOp.ADD, uop_bgn=5, uop_end=6, iter_out=1, iter_in=3),  # acc[0] += acc[1], three times
         Alu(op=AluOp.MUL, uop_bgn=4, uop_end=6, iter_out=2, iter_in=1),  # acc[1] *= acc[0]; acc[0] *= acc[1] ...
         Alu(op=AluOp.SHR, imm=-3, uop_bgn=5, uop_end=6, iter_out=1, iter_in=2),
@@ -54,7 +55,8 @@ def test_gemm_and_alu_chains_on_one_accumulator():
     ]
     expected, got, counters = run_both(insns, uops)
     np.testing.assert_array_equal(got, expected)
-    assert counters["gemm_active"] == 24 and counters["alu_active"] == 3 + 4 + 2 + 1
+    assert counters["gemm_active"] == 25 and counters["gemm_reset"] == 1
+    assert counters["alu_active"] == 3 + 4 + 2 + 1
 
 
 def test_random_backpressure_keeps_results():

@@ -24,7 +24,9 @@ def test_gemm_on_verilator_equals_numpy(name, shape):
     device = open_device("verilator", PRESETS[name], dram_bytes=1 << 22)
     c, result = run_dense(device, a, b)
     np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
-    assert result.cycles and result.hw_counters["gemm_active"] == result.counters["gemm_uops"] > 0
+    _, reference = run_dense(open_device("fsim", PRESETS[name]), a, b)
+    assert result.cycles and result.hw_counters["gemm_active"] == reference.counters["gemm_uops"] > 0
+    assert result.hw_counters["gemm_reset"] == reference.counters["gemm_reset_uops"] > 0
     assert result.hw_counters["dma_bytes_written"] > 0
 
 
@@ -47,7 +49,10 @@ def test_conv2d_on_verilator_equals_numpy(name, x_shape, w_shape, stride, paddin
                            latency_hiding=latency_hiding)
     np.testing.assert_array_equal(y, conv2d_reference(x, w, bias, stride=stride, padding=padding,
                                                       shift=shift, relu=relu))
-    assert result.hw_counters["gemm_active"] == result.counters["gemm_uops"]
+    _, reference = run_conv2d(open_device("fsim", PRESETS[name]), x, w, bias, stride=stride, padding=padding,
+                              shift=shift, relu=relu, latency_hiding=latency_hiding)
+    for hw, fsim in (("gemm_active", "gemm_uops"), ("gemm_reset", "gemm_reset_uops"), ("alu_active", "alu_uops")):
+        assert result.hw_counters[hw] == reference.counters[fsim]
 
 
 @pytest.mark.skipif(not harness.simulator_available("verilator"), reason="verilator is not installed")
