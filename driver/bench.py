@@ -170,12 +170,17 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
     return report
 
 
-def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None) -> dict[str, Any]:
-    """The fsim speed benchmark; with an RTL ``device``, also the utilization suite."""
+def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,
+                   core_configs: list[AccelConfig] = ()) -> dict[str, Any]:
+    """The fsim speed benchmark; with an RTL ``device``, also the core rates (of ``config``
+    and of each of ``core_configs``) and the utilization suite."""
     m, k, n = (64, 256, 256) if quick else (512, 1024, 1024)
     results: dict[str, Any] = {"fsim_gemm": bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)}
     if device is not None and device != "fsim":
         from .rtl_perf import measure
         results["rtl_core"] = measure(config, simulator=device)
+        others = [c for c in core_configs if c.name != config.name]
+        if others:
+            results["rtl_core_other_configs"] = {c.name: measure(c, simulator=device) for c in others}
         results["utilization"] = bench_utilization(config, device, RESNET18_LAYERS[:2] if quick else None)
     return results

@@ -186,7 +186,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run_benchmarks
     from .bench_report import render_markdown
     start = time.perf_counter()
-    results = run_benchmarks(_config(args), quick=args.quick, device=args.device)
+    core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
+    results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs)
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     text = json.dumps(results, indent=2)
     if args.output:
@@ -194,6 +195,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.markdown:
         command = " ".join(["gemforge", "bench", "--config", args.config]
                            + (["--quick"] if args.quick else []) + (["--device", args.device] if args.device else [])
+                           + (["--core-configs", args.core_configs] if args.core_configs else [])
                            + ["--markdown", os.path.basename(args.markdown)])
         write_bytes_atomic(args.markdown, render_markdown(results, command).encode())
     print(text)
@@ -278,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="also measure GEMM-core utilization on this RTL device (verilator, icarus)")
     p.add_argument("-o", "--output", help="also write the JSON to this file")
     p.add_argument("--markdown", metavar="FILE", help="also write the figures as Markdown (BENCHMARKS.md)")
+    p.add_argument("--core-configs", metavar="NAMES",
+                   help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.set_defaults(func=cmd_bench)
 
     return parser

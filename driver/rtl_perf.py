@@ -8,6 +8,9 @@
   immediate and with a register (accumulator) operand;
 * ``gemm_fixed_cycles``: cycles of a whole run (fetch, micro-op load, GEMM, FINISH)
   beyond one per micro-op;
+* ``gemm_insn_fixed_cycles``: cycles each GEMM instruction of a program costs beyond
+  its micro-ops (dispatch and pipeline drain), from runs of 1 and 101 instructions
+  of 16 micro-ops;
 * ``load_bus_efficiency`` / ``store_bus_efficiency``: bytes per cycle of long
   weight loads and accumulator stores, as a fraction of the bus width (again from
   the difference of two sizes);
@@ -88,6 +91,12 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         return lambda base: [op(mem=mem, sram_base=0, dram_base=base // c.entry_bytes(buffer), y_size=rows,
                                 x_size=x, x_stride=x), Finish()]
 
+    def gemm_insns(count):
+        return lambda base: [
+            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
+                 x_stride=16),
+            *(Gemm(uop_bgn=0, uop_end=16, iter_out=1, iter_in=1) for _ in range(count)), Finish()]
+
     narrow_rates = {}
     for buffer, kind in (("uop", "load"), ("inp", "load"), ("out", "store")):
         if buffer != "uop" and c.entry_bytes(buffer) >= c.bus_bytes:
@@ -101,6 +110,8 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         narrow_rates[f"{buffer}_{kind}_bus_efficiency"] = (
             (rows - 1) * x * c.entry_bytes(buffer) / (n2.cycles - n1.cycles) / c.bus_bytes)
 
+    i1, _ = _run(c, simulator, gemm_insns(1), uops)
+    i101, _ = _run(c, simulator, gemm_insns(101), uops)
     g1, _ = _run(c, simulator, gemm(1), uops)
     g2, _ = _run(c, simulator, gemm(101), uops)
     l1, _ = _run(c, simulator, load(1), uops)
@@ -118,6 +129,7 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         "config": c.name, "simulator": simulator,
         "gemm_uops_per_cycle": extra_uops / (g2.cycles - g1.cycles),
         "gemm_fixed_cycles": g2.cycles - 101 * 64 * 16,
+        "gemm_insn_fixed_cycles": (i101.cycles - i1.cycles) / 100 - 16,
         "alu_imm_uops_per_cycle": alu_rate["imm"],
         "alu_reg_uops_per_cycle": alu_rate["reg"],
         "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / (l2.cycles - l1.cycles) / c.bus_bytes,
