@@ -30,7 +30,7 @@ test-slow: install
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
 
 bench: install
-	$(BIN)/gemforge bench
+	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large --markdown BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

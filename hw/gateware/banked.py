@@ -57,7 +57,27 @@ def _check_port(width, lanes, addr_width):
         raise TypeError(f"Address width must be a non-negative integer, not {addr_width!r}")
 
 
-class GroupWriteSignature(wiring.Signature):
+class _GroupPortSignature(wiring.Signature):
+    """What both group ports share: entry width, lanes and address width, compared by value."""
+
+    def __init__(self, width, lanes, addr_width, members):
+        _check_port(width, lanes, addr_width)
+        self._width, self._lanes, self._addr_width = width, lanes, addr_width
+        super().__init__(members)
+
+    width = property(lambda self: self._width)
+    lanes = property(lambda self: self._lanes)
+    addr_width = property(lambda self: self._addr_width)
+
+    def __eq__(self, other):
+        return (type(self) is type(other) and (self.width, self.lanes, self.addr_width) ==
+                (other.width, other.lanes, other.addr_width))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.width}, {self.lanes}, {self.addr_width})"
+
+
+class GroupWriteSignature(_GroupPortSignature):
     """A group write port, as the writer sees it.
 
     Members
@@ -71,28 +91,15 @@ class GroupWriteSignature(wiring.Signature):
     """
 
     def __init__(self, width, lanes, addr_width):
-        _check_port(width, lanes, addr_width)
-        self._width, self._lanes, self._addr_width = width, lanes, addr_width
-        super().__init__({
+        super().__init__(width, lanes, addr_width, {
             "addr": Out(addr_width),
             "count": Out(range(lanes + 1), init=1),
             "data": Out(data.ArrayLayout(width, lanes)),
             "en": Out(1),
         })
 
-    width = property(lambda self: self._width)
-    lanes = property(lambda self: self._lanes)
-    addr_width = property(lambda self: self._addr_width)
 
-    def __eq__(self, other):
-        return (type(self) is type(other) and (self.width, self.lanes, self.addr_width) ==
-                (other.width, other.lanes, other.addr_width))
-
-    def __repr__(self):
-        return f"GroupWriteSignature({self.width}, {self.lanes}, {self.addr_width})"
-
-
-class GroupReadSignature(wiring.Signature):
+class GroupReadSignature(_GroupPortSignature):
     """A group read port, as the reader sees it.
 
     Members
@@ -104,23 +111,10 @@ class GroupReadSignature(wiring.Signature):
     """
 
     def __init__(self, width, lanes, addr_width):
-        _check_port(width, lanes, addr_width)
-        self._width, self._lanes, self._addr_width = width, lanes, addr_width
-        super().__init__({
+        super().__init__(width, lanes, addr_width, {
             "addr": Out(addr_width),
             "data": In(data.ArrayLayout(width, lanes)),
         })
-
-    width = property(lambda self: self._width)
-    lanes = property(lambda self: self._lanes)
-    addr_width = property(lambda self: self._addr_width)
-
-    def __eq__(self, other):
-        return (type(self) is type(other) and (self.width, self.lanes, self.addr_width) ==
-                (other.width, other.lanes, other.addr_width))
-
-    def __repr__(self):
-        return f"GroupReadSignature({self.width}, {self.lanes}, {self.addr_width})"
 
 
 class BankedMemory(wiring.Component):
