@@ -189,8 +189,10 @@ def _staggered(heads: list[tuple[Expr, Stmt]], loops: list[tuple[Expr, Stmt]]) -
     there for the last copy's store with nothing to do, here the first copies'
     work runs meanwhile."""
     first = loops[0][1]
-    if not (isinstance(first, For) and isinstance(simplify(first.extent), Const)
-            and simplify(first.extent).value >= 2 and all(isinstance(l, For) for _, l in loops)):
+    same_loops = isinstance(first, For) and all(
+        isinstance(l, For) and l.var is first.var and l.kind == first.kind and same_expr(l.extent, first.extent)
+        for _, l in loops)
+    if not (same_loops and isinstance(simplify(first.extent), Const) and simplify(first.extent).value >= 2):
         return [_guarded(g, seq([head, body])) for (g, head), (_, body) in zip(heads, loops)]
     out: list[Stmt] = []
     for (g, head), (_, loop) in zip(heads, loops):
