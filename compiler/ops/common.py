@@ -15,8 +15,8 @@ from ..te import clip
 from ..errors import CompileError
 from ..schedule import VTHREAD_ORDERS
 
-__all__ = ["OpError", "Epilogue", "CompiledOp", "divisors", "reference_epilogue", "plan_with_fallback",
-           "schedule_output_tile"]
+__all__ = ["OpError", "Epilogue", "CompiledOp", "TilingCost", "divisors", "reference_epilogue",
+           "plan_with_fallback", "schedule_output_tile"]
 
 
 class OpError(CompileError):
@@ -157,8 +157,8 @@ class TilingCost:
         delays the next reset, or — when stores dominate — the store engine idles
         while the next pair computes up to its first finished tile. Sequential:
         a thread's chunks load and compute in turn (its first load ran under the
-        other thread's tile), and its store runs under the next thread's tile. Both pay the first loads (fill) and the last store
-        (drain)."""
+        other thread's tile), and its store runs under the next thread's tile.
+        Both pay the first loads (fill) and the last store (drain)."""
         bus = config.bus_bytes
         read = self.chunk_read_bytes / bus + self.chunk_loads * DMA_OVERHEAD
         gemm = self.chunk_uops + COMPUTE_OVERHEAD

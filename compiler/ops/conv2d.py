@@ -115,7 +115,10 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                             chunks=(cb // tic) * (kh // tkh),
                             chunk_read_bytes=tic * win_h * win_w * c.inp_entry_bytes
                             + toc * tic * tkh * kw * c.wgt_entry_bytes,
-                            chunk_loads=tic * (win_h if cols_strided else 1) + toc,
+                            # Input: a LOAD per channel block (per window row when the
+                            # columns are strided); weights: one, or one per output
+                            # block when the kernel rows are chunked.
+                            chunk_loads=tic * (win_h if cols_strided else 1) + (1 if tkh == kh else toc),
                             chunk_uops=toc * pixels * tic * tkh * kw,
                             tile_uops=toc * pixels * (1 + epilogue.alu_ops),
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
