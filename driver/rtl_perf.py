@@ -11,6 +11,9 @@
 * ``gemm_insn_fixed_cycles``: cycles each GEMM instruction of a program costs beyond
   its micro-ops (dispatch and pipeline drain), from runs of 1 and 101 instructions
   of 16 micro-ops;
+* ``load_insn_fixed_cycles`` / ``store_insn_fixed_cycles``: cycles each short LOAD
+  (input buffer) / STORE (output buffer) of a back-to-back stream costs beyond its data
+  beats, from runs of 1 and 101 instructions of 1 row × 8 entries (`dma_insn_fixed_cycles`);
 * ``load_bus_efficiency`` / ``store_bus_efficiency``: bytes per cycle of long
   weight loads and accumulator stores, as a fraction of the bus width (again from
   the difference of two sizes);
@@ -55,6 +58,29 @@ def _run(config: AccelConfig, simulator: str, make_insns, uops: list[Uop]):
 def _narrow_row(config: AccelConfig, buffer: str) -> int:
     """Entries per row of a narrow-entry DMA measurement: about 16 beats, within the buffer."""
     return min(config.depth(buffer), max(8, 16 * config.bus_bytes // config.entry_bytes(buffer)))
+
+
+def dma_insn_fixed_cycles(config: AccelConfig, simulator: str = "verilator") -> dict:
+    """Cycles per short DMA instruction beyond its data beats, in a stream of such instructions.
+
+    Runs 1 and 101 LOADs (input buffer) or STOREs (output buffer) of 1 row × 8 entries, all
+    to the same SRAM and DRAM place, and divides the difference by 100.
+    """
+    c = config
+    x = 8
+
+    def dma(kind, count):
+        op, mem, buffer = (Load, MemType.INP, "inp") if kind == "load" else (Store, MemType.OUT, "out")
+        return lambda base: [*(op(mem=mem, sram_base=0, dram_base=base // c.entry_bytes(buffer), y_size=1,
+                                  x_size=x, x_stride=x) for _ in range(count)), Finish()]
+
+    out = {}
+    for kind, buffer in (("load", "inp"), ("store", "out")):
+        beats = max(1, -(-x * c.entry_bytes(buffer) // c.bus_bytes))
+        r1, _ = _run(c, simulator, dma(kind, 1), [])
+        r101, _ = _run(c, simulator, dma(kind, 101), [])
+        out[f"{kind}_insn_fixed_cycles"] = (r101.cycles - r1.cycles) / 100 - beats
+    return out
 
 
 def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
@@ -132,6 +158,7 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         "gemm_insn_fixed_cycles": (i101.cycles - i1.cycles) / 100 - 16,
         "alu_imm_uops_per_cycle": alu_rate["imm"],
         "alu_reg_uops_per_cycle": alu_rate["reg"],
+        **dma_insn_fixed_cycles(c, simulator),
         "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / (l2.cycles - l1.cycles) / c.bus_bytes,
         "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / (s2.cycles - s1.cycles) / c.bus_bytes,
         **narrow_rates,

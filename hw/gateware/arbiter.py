@@ -3,9 +3,10 @@
 A client asks with ``req``; the arbiter grants one client at a time and keeps
 the grant until that client drops ``req`` (after its last R beat), so R data
 always belongs to the granted client and no IDs need tracking. Clients hold
-the bus only for work they can finish without waiting on anything else (a
-chunk of instructions, one DMA instruction), so holding cannot deadlock.
-Priority is round-robin.
+the bus only for work they can finish without waiting on anything else (DMA
+commands already accepted), so holding cannot deadlock. A client may chain
+further commands under its grant while ``contended`` is low, i.e. while no
+other client asks. Priority is round-robin.
 """
 
 from amaranth import *
@@ -63,8 +64,13 @@ class ReadArbiter(wiring.Component):
 
         for i, client in enumerate(clients):
             mine = granted & (owner == i)
+            others = Const(0)
+            for j, other in enumerate(clients):
+                if j != i:
+                    others = others | other.req
             m.d.comb += [
                 client.gnt.eq(mine),
+                client.contended.eq(others),
                 client.arready.eq(mine & self.bus.arready),
                 client.rdata.eq(self.bus.rdata),
                 client.rlast.eq(self.bus.rlast),

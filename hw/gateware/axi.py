@@ -34,13 +34,15 @@ class AxiReadSignature(wiring.Signature):
 
     ``req`` asks the arbiter for the read channels; the client may only assert
     ``arvalid`` while ``gnt`` is high and must keep ``req`` high until its last
-    R beat has been received.
+    R beat has been received. ``contended`` says another client is asking: a client
+    that chains work under one grant (`DmaReader`) starts no new work then, so the
+    channels change hands at least once per command.
     """
 
     def __init__(self, data_bits, id_bits=2):
         _check(data_bits, id_bits)
         super().__init__({
-            "req": Out(1), "gnt": In(1),
+            "req": Out(1), "gnt": In(1), "contended": In(1),
             "araddr": Out(ADDR_BITS), "arlen": Out(8), "arvalid": Out(1), "arready": In(1),
             "rdata": In(data_bits), "rlast": In(1), "rvalid": In(1), "rready": Out(1),
         })

@@ -232,19 +232,32 @@ class DmaReader(wiring.Component):
         Most entries per group (a power of two, at most the entries of a beat;
         default: a beat's worth). 1 gives one entry per cycle.
 
+    depth : int
+        Commands in flight: a command is accepted while up to ``depth - 1`` earlier
+        ones still wait for their data, so its bursts go out while theirs arrive
+        (AXI returns the read data of one ID in order).
+
     Attributes
     ----------
     cmd : In(stream of DmaCommand)
-        Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
+        ``x_size`` and ``y_size`` must be non-zero. Accepted when the burst
+        generator is free, fewer than ``depth`` commands are in flight and, unless
+        none is, no other bus client asks (``bus.contended``).
     out : Out(stream of group_layout(entry_bytes·8, lanes))
-        The entries of the tile, row by row, in the groups of `dma_groups`: the
-        entries of one beat that belong to one row, ``entries[0]`` first.
+        The entries of the tiles, command after command, row by row, in the groups
+        of `dma_groups`: the entries of one beat that belong to one row,
+        ``entries[0]`` first.
     bus : Out(AxiReadSignature)
-        ``req`` is held from the command until the last entry is delivered.
+        ``req`` is held from the first command until the last entry of the last
+        command in flight is delivered.
     busy : Out(1)
+        A command is in flight.
     """
 
-    def __init__(self, entry_bytes, bus_bytes, lanes=None):
+    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
+        if not isinstance(depth, int) or depth < 1:
+            raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
+        self._depth = depth
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
@@ -266,25 +279,32 @@ class DmaReader(wiring.Component):
         k_log = max(0, n_log - e_log)
         bus = self.bus
 
+        # Commands go to the burst generator and, in order, to the data side's queue.
+        # The data side walks `cmd` (``active``) and takes the next queued command in
+        # the cycle its last entry leaves, so consecutive tiles stream back to back.
+        m.submodules.pending = pending = fifo.SyncFIFO(width=DmaCommand.size, depth=self._depth)
         cmd = Signal(DmaCommand)
         active = Signal()
         walk = DmaWalk(m, cmd, k_log, self._lanes)
+        in_flight = Signal()
+        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy)
+        admit = pending.w_rdy & (~in_flight | ~bus.contended)
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
-            bursts.cmd.valid.eq(self.cmd.valid & ~active),
-            self.cmd.ready.eq(bursts.cmd.ready & ~active),
+            bursts.cmd.valid.eq(self.cmd.valid & admit),
+            self.cmd.ready.eq(bursts.cmd.ready & admit),
+            pending.w_data.eq(self.cmd.p),
+            pending.w_en.eq(self.cmd.valid & self.cmd.ready),
             bus.araddr.eq(bursts.burst.p.addr),
             bus.arlen.eq(bursts.burst.p.len),
             bus.arvalid.eq(bursts.burst.valid & bus.gnt),
             bursts.burst.ready.eq(bus.arready & bus.gnt),
-            bus.req.eq(active),
-            self.busy.eq(active),
+            bus.req.eq(in_flight),
+            self.busy.eq(in_flight),
             self.out.p.count.eq(walk.count),
         ]
-        with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [cmd.eq(self.cmd.p), active.eq(1)]
-            walk.start(self.cmd.p)
+        finishing = Signal()
 
         if e_log >= n_log:
             # Gather entry_bytes/bus_bytes beats per entry, first beat lowest.
@@ -307,6 +327,7 @@ class DmaReader(wiring.Component):
                 m.d.sync += count.eq(take)
                 walk.advance()
                 with m.If(walk.last):
+                    m.d.comb += finishing.eq(1)
                     m.d.sync += active.eq(0)
             with m.Elif(take):
                 m.d.sync += count.eq(count + 1)
@@ -322,7 +343,15 @@ class DmaReader(wiring.Component):
                 walk.advance()
                 m.d.comb += bus.rready.eq(walk.row_end | (walk.lane + walk.count == k))
                 with m.If(walk.last):
+                    m.d.comb += finishing.eq(1)
                     m.d.sync += active.eq(0)
+
+        # After the data path's statements, so a new command's walk overrides the old one's.
+        with m.If(pending.r_rdy & (~active | finishing)):
+            following = DmaCommand(pending.r_data)
+            m.d.comb += pending.r_en.eq(1)
+            m.d.sync += [cmd.eq(following), active.eq(1)]
+            walk.start(following)
         return m
 
 

@@ -9,16 +9,21 @@ Each engine runs one instruction at a time:
 * **exec** (and **drain**): the engine's own work;
 * **push**: wait until every queue named by its ``push_*`` flags has room, then
   push them all in one cycle (a push happens after the instruction completes).
+
+An engine whose work is a DMA command can instead pipeline (`PendingPushes`): it
+pops and launches an instruction as soon as the previous one is launched and
+leaves its pushes to a queue that performs them in order, each once its
+instruction's data has landed.
 """
 
 from amaranth import *
-from amaranth.lib import data, wiring
+from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import Opcode, fields_of
 from ..regmap import ENGINE_STATES
 
-__all__ = ["TokenPort", "insn_layout", "STATE_BITS", "EngineSequencer"]
+__all__ = ["TokenPort", "insn_layout", "STATE_BITS", "EngineSequencer", "PendingPushes"]
 
 #: Width of an engine's state code in the debug register.
 STATE_BITS = 4
@@ -95,3 +100,72 @@ class EngineSequencer:
                     m.d.comb += push_port.push.eq(getattr(h, f"push_{name}"))
                 m.d.comb += self.retire.eq(1)
                 m.next = "IDLE"
+
+
+class PendingPushes:
+    """The pushes of launched instructions, performed in program order as each completes.
+
+    Each launched instruction leaves an entry: its ``push_*`` flags and the unit
+    (``source``) executing it. Units complete their own commands in order and
+    pulse ``done`` once per command; the queue counts those completions per unit,
+    so units may finish out of order with respect to each other while the pushes
+    still leave in program order. The head entry is retired when its unit has a
+    completion counted and every queue it pushes to has room: it pushes them all
+    in one cycle.
+
+    Parameters
+    ----------
+    m : Module
+    ports : dict of flag name → (pop port, push port), as for `EngineSequencer`
+    dones : list of done pulses, one per unit
+    depth : int
+        Instructions launched and not yet retired.
+
+    Attributes
+    ----------
+    ready : Value
+        An entry can be added (launch allowed).
+    pending : Value
+        Some launched instruction has not been retired.
+    token_stall : Signal
+        The head has completed but a queue it pushes to is full.
+    retire : Signal
+        The head is retired this cycle.
+    """
+
+    def __init__(self, m, ports, dones, depth=4):
+        self._names = list(ports)
+        self._source_bits = max(1, (len(dones) - 1).bit_length())
+        m.submodules.pending_pushes = queue = fifo.SyncFIFO(
+            width=len(self._names) + self._source_bits, depth=depth)
+        self._queue = queue
+        self.ready = queue.w_rdy
+        self.pending = queue.r_rdy
+        self.token_stall = Signal()
+        self.retire = Signal()
+
+        flags = queue.r_data[:len(self._names)]
+        source = queue.r_data[len(self._names):]
+        completed = Signal()
+        for i, done in enumerate(dones):
+            credits = Signal(range(depth + 1), name=f"completed{i}")
+            taken = self.retire & (source == i)
+            m.d.sync += credits.eq(credits + done - taken)
+            with m.If(source == i):
+                m.d.comb += completed.eq(credits != 0)
+        blocked = Const(0)
+        for i, name in enumerate(self._names):
+            blocked = blocked | (flags[i] & ~ports[name][1].can_push)
+        with m.If(queue.r_rdy & completed):
+            with m.If(blocked):
+                m.d.comb += self.token_stall.eq(1)
+            with m.Else():
+                m.d.comb += [self.retire.eq(1), queue.r_en.eq(1)]
+                for i, name in enumerate(self._names):
+                    m.d.comb += ports[name][1].push.eq(flags[i])
+
+    def add(self, m, header, source):
+        """Statements for an instruction (``header``: its decoded header) launched this cycle."""
+        m.d.comb += [self._queue.w_en.eq(1),
+                     self._queue.w_data.eq(Cat(*(getattr(header, f"push_{n}") for n in self._names),
+                                               C(0, self._source_bits) | source))]

@@ -1,4 +1,11 @@
-"""The load engine: LOADs into the input and weight buffers."""
+"""The load engine: LOADs into the input and weight buffers.
+
+LOADs pipeline: the engine pops an instruction's tokens and hands it to its
+buffer's `TileLoader` as soon as the previous one has been handed over, so its
+bursts go out while the previous LOAD's data still arrives. Each instruction's
+pushes wait in `PendingPushes` until its loader reports the tile written, and
+leave in program order.
+"""
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
@@ -7,7 +14,8 @@ from amaranth.lib.wiring import In, Out
 from ..isa import MemType, Opcode
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
+from .engine import STATE_BITS, EngineSequencer, PendingPushes, TokenPort, insn_layout
+from ..regmap import ENGINE_STATES
 from .tile_load import TileLoader
 
 __all__ = ["LoadEngine"]
@@ -26,6 +34,9 @@ class LoadEngine(wiring.Component):
     inp_wr, wgt_wr : Out(GroupWriteSignature)
         Group write ports of the input and weight buffers (`buffer_lanes` entries).
     state, busy, token_stall, mem_stall, retire : status for counters and debug.
+        ``busy``: an instruction is being popped or launched, or a launched one has
+        not been retired (data in flight or push pending); ``retire``: an
+        instruction's pushes are done (its data is in SRAM).
     """
 
     def __init__(self, config):
@@ -64,28 +75,29 @@ class LoadEngine(wiring.Component):
                          "y_pad0", "y_pad1", "x_pad0", "x_pad1"):
                 m.d.comb += getattr(loader.cmd.p, name).eq(getattr(insn, name))
 
+        pushes = PendingPushes(m, {"next": (self.next_pop, self.next_push)},
+                               [loaders["inp"].done, loaders["wgt"].done])
         with m.FSM():
             seq.idle_state()
             seq.pop_state("LAUNCH")
             with m.State("LAUNCH"):
-                m.d.comb += [seq.state.eq(2), seq.busy.eq(1)]
-                with m.If(is_wgt):
-                    m.d.comb += loaders["wgt"].cmd.valid.eq(1)
-                    with m.If(loaders["wgt"].cmd.ready):
-                        m.next = "WAIT"
-                with m.Else():
-                    m.d.comb += loaders["inp"].cmd.valid.eq(1)
-                    with m.If(loaders["inp"].cmd.ready):
-                        m.next = "WAIT"
-            with m.State("WAIT"):
-                m.d.comb += [seq.state.eq(2), seq.busy.eq(1)]
-                with m.If(~loaders["inp"].busy & ~loaders["wgt"].busy):
-                    m.next = "PUSH"
-            seq.push_state()
+                m.d.comb += [seq.state.eq(ENGINE_STATES["exec"]), seq.busy.eq(1)]
+                for name, loader in loaders.items():
+                    with m.If(is_wgt if name == "wgt" else ~is_wgt):
+                        m.d.comb += loader.cmd.valid.eq(pushes.ready)
+                        with m.If(loader.cmd.ready & pushes.ready):
+                            pushes.add(m, seq.header, is_wgt)
+                            m.next = "IDLE"
 
+        state = Signal(STATE_BITS)
+        with m.If((seq.state == ENGINE_STATES["idle"]) & pushes.pending):
+            m.d.comb += state.eq(Mux(pushes.token_stall, ENGINE_STATES["push"], ENGINE_STATES["drain"]))
+        with m.Else():
+            m.d.comb += state.eq(seq.state)
         m.d.comb += [
-            self.state.eq(seq.state), self.busy.eq(seq.busy), self.token_stall.eq(seq.token_stall),
-            self.retire.eq(seq.retire),
+            self.state.eq(state), self.busy.eq(seq.busy | pushes.pending),
+            self.token_stall.eq(seq.token_stall | pushes.token_stall),
+            self.retire.eq(pushes.retire),
             self.mem_stall.eq(loaders["inp"].mem_stall | loaders["wgt"].mem_stall |
                               (loaders["inp"].bus.req & ~loaders["inp"].bus.gnt) |
                               (loaders["wgt"].bus.req & ~loaders["wgt"].bus.gnt)),

@@ -8,10 +8,15 @@ of one bus beat) through the buffer's group write port: a run of padding writes
 zeros at once; a data run takes the next group from the DMA reader, which runs
 ahead. A tile row's data run is exactly one DMA row, so the reader's groups
 never straddle padding or a row end, and padding groups stop at the run's end.
+
+Commands pipeline: a command goes to the DMA reader as soon as it is accepted
+and waits in a small queue for the writer, which takes it in the cycle the
+previous tile's last position is written. So a LOAD's bursts go out while the
+previous LOAD's data still arrives, and ``done`` marks each tile's end in order.
 """
 
 from amaranth import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import DMA_PAD_BITS, DMA_SIZE_BITS
@@ -48,11 +53,19 @@ class TileLoader(wiring.Component):
     wr : Out(GroupWriteSignature)
         The buffer's group write port (entry index modulo the buffer depth;
         ``lanes`` = `buffer_lanes`).
+    done : Out(1)
+        Pulses once per command, in order, in the cycle its last position is
+        written (a tile without positions: a cycle after the writer takes it).
     busy, mem_stall : Out(1)
-        ``mem_stall``: a data position waits for DRAM.
+        ``busy``: a command is in flight. ``mem_stall``: a data position waits for DRAM.
+    depth : int
+        Commands in flight (accepted, not yet written).
     """
 
-    def __init__(self, config, buffer):
+    def __init__(self, config, buffer, depth=4):
+        if not isinstance(depth, int) or depth < 1:
+            raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
+        self._depth = depth
         if buffer not in ("inp", "wgt", "acc", "uop"):
             raise ValueError(f"LOAD targets inp, wgt, acc or uop, not {buffer!r}")
         self._config = config
@@ -64,6 +77,7 @@ class TileLoader(wiring.Component):
             "bus": Out(AxiReadSignature(config.bus_width)),
             "wr": Out(GroupWriteSignature(self._entry_bytes * 8, self._lanes,
                                           max(1, (config.depth(buffer) - 1).bit_length()))),
+            "done": Out(1),
             "busy": Out(1),
             "mem_stall": Out(1),
         })
@@ -71,10 +85,30 @@ class TileLoader(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lanes = self._lanes
-        m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes)
+        layout = load_command_layout(self._config)
+        m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes,
+                                                 depth=self._depth)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
+        m.submodules.queue = queue = fifo.SyncFIFO(width=layout.size, depth=self._depth)
 
-        cmd = Signal(load_command_layout(self._config))
+        # Accept: the data part (if any) to the reader, the whole command to the writer's queue.
+        incoming = self.cmd.p
+        incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
+        m.d.comb += [
+            reader.cmd.p.base.eq(incoming.dram_base),
+            reader.cmd.p.y_size.eq(incoming.y_size),
+            reader.cmd.p.x_size.eq(incoming.x_size),
+            reader.cmd.p.x_stride.eq(incoming.x_stride),
+            reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
+            self.cmd.ready.eq(queue.w_rdy & (~incoming_data | reader.cmd.ready)),
+            queue.w_data.eq(incoming),
+            queue.w_en.eq(self.cmd.valid & self.cmd.ready),
+        ]
+
+        # Writer: walks the padded tile of `cmd` while ``active``.
+        cmd = Signal(layout)
+        active = Signal()
+        empty = Signal()        # the tile has no positions
         rows = Signal(DMA_SIZE_BITS + 1)
         pitch = Signal(DMA_SIZE_BITS + 1)
         m.d.comb += [rows.eq(cmd.y_pad0 + cmd.y_size + cmd.y_pad1),
@@ -82,15 +116,8 @@ class TileLoader(wiring.Component):
         r = Signal(DMA_SIZE_BITS + 1)
         c = Signal(DMA_SIZE_BITS + 1)
         addr = Signal(len(self.wr.addr))
-        has_data = (cmd.y_size != 0) & (cmd.x_size != 0)
+        m.d.comb += self.wr.addr.eq(addr)
 
-        m.d.comb += [
-            reader.cmd.p.base.eq(cmd.dram_base),
-            reader.cmd.p.y_size.eq(cmd.y_size),
-            reader.cmd.p.x_size.eq(cmd.x_size),
-            reader.cmd.p.x_stride.eq(cmd.x_stride),
-            self.wr.addr.eq(addr),
-        ]
         data_row = (r >= cmd.y_pad0) & (r < cmd.y_pad0 + cmd.y_size)
         data_end = cmd.x_pad0 + cmd.x_size
         is_data = data_row & (c >= cmd.x_pad0) & (c < data_end)
@@ -103,34 +130,36 @@ class TileLoader(wiring.Component):
             count.eq(Mux(is_data, reader.out.p.count, Mux(pad_left < lanes, pad_left, lanes))),
         ]
 
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(1)
-                with m.If(self.cmd.valid):
-                    m.d.sync += [cmd.eq(self.cmd.p), r.eq(0), c.eq(0), addr.eq(self.cmd.p.sram_base)]
-                    m.next = "START"
-            with m.State("START"):
-                m.d.comb += [self.busy.eq(1), reader.cmd.valid.eq(has_data)]
-                with m.If((rows == 0) | (pitch == 0)):
-                    m.next = "IDLE"
-                with m.Elif(~has_data | reader.cmd.ready):
-                    m.next = "WRITE"
-            with m.State("WRITE"):
-                m.d.comb += [
-                    self.busy.eq(1),
-                    reader.out.ready.eq(is_data),
-                    self.wr.count.eq(count),
-                    self.wr.en.eq(~is_data | reader.out.valid),
-                    self.mem_stall.eq(is_data & ~reader.out.valid),
-                ]
-                with m.If(is_data):
-                    m.d.comb += self.wr.data.eq(reader.out.p.entries)
-                with m.If(self.wr.en):
-                    m.d.sync += addr.eq(addr + count)
-                    with m.If(c + count == pitch):
-                        m.d.sync += [c.eq(0), r.eq(r + 1)]
-                        with m.If(r + 1 == rows):
-                            m.next = "IDLE"
-                    with m.Else():
-                        m.d.sync += c.eq(c + count)
+        writing = active & ~empty
+        with m.If(writing):
+            m.d.comb += [
+                reader.out.ready.eq(is_data),
+                self.wr.count.eq(count),
+                self.wr.en.eq(~is_data | reader.out.valid),
+                self.mem_stall.eq(is_data & ~reader.out.valid),
+            ]
+            with m.If(is_data):
+                m.d.comb += self.wr.data.eq(reader.out.p.entries)
+        with m.If(active & empty):
+            m.d.comb += self.done.eq(1)
+        with m.If(self.wr.en):
+            m.d.sync += addr.eq(addr + count)
+            with m.If(c + count == pitch):
+                m.d.sync += [c.eq(0), r.eq(r + 1)]
+                with m.If(r + 1 == rows):
+                    m.d.comb += self.done.eq(1)
+            with m.Else():
+                m.d.sync += c.eq(c + count)
+        with m.If(self.done):
+            m.d.sync += active.eq(0)
+        with m.If(queue.r_rdy & (~active | self.done)):
+            following = data.View(layout, queue.r_data)
+            m.d.comb += queue.r_en.eq(1)
+            m.d.sync += [
+                cmd.eq(following), active.eq(1), r.eq(0), c.eq(0), addr.eq(following.sram_base),
+                empty.eq((following.y_pad0 + following.y_size + following.y_pad1 == 0) |
+                         (following.x_pad0 + following.x_size + following.x_pad1 == 0)),
+            ]
+
+        m.d.comb += self.busy.eq(active | queue.r_rdy | reader.busy)
         return m
