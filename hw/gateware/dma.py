@@ -38,7 +38,8 @@ DmaCommand = data.StructLayout({
     "x_stride": 16,
 })
 
-BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8})
+#: A burst: byte address, AxLEN (beats − 1), and whether it is its command's last.
+BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8, "last": 1})
 
 
 def max_burst_beats(bus_bytes):
@@ -69,8 +70,8 @@ class BurstGenerator(wiring.Component):
     ----------
     cmd : In(stream of DmaCommand)
         One command at a time; ``x_size`` and ``y_size`` must be non-zero.
-    burst : Out(stream of {addr, len})
-        Bursts in order; ``len`` is beats − 1.
+    burst : Out(stream of BurstLayout)
+        Bursts in order; ``len`` is beats − 1; ``last`` marks a command's last burst.
     busy : Out(1)
         A command is being split.
     """
@@ -113,7 +114,8 @@ class BurstGenerator(wiring.Component):
         m.d.comb += to_boundary.eq(maxb - beat[:_log2(maxb)])
         length = Signal(range(maxb + 1))
         m.d.comb += length.eq(Mux(left < to_boundary, left, to_boundary))
-        m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1)]
+        m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1),
+                     self.burst.p.last.eq((left == length) & (row + 1 == cmd.y_size))]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -365,17 +367,31 @@ class DmaWriter(wiring.Component):
 
     Attributes
     ----------
+    responses : int
+        Bursts whose write response may be outstanding (AW stalls beyond).
+
+    Attributes
+    ----------
     cmd : In(stream of DmaCommand)
-        Accepted only when idle; ``x_size`` and ``y_size`` must be non-zero.
+        ``x_size`` and ``y_size`` must be non-zero. Accepted once the previous
+        command's entries have all been taken and its bursts generated, so a
+        command's AW and W go out while earlier commands' write responses are
+        still on their way.
     inp : In(stream of group_layout(entry_bytes·8, lanes))
-        The tile's entries in the groups of `dma_groups` (each group fills the
-        lanes of one beat that belong to one row; ``count`` must be the walk's).
+        The tiles' entries, command after command, in the groups of `dma_groups`
+        (each group fills the lanes of one beat that belong to one row; ``count``
+        must be the walk's).
     bus : Out(AxiWriteSignature)
+    done : Out(1)
+        Pulses once per command, in order, when its last write response arrives.
     busy : Out(1)
-        High until the last write response has arrived.
+        High until the last write response of the last command has arrived.
     """
 
-    def __init__(self, entry_bytes, bus_bytes, lanes=None):
+    def __init__(self, entry_bytes, bus_bytes, lanes=None, responses=32):
+        if not isinstance(responses, int) or responses < 1:
+            raise TypeError(f"Outstanding responses must be a positive integer, not {responses!r}")
+        self._responses = responses
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
@@ -383,6 +399,7 @@ class DmaWriter(wiring.Component):
             "cmd": In(stream.Signature(DmaCommand)),
             "inp": In(stream.Signature(group_layout(entry_bytes * 8, self._lanes))),
             "bus": Out(AxiWriteSignature(bus_bytes * 8)),
+            "done": Out(1),
             "busy": Out(1),
         })
 
@@ -393,6 +410,9 @@ class DmaWriter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
+        # Write responses come back in AW order (one ID): this queue says, per burst
+        # awaiting its response, whether it ends a command.
+        m.submodules.responses = responses = fifo.SyncFIFO(width=1, depth=self._responses)
         # AW runs ahead of W; W learns each burst's length from this queue.
         m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=8)
         e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
@@ -401,33 +421,30 @@ class DmaWriter(wiring.Component):
         width = self._bus_bytes * 8
 
         cmd = Signal(DmaCommand)
-        active = Signal()
-        data_done = Signal()
-        outstanding = Signal(16)
+        data_done = Signal(init=1)      # every entry of `cmd` taken (or no command yet)
         walk = DmaWalk(m, cmd, k_log, self._lanes)
+        free_for_cmd = data_done & bursts.cmd.ready
+        room = lengths.w_rdy & responses.w_rdy
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
-            bursts.cmd.valid.eq(self.cmd.valid & ~active),
-            self.cmd.ready.eq(bursts.cmd.ready & ~active),
+            bursts.cmd.valid.eq(self.cmd.valid & data_done),
+            self.cmd.ready.eq(free_for_cmd),
             bus.awaddr.eq(bursts.burst.p.addr),
             bus.awlen.eq(bursts.burst.p.len),
-            bus.awvalid.eq(bursts.burst.valid & lengths.w_rdy),
-            bursts.burst.ready.eq(bus.awready & lengths.w_rdy),
+            bus.awvalid.eq(bursts.burst.valid & room),
+            bursts.burst.ready.eq(bus.awready & room),
             lengths.w_data.eq(bursts.burst.p.len),
             lengths.w_en.eq(bus.awvalid & bus.awready),
+            responses.w_data.eq(bursts.burst.p.last),
+            responses.w_en.eq(bus.awvalid & bus.awready),
             bus.bready.eq(1),
-            self.busy.eq(active),
+            responses.r_en.eq(bus.bvalid),
+            self.done.eq(bus.bvalid & responses.r_rdy & responses.r_data),
         ]
         with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [cmd.eq(self.cmd.p), active.eq(1), data_done.eq(0)]
+            m.d.sync += [cmd.eq(self.cmd.p), data_done.eq(0)]
             walk.start(self.cmd.p)
-
-        aw_fire = bus.awvalid & bus.awready
-        b_fire = bus.bvalid & bus.bready
-        m.d.sync += outstanding.eq(outstanding + aw_fire - b_fire)
-        with m.If(active & data_done & ~bursts.busy & (outstanding == 0) & ~lengths.r_rdy):
-            m.d.sync += active.eq(0)
 
         # W beats: `beat`/`strb` hold the beat being presented.
         beat = Signal(width)
@@ -449,12 +466,14 @@ class DmaWriter(wiring.Component):
                 m.d.sync += w_count.eq(w_count + 1)
 
         free = ~beat_valid | w_fire
+        holding = Signal()      # an entry wider than a beat still has beats to present
+        m.d.comb += self.busy.eq(~data_done | holding | beat_valid | bursts.busy | lengths.r_rdy |
+                                 responses.r_rdy)
         if e_log >= n_log:
             beats = 1 << (e_log - n_log)
             entry = Signal(self._entry_bytes * 8)
             index = Signal(range(max(2, beats)))
-            holding = Signal()
-            m.d.comb += self.inp.ready.eq(active & ~data_done & (~holding | (free & (index == beats - 1))))
+            m.d.comb += self.inp.ready.eq(~data_done & (~holding | (free & (index == beats - 1))))
             with m.If(holding & free):
                 m.d.sync += [beat.eq(entry.word_select(index, width)), strb.eq(~0), beat_valid.eq(1),
                              index.eq(index + 1)]
@@ -470,7 +489,7 @@ class DmaWriter(wiring.Component):
             k = 1 << k_log
             lane_bytes = self._entry_bytes
             l_log = _log2(self._lanes)
-            m.d.comb += self.inp.ready.eq(active & ~data_done & free)
+            m.d.comb += self.inp.ready.eq(~data_done & free)
             with m.If(self.inp.valid & self.inp.ready):
                 walk.advance()
                 lanes = Signal(width // 8)

@@ -8,6 +8,14 @@ read port, exactly the entries the writer will pack into one beat (the same
 `DmaWalk` over the DRAM side of the command), so narrow entries leave at a
 beat per cycle. The instruction completes when the last write response
 arrives, so a token pushed after a STORE means its data is in DRAM.
+
+STOREs pipeline: the next STORE is popped and launched as soon as the previous
+one's SRAM reads are issued, so its AW and W go out while the previous STORE's
+write responses are outstanding; each instruction's pushes wait in
+`PendingPushes` until its writer reports the last response, and leave in
+program order. The bus belongs to one writer at a time (``owner``): a STORE
+from the other buffer waits until the owner's writes are all answered, so
+every write response reaches the writer that issued the burst.
 """
 
 from amaranth import *
@@ -18,7 +26,7 @@ from ..isa import MemType, Opcode
 from .axi import AxiWriteSignature
 from .banked import GroupReadSignature, buffer_lanes, group_layout
 from .dma import DmaCommand, DmaWalk, DmaWriter
-from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
+from .engine import STATE_BITS, EngineSequencer, PendingPushes, TokenPort, insn_layout
 from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine"]
@@ -37,6 +45,10 @@ class StoreEngine(wiring.Component):
     bus : Out(AxiWriteSignature)
     out_rd, acc_rd : Out(GroupReadSignature)
         Group read ports of the output and accumulator buffers (`buffer_lanes` entries).
+    state, busy, token_stall, mem_stall, retire : status for counters and debug.
+        ``busy``: an instruction is being popped or launched, or a launched one has
+        not been retired (data or write responses in flight, push pending);
+        ``retire``: an instruction's pushes are done (its data is in DRAM).
     bytes_written : Out(range(largest group's bytes + 1))
         Bytes accepted by the DMA writers this cycle (for the counter): a group of
         entries, at most a beat when entries are narrower, one entry otherwise.
@@ -69,14 +81,16 @@ class StoreEngine(wiring.Component):
         word = Signal(c.insn_bits)
         layout = insn_layout(c, Opcode.STORE)
         insn = data.View(layout, word[:layout.size])
-        use_acc = Signal()
-        m.d.comb += use_acc.eq(insn.mem == MemType.ACC)
-        selected = {"out": ~use_acc, "acc": use_acc}
+        insn_acc = insn.mem == MemType.ACC
+        insn_cmd = Signal(DmaCommand)
+        m.d.comb += [insn_cmd.base.eq(insn.dram_base), insn_cmd.y_size.eq(insn.y_size),
+                     insn_cmd.x_size.eq(insn.x_size), insn_cmd.x_stride.eq(insn.x_stride)]
+        for writer in writers.values():
+            m.d.comb += writer.cmd.p.eq(insn_cmd)
 
-        # Bus: the writer of the current instruction drives it.
-        dma_cmd = Signal(DmaCommand)
-        m.d.comb += [dma_cmd.base.eq(insn.dram_base), dma_cmd.y_size.eq(insn.y_size),
-                     dma_cmd.x_size.eq(insn.x_size), dma_cmd.x_stride.eq(insn.x_stride)]
+        # Bus: the owner's writer drives it (set at each launch; see the module docstring).
+        use_acc = Signal()      # the owner, and the buffer of the SRAM reads in progress
+        selected = {"out": ~use_acc, "acc": use_acc}
         for name, writer in writers.items():
             with m.If(selected[name]):
                 m.d.comb += [
@@ -88,10 +102,11 @@ class StoreEngine(wiring.Component):
                     writer.bus.bresp.eq(self.bus.bresp), writer.bus.bvalid.eq(self.bus.bvalid),
                     self.bus.bready.eq(writer.bus.bready),
                 ]
-            m.d.comb += writer.cmd.p.eq(dma_cmd)
 
         # SRAM → queue → writer, a group per read. Each buffer has its own walk (its
-        # entries per beat); only the selected one advances.
+        # entries per beat); only the selected one advances. `dma_cmd` holds the
+        # command being read, as the instruction word moves on at launch.
+        dma_cmd = Signal(DmaCommand)
         layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in buffers.items()}
         group_bits = max(layout.size for layout in layouts.values())
         m.submodules.queue = queue = fifo.SyncFIFO(width=group_bits, depth=_QUEUE_DEPTH)
@@ -127,7 +142,11 @@ class StoreEngine(wiring.Component):
                 with m.If(queue.r_en & queue.r_rdy):
                     m.d.comb += self.bytes_written.eq(writer.inp.p.count * buffers[name][1])
 
+        # A STORE without data completes at launch (source 2: `PendingPushes` counts it a cycle later).
+        empty_done = Signal()
         seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push)})
+        pushes = PendingPushes(m, {"prev": (self.prev_pop, self.prev_push)},
+                               [writers["out"].done, writers["acc"].done, empty_done])
         exec_state = ENGINE_STATES["exec"]
         with m.FSM():
             seq.idle_state()
@@ -135,27 +154,38 @@ class StoreEngine(wiring.Component):
             with m.State("LAUNCH"):
                 m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
                 with m.If((insn.y_size == 0) | (insn.x_size == 0)):
-                    m.next = "PUSH"
+                    with m.If(pushes.ready):
+                        pushes.add(m, seq.header, C(2, 2))
+                        m.d.comb += empty_done.eq(1)
+                        m.next = "IDLE"
                 with m.Else():
+                    # The reads of the previous STORE are issued; a change of buffer also
+                    # waits for the previous owner's last write response.
+                    owner_busy = Mux(use_acc, writers["acc"].busy, writers["out"].busy)
+                    switch_ok = (insn_acc == use_acc) | ~owner_busy
                     for name, writer in writers.items():
-                        with m.If(selected[name]):
-                            m.d.comb += writer.cmd.valid.eq(1)
-                            with m.If(writer.cmd.ready):
-                                m.d.sync += [reading.eq(1), addr.eq(insn.sram_base)]
+                        with m.If(insn_acc if name == "acc" else ~insn_acc):
+                            launch_ok = ~reading & pushes.ready & switch_ok
+                            m.d.comb += writer.cmd.valid.eq(launch_ok)
+                            with m.If(writer.cmd.ready & launch_ok):
+                                m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
+                                             use_acc.eq(insn_acc)]
                                 for walk in walks.values():
-                                    walk.start(dma_cmd)
-                                m.next = "WAIT"
-            with m.State("WAIT"):
-                m.d.comb += [seq.state.eq(ENGINE_STATES["drain"]), seq.busy.eq(1)]
-                with m.If(~reading & ~inflight & ~queue.r_rdy &
-                          ~writers["out"].busy & ~writers["acc"].busy):
-                    m.next = "PUSH"
-            seq.push_state()
+                                    walk.start(insn_cmd)
+                                pushes.add(m, seq.header, insn_acc)
+                                m.next = "IDLE"
 
+        state = Signal(STATE_BITS)
+        with m.If((seq.state == ENGINE_STATES["idle"]) & pushes.pending):
+            m.d.comb += state.eq(Mux(pushes.token_stall, ENGINE_STATES["push"], ENGINE_STATES["drain"]))
+        with m.Else():
+            m.d.comb += state.eq(seq.state)
+        busy = seq.busy | pushes.pending
         m.d.comb += [
-            self.state.eq(seq.state), self.busy.eq(seq.busy), self.token_stall.eq(seq.token_stall),
-            self.retire.eq(seq.retire),
-            self.mem_stall.eq(seq.busy & ((self.bus.awvalid & ~self.bus.awready) |
-                                          (self.bus.wvalid & ~self.bus.wready))),
+            self.state.eq(state), self.busy.eq(busy),
+            self.token_stall.eq(seq.token_stall | pushes.token_stall),
+            self.retire.eq(pushes.retire),
+            self.mem_stall.eq(busy & ((self.bus.awvalid & ~self.bus.awready) |
+                                      (self.bus.wvalid & ~self.bus.wready))),
         ]
         return m

@@ -146,27 +146,30 @@ async def axil_read(ctx, bus, offset):
 class AxiWriteMemory:
     """The write half of `AxiReadMemory` (AW, W, B) over the same bytearray."""
 
-    def __init__(self, port, data: bytearray, bus_bytes: int, stall=0.0, seed=1):
+    def __init__(self, port, data: bytearray, bus_bytes: int, stall=0.0, seed=1, b_latency=0):
         import random
         self.port, self.data, self.n, self.stall = port, data, bus_bytes, stall
         self.rng = random.Random(seed)
+        self.b_latency = b_latency      # cycles from a burst's last W beat to its response
         self.writes = []
 
     async def run(self, ctx):
         p, n = self.port, self.n
-        bursts, pending_b = [], 0
+        bursts, responses = [], []      # responses: cycle from which each may be given
         current = None
+        cycle = 0
         while True:
+            cycle += 1
             aw_ready = self.rng.random() >= self.stall
             w_ready = bool(bursts or current) and self.rng.random() >= self.stall
-            b_valid = pending_b > 0 and self.rng.random() >= self.stall
+            b_valid = bool(responses) and responses[0] <= cycle and self.rng.random() >= self.stall
             ctx.set(p.awready, int(aw_ready))
             ctx.set(p.wready, int(w_ready))
             ctx.set(p.bvalid, int(b_valid))
             _, _, awvalid, awaddr, awlen, wvalid, wdata, wstrb, wlast, bready = await ctx.tick().sample(
                 p.awvalid, p.awaddr, p.awlen, p.wvalid, p.wdata, p.wstrb, p.wlast, p.bready)
             if b_valid and bready:
-                pending_b -= 1
+                responses.pop(0)
             if w_ready and wvalid:
                 if current is None:
                     current = bursts.pop(0)
@@ -179,7 +182,7 @@ class AxiWriteMemory:
                 assert bool(wlast) == (current[1] == 0), "WLAST does not match AWLEN"
                 if current[1] == 0:
                     current = None
-                    pending_b += 1
+                    responses.append(cycle + 1 + self.b_latency)
             if aw_ready and awvalid:
                 bursts.append([awaddr, awlen + 1])
                 self.writes.append((awaddr, awlen + 1))
