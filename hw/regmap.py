@@ -56,14 +56,18 @@ COUNTERS: list[tuple[str, str]] = [
     ("fetch_busy", "cycles the fetch engine has instructions left to fetch"),
     ("fetch_mem_stall", "cycles fetch waits for the memory bus or instruction data"),
     ("fetch_queue_stall", "cycles fetch holds an instruction whose command queue is full"),
-    ("load_busy", "cycles the load engine executes an instruction"),
-    ("load_token_stall", "cycles the load engine waits to pop or push a dependency token"),
+    ("load_busy", "cycles the load engine has an instruction in flight (popping, launching, "
+                  "moving data or waiting to push; LOADs overlap)"),
+    ("load_token_stall", "cycles the load engine waits to pop a token or its oldest finished LOAD waits "
+                         "to push one"),
     ("load_mem_stall", "cycles the load engine waits for the memory bus or DRAM data"),
     ("compute_busy", "cycles the compute engine executes an instruction"),
     ("compute_token_stall", "cycles the compute engine waits to pop or push a dependency token"),
     ("compute_mem_stall", "cycles the compute engine waits for the memory bus or DRAM data"),
-    ("store_busy", "cycles the store engine executes an instruction"),
-    ("store_token_stall", "cycles the store engine waits to pop or push a dependency token"),
+    ("store_busy", "cycles the store engine has an instruction in flight (popping, launching, "
+                   "moving data, awaiting write responses or waiting to push; STOREs overlap)"),
+    ("store_token_stall", "cycles the store engine waits to pop a token or its oldest finished STORE "
+                          "waits to push one"),
     ("store_mem_stall", "cycles the store engine waits for the memory bus"),
     ("gemm_active", "cycles a GEMM micro-op enters the GEMM core"),
     ("gemm_reset", "cycles a GEMM reset micro-op enters the GEMM core (counted in gemm_active too; "
