@@ -233,7 +233,6 @@ class DmaReader(wiring.Component):
     lanes : int
         Most entries per group (a power of two, at most the entries of a beat;
         default: a beat's worth). 1 gives one entry per cycle.
-
     depth : int
         Commands in flight: a command is accepted while up to ``depth - 1`` earlier
         ones still wait for their data, so its bursts go out while theirs arrive
@@ -364,9 +363,6 @@ class DmaWriter(wiring.Component):
     ----------
     entry_bytes, bus_bytes, lanes : int
         As for `DmaReader`.
-
-    Attributes
-    ----------
     responses : int
         Bursts whose write response may be outstanding (AW stalls beyond).
 

@@ -314,3 +314,13 @@ def test_load_engine_overlaps_consecutive_loads():
     assert rs[-1] - rs[0] + 1 <= count * beats + count
     pushes = [e[0] for e in events if e[1] == "push"]
     assert len(pushes) == count
+
+
+def test_reader_refuses_bad_depth():
+    with pytest.raises(TypeError, match="Command depth must be a positive integer, not 0"):
+        DmaReader(4, 8, depth=0)
+
+
+def test_tile_loader_refuses_bad_depth():
+    with pytest.raises(TypeError, match="Command depth must be a positive integer, not 'x'"):
+        TileLoader(PRESETS["tiny"], "inp", depth="x")

@@ -254,3 +254,8 @@ def test_store_engine_overlaps_consecutive_stores():
     # without overlap each STORE would add the 10-cycle response latency.
     beats = x * config.out_entry_bytes // config.bus_bytes
     assert b_cycles[-1] - b_cycles[0] <= (count - 1) * (beats + 4)
+
+
+def test_writer_refuses_bad_response_count():
+    with pytest.raises(TypeError, match="Outstanding responses must be a positive integer, not 0"):
+        DmaWriter(4, 8, responses=0)
