@@ -257,6 +257,7 @@ class DmaReader(wiring.Component):
 
     def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
         if not isinstance(depth, int) or depth < 1:
+            self._MustUse__silence = True   # a refused component is not an unused one
             raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
         self._depth = depth
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
@@ -386,6 +387,7 @@ class DmaWriter(wiring.Component):
 
     def __init__(self, entry_bytes, bus_bytes, lanes=None, responses=32):
         if not isinstance(responses, int) or responses < 1:
+            self._MustUse__silence = True   # a refused component is not an unused one
             raise TypeError(f"Outstanding responses must be a positive integer, not {responses!r}")
         self._responses = responses
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)

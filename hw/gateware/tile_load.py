@@ -64,6 +64,7 @@ class TileLoader(wiring.Component):
 
     def __init__(self, config, buffer, depth=4):
         if not isinstance(depth, int) or depth < 1:
+            self._MustUse__silence = True   # a refused component is not an unused one
             raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
         self._depth = depth
         if buffer not in ("inp", "wgt", "acc", "uop"):
