@@ -123,9 +123,11 @@ class CompiledOp:
 
 
 #: Cycles an instruction costs beyond its data on the RTL (`default`, Verilator): a
-#: LOAD 12 and a STORE 11 (issue, DRAM latency, write response), a GEMM/ALU 8
-#: (dispatch and pipeline drain); measured as the difference of runs of 1 and 101
-#: instructions of one and of several beats.
+#: LOAD 12 and a STORE 11 when it cannot overlap the previous one (issue, DRAM
+#: latency, write response; back-to-back DMAs of one client chain at 2–3 cycles,
+#: but only while no other client wants the bus, which is the common case in a
+#: tiled operator), a GEMM/ALU 8 (dispatch and pipeline drain); measured as the
+#: difference of runs of 1 and 101 instructions (`driver.rtl_perf`).
 DMA_OVERHEAD = 12
 COMPUTE_OVERHEAD = 8
 
