@@ -20,6 +20,8 @@ _CORE_FIGURES = {
     "gemm_insn_fixed_cycles": ("GEMM instruction: cycles beyond one per micro-op (dispatch, pipeline drain)",
                                "≤ 16"),
     "gemm_fixed_cycles": ("whole GEMM run: cycles beyond one per micro-op (fetch, micro-op load, FINISH)", "—"),
+    "load_insn_fixed_cycles": ("back-to-back short LOADs: cycles per instruction beyond its beats", "—"),
+    "store_insn_fixed_cycles": ("back-to-back short STOREs: cycles per instruction beyond its beats", "—"),
     "alu_imm_uops_per_cycle": ("ALU micro-ops per cycle, immediate operand", "1"),
     "alu_reg_uops_per_cycle": ("ALU micro-ops per cycle, register operand", "≥ 0.5"),
     "sim_cycles_per_s": ("Verilator simulated cycles per second (GEMM-bound run)", "≥ 100,000"),
