@@ -164,6 +164,17 @@ class PendingPushes:
                 for i, name in enumerate(self._names):
                     m.d.comb += ports[name][1].push.eq(flags[i])
 
+    def engine_status(self, m, seq):
+        """(state, busy, token_stall) of an engine whose sequencer ``seq`` launches into
+        this queue: the front end's, or ``push``/``drain`` while it is idle and launched
+        instructions still wait to push."""
+        state = Signal(STATE_BITS)
+        with m.If((seq.state == ENGINE_STATES["idle"]) & self.pending):
+            m.d.comb += state.eq(Mux(self.token_stall, ENGINE_STATES["push"], ENGINE_STATES["drain"]))
+        with m.Else():
+            m.d.comb += state.eq(seq.state)
+        return state, seq.busy | self.pending, seq.token_stall | self.token_stall
+
     def add(self, m, header, source):
         """Statements for an instruction (``header``: its decoded header) launched this cycle."""
         m.d.comb += [self._queue.w_en.eq(1),

@@ -89,14 +89,9 @@ class LoadEngine(wiring.Component):
                             pushes.add(m, seq.header, is_wgt)
                             m.next = "IDLE"
 
-        state = Signal(STATE_BITS)
-        with m.If((seq.state == ENGINE_STATES["idle"]) & pushes.pending):
-            m.d.comb += state.eq(Mux(pushes.token_stall, ENGINE_STATES["push"], ENGINE_STATES["drain"]))
-        with m.Else():
-            m.d.comb += state.eq(seq.state)
+        state, busy, token_stall = pushes.engine_status(m, seq)
         m.d.comb += [
-            self.state.eq(state), self.busy.eq(seq.busy | pushes.pending),
-            self.token_stall.eq(seq.token_stall | pushes.token_stall),
+            self.state.eq(state), self.busy.eq(busy), self.token_stall.eq(token_stall),
             self.retire.eq(pushes.retire),
             self.mem_stall.eq(loaders["inp"].mem_stall | loaders["wgt"].mem_stall |
                               (loaders["inp"].bus.req & ~loaders["inp"].bus.gnt) |

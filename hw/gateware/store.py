@@ -175,15 +175,9 @@ class StoreEngine(wiring.Component):
                                 pushes.add(m, seq.header, insn_acc)
                                 m.next = "IDLE"
 
-        state = Signal(STATE_BITS)
-        with m.If((seq.state == ENGINE_STATES["idle"]) & pushes.pending):
-            m.d.comb += state.eq(Mux(pushes.token_stall, ENGINE_STATES["push"], ENGINE_STATES["drain"]))
-        with m.Else():
-            m.d.comb += state.eq(seq.state)
-        busy = seq.busy | pushes.pending
+        state, busy, token_stall = pushes.engine_status(m, seq)
         m.d.comb += [
-            self.state.eq(state), self.busy.eq(busy),
-            self.token_stall.eq(seq.token_stall | pushes.token_stall),
+            self.state.eq(state), self.busy.eq(busy), self.token_stall.eq(token_stall),
             self.retire.eq(pushes.retire),
             self.mem_stall.eq(busy & ((self.bus.awvalid & ~self.bus.awready) |
                                       (self.bus.wvalid & ~self.bus.wready))),

@@ -46,6 +46,30 @@ async def stream_put(ctx, stream, payload: dict):
     ctx.set(stream.valid, 0)
 
 
+async def issue_words(ctx, stream, words, limit=4000):
+    """Offer each word (a plain-payload stream, e.g. an engine's instruction queue) in
+    turn, back to back; fails if one is not taken within ``limit`` cycles."""
+    for word in words:
+        ctx.set(stream.payload, word)
+        ctx.set(stream.valid, 1)
+        for _ in range(limit):
+            _, _, ready = await ctx.tick().sample(stream.ready)
+            if ready:
+                break
+        else:
+            raise AssertionError(f"the stream stopped taking words ({limit} cycles)")
+    ctx.set(stream.valid, 0)
+
+
+async def wait_until_low(ctx, signal, limit=8000) -> bool:
+    """Tick until ``signal`` is low (True), or ``limit`` cycles pass (False)."""
+    for _ in range(limit):
+        await ctx.tick()
+        if not ctx.get(signal):
+            return True
+    return False
+
+
 async def stream_get(ctx, stream):
     """Accept one payload from a stream (ready held until a transfer); returns it."""
     ctx.set(stream.ready, 1)

@@ -11,7 +11,9 @@ import pytest
 from gemforge.hw.config import PRESETS
 from gemforge.hw.gateware.dma import DmaReader, dma_groups
 from gemforge.hw.gateware.load import LoadEngine
-from gemforge.hw.gateware.testbench import AxiReadMemory, group_entries, simulate, stream_get, stream_put
+from gemforge.hw.gateware.testbench import (
+    AxiReadMemory, group_entries, issue_words, simulate, stream_get, stream_put, wait_until_low,
+)
 from gemforge.hw.gateware.tile_load import TileLoader
 from gemforge.hw.isa import Load, MemType, encode
 
@@ -186,21 +188,9 @@ def _load_engine_run(config, insns, stall, seed, can_push_rate=1.0):
 
     async def tb(ctx):
         ctx.set(dut.next_pop.can_pop, 1)
-        for insn in insns:
-            ctx.set(dut.cmd.payload, encode(insn, config))
-            ctx.set(dut.cmd.valid, 1)
-            for _ in range(4000):
-                _, _, ready = await ctx.tick().sample(dut.cmd.ready)
-                if ready:
-                    break
-            else:
-                raise AssertionError("the engine stopped taking instructions")
-        ctx.set(dut.cmd.valid, 0)
-        for _ in range(8000):
-            await ctx.tick()
-            if not ctx.get(dut.busy):
-                finished.append(True)
-                break
+        await issue_words(ctx, dut.cmd, [encode(insn, config) for insn in insns])
+        if await wait_until_low(ctx, dut.busy):
+            finished.append(True)
 
     async def tokens(ctx):
         while True:

@@ -11,7 +11,7 @@ import pytest
 from gemforge.hw.config import PRESETS
 from gemforge.hw.gateware.dma import DmaWriter, dma_groups
 from gemforge.hw.gateware.store import StoreEngine
-from gemforge.hw.gateware.testbench import AxiWriteMemory, simulate, stream_put
+from gemforge.hw.gateware.testbench import AxiWriteMemory, issue_words, simulate, stream_put, wait_until_low
 from gemforge.hw.isa import MemType, Store, encode
 
 from test_gateware_dma import random_commands, wait_idle
@@ -136,21 +136,9 @@ def _store_engine_run(config, insns, sram, stall, b_latency, seed, can_push_rate
 
     async def tb(ctx):
         ctx.set(dut.prev_pop.can_pop, 1)
-        for insn in insns:
-            ctx.set(dut.cmd.payload, encode(insn, config))
-            ctx.set(dut.cmd.valid, 1)
-            for _ in range(4000):
-                _, _, ready = await ctx.tick().sample(dut.cmd.ready)
-                if ready:
-                    break
-            else:
-                raise AssertionError("the engine stopped taking instructions")
-        ctx.set(dut.cmd.valid, 0)
-        for _ in range(8000):
-            await ctx.tick()
-            if not ctx.get(dut.busy):
-                finished.append(True)
-                break
+        await issue_words(ctx, dut.cmd, [encode(insn, config) for insn in insns])
+        if await wait_until_low(ctx, dut.busy):
+            finished.append(True)
 
     async def tokens(ctx):
         while True:
