@@ -28,7 +28,7 @@ from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
 from .banked import group_layout
 
 __all__ = ["DmaCommand", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
-           "max_burst_beats"]
+           "max_burst_beats", "refuse_unless_positive"]
 
 #: A DMA command: DRAM entry index of row 0, rows, entries per row, entries between row starts.
 DmaCommand = data.StructLayout({
@@ -223,7 +223,31 @@ def dma_lanes(entry_bytes, bus_bytes, lanes):
     return lanes
 
 
-class DmaReader(wiring.Component):
+def refuse_unless_positive(component, value, what):
+    """Refuse a non-positive-integer constructor argument; the refused component is
+    marked so that Amaranth does not also warn that it was never used."""
+    if not isinstance(value, int) or value < 1:
+        component._MustUse__silence = True
+        raise TypeError(f"{what} must be a positive integer, not {value!r}")
+
+
+class _GroupDma(wiring.Component):
+    """What the reader and the writer share: entry and beat sizes, and the stream of
+    entry groups (up to ``lanes`` entries) they exchange with the buffer side.
+    ``members(group)`` gives the component's signature members for that stream."""
+
+    def __init__(self, entry_bytes, bus_bytes, lanes, members):
+        self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
+        self._entry_bytes = entry_bytes
+        self._bus_bytes = bus_bytes
+        super().__init__(members(stream.Signature(group_layout(entry_bytes * 8, self._lanes))))
+
+    @property
+    def lanes(self):
+        return self._lanes
+
+
+class DmaReader(_GroupDma):
     """DRAM → stream of entry groups, over the read half of an AXI4 master.
 
     Parameters
@@ -256,23 +280,14 @@ class DmaReader(wiring.Component):
     """
 
     def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
-        if not isinstance(depth, int) or depth < 1:
-            self._MustUse__silence = True   # a refused component is not an unused one
-            raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
+        refuse_unless_positive(self, depth, "Command depth")
         self._depth = depth
-        self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
-        self._entry_bytes = entry_bytes
-        self._bus_bytes = bus_bytes
-        super().__init__({
+        super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),
-            "out": Out(stream.Signature(group_layout(entry_bytes * 8, self._lanes))),
+            "out": Out(group),
             "bus": Out(AxiReadSignature(bus_bytes * 8)),
             "busy": Out(1),
         })
-
-    @property
-    def lanes(self):
-        return self._lanes
 
     def elaborate(self, platform):
         m = Module()
@@ -357,7 +372,7 @@ class DmaReader(wiring.Component):
         return m
 
 
-class DmaWriter(wiring.Component):
+class DmaWriter(_GroupDma):
     """Stream of entry groups → DRAM, over the write half of an AXI4 master.
 
     Parameters
@@ -386,24 +401,15 @@ class DmaWriter(wiring.Component):
     """
 
     def __init__(self, entry_bytes, bus_bytes, lanes=None, responses=32):
-        if not isinstance(responses, int) or responses < 1:
-            self._MustUse__silence = True   # a refused component is not an unused one
-            raise TypeError(f"Outstanding responses must be a positive integer, not {responses!r}")
+        refuse_unless_positive(self, responses, "Outstanding responses")
         self._responses = responses
-        self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
-        self._entry_bytes = entry_bytes
-        self._bus_bytes = bus_bytes
-        super().__init__({
+        super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),
-            "inp": In(stream.Signature(group_layout(entry_bytes * 8, self._lanes))),
+            "inp": In(group),
             "bus": Out(AxiWriteSignature(bus_bytes * 8)),
             "done": Out(1),
             "busy": Out(1),
         })
-
-    @property
-    def lanes(self):
-        return self._lanes
 
     def elaborate(self, platform):
         m = Module()

@@ -22,7 +22,7 @@ from amaranth.lib.wiring import In, Out
 from ..config import DMA_PAD_BITS, DMA_SIZE_BITS
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .dma import DmaReader
+from .dma import DmaReader, refuse_unless_positive
 
 __all__ = ["TileLoader", "load_command_layout"]
 
@@ -63,9 +63,7 @@ class TileLoader(wiring.Component):
     """
 
     def __init__(self, config, buffer, depth=4):
-        if not isinstance(depth, int) or depth < 1:
-            self._MustUse__silence = True   # a refused component is not an unused one
-            raise TypeError(f"Command depth must be a positive integer, not {depth!r}")
+        refuse_unless_positive(self, depth, "Command depth")
         self._depth = depth
         if buffer not in ("inp", "wgt", "acc", "uop"):
             raise ValueError(f"LOAD targets inp, wgt, acc or uop, not {buffer!r}")

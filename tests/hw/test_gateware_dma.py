@@ -53,6 +53,24 @@ def expected_entries(data, entry, cmd):
     return out
 
 
+def write_plan(commands, entry, bus, lanes, rng, dram):
+    """Random values for ``commands``: (command, groups) pairs and the DRAM they should leave."""
+    expected = bytearray(dram)
+    plan = []
+    for cmd in commands:
+        values = [rng.getrandbits(entry * 8) for _ in range(cmd["y_size"] * cmd["x_size"])]
+        for y in range(cmd["y_size"]):      # later rows win where rows overlap, as in DRAM
+            for x in range(cmd["x_size"]):
+                e = cmd["base"] + y * cmd["x_stride"] + x
+                expected[e * entry:(e + 1) * entry] = values[y * cmd["x_size"] + x].to_bytes(entry, "little")
+        groups, pos = [], 0
+        for n in dma_groups(**cmd, entry_bytes=entry, bus_bytes=bus, lanes=lanes):
+            groups.append(values[pos:pos + n])
+            pos += n
+        plan.append((cmd, groups))
+    return plan, expected
+
+
 async def wait_idle(ctx, dut, cycles=2000):
     for _ in range(cycles):
         await ctx.tick()
@@ -154,20 +172,8 @@ def test_writer_writes_strided_tiles_with_strobes(entry, bus, lanes, stall):
     rng = random.Random(f"w{entry}-{bus}-{lanes}-{stall}")
     commands = random_commands(rng, k, count=3)
     dram = bytearray(np.random.default_rng(1).integers(0, 256, 8192, dtype=np.uint8).tobytes())
-    expected = bytearray(dram)
+    plan, expected = write_plan(commands, entry, bus, lanes, rng, dram)
     mem = AxiWriteMemory(dut.bus, dram, bus, stall=stall, seed=2)
-    plan = []            # (command, its groups of values)
-    for cmd in commands:
-        values = [rng.getrandbits(entry * 8) for _ in range(cmd["y_size"] * cmd["x_size"])]
-        for y in range(cmd["y_size"]):      # later rows win where rows overlap, as in DRAM
-            for x in range(cmd["x_size"]):
-                e = cmd["base"] + y * cmd["x_stride"] + x
-                expected[e * entry:(e + 1) * entry] = values[y * cmd["x_size"] + x].to_bytes(entry, "little")
-        groups, pos = [], 0
-        for n in dma_groups(**cmd, entry_bytes=entry, bus_bytes=bus, lanes=lanes):
-            groups.append(values[pos:pos + n])
-            pos += n
-        plan.append((cmd, groups))
 
     async def tb(ctx):
         for cmd, groups in plan:

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.gateware.dma import DmaWriter, dma_groups
+from gemforge.hw.gateware.dma import DmaWriter
 from gemforge.hw.gateware.store import StoreEngine
 from gemforge.hw.gateware.testbench import AxiWriteMemory, issue_words, simulate, stream_put, wait_until_low
 from gemforge.hw.isa import MemType, Store, encode
 
-from test_gateware_dma import random_commands, wait_idle
+from test_gateware_dma import random_commands, wait_idle, write_plan
 
 
 def write_log(bus, log):
@@ -40,24 +40,6 @@ def pulse_log(signal, log):
     return process
 
 
-def _plan(commands, entry, bus, lanes, rng, dram):
-    """Random values for ``commands``: (command, groups) pairs and the DRAM they should leave."""
-    expected = bytearray(dram)
-    plan = []
-    for cmd in commands:
-        values = [rng.getrandbits(entry * 8) for _ in range(cmd["y_size"] * cmd["x_size"])]
-        for y in range(cmd["y_size"]):
-            for x in range(cmd["x_size"]):
-                e = cmd["base"] + y * cmd["x_stride"] + x
-                expected[e * entry:(e + 1) * entry] = values[y * cmd["x_size"] + x].to_bytes(entry, "little")
-        groups, pos = [], 0
-        for n in dma_groups(**cmd, entry_bytes=entry, bus_bytes=bus, lanes=lanes):
-            groups.append(values[pos:pos + n])
-            pos += n
-        plan.append((cmd, groups))
-    return plan, expected
-
-
 @pytest.mark.parametrize("entry,bus,lanes", [(16, 8, None), (8, 8, None), (4, 8, None), (4, 32, 2), (1, 8, 1)],
                          ids=["wide", "beat", "narrow", "narrow-l2", "bytes-l1"])
 @pytest.mark.parametrize("stall,b_latency", [(0.0, 0), (0.4, 0), (0.3, 12)])
@@ -70,7 +52,7 @@ def test_writer_chained_commands_and_done(entry, bus, lanes, stall, b_latency):
     rng = random.Random(f"wchain-{entry}-{bus}-{lanes}-{stall}-{b_latency}")
     commands = random_commands(rng, k, count=8)
     dram = bytearray(np.random.default_rng(3).integers(0, 256, 8192, dtype=np.uint8).tobytes())
-    plan, expected = _plan(commands, entry, bus, lanes, rng, dram)
+    plan, expected = write_plan(commands, entry, bus, lanes, rng, dram)
     mem = AxiWriteMemory(dut.bus, dram, bus, stall=stall, seed=4, b_latency=b_latency)
     log, dones = [], []
 
@@ -100,7 +82,7 @@ def test_writer_overlaps_next_command_with_responses():
     rng = random.Random(0)
     commands = [dict(base=0, y_size=1, x_size=4, x_stride=4), dict(base=64, y_size=1, x_size=4, x_stride=4)]
     dram = bytearray(4096)
-    plan, expected = _plan(commands, entry, bus, None, rng, dram)
+    plan, expected = write_plan(commands, entry, bus, None, rng, dram)
     mem = AxiWriteMemory(dut.bus, dram, bus, b_latency=20)
     log, dones = [], []
 
