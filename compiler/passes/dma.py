@@ -24,6 +24,8 @@ picks the output buffer when the tensor is narrower than the accumulator).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from gemforge.hw.config import DMA_PAD_BITS
 
 from ..ir import (
@@ -97,9 +99,7 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         v = chip_idx[d]
         if not (isinstance(v, Var) and v in loop_of and simplify(dram_idx[d]) is v):
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: entry dimension {d} is not copied whole")
-    # Per outer dimension: (loop or None, on-chip base, DRAM lo, extent, dram size, alloc size,
-    # DRAM step between consecutive on-chip positions).
-    dims = []
+    dims: list[_Dim] = []
     for d in range(n):
         v = chip_idx[d]
         if isinstance(v, Var) and v in loop_of:
@@ -122,7 +122,7 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         if step > 1 and value.zero_outside:
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: a strided dimension ({dram_idx[d]!r}) "
                                     "cannot take zero padding")
-        dims.append((loop, base, lo, ext, dram.outer_shape[d], onchip.outer_shape[d], step))
+        dims.append(_Dim(loop, base, lo, ext, dram.outer_shape[d], onchip.outer_shape[d], step))
 
     def s(e: Expr) -> Expr:
         return simplify_in(e, ranges)
@@ -144,29 +144,32 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
             starts.append(lo)
 
     def full(d: int) -> bool:
-        _, _, lo, ext, size, alloc, step = dims[d]
-        return (step == 1 and isinstance(ext, Const) and ext.value == size == alloc and _zero(pads0[d], ranges, enclosing)
-                and _zero(pads1[d], ranges, enclosing))
+        dim = dims[d]
+        return (dim.step == 1 and isinstance(dim.ext, Const) and dim.ext.value == dim.size == dim.alloc
+                and _zero(pads0[d], ranges, enclosing) and _zero(pads1[d], ranges, enclosing))
+
+    def entries_inside(d: int) -> int:
+        """DRAM entries one position of dimension ``d`` spans (the dimensions inside it)."""
+        inner = 1
+        for e in range(d + 1, n):
+            inner *= dims[e].size
+        return inner
 
     # x: innermost dimension plus every full dimension merged into it.
     def x_run(x0: int):
-        inner = 1
-        for d in range(x0 + 1, n):
-            inner *= dims[d][4]
+        inner = entries_inside(x0)
         x_size = s(sizes[x0] * inner)
         x_pad0, x_pad1 = s(pads0[x0] * inner), s(pads1[x0] * inner)
-        x_alloc = dims[x0][5] * inner
+        x_alloc = dims[x0].alloc * inner
         return x_size, x_pad0, x_pad1, x_alloc
 
     x0 = n - 1
     while x0 > 0 and full(x0):
         x0 -= 1
-    if dims[x0][6] > 1:
+    if dims[x0].step > 1:
         # The positions of x0 are not contiguous in DRAM (a strided region): each
         # is a DMA row of the full dimensions inside it, x0 is the row count.
-        inner = 1
-        for d in range(x0 + 1, n):
-            inner *= dims[d][4]
+        inner = entries_inside(x0)
         x_size, x_pad0, x_pad1, x_alloc = Const(inner), Const(0), Const(0), inner
         y = x0
     else:
@@ -198,9 +201,7 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         if not (_zero(pads0[d], ranges, enclosing) and _zero(pads1[d], ranges, enclosing)):
             raise DmaInjectionError(f"copy {src.name} → {dst.name}: dimension {d} needs zero padding but "
                                     "only the two innermost copied dimensions can be padded")
-    dram_stride = dims[y][6] if y >= 0 else 1
-    for d in range(y + 1, n):
-        dram_stride *= dims[d][4]
+    dram_stride = dims[y].step * entries_inside(y) if y >= 0 else entries_inside(-1)
 
     chip_ref, dram_ref = [], []
     for d in range(n):
@@ -227,10 +228,22 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         x_pad1=x_pad1 if direction == "load" else Const(0),
     )
     for d in reversed(host):
-        loop = dims[d][0]
+        loop = dims[d].loop
         if loop is not None:
-            copy = For(loop.var, dims[d][3], copy, loop.kind, loop.thread)
+            copy = For(loop.var, dims[d].ext, copy, loop.kind, loop.thread)
     return copy
+
+
+class _Dim(NamedTuple):
+    """One outer dimension of a copy."""
+
+    loop: For | None     # the copy loop over it (None: a fixed index)
+    base: Expr           # first on-chip index
+    lo: Expr             # DRAM index of on-chip position 0
+    ext: Expr            # positions copied
+    size: int            # DRAM tensor's size along it
+    alloc: int           # on-chip allocation's size along it
+    step: int            # DRAM index step between consecutive on-chip positions
 
 
 def _upper(e: Expr) -> int:
