@@ -55,6 +55,18 @@ def _run(config: AccelConfig, simulator: str, make_insns, uops: list[Uop]):
     return result, time.perf_counter() - start
 
 
+def _extra_cycles(config: AccelConfig, simulator: str, program, small: int, large: int, uops: list[Uop]) -> int:
+    """Cycles ``program(large)`` takes beyond ``program(small)``: fixed costs cancel."""
+    return (_run(config, simulator, program(large), uops)[0].cycles
+            - _run(config, simulator, program(small), uops)[0].cycles)
+
+
+def _uop_load(config: AccelConfig, base: int, count: int = 16) -> Load:
+    """The LOAD of the measurement micro-ops (at the start of the data area)."""
+    return Load(mem=MemType.UOP, sram_base=0, dram_base=base // config.uop_entry_bytes, y_size=1, x_size=count,
+                x_stride=count)
+
+
 def _narrow_row(config: AccelConfig, buffer: str) -> int:
     """Entries per row of a narrow-entry DMA measurement: about 16 beats, within the buffer."""
     return min(config.depth(buffer), max(8, 16 * config.bus_bytes // config.entry_bytes(buffer)))
@@ -77,9 +89,8 @@ def dma_insn_fixed_cycles(config: AccelConfig, simulator: str = "verilator") -> 
     out = {}
     for kind, buffer in (("load", "inp"), ("store", "out")):
         beats = max(1, -(-x * c.entry_bytes(buffer) // c.bus_bytes))
-        r1, _ = _run(c, simulator, dma(kind, 1), [])
-        r101, _ = _run(c, simulator, dma(kind, 101), [])
-        out[f"{kind}_insn_fixed_cycles"] = (r101.cycles - r1.cycles) / 100 - beats
+        out[f"{kind}_insn_fixed_cycles"] = _extra_cycles(c, simulator, lambda n: dma(kind, n), 1, 101, []) / 100 \
+            - beats
     return out
 
 
@@ -90,14 +101,12 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
 
     def gemm(iter_out):
         return lambda base: [
-            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
-                 x_stride=16),
-            Gemm(uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64, dst_factor_in=1), Finish()]
+            _uop_load(c, base), Gemm(uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64, dst_factor_in=1),
+            Finish()]
 
     def alu(iter_out, imm):
         return lambda base: [
-            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
-                 x_stride=16),
+            _uop_load(c, base),
             Alu(op=AluOp.ADD, imm=imm, uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64,
                 dst_factor_in=1, src_factor_in=1), Finish()]
 
@@ -119,8 +128,7 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
 
     def gemm_insns(count):
         return lambda base: [
-            Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes, y_size=1, x_size=16,
-                 x_stride=16),
+            _uop_load(c, base),
             *(Gemm(uop_bgn=0, uop_end=16, iter_out=1, iter_in=1) for _ in range(count)), Finish()]
 
     narrow_rates = {}
@@ -131,36 +139,28 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         rows = min(33, c.depth(buffer) // x)
         if rows < 2:
             continue
-        n1, _ = _run(c, simulator, narrow(buffer, 1), uops)
-        n2, _ = _run(c, simulator, narrow(buffer, rows), uops)
-        narrow_rates[f"{buffer}_{kind}_bus_efficiency"] = (
-            (rows - 1) * x * c.entry_bytes(buffer) / (n2.cycles - n1.cycles) / c.bus_bytes)
+        extra = _extra_cycles(c, simulator, lambda rows, buffer=buffer: narrow(buffer, rows), 1, rows, uops)
+        narrow_rates[f"{buffer}_{kind}_bus_efficiency"] = \
+            (rows - 1) * x * c.entry_bytes(buffer) / extra / c.bus_bytes
 
-    i1, _ = _run(c, simulator, gemm_insns(1), uops)
-    i101, _ = _run(c, simulator, gemm_insns(101), uops)
     g1, _ = _run(c, simulator, gemm(1), uops)
     g2, _ = _run(c, simulator, gemm(101), uops)
-    l1, _ = _run(c, simulator, load(1), uops)
-    l2, _ = _run(c, simulator, load(33), uops)
-    s1, _ = _run(c, simulator, store(1), uops)
-    s2, _ = _run(c, simulator, store(33), uops)
-    alu_rate = {}
-    for kind, imm in (("imm", 5), ("reg", None)):
-        a1, _ = _run(c, simulator, alu(1, imm), uops)
-        a2, _ = _run(c, simulator, alu(101, imm), uops)
-        alu_rate[kind] = 100 * 64 * 16 / (a2.cycles - a1.cycles)
+    alu_rate = {kind: 100 * 64 * 16 / _extra_cycles(c, simulator, lambda n, imm=imm: alu(n, imm), 1, 101, uops)
+                for kind, imm in (("imm", 5), ("reg", None))}
     big, wall = _run(c, simulator, gemm(1000), uops)
     extra_uops = 100 * 64 * 16
     return {
         "config": c.name, "simulator": simulator,
         "gemm_uops_per_cycle": extra_uops / (g2.cycles - g1.cycles),
         "gemm_fixed_cycles": g2.cycles - 101 * 64 * 16,
-        "gemm_insn_fixed_cycles": (i101.cycles - i1.cycles) / 100 - 16,
+        "gemm_insn_fixed_cycles": _extra_cycles(c, simulator, gemm_insns, 1, 101, uops) / 100 - 16,
         "alu_imm_uops_per_cycle": alu_rate["imm"],
         "alu_reg_uops_per_cycle": alu_rate["reg"],
         **dma_insn_fixed_cycles(c, simulator),
-        "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / (l2.cycles - l1.cycles) / c.bus_bytes,
-        "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / (s2.cycles - s1.cycles) / c.bus_bytes,
+        "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / _extra_cycles(c, simulator, load, 1, 33, uops)
+        / c.bus_bytes,
+        "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / _extra_cycles(c, simulator, store, 1, 33, uops)
+        / c.bus_bytes,
         **narrow_rates,
         "long_run_cycles": big.cycles,
         "sim_cycles_per_s": big.cycles / big.hw_counters["sim_wall_s"],
