@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         _operator_inputs(q, name, files=True)
         q.add_argument("-o", "--output", required=True, help="output .npy to write")
         _common_operator_options(q, config_help)
-        q.add_argument("--device", default="fsim", help="device backend: fsim (default), verilator or icarus (RTL co-simulation)")
+        q.add_argument("--device", default="fsim", help=_DEVICE_HELP)
         q.add_argument("--stats", action="store_true", help="print the plan and the run's counters as JSON")
         q.set_defaults(func=cmd_run_op)
 
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.set_defaults(func=cmd_compile_op)
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
-    p.add_argument("--device", default="fsim", help="device backend: fsim (default), verilator or icarus (RTL co-simulation)")
+    p.add_argument("--device", default="fsim", help=_DEVICE_HELP)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="measure performance against in-run baselines; prints JSON")
@@ -286,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     return parser
 
+
+_DEVICE_HELP = "device backend: fsim (default), verilator or icarus (RTL co-simulation)"
 
 _OPERATORS = {
     "gemm": "C = A @ B: A (M, K) int8, B (K, N) int8, C (M, N) int32 (dense without epilogue)",

@@ -97,8 +97,10 @@ def _demo_conv2d(device_kind: str, console: Console) -> bool:
                 same = bool(np.array_equal(y, expected))
                 ok &= same
                 cycles = f"{result.cycles:,}" if result.cycles else "-"
-                macs = result.hw_counters["gemm_active"] - result.hw_counters["gemm_reset"] if result.cycles else 0
-                util = f"{macs / result.cycles:.1%}" if result.cycles else "-"
+                util = "-"
+                if result.cycles:  # RTL: cycles the GEMM core multiply-accumulates / all cycles
+                    macs = result.hw_counters["gemm_active"] - result.hw_counters["gemm_reset"]
+                    util = f"{macs / result.cycles:.1%}"
                 table.add_row(kind, "on" if hiding else "off", str(len(op.program.instructions)), cycles, util,
                               "[green]yes[/green]" if same else "[red]NO[/red]")
     console.print(table)
