@@ -71,6 +71,14 @@ def write_plan(commands, entry, bus, lanes, rng, dram):
     return plan, expected
 
 
+async def put_groups(ctx, stream, groups, rng, stall):
+    """Offer entry groups on ``stream``, pausing a random number of cycles before each."""
+    for group in groups:
+        while rng.random() < stall:
+            await ctx.tick()
+        await stream_put(ctx, stream, dict(entries=group, count=len(group)))
+
+
 async def wait_idle(ctx, dut, cycles=2000):
     for _ in range(cycles):
         await ctx.tick()
@@ -178,10 +186,7 @@ def test_writer_writes_strided_tiles_with_strobes(entry, bus, lanes, stall):
     async def tb(ctx):
         for cmd, groups in plan:
             await stream_put(ctx, dut.cmd, cmd)
-            for group in groups:
-                while rng.random() < stall:
-                    await ctx.tick()
-                await stream_put(ctx, dut.inp, dict(entries=group, count=len(group)))
+            await put_groups(ctx, dut.inp, groups, rng, stall)
             await wait_idle(ctx, dut)
 
     simulate(dut, tb, processes=[mem.run])

@@ -14,7 +14,7 @@ from gemforge.hw.gateware.store import StoreEngine
 from gemforge.hw.gateware.testbench import AxiWriteMemory, issue_words, simulate, stream_put, wait_until_low
 from gemforge.hw.isa import MemType, Store, encode
 
-from test_gateware_dma import random_commands, wait_idle, write_plan
+from test_gateware_dma import put_groups, random_commands, wait_idle, write_plan
 
 
 def write_log(bus, log):
@@ -59,10 +59,7 @@ def test_writer_chained_commands_and_done(entry, bus, lanes, stall, b_latency):
     async def tb(ctx):
         for cmd, groups in plan:
             await stream_put(ctx, dut.cmd, cmd)
-            for group in groups:
-                while rng.random() < stall:
-                    await ctx.tick()
-                await stream_put(ctx, dut.inp, dict(entries=group, count=len(group)))
+            await put_groups(ctx, dut.inp, groups, rng, stall)
         await wait_idle(ctx, dut, cycles=5000)
 
     simulate(dut, tb, processes=[mem.run, write_log(dut.bus, log), pulse_log(dut.done, dones)])
