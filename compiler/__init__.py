@@ -1,24 +1,25 @@
-"""gemforge.compiler: tensor expressions, schedules, one loop IR, passes and back ends.
+"""gemforge.compiler: tensor expressions, schedules, one target-neutral loop IR, back ends.
 
 Top to bottom (see `pipeline`)::
 
-    te (what)  →  schedule (how)  →  lower (bounds inference, loop IR)
-      →  passes: tensorize, inject_alu, inject_dma, flatten_storage, fold_uop_loops,
-                 inject_virtual_threads, allocate_storage
-      →  backends.accel: instructions, de-duplicated micro-ops, dependency tokens, DRAM layout
-      →  Program (runs on any Device)
+    te (what)  →  schedule (how)  →  lower (bounds inference → verified PrimFunc)
+      →  stages(target): the back end's ordered stages
+           accel: IR passes (tensorize, ALU/DMA injection, virtual threads, storage)
+                  → instructions, micro-ops, dependency tokens → Program
+           cpu:   LLVM IR → optimized native code (JIT)
+           gpu:   LLVM IR for NVPTX → PTX → CUDA driver
 
-Operators with default schedules are in `ops` (dense, conv2d, add/relu/clip,
-max_pool2d); host packing helpers in `layout`.
+`ir` is the loop IR, `target` the targets, `backends` the back ends, `ops`
+the operators with default schedules and their numpy references.
 """
 
 from .ops import (
-    CompiledOp, Epilogue, OpError, compile_add, compile_clip, compile_conv2d, compile_dense,
-    compile_max_pool2d, compile_relu, conv2d_reference, dense_reference, max_pool2d_reference,
-    run_conv2d, run_dense,
+    CompiledOp, Epilogue, OpError, compile_add, compile_clip, compile_conv2d, compile_dense, compile_max_pool2d,
+    compile_relu, conv2d_reference, dense_reference, max_pool2d_reference, run_conv2d, run_dense,
 )
-from .pipeline import accel_passes, build, lower
+from .pipeline import build, lower, run_stages
 from .schedule import Schedule, ScheduleError, Stage, create_schedule
+from .target import AccelTarget, CpuTarget, GpuTarget, Target, target_of
 from .te import TeError, compute, pad, placeholder, reduce_axis, sum_
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     # the compiler itself
     "placeholder", "compute", "reduce_axis", "sum_", "pad", "TeError",
     "create_schedule", "Schedule", "Stage", "ScheduleError",
-    "lower", "build", "accel_passes",
+    "Target", "AccelTarget", "CpuTarget", "GpuTarget", "target_of",
+    "lower", "build", "run_stages",
 ]

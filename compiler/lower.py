@@ -8,10 +8,23 @@ gives the stage's on-chip allocation (constant upper bounds) and its loop
 extents (exact, possibly depending on enclosing loops).
 
 `schedule_to_ir` then emits one loop nest per stage: stages attached to a
-loop are emitted inside it before the consumer's inner loops, each on-chip
-stage inside an `Allocate`; reductions get their initialization nest before
-the outermost reduction loop; pragmas, tensorize marks and loop kinds
-become `AttrStmt` and `For.kind`.
+loop are emitted inside it before the consumer's inner loops, each stage
+outside main memory inside an `Allocate`; reductions get their
+initialization nest (with the same loop kinds) before the outermost
+reduction loop; pragmas, tensorize marks and loop kinds become `AttrStmt`
+and `For.kind`. `lower_schedule` wraps the result in a `PrimFunc` whose
+parameters are the given tensors, allocates the other main-memory stages,
+and runs the verifier with the target's scopes.
+
+Lowering reads the schedule and never changes it (inlined bodies are
+computed here, not written back), so a schedule can be lowered again.
+
+Target knowledge enters through two questions a `Target` answers: which
+scopes exist, and in which type a scope stores a tensor (the accelerator's
+``acc`` holds every value at the accumulator's width). One rule comes from
+the GPU's memory hierarchy: a stage in ``shared`` scope attached inside
+thread-bound loops covers the region of every thread of the block, so those
+loops are relaxed when its region is inferred (TVM's storage-rank rule).
 """
 
 from __future__ import annotations
@@ -20,14 +33,18 @@ from dataclasses import dataclass, field
 from math import gcd
 
 from .ir import (
-    Add, Allocate, AttrStmt, Buffer, BufferLoad, BufferStore, Const, Expr, FloorDiv, For, ForKind, Max, Min,
-    Reduce, Stmt, Var, const_upper_bound, extremes, free_vars, interval, linear_coefficient, map_expr, same_expr,
-    seq, simplify, substitute,
+    Allocate, AttrStmt, Buffer, BufferLoad, BufferStore, Cast, Const, Expr, FloorDiv, For, ForKind, Max, Min,
+    PrimFunc, Reduce, Stmt, Var, VerifyError, const_upper_bound, extremes, free_vars, interval, linear_coefficient,
+    map_expr, same_expr, seq, simplify, substitute, verify, walk_expr,
 )
 from .schedule import Schedule, ScheduleError, Split, Stage
-from .te import IterVar
+from .te import IterVar, Tensor
 
-__all__ = ["Region", "infer_bounds", "schedule_to_ir", "inline_stages"]
+__all__ = ["Region", "infer_bounds", "schedule_to_ir", "inline_bodies", "lower_schedule"]
+
+#: Scopes whose stages, attached inside loops bound to these thread axes, serve every
+#: thread of the block: the loops are relaxed in their region.
+_SHARED_BY_THREADS = {"shared": ("threadIdx.",)}
 
 
 @dataclass
@@ -49,32 +66,53 @@ class Region:
             self.stride = [1] * len(self.lo)
 
 
-def inline_stages(sch: Schedule) -> None:
-    """Substitute every ``compute_inline`` stage's formula into its readers."""
+def inline_bodies(sch: Schedule) -> dict[Stage, Expr]:
+    """Every stage's body with the ``compute_inline`` stages' formulas substituted
+    into it (the schedule itself is left as it is)."""
+    bodies = {s: s.body for s in sch.stages if not s.is_placeholder}
     for stage in sch.stages:
         if not stage.inlined:
             continue
         op = stage.op
 
-        def fn(e: Expr, op=op):
+        def fn(e: Expr, op=op, stage=stage):
             if isinstance(e, BufferLoad) and e.buffer is op.output.buffer:
-                return substitute(op.body, {a.var: i for a, i in zip(op.axes, e.indices)})
+                return substitute(bodies[stage], {a.var: i for a, i in zip(op.axes, e.indices)})
             return None
-        for reader in sch.stages:
-            if not reader.is_placeholder and reader is not stage:
-                reader.op.body = map_expr(reader.op.body, fn)
+        for reader in bodies:
+            if reader is not stage:
+                bodies[reader] = map_expr(bodies[reader], fn)
+    return bodies
 
 
 def _lowered(sch: Schedule) -> list[Stage]:
     return [s for s in sch.stages if not s.is_placeholder and not s.inlined]
 
 
-def _enclosing(stage: Stage) -> list[Var]:
-    """Variables of the loops around a stage's nest."""
+def _enclosing_loops(stage: Stage) -> list[tuple[Stage, IterVar]]:
+    """The loops around a stage's nest, outermost first, with the stage owning each."""
     if stage.attach is None:
         return []
     parent, iv = stage.attach
-    return _enclosing(parent) + [l.var for l in parent.leaf[:parent.leaf.index(iv) + 1]]
+    return _enclosing_loops(parent) + [(parent, l) for l in parent.leaf[:parent.leaf.index(iv) + 1]]
+
+
+def _enclosing(stage: Stage) -> list[Var]:
+    """Variables of the loops around a stage's nest."""
+    return [iv.var for _, iv in _enclosing_loops(stage)]
+
+
+def _fixed_enclosing(stage: Stage) -> set[Var]:
+    """The enclosing loops a stage's region may depend on: all of them, except the
+    thread axes its scope is shared by (`_SHARED_BY_THREADS`)."""
+    shared_by = _SHARED_BY_THREADS.get(stage.scope, ())
+    fixed = set()
+    for owner, iv in _enclosing_loops(stage):
+        kind, thread = owner.kinds.get(iv, (ForKind.SERIAL, None))
+        if kind is ForKind.THREAD_BINDING and thread and thread.startswith(shared_by):
+            continue
+        fixed.add(iv.var)
+    return fixed
 
 
 def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, Expr]:
@@ -83,7 +121,7 @@ def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, E
     region = regions.get(stage)
     for d, iv in enumerate(stage.op.axes):
         ext[iv] = region.extent[d] if region is not None and stage.attach is not None else iv.extent
-    for iv in stage.op.reduce_axes:
+    for iv in stage.reduce_axes:
         ext[iv] = iv.extent
     for rel in stage.relations:
         if isinstance(rel, Split):
@@ -108,14 +146,14 @@ def _global_root_values(stage: Stage, regions: dict[Stage, Region]) -> dict[Var,
     for d, iv in enumerate(stage.op.axes):
         out[iv.var] = (simplify(region.lo[d] + local[iv] * region.stride[d]) if stage.attach is not None
                        else local[iv])
-    for iv in stage.op.reduce_axes:
+    for iv in stage.reduce_axes:
         out[iv.var] = local[iv]
     return out
 
 
-def infer_bounds(sch: Schedule) -> dict[Stage, Region]:
+def infer_bounds(sch: Schedule, bodies: dict[Stage, Expr] | None = None) -> dict[Stage, Region]:
     """The region each lowered stage computes (consumers first)."""
-    inline_stages(sch)
+    bodies = inline_bodies(sch) if bodies is None else bodies
     stages = _lowered(sch)
     regions: dict[Stage, Region] = {}
     all_extents: dict[Var, Expr] = {}
@@ -124,7 +162,7 @@ def infer_bounds(sch: Schedule) -> dict[Stage, Region]:
             shape = stage.op.shape
             regions[stage] = Region([Const(0)] * len(shape), [Const(s) for s in shape], list(shape))
         else:
-            regions[stage] = _infer_region(stage, stages, regions, all_extents)
+            regions[stage] = _infer_region(stage, stages, regions, all_extents, bodies)
         for iv, e in _leaf_extents(stage, regions).items():
             all_extents[iv.var] = e
     return regions
@@ -135,8 +173,8 @@ def _const_ranges(extents: dict[Var, Expr]) -> dict[Var, tuple[Expr, Expr]]:
 
 
 def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region],
-                  extents: dict[Var, Expr]) -> Region:
-    fixed = set(_enclosing(stage))
+                  extents: dict[Var, Expr], bodies: dict[Stage, Expr]) -> Region:
+    fixed = _fixed_enclosing(stage)
     varying = {v: (Const(0), simplify(e - 1)) for v, e in extents.items() if v not in fixed}
     varying_const = {v: r for v, r in _const_ranges(extents).items() if v not in fixed}
     everything = _const_ranges(extents)
@@ -150,8 +188,8 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
         if consumer is stage or consumer not in regions:
             continue
         reads: list[BufferLoad] = []
-        map_expr(consumer.op.body, lambda e: reads.append(e) if isinstance(e, BufferLoad)
-                 and e.buffer is buffer else None)
+        walk_expr(bodies[consumer], lambda e: reads.append(e) if isinstance(e, BufferLoad)
+                  and e.buffer is buffer else None)
         if not reads:
             continue
         roots = _global_root_values(consumer, regions)
@@ -171,8 +209,8 @@ def _infer_region(stage: Stage, stages: list[Stage], regions: dict[Stage, Region
     # A copy that adds zero padding keeps contiguous regions: the DMA's pad frame
     # counts whole positions, which a strided region would not line up with.
     padded_reads: list[BufferLoad] = []
-    map_expr(stage.op.body, lambda e: padded_reads.append(e) if isinstance(e, BufferLoad) and e.zero_outside
-             else None)
+    walk_expr(bodies[stage], lambda e: padded_reads.append(e) if isinstance(e, BufferLoad) and e.zero_outside
+              else None)
     padded_copy = bool(padded_reads)
     lo_out, ext_out, alloc, strides = [], [], [], []
     for d in range(ndim):
@@ -238,29 +276,34 @@ def _depends(e: Expr, ranges: dict) -> bool:
 
 # ============================================================================ code generation
 
-def schedule_to_ir(sch: Schedule, regions: dict[Stage, Region] | None = None) -> Stmt:
-    """The loop IR of a schedule (runs `infer_bounds` when ``regions`` is not given)."""
+def schedule_to_ir(sch: Schedule, regions: dict[Stage, Region] | None = None, target=None) -> Stmt:
+    """The loop IR of a schedule (runs `infer_bounds` when ``regions`` is not given).
+
+    ``target`` (a `Target`, optional) decides the storage type of each scope;
+    stages in main memory use their tensors' buffers, the others get buffers
+    of their region's shape, inside an `Allocate` at their attach point."""
+    bodies = inline_bodies(sch)
     if regions is None:
-        regions = infer_bounds(sch)
+        regions = infer_bounds(sch, bodies)
     stages = _lowered(sch)
     buffers: dict[Stage, Buffer] = {}
     for stage in stages:
         if stage.scope == "global":
             buffers[stage] = stage.tensor.buffer
-        else:
-            entry = stage.tensor.buffer.entry_dims
-            shape = tuple(regions[stage].alloc)
-            full = stage.op.shape
-            if entry and tuple(shape[-entry:]) != tuple(full[-entry:]):
-                raise ScheduleError(f"stage {stage.name} in scope {stage.scope} must hold whole entries: "
-                                    f"its region {list(shape)} cuts the entry dimensions {list(full[-entry:])}")
-            dtype = "int32" if stage.scope == "acc" else stage.tensor.dtype
-            buffers[stage] = Buffer(stage.name, shape, dtype, stage.scope, entry)
+            continue
+        tile = stage.tensor.buffer.tile_dims
+        shape = tuple(regions[stage].alloc)
+        full = stage.op.shape
+        if tile and tuple(shape[-tile:]) != tuple(full[-tile:]):
+            raise ScheduleError(f"stage {stage.name} in scope {stage.scope} must hold whole tiles: "
+                                f"its region {list(shape)} cuts the tile dimensions {list(full[-tile:])}")
+        dtype = stage.tensor.dtype if target is None else target.storage_dtype(stage.scope, stage.tensor.dtype)
+        buffers[stage] = Buffer(stage.name, shape, dtype, stage.scope, tile)
     by_buffer = {s.tensor.buffer: s for s in stages}
     # Loops of extent 1 only ever take 0; strided reads need them gone to divide exactly.
     unit_loops = {iv.var: Const(0) for stage in stages
                   for iv, e in _leaf_extents(stage, regions).items() if isinstance(e, Const) and e.value == 1}
-    gen = _Generator(regions, buffers, by_buffer, stages, unit_loops)
+    gen = _Generator(regions, buffers, by_buffer, stages, unit_loops, bodies)
     roots = [s for s in stages if s.attach is None]
     body = seq(gen.stage(s) for s in roots)
     for s in reversed(roots):
@@ -269,31 +312,62 @@ def schedule_to_ir(sch: Schedule, regions: dict[Stage, Region] | None = None) ->
     return body
 
 
+def lower_schedule(sch: Schedule, args: list[Tensor], name: str = "main", target=None) -> PrimFunc:
+    """Schedule → a verified `PrimFunc` whose parameters are the buffers of ``args``
+    (inputs and outputs, in order). Main-memory stages that are not parameters
+    (intermediate tensors) are allocated at the top of the function."""
+    params = [t.buffer for t in args]
+    if len(set(params)) != len(params):
+        raise ScheduleError(f"function {name} lists a tensor twice among its arguments")
+    body = schedule_to_ir(sch, target=target)
+    for stage in reversed(_lowered(sch)):
+        if stage.scope == "global" and stage.tensor.buffer not in params:
+            body = Allocate(stage.tensor.buffer, body)
+    func = PrimFunc(name, params, body, {"target": getattr(target, "kind", None)})
+    try:
+        return verify(func, None if target is None else target.scopes)
+    except VerifyError as exc:
+        raise ScheduleError(str(exc)) from None
+
+
+def _store(buf: Buffer, indices: tuple[Expr, ...], value: Expr) -> BufferStore:
+    """A store that converts ``value`` to the buffer's storage type where they differ."""
+    if value.dtype != buf.dtype:
+        value = simplify(Cast(buf.dtype, value)) if isinstance(value, Const) else Cast(buf.dtype, value)
+    return BufferStore(buf, indices, value)
+
+
 class _Generator:
-    def __init__(self, regions, buffers, by_buffer, stages, unit_loops) -> None:
+    def __init__(self, regions, buffers, by_buffer, stages, unit_loops, bodies) -> None:
         self.regions = regions
         self.unit_loops = unit_loops
         self.buffers = buffers
         self.by_buffer = by_buffer
         self.stages = stages
+        self.bodies = bodies
+
+    def _load(self, buf: Buffer, indices: tuple[Expr, ...], dtype: str, zero_outside: bool = False) -> Expr:
+        """A read of a realized buffer as a value of the tensor's type ``dtype``."""
+        load = BufferLoad(buf, indices, zero_outside)
+        return load if buf.dtype == dtype else Cast(dtype, load)
 
     def _value(self, stage: Stage, expr: Expr, roots: dict[Var, Expr]) -> Expr:
         """A body expression with axes bound and reads redirected to realized buffers."""
         def fn(e: Expr):
             if isinstance(e, BufferLoad):
                 producer = self.by_buffer.get(e.buffer)
-                if producer is None:  # a placeholder in DRAM
+                if producer is None:  # a placeholder in main memory
                     return None
                 region = self.regions[producer]
                 idx = e.indices
                 if producer.attach is not None:
                     idx = tuple(self._local_index(i, region, d) for d, i in enumerate(idx))
-                return BufferLoad(self.buffers[producer], idx, e.zero_outside)
+                return self._load(self.buffers[producer], idx, e.dtype, e.zero_outside)
             return None
         return map_expr(substitute(expr, roots), fn)
 
     def _local_index(self, index: Expr, region: Region, d: int) -> Expr:
-        """Position of a global index in the region's on-chip copy."""
+        """Position of a global index in the region's copy."""
         offset = simplify(index - region.lo[d])
         step = region.stride[d]
         if step == 1:
@@ -311,18 +385,22 @@ class _Generator:
         local = stage.root_values({iv: iv.var for iv in stage.leaf})
         buf = self.buffers[stage]
         # Stores index the realized buffer: the global tensor for root stages, the
-        # region-relative on-chip copy for attached ones (the leaf values are local).
+        # region-relative copy for attached ones (the leaf values are local).
         store_idx = tuple(local[iv] for iv in stage.op.axes)
-        body = stage.op.body
+        body = self.bodies[stage]
         init = None
+        first_reduce = None
         if isinstance(body, Reduce):
             value = self._value(stage, body.value, roots)
-            stmt: Stmt = BufferStore(buf, store_idx, Add(BufferLoad(buf, store_idx), value))
-            first_reduce = next(i for i, iv in enumerate(stage.leaf) if iv.kind == "reduce")
-            init = self._init_nest(stage, buf, store_idx, extents, first_reduce)
+            acc = self._load(buf, store_idx, body.dtype)
+            stmt: Stmt = _store(buf, store_idx, body.update(acc, value))
+            first_reduce = next((i for i, iv in enumerate(stage.leaf) if iv.kind == "reduce"), None)
+            if first_reduce is None:
+                raise ScheduleError(f"stage {stage.name} reduces but none of its loops is a reduction loop "
+                                    "(a reduction axis was fused with a data axis)")
+            init = self._init_nest(stage, buf, store_idx, extents, first_reduce, body.identity())
         else:
-            stmt = BufferStore(buf, store_idx, self._value(stage, body, roots))
-            first_reduce = None
+            stmt = _store(buf, store_idx, self._value(stage, body, roots))
         attached = {iv: [s for s in self.stages if s.attach is not None and s.attach[0] is stage
                          and s.attach[1] is iv] for iv in stage.leaf}
         if stage.leaf:
@@ -351,12 +429,16 @@ class _Generator:
                 body = Allocate(self.buffers[p], body)
         return body
 
-    def _init_nest(self, stage: Stage, buf: Buffer, store_idx, extents, first_reduce: int) -> Stmt:
-        stmt: Stmt = BufferStore(buf, store_idx, Const(0, buf.dtype))
+    def _init_nest(self, stage: Stage, buf: Buffer, store_idx, extents, first_reduce: int,
+                   identity: Const) -> Stmt:
+        """The reduction's initialization over the data loops inside the first
+        reduction loop, each with its loop kind and thread binding."""
+        stmt: Stmt = _store(buf, store_idx, identity)
         for iv in reversed(stage.leaf[first_reduce:]):
             if iv.kind == "reduce":
                 continue
-            stmt = For(iv.var, simplify(extents[iv]), stmt)
+            kind, thread = stage.kinds.get(iv, (ForKind.SERIAL, None))
+            stmt = For(iv.var, simplify(extents[iv]), stmt, kind, thread)
             if iv in stage.tensorized:
                 stmt = AttrStmt("tensorize_init", stage.tensorized[iv], stmt)
         return stmt

@@ -3,20 +3,23 @@
 A `Schedule` holds one `Stage` per operation, producers first. Each stage
 starts with one loop per axis (its *root* iteration variables) and is
 transformed by primitives that only record relations; `lower` turns the
-result into loop IR:
+result into loop IR. Scheduling never rewrites the tensor expressions: a
+stage keeps its own copy of its operation's body (which cache stages
+redirect), so one expression can be scheduled for several targets.
 
 - loop structure: `Stage.split`, `Stage.fuse`, `Stage.reorder`, `Stage.tile`;
 - placement: `Stage.compute_at` (inside another stage's loop, the region it
   computes is inferred from what the consumers read), `Stage.compute_inline`;
-- memory: `Schedule.cache_read` / `Schedule.cache_write` (a copy stage in an
-  on-chip scope: ``inp``, ``wgt``, ``acc``), `Stage.set_scope`;
-- accelerator: `Stage.tensorize` (the loops under an axis become one GEMM
-  micro-op, see `intrin.gemm_intrin`), `Stage.vthread` (virtual threads for
-  latency hiding), `Stage.pragma` (``dma_copy``: the stage is a DMA;
-  ``alu``: the stage runs on the tensor ALU);
-- loop annotations for the CPU/GPU back ends: `Stage.vectorize`,
-  `Stage.parallel`, `Stage.unroll`, `Stage.bind` (GPU thread axes). They set
-  `ir.ForKind` on the generated loop; each back end decides what it supports.
+- memory: `Schedule.cache_read` / `Schedule.cache_write` (a copy stage in
+  another storage scope), `Stage.set_scope`. Scopes are names the target
+  defines and checks when lowering (the accelerator's ``inp``, ``wgt``,
+  ``acc``; the GPU's ``shared`` and ``local``; the CPU's ``local``);
+- loop annotations: `Stage.vectorize`, `Stage.parallel`, `Stage.unroll`,
+  `Stage.bind` (GPU thread axes), `Stage.vthread` (virtual threads). They set
+  `ir.ForKind` on the generated loop; each back end decides what it supports;
+- marks for back-end passes: `Stage.tensorize` (the loops under an axis
+  become a tensor intrinsic), `Stage.pragma` (``dma_copy``, ``alu`` on the
+  accelerator).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .ir import BufferLoad, Const, Expr, ForKind, Min, ON_CHIP_SCOPES, Reduce, Var, map_expr, simplify, substitute
+from .ir import Buffer, BufferLoad, Const, Expr, ForKind, Min, Reduce, Var, map_expr, simplify, substitute, walk_expr
 from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, compute, tensor_of
 from .errors import CompileError
 
@@ -56,10 +59,13 @@ class Fuse:
 
 @dataclass(eq=False)
 class Stage:
-    """The schedule of one operation."""
+    """The schedule of one operation. ``body`` is this schedule's copy of the
+    operation's body (cache stages redirect its reads); the operation itself is
+    never modified."""
 
     op: Any
     tensor: Tensor
+    body: Expr | None = None
     leaf: list[IterVar] = field(default_factory=list)
     relations: list = field(default_factory=list)
     attach: tuple["Stage", IterVar] | None = None
@@ -81,10 +87,22 @@ class Stage:
         return isinstance(self.op, PlaceholderOp)
 
     @property
+    def reduce_axes(self) -> list[IterVar]:
+        return list(self.body.axes) if isinstance(self.body, Reduce) else []
+
+    @property
     def root_axes(self) -> list[IterVar]:
         if self.is_placeholder:
             return []
-        return list(self.op.axes) + self.op.reduce_axes
+        return list(self.op.axes) + self.reduce_axes
+
+    def input_buffers(self) -> list[Buffer]:
+        """The buffers this stage reads, in first-read order."""
+        seen: list[Buffer] = []
+        if self.body is not None:
+            walk_expr(self.body, lambda e: seen.append(e.buffer)
+                      if isinstance(e, BufferLoad) and e.buffer not in seen else None)
+        return seen
 
     def _check_leaf(self, iv: IterVar) -> int:
         if iv not in self.leaf:
@@ -167,14 +185,13 @@ class Stage:
 
     def compute_inline(self) -> None:
         """Substitute this stage's formula into its readers (it gets no loops or storage)."""
-        if self.is_placeholder or self.op.reduce_axes:
+        if self.is_placeholder or self.reduce_axes:
             raise ScheduleError(f"{self.name} cannot be inlined (only element-wise computes can)")
         self.inlined = True
 
     def set_scope(self, scope: str) -> None:
-        if scope not in ("global",) + ON_CHIP_SCOPES:
-            raise ScheduleError(f"unknown scope {scope!r}; allowed: global, {', '.join(ON_CHIP_SCOPES)}")
-        self.scope = scope
+        """Store this stage's output in ``scope`` (the target checks the name when lowering)."""
+        self.scope = _check_scope(scope)
 
     # ------------------------------------------------------------------ annotations
 
@@ -256,7 +273,7 @@ class Schedule:
         if isinstance(tensor.op, ComputeOp):
             for buf in tensor.op.input_buffers():
                 self._add(tensor_of(buf))
-        stage = Stage(tensor.op, tensor)
+        stage = Stage(tensor.op, tensor, body=getattr(tensor.op, "body", None))
         stage.leaf = list(stage.root_axes)
         self.stages.append(stage)
         self._by_tensor[id(tensor)] = stage
@@ -269,16 +286,17 @@ class Schedule:
             raise ScheduleError(f"{tensor.name} is not part of this schedule") from None
 
     def readers(self, tensor: Tensor) -> list[Stage]:
-        return [s for s in self.stages if not s.is_placeholder and tensor.buffer in s.op.input_buffers()]
+        return [s for s in self.stages if not s.is_placeholder and tensor.buffer in s.input_buffers()]
 
     def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Tensor]) -> Tensor:
         """A copy of ``tensor`` in ``scope`` that ``readers`` read instead of it."""
+        _check_scope(scope)
         copy = compute(tensor.shape, lambda *i: tensor[i], name=f"{tensor.name}.{scope}",
-                       dtype=tensor.dtype, entry_dims=tensor.buffer.entry_dims)
-        stage = Stage(copy.op, copy, scope=scope)
+                       dtype=tensor.dtype, tile_dims=tensor.buffer.tile_dims)
+        stage = Stage(copy.op, copy, body=copy.op.body, scope=scope)
         stage.leaf = list(stage.root_axes)
         for reader in readers:
-            _redirect(self[reader].op, tensor, copy)
+            _redirect(self[reader], tensor, copy)
         self.stages.insert(self.stages.index(self[tensor]) + 1, stage)
         self._by_tensor[id(copy)] = stage
         return copy
@@ -286,37 +304,46 @@ class Schedule:
     def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
         """Compute ``tensor`` in ``scope``; ``tensor`` becomes a copy of the result.
         Must come before the stage's loops are transformed."""
+        _check_scope(scope)
         stage = self[tensor]
+        if stage.is_placeholder:
+            raise ScheduleError(f"{tensor.name} is an input; cache_write needs a computed tensor")
         if stage.relations:
             raise ScheduleError(f"cache_write of {tensor.name} must come before split/fuse on it")
         op = stage.op
-        cached = compute(tensor.shape, lambda *i: _rename_body(op, i), name=f"{tensor.name}.{scope}",
-                         dtype=tensor.dtype, entry_dims=tensor.buffer.entry_dims)
-        new_stage = Stage(cached.op, cached, scope=scope)
+        cached = compute(tensor.shape, lambda *i: _rename_body(op, stage.body, i), name=f"{tensor.name}.{scope}",
+                         dtype=tensor.dtype, tile_dims=tensor.buffer.tile_dims)
+        new_stage = Stage(cached.op, cached, body=cached.op.body, scope=scope)
         new_stage.leaf = list(new_stage.root_axes)
         # The original stage now copies the cached result out.
-        op.body = BufferLoad(cached.buffer, tuple(a.var for a in op.axes))
+        stage.body = BufferLoad(cached.buffer, tuple(a.var for a in op.axes))
         stage.leaf = list(stage.root_axes)
         self.stages.insert(self.stages.index(stage), new_stage)
         self._by_tensor[id(cached)] = new_stage
         return cached
 
 
-def _rename_body(op: ComputeOp, new_axes: tuple[Var, ...]) -> Expr:
-    """``op``'s body over new axis variables (reductions keep their own axes)."""
+def _check_scope(scope: str) -> str:
+    if not isinstance(scope, str) or not scope.replace("_", "").isalnum():
+        raise ScheduleError(f"a storage scope is a name such as 'global' or 'shared', not {scope!r}")
+    return scope
+
+
+def _rename_body(op: ComputeOp, body: Expr, new_axes: tuple[Var, ...]) -> Expr:
+    """``body`` (of ``op``) over new axis variables (reductions keep their own axes)."""
     mapping = {a.var: v for a, v in zip(op.axes, new_axes)}
-    body = op.body
     if isinstance(body, Reduce):
         return Reduce(body.combiner, substitute(body.value, mapping), body.axes)
     return substitute(body, mapping)
 
 
-def _redirect(op: ComputeOp, old: Tensor, new: Tensor) -> None:
+def _redirect(stage: Stage, old: Tensor, new: Tensor) -> None:
+    """Make ``stage`` read ``new`` where it read ``old`` (the stage's body only)."""
     def fn(e: Expr):
         if isinstance(e, BufferLoad) and e.buffer is old.buffer:
             return BufferLoad(new.buffer, e.indices, e.zero_outside)
         return None
-    op.body = map_expr(op.body, fn)
+    stage.body = map_expr(stage.body, fn)
 
 
 def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule:

@@ -6,17 +6,18 @@ a `compute` (an element-wise formula over its output axes, optionally a
 `BufferLoad` of the tensor's canonical buffer; the schedule later redirects
 such reads to on-chip copies.
 
-Tensors in accelerator layouts end with two *entry dimensions* (for example
-``(..., batch, block_in)``): the unit one micro-op or DMA moves.
+Tensors in blocked layouts end with *tile dimensions* (``tile_dims``; for
+the accelerator's ``(..., batch, block_in)`` the last two: the entry one
+micro-op or DMA moves).
 
 Example (dense on packed tiles)::
 
-    a = placeholder((mt, kt, B, BI), "int8", "a")
-    w = placeholder((nt, kt, BO, BI), "int8", "w")
+    a = placeholder((mt, kt, B, BI), "int8", "a", tile_dims=2)
+    w = placeholder((nt, kt, BO, BI), "int8", "w", tile_dims=2)
     ko, ki = reduce_axis(kt, "ko"), reduce_axis(BI, "ki")
     c = compute((mt, nt, B, BO), lambda m, n, b, o:
                 sum_(a[m, ko, b, ki].astype("int32") * w[n, ko, o, ki].astype("int32"), [ko, ki]),
-                name="c")
+                name="c", tile_dims=2)
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from typing import Callable, Sequence
 
 import weakref
 
-from .ir import Buffer, BufferLoad, Const, Expr, Max, Min, Reduce, Var, as_expr, map_expr
+from .ir import Buffer, BufferLoad, Cast, Const, Expr, Max, Min, Reduce, Var, as_expr, check_dtype, walk_expr
 from .errors import CompileError
 
 __all__ = [
     "IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp",
-    "placeholder", "compute", "reduce_axis", "sum_", "pad", "clip", "max_", "min_", "TeError",
+    "placeholder", "compute", "reduce_axis", "sum_", "reduce_max", "reduce_min", "pad", "clip", "max_", "min_",
+    "TeError",
     "tensor_of",
 ]
 
@@ -73,13 +75,27 @@ def reduce_axis(extent: int, name: str = "k") -> IterVar:
     return IterVar(Var(name), Const(extent), "reduce")
 
 
-def sum_(value: Expr, axes: Sequence[IterVar]) -> Reduce:
-    """Sum ``value`` over the reduction ``axes`` (must be the whole body of a compute)."""
+def _reduce(combiner: str, value: Expr, axes: Sequence[IterVar]) -> Reduce:
     axes = tuple(axes)
     for a in axes:
         if a.kind != "reduce":
-            raise TeError(f"sum over {a.name}, which is not a reduction axis")
-    return Reduce("sum", as_expr(value), axes)
+            raise TeError(f"{combiner} over {a.name}, which is not a reduction axis")
+    return Reduce(combiner, as_expr(value), axes)
+
+
+def sum_(value: Expr, axes: Sequence[IterVar]) -> Reduce:
+    """Sum ``value`` over the reduction ``axes`` (must be the whole body of a compute)."""
+    return _reduce("sum", value, axes)
+
+
+def reduce_max(value: Expr, axes: Sequence[IterVar]) -> Reduce:
+    """The maximum of ``value`` over the reduction ``axes``."""
+    return _reduce("max", value, axes)
+
+
+def reduce_min(value: Expr, axes: Sequence[IterVar]) -> Reduce:
+    """The minimum of ``value`` over the reduction ``axes``."""
+    return _reduce("min", value, axes)
 
 
 def max_(a, b) -> Expr:
@@ -90,9 +106,9 @@ def min_(a, b) -> Expr:
     return Min(as_expr(a), as_expr(b))
 
 
-def clip(x, lo: int, hi: int) -> Expr:
-    """``min(max(x, lo), hi)``."""
-    return Min(Max(as_expr(x), Const(lo)), Const(hi))
+def clip(x, lo: int | float, hi: int | float) -> Expr:
+    """``min(max(x, lo), hi)`` (the bounds take ``x``'s type)."""
+    return Min(Max(as_expr(x), as_expr(lo)), as_expr(hi))
 
 
 class Operation:
@@ -132,7 +148,7 @@ class ComputeOp(Operation):
         def visit(e: Expr) -> None:
             if isinstance(e, BufferLoad) and e.buffer not in seen:
                 seen.append(e.buffer)
-        map_expr(self.body, lambda e: visit(e))
+        walk_expr(self.body, visit)
         return seen
 
 
@@ -162,25 +178,29 @@ class Tensor:
         return BufferLoad(self.buffer, idx)
 
 
-def _make_tensor(op: Operation, shape: tuple[int, ...], dtype: str, entry_dims: int) -> Tensor:
-    tensor = Tensor(op, shape, dtype, Buffer(op.name, shape, dtype, "global", entry_dims))
+def _make_tensor(op: Operation, shape: tuple[int, ...], dtype: str, tile_dims: int) -> Tensor:
+    tensor = Tensor(op, shape, dtype, Buffer(op.name, shape, dtype, "global", tile_dims))
     op.output = tensor
     _PRODUCERS[tensor.buffer] = tensor
     return tensor
 
 
-def placeholder(shape: Sequence[int], dtype: str, name: str, entry_dims: int = 2) -> Tensor:
-    """An input tensor in DRAM."""
+def placeholder(shape: Sequence[int], dtype: str, name: str, tile_dims: int = 0) -> Tensor:
+    """An input tensor in main memory (DRAM)."""
+    check_dtype(dtype)
     shape = tuple(int(s) for s in shape)
     if any(s < 1 for s in shape):
         raise TeError(f"placeholder {name} has a non-positive dimension in {list(shape)}")
-    return _make_tensor(PlaceholderOp(name, shape, dtype), shape, dtype, entry_dims)
+    return _make_tensor(PlaceholderOp(name, shape, dtype), shape, dtype, tile_dims)
 
 
 def compute(shape: Sequence[int], fcompute: Callable[..., Expr], name: str, dtype: str | None = None,
-            tag: str = "", entry_dims: int = 2) -> Tensor:
-    """``output[i...] = fcompute(i...)`` over ``shape``; one argument per dimension."""
+            tag: str = "", tile_dims: int = 0) -> Tensor:
+    """``output[i...] = fcompute(i...)`` over ``shape``; one argument per dimension.
+    With ``dtype`` the body is converted to it (a reduction must already have it)."""
     shape = tuple(int(s) for s in shape)
+    if any(s < 1 for s in shape):
+        raise TeError(f"compute {name} has a non-positive dimension in {list(shape)}")
     params = inspect.signature(fcompute).parameters.values()
     arity = len(params)
     variadic = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
@@ -190,15 +210,19 @@ def compute(shape: Sequence[int], fcompute: Callable[..., Expr], name: str, dtyp
     body = as_expr(fcompute(*(a.var for a in axes)))
     if not isinstance(body, Reduce):
         _check_no_nested_reduce(body, name)
+        if dtype is not None and dtype != body.dtype:
+            body = Cast(check_dtype(dtype), body)
+    elif dtype is not None and dtype != body.dtype:
+        raise TeError(f"compute {name}: the reduction is {body.dtype}, not {dtype}; cast its value instead")
     op = ComputeOp(name, axes, body, dtype or body.dtype, tag)
-    return _make_tensor(op, shape, op.dtype, entry_dims)
+    return _make_tensor(op, shape, op.dtype, tile_dims)
 
 
 def _check_no_nested_reduce(body: Expr, name: str) -> None:
     def visit(e: Expr) -> None:
         if isinstance(e, Reduce):
             raise TeError(f"compute {name}: a reduction must be the whole body, not nested in it")
-    map_expr(body, lambda e: visit(e))
+    walk_expr(body, visit)
 
 
 def pad(x: Tensor, before: Sequence[int], after: Sequence[int], name: str | None = None) -> Tensor:
@@ -213,5 +237,5 @@ def pad(x: Tensor, before: Sequence[int], after: Sequence[int], name: str | None
     def body(*idx):
         return BufferLoad(x.buffer, tuple(i - b for i, b in zip(idx, before)), zero_outside=True)
     return compute(shape, body, name or f"{x.name}.pad", dtype=x.dtype, tag="pad",
-                   entry_dims=x.buffer.entry_dims)
+                   tile_dims=x.buffer.tile_dims)
 

@@ -289,6 +289,29 @@ class AccelConfig:
     def insn_bytes(self) -> int:
         return self.insn_bits // 8
 
+    # Limits of instruction fields whose widths do not depend on the buffers: the
+    # compiler's planners and passes read them here (the ISA's field tables use the
+    # same constants), so no limit is restated elsewhere.
+    @property
+    def max_loop_iterations(self) -> int:
+        """Largest ``iter_out``/``iter_in`` of a GEMM or ALU instruction."""
+        return (1 << LOOP_ITER_BITS) - 1
+
+    @property
+    def max_dma_pad(self) -> int:
+        """Largest zero padding a LOAD adds on one side (``y_pad0`` … ``x_pad1``)."""
+        return (1 << DMA_PAD_BITS) - 1
+
+    @property
+    def max_dma_size(self) -> int:
+        """Largest ``y_size``/``x_size``/``x_stride`` of a LOAD or STORE."""
+        return (1 << DMA_SIZE_BITS) - 1
+
+    @property
+    def alu_imm_range(self) -> tuple[int, int]:
+        """Inclusive range of the ALU's signed immediate operand."""
+        return -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
+
     def derived(self) -> dict[str, Any]:
         """Every derived parameter, for `gemforge info` and generated files."""
         out: dict[str, Any] = {}
@@ -308,6 +331,10 @@ class AccelConfig:
             insn_bits=self.insn_bits,
             bus_bytes=self.bus_bytes,
             macs_per_uop=self.macs_per_uop,
+            max_loop_iterations=self.max_loop_iterations,
+            max_dma_pad=self.max_dma_pad,
+            max_dma_size=self.max_dma_size,
+            alu_imm_range=list(self.alu_imm_range),
         )
         return out
 

@@ -1,4 +1,5 @@
-"""What every operator shares: the fused epilogue, the compiled-operator handle, tiling helpers."""
+"""What every operator shares, on every target: the fused epilogue, its numpy
+reference, and the compiled-operator handle."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gemforge.hw.program import Program
-
-from ..ir import Cast, Expr, Max, Shr, Const
-from ..layout import pack_bias
-from ..te import clip
 from ..errors import CompileError
-from ..schedule import VTHREAD_ORDERS
+from ..ir import Cast, Const, Expr, Max, Shr, is_float
+from ..te import clip
 
-__all__ = ["OpError", "Epilogue", "CompiledOp", "TilingCost", "divisors", "reference_epilogue",
-           "plan_with_fallback", "schedule_output_tile"]
+__all__ = ["OpError", "Epilogue", "CompiledOp", "reference_epilogue", "out_size"]
+
+
+def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Output length of a window of ``kernel`` sliding by ``stride`` over ``size`` padded by ``padding``."""
+    return (size + 2 * padding - kernel) // stride + 1
 
 
 class OpError(CompileError):
@@ -25,9 +26,13 @@ class OpError(CompileError):
 
 @dataclass(frozen=True)
 class Epilogue:
-    """``out = clip((acc + bias) >> shift, lo, 127)`` with ``lo = 0`` under ReLU and
-    −128 otherwise, as int8; without ``shift`` the int32 ``acc + bias`` (ReLU'd if
-    asked) is the output."""
+    """What follows a reduction (dense, conv2d) in one fused pass.
+
+    Integers: ``out = clip((acc + bias) >> shift, lo, 127)`` with ``lo = 0``
+    under ReLU and −128 otherwise, as int8 (the accelerator's requantization;
+    the shift is arithmetic); without ``shift`` the int32 ``acc + bias``
+    (ReLU'd if asked) is the output. Floats: ``acc + bias``, ReLU'd if asked
+    (no shift)."""
 
     bias: bool = False
     shift: int | None = None
@@ -42,16 +47,9 @@ class Epilogue:
         """int8 after the shift and clip; otherwise the accumulator type."""
         return "int8" if self.shift is not None else acc_dtype
 
-    @property
-    def alu_ops(self) -> int:
-        """ALU micro-ops per output entry: bias add, shift, clip (two) or ReLU."""
-        return int(self.bias) + (3 if self.shift else 2 if self.shift is not None else int(self.relu))
-
-    def store_entry_bytes(self, config) -> int:
-        """Bytes per stored entry: the output buffer's (int8) after a shift, else the accumulator's."""
-        return config.out_entry_bytes if self.shift is not None else config.acc_entry_bytes
-
     def apply(self, acc: Expr, bias: Expr | None) -> Expr:
+        if self.shift is not None and is_float(acc.dtype):
+            raise OpError("a shift (requantization) applies to integer results, not float32")
         value = acc
         if self.bias:
             value = value + bias
@@ -60,7 +58,7 @@ class Epilogue:
                 value = Shr(value, Const(self.shift))
             value = Cast("int8", clip(value, 0 if self.relu else -128, 127))
         elif self.relu:
-            value = Max(value, Const(0))
+            value = Max(value, Const(0, value.dtype))
         return value
 
 
@@ -83,32 +81,22 @@ def reference_epilogue(acc: np.ndarray, bias: np.ndarray | None, shift: int | No
 
 @dataclass
 class CompiledOp:
-    """A compiled operator: the program plus its host-side packing.
+    """A compiled operator: its artefact plus the host-side packing.
 
-    ``pack_inputs(**arrays)`` turns host arrays (numpy layouts) into the
-    program's input tensors; ``unpack_output(array)`` turns the device output
-    tensor back into the host layout. ``plan`` records the tiling the default
-    schedule chose."""
+    ``program`` is what the target's back end built: a `Program` for the
+    accelerator, a kernel for the CPU or GPU; every device runs it with
+    ``device.run_program``. ``pack_inputs(**arrays)`` turns host arrays (numpy
+    layouts) into the artefact's input tensors; ``unpack_output(array)`` turns
+    its output tensor back into the host layout. ``plan`` records the choices
+    the default schedule made."""
 
     name: str
-    program: Program
+    program: Any
     inputs: list[str]
     output: str
     pack: Callable[..., dict[str, np.ndarray]]
     unpack: Callable[[np.ndarray], np.ndarray]
     plan: dict[str, Any] = field(default_factory=dict)
-
-    @staticmethod
-    def bias_input(op: str, epilogue: Epilogue, config, bias: np.ndarray | None, channels: int) -> dict:
-        """The packed ``bias`` input of an operator compiled with ``epilogue`` (empty without
-        bias), refusing a missing, unexpected or wrongly shaped bias."""
-        if not epilogue.bias:
-            if bias is not None:
-                raise OpError(f"{op} was compiled without bias")
-            return {}
-        if bias is None or bias.shape != (channels,):
-            raise OpError(f"{op} with bias needs a bias of shape ({channels},)")
-        return {"bias": pack_bias(config, bias)}
 
     def pack_inputs(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.pack(**arrays)
@@ -122,103 +110,3 @@ class CompiledOp:
         return self.unpack_output(outputs[self.output]), result
 
 
-#: Cycles an instruction costs beyond its data on the RTL (`default`, Verilator): a
-#: LOAD 12 and a STORE 11 when it cannot overlap the previous one (issue, DRAM
-#: latency, write response; back-to-back DMAs of one client chain at 2–3 cycles,
-#: but only while no other client wants the bus, which is the common case in a
-#: tiled operator), a GEMM/ALU 8 (dispatch and pipeline drain); measured as the
-#: difference of runs of 1 and 101 instructions (`driver.rtl_perf`).
-DMA_OVERHEAD = 12
-COMPUTE_OVERHEAD = 8
-
-
-@dataclass(frozen=True)
-class TilingCost:
-    """The work of one tiling, per reduction chunk and per output tile, in bytes,
-    micro-ops and instructions; `cycles` estimates its run time on the accelerator."""
-
-    tiles: int
-    chunks: int              # reduction chunks per tile
-    chunk_read_bytes: int    # input + weight bytes loaded per chunk
-    chunk_loads: int         # LOAD instructions per chunk
-    chunk_uops: int          # GEMM micro-ops per chunk
-    tile_uops: int           # micro-ops per tile outside the chunks (accumulator reset, epilogue)
-    tile_read_bytes: int     # bytes loaded once per tile (bias)
-    tile_store_bytes: int
-    tile_stores: int         # STORE instructions per tile
-
-    def cycles(self, config, threads: int, order: str = "interleaved") -> float:
-        """Estimated cycles with ``threads`` virtual threads issued in ``order``
-        (`Stage.vthread`).
-
-        Loads use the read channel, stores the write channel, micro-ops the
-        compute pipeline; each engine is in order. With one thread everything
-        adds up. Interleaved pairs of tiles: a chunk costs the longer of its GEMM
-        and its loads (the other thread's loads run under it); a thread's store
-        runs while the other thread finishes, and a store longer than a chunk
-        delays the next reset, or — when stores dominate — the store engine idles
-        while the next pair computes up to its first finished tile. Sequential:
-        a thread's chunks load and compute in turn (its first load ran under the
-        other thread's tile), and its store runs under the next thread's tile.
-        Both pay the first loads (fill) and the last store (drain)."""
-        bus = config.bus_bytes
-        read = self.chunk_read_bytes / bus + self.chunk_loads * DMA_OVERHEAD
-        gemm = self.chunk_uops + COMPUTE_OVERHEAD
-        store = self.tile_store_bytes / bus + self.tile_stores * DMA_OVERHEAD
-        fixed = self.tile_uops + 2 * COMPUTE_OVERHEAD + self.tile_read_bytes / bus + \
-            (DMA_OVERHEAD if self.tile_read_bytes else 0)
-        if threads == 1:
-            return self.tiles * (self.chunks * (read + gemm) + fixed + store)
-        if order == "sequential":
-            per_tile = max(self.chunks * gemm + (self.chunks - 1) * read + fixed, store, self.chunks * read)
-        else:
-            chunk = max(gemm, read)
-            compute = self.chunks * chunk + fixed
-            per_pair = max(2 * compute + max(0.0, store - chunk),
-                           2 * store + max(0.0, 2 * (compute - fixed - chunk)))
-            per_tile = per_pair / 2
-        return read + self.tiles * per_tile + store
-
-    def best_order(self, config, threads: int) -> tuple[float, str]:
-        """(cycles, order) of the faster thread order."""
-        return min((self.cycles(config, threads, order), order) for order in VTHREAD_ORDERS)
-
-
-def divisors(n: int) -> list[int]:
-    """Divisors of ``n`` in increasing order (tile sizes without partial tiles)."""
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
-def plan_with_fallback(plan: Callable[[int], Any], latency_hiding: bool) -> Any:
-    """``plan(threads)`` with two virtual threads when latency hiding is asked for;
-    if double buffering does not fit the buffers, one thread (the operator still
-    runs, without overlap) — an explicit choice recorded in the plan."""
-    if latency_hiding:
-        try:
-            return plan(2)
-        except OpError:
-            pass
-    return plan(1)
-
-
-def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, readers: list,
-                         order: str = "interleaved") -> None:
-    """The part of every default accelerator schedule around one output tile.
-
-    ``tile`` is the fused loop over output tiles of ``out``'s stage and ``inner``
-    the first loop inside a tile. With ``threads`` > 1 the tile loop is split
-    into virtual threads (latency hiding). The accumulator stages (GEMM result,
-    epilogue) and the ``readers`` (accumulator-scope inputs such as the bias) are
-    computed per tile; the readers and the output copy become DMAs and the
-    epilogue becomes ALU micro-ops."""
-    so = s[out]
-    if threads > 1:
-        _, tile = so.split(tile, factor=threads)
-        so.vthread(tile, order)
-    so.pragma(inner, "dma_copy")
-    for t in [*readers, *acc_stages]:
-        s[t].compute_at(so, tile)
-    for t in readers:
-        s[t].pragma(s[t].leaf[0], "dma_copy")
-    s[acc_stages[-1]].pragma(s[acc_stages[-1]].leaf[0], "alu")

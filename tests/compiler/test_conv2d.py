@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from compiler_helpers import BATCHED, CONFIGS, CRAMPED, device_for, int8
-from gemforge.compiler.layout import pack_bias, pack_nchw, pack_oihw, unpack_nchw
+from gemforge.compiler.backends.accel.layout import pack_bias, pack_nchw, pack_oihw, unpack_nchw
 from gemforge.compiler.ops import OpError, compile_conv2d, conv2d_reference, run_conv2d
 from gemforge.compiler.ops.common import Epilogue
-from gemforge.compiler.ops.conv2d import conv2d_schedule, conv2d_te
+from gemforge.compiler.ops.accel.conv2d import conv2d_schedule, conv2d_te
 from gemforge.compiler.pipeline import build
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Gemm, Load, MemType

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from compiler_helpers import CONFIGS, CRAMPED, device_for, int8
-from gemforge.compiler.layout import pack_bias, pack_matrix_a, pack_matrix_b, unpack_matrix
+from gemforge.compiler.backends.accel.layout import pack_bias, pack_matrix_a, pack_matrix_b, unpack_matrix
 from gemforge.compiler.ops import OpError, compile_dense, dense_reference, run_dense
 from gemforge.compiler.ops.common import Epilogue
-from gemforge.compiler.ops.dense import dense_schedule, dense_te
+from gemforge.compiler.ops.accel.dense import dense_schedule, dense_te
 from gemforge.compiler.pipeline import build
 from gemforge.hw.config import PRESETS
 

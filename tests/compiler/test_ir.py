@@ -52,3 +52,69 @@ def test_extremes_enumerates_executed_iterations():
     # t in range(3), j in range(min(2, 5 - 2t)): the last t runs one j only.
     loops = [(t, Const(3)), (j, Min(Const(2), Const(5) - t * 2))]
     assert extremes(t * 2 + j, loops) == (0, 4)
+
+
+# ---------------------------------------------------------------------------- data types and nodes
+
+def test_binary_operations_check_and_promote_dtypes():
+    from gemforge.compiler.ir import BufferLoad, Buffer, Cast, Div, DTypeError
+    x = Var("x", "float32")
+    assert (x + 1).dtype == "float32" and (x + 1).b == Const(1.0, "float32")   # a constant follows the other side
+    a8 = BufferLoad(Buffer("a", (4,), "int8"), (i,))
+    a32 = BufferLoad(Buffer("b", (4,), "int32"), (i,))
+    assert (a8 + a32).dtype == "int32"                                         # integers widen
+    with pytest.raises(DTypeError, match="mixes float32 and int32"):
+        x + a32                                                                # int/float needs a cast
+    assert (x + Cast("float32", a32)).dtype == "float32"
+    with pytest.raises(DTypeError, match="use // "):
+        Div(i, Const(2))
+    with pytest.raises(DTypeError, match="use / "):
+        x // 2.0
+
+
+def test_constants_hash_like_they_compare():
+    assert Const(3) == Const(3) and hash(Const(3)) == hash(Const(3))
+    assert Const(3) != Const(3, "int8") and len({Const(3), Const(3), Const(3, "int8")}) == 2
+    assert len({Const(1.5, "float32"), Const(1.5, "float32")}) == 1
+
+
+def test_calls_name_known_intrinsics():
+    from gemforge.compiler.ir import Call, DTypeError
+    x = Var("x", "float32")
+    assert Call("exp", (x,)).dtype == "float32"
+    assert Call("fma", (x, x, 1)).args[2] == Const(1.0, "float32")
+    assert Call("threadIdx.x").dtype == "int32" and Call("barrier").dtype == "void"
+    with pytest.raises(ValueError, match="unknown intrinsic"):
+        Call("sin_cos", (x,))
+    with pytest.raises(DTypeError, match="floating-point argument"):
+        Call("exp", (i,))
+
+
+def test_float_arithmetic_is_folded_but_not_reassociated():
+    x = Var("x", "float32")
+    assert simplify(Const(1.5, "float32") * Const(2.0, "float32")) == Const(3.0, "float32")
+    e = (x + 1.0) - 1.0
+    assert not isinstance(simplify(e), Var)    # (x + 1) - 1 is not x in floating point
+
+
+def test_generic_traversal_rebuilds_back_end_nodes():
+    """Substitution reaches the expressions inside a back end's own node kinds through
+    their fields, with no rewriter written for them."""
+    from gemforge.compiler.backends.accel.nodes import BufferRef, DmaCopy
+    from gemforge.compiler.ir import Buffer, substitute_stmt
+    dram, sram = Buffer("x", (8, 1, 4), "int8", tile_dims=2), Buffer("x.inp", (8, 1, 4), "int8", "inp", 2)
+    copy = DmaCopy("load", BufferRef(dram, (t * 2,)), BufferRef(sram, (Const(0),)), Const(1), t + 1, 8)
+    out = substitute_stmt(copy, {t: Const(3)})
+    assert out.dram.indices == (Const(6),) and out.x_size == Const(4) and out.sram is copy.sram
+
+
+def test_verifier_names_unbound_variables_and_unknown_buffers():
+    from gemforge.compiler.ir import Buffer, BufferStore, For, PrimFunc, VerifyError, verify
+    out = Buffer("out", (4,), "int32")
+    stray = Buffer("stray", (4,), "int32")
+    with pytest.raises(VerifyError, match="variable j is used outside"):
+        verify(PrimFunc("f", [out], For(i, Const(4), BufferStore(out, (j,), Const(0)))))
+    with pytest.raises(VerifyError, match="buffer stray is accessed"):
+        verify(PrimFunc("f", [out], For(i, Const(4), BufferStore(stray, (i,), Const(0)))))
+    with pytest.raises(VerifyError, match="store of a float32 value into out"):
+        verify(PrimFunc("f", [out], For(i, Const(4), BufferStore(out, (i,), Const(1.0, "float32")))))

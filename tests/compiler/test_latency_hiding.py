@@ -14,8 +14,8 @@ import pytest
 from compiler_helpers import device_for, int8
 from gemforge.compiler.ops import compile_conv2d, compile_dense, conv2d_reference, dense_reference
 from gemforge.compiler.ops.common import Epilogue
-from gemforge.compiler.ops.conv2d import conv2d_schedule, conv2d_te
-from gemforge.compiler.ops.dense import dense_schedule, dense_te
+from gemforge.compiler.ops.accel.conv2d import conv2d_schedule, conv2d_te
+from gemforge.compiler.ops.accel.dense import dense_schedule, dense_te
 from gemforge.compiler.pipeline import build
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Engine, Gemm, Load, MemType, Store

@@ -5,29 +5,44 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gemforge.compiler.backends import stages
 from gemforge.compiler.backends.accel import AccelCompileError, Emitted, deduplicate_uops, insert_dependency_tokens
-from gemforge.compiler.intrin import gemm_intrin
-from gemforge.compiler.ir import Allocate, AttrStmt, DmaCopy, GemmIntrin, HwLoopTask, walk
-from gemforge.compiler.lower import schedule_to_ir
+from gemforge.compiler.backends.accel.intrin import gemm_intrin
+from gemforge.compiler.backends.accel.nodes import DmaCopy, GemmIntrin, HwLoopTask
+from gemforge.compiler.ir import Allocate, AttrStmt, format_ir, walk
+from gemforge.compiler.lower import schedule_to_ir as _schedule_to_ir
 from gemforge.compiler.ops.common import Epilogue
-from gemforge.compiler.ops.dense import dense_schedule, dense_te
+from gemforge.compiler.ops.accel.dense import dense_schedule, dense_te
 from gemforge.compiler.ops import compile_conv2d, compile_dense
-from gemforge.compiler.passes import (
+from gemforge.compiler.backends.accel.passes import (
     AluInjectionError, CapacityError, TensorizeError, flatten_storage, fold_uop_loops, inject_alu, inject_dma,
     tensorize,
 )
-from gemforge.compiler.pipeline import accel_passes, build, lower
+from gemforge.compiler.pipeline import build, lower, run_stages
+from gemforge.compiler.target import AccelTarget
 from gemforge.compiler.schedule import create_schedule
 from gemforge.compiler.te import compute, placeholder, reduce_axis, sum_
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Gemm, Load, MemType, Store, Uop
 
 TINY = PRESETS["tiny"]
+ACCEL = AccelTarget(TINY)
+
+
+def schedule_to_ir(s):
+    return _schedule_to_ir(s, target=ACCEL)
 
 
 def _dense_ir(plan, epi=Epilogue(True, 4, True), shape=(8, 4, 8)):
     t = dense_te(TINY, *shape, epi)
     return t, dense_schedule(TINY, t, plan)
+
+
+def _after_passes(t, s, uop_budget=None):
+    """The dense function's body after the accelerator's IR passes (before emission)."""
+    target = AccelTarget(TINY, uop_budget)
+    args = [t[k] for k in ("a", "w", "bias", "out") if k in t]
+    return run_stages(lower(s, target, args), target, until="allocate_storage").body
 
 
 def _nodes(stmt, kind):
@@ -36,16 +51,18 @@ def _nodes(stmt, kind):
     return found
 
 
-def test_pipeline_is_an_explicit_ordered_list():
-    names = [name for name, _ in accel_passes(TINY)]
+def test_stages_are_one_explicit_ordered_list():
+    names = list(stages(ACCEL))
     assert names == ["tensorize", "inject_alu", "inject_dma", "flatten_storage", "fold_uop_loops",
-                     "inject_virtual_threads", "allocate_storage"]
-    for _, run in accel_passes(TINY):
-        assert callable(run)
+                     "inject_virtual_threads", "allocate_storage", "layout_dram", "emit_instructions",
+                     "deduplicate_uops", "finish", "insert_dependency_tokens"]
+    assert all(callable(run) for run in stages(ACCEL).values())
     seen = []
-    _, s = _dense_ir(dict(tm=4, tn=4, tk=2, threads=2))
-    lower(s, TINY, trace=seen.append)
-    assert [t.splitlines()[0] for t in seen] == ["== schedule_to_ir"] + [f"== {n}" for n in names]
+    t, s = _dense_ir(dict(tm=4, tn=4, tk=2, threads=2))
+    program = build(s, ACCEL, [t["a"], t["w"], t["bias"], t["out"]], trace=seen.append)
+    assert [x.splitlines()[0] for x in seen] == ["== lower"] + [f"== {n}" for n in names]
+    assert "func main(a: int8" in seen[0] and "FINISH" in seen[-2].upper()
+    assert len(program.instructions) > 4
 
 
 def test_tensorize_replaces_the_entry_loops():
@@ -76,8 +93,8 @@ def test_tensorize_refuses_a_nest_that_is_not_the_intrinsic():
 
 def test_alu_injection_maps_the_epilogue_in_place():
     _, s = _dense_ir(dict(tm=4, tn=4, tk=2, threads=1))
-    ir = inject_alu(tensorize(schedule_to_ir(s)))
-    text = "\n".join(line.strip() for line in __import__("gemforge.compiler.ir", fromlist=["x"]).format_ir(ir).splitlines())
+    ir = inject_alu(tensorize(schedule_to_ir(s)), TINY)
+    text = "\n".join(line.strip() for line in format_ir(ir).splitlines())
     ops = [line.split()[0] for line in text.splitlines() if line.startswith("alu.")]
     assert ops == ["alu.add", "alu.shr", "alu.max", "alu.min"]  # bias, shift, ReLU clip to [0, 127]
     # The epilogue stage became an alias of the accumulator: no storage of its own.
@@ -94,7 +111,7 @@ def test_alu_injection_refuses_what_the_alu_cannot_do():
         s[t].compute_at(s[y], s[y].leaf[0])
     s[yc].pragma(s[yc].leaf[0], "alu")
     with pytest.raises(AluInjectionError, match="not a chain of ALU operations"):
-        inject_alu(schedule_to_ir(s))
+        inject_alu(schedule_to_ir(s), TINY)
 
 
 def test_dma_injection_gives_border_tiles_zero_padding():
@@ -107,7 +124,7 @@ def test_dma_injection_gives_border_tiles_zero_padding():
 
 def test_dma_copies_become_single_2d_transfers():
     t, s = _dense_ir(dict(tm=4, tn=4, tk=2, threads=1))
-    ir = inject_dma(inject_alu(tensorize(schedule_to_ir(s))))
+    ir = inject_dma(inject_alu(tensorize(schedule_to_ir(s)), TINY), TINY)
     copies = _nodes(ir, DmaCopy)
     assert {c.direction for c in copies} == {"load", "store"}
     a_copy = next(c for c in copies if c.sram.buffer.scope == "inp")
@@ -116,18 +133,19 @@ def test_dma_copies_become_single_2d_transfers():
 
 def test_fold_respects_the_uop_budget():
     _, s = _dense_ir(dict(tm=4, tn=4, tk=4, threads=1), shape=(4, 4, 4))
-    big = lower(s, TINY, uop_budget=64)
+    big = _after_passes(_, s, uop_budget=64)
     tasks = [t for t in _nodes(big, HwLoopTask) if t.kind == "gemm" and not t.body.reset]
     assert len(tasks) == 1 and len(tasks[0].hw_loops) == 2 and len(tasks[0].uop_loops) == 1
     _, s = _dense_ir(dict(tm=4, tn=4, tk=4, threads=1), shape=(4, 4, 4))
-    small = fold_uop_loops(flatten_storage(inject_dma(inject_alu(tensorize(schedule_to_ir(s))))), uop_budget=1)
+    small = fold_uop_loops(flatten_storage(inject_dma(inject_alu(tensorize(schedule_to_ir(s)), TINY), TINY)), TINY,
+                           uop_budget=1)
     tasks = [t for t in _nodes(small, HwLoopTask) if t.kind == "gemm" and not t.body.reset]
     assert tasks[0].uop_loops == []  # the third loop stays a host loop around the instruction
 
 
 def test_virtual_threads_double_the_buffers():
-    one = lower(_dense_ir(dict(tm=2, tn=4, tk=2, threads=1))[1], TINY)
-    two = lower(_dense_ir(dict(tm=2, tn=4, tk=2, threads=2))[1], TINY)
+    one = _after_passes(*_dense_ir(dict(tm=2, tn=4, tk=2, threads=1)))
+    two = _after_passes(*_dense_ir(dict(tm=2, tn=4, tk=2, threads=2)))
     assert two.value.used["inp"] == 2 * one.value.used["inp"]
     assert two.value.used["acc"] == 2 * one.value.used["acc"]
 

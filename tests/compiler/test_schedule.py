@@ -11,7 +11,7 @@ from gemforge.compiler.te import compute, placeholder, reduce_axis, sum_
 
 
 def _vector_add(n=10):
-    a = placeholder((n, 1, 4), "int32", "a", entry_dims=2)
+    a = placeholder((n, 1, 4), "int32", "a", tile_dims=2)
     b = compute((n, 1, 4), lambda i, x, y: a[i, x, y] + 1, name="b")
     return a, b
 
@@ -115,8 +115,21 @@ def test_compute_at_on_a_placeholder_is_refused():
     s = create_schedule(b)
     with pytest.raises(ScheduleError, match="is an input"):
         s[a].compute_at(s[b], s[b].leaf[0])
-    with pytest.raises(ScheduleError, match="unknown scope"):
-        s[b].set_scope("l2")
+    with pytest.raises(ScheduleError, match="storage scope is a name"):
+        s[b].set_scope("l2 cache")
+
+
+@pytest.mark.parametrize("target,scope", [("tiny", "shared"), ("cpu", "inp"), ("gpu", "acc")])
+def test_the_target_validates_scopes(target, scope):
+    """Scopes are names the target defines: a schedule using another target's scope is
+    refused when it is lowered for this one, naming the scopes it has."""
+    from gemforge.compiler.pipeline import lower
+    a, b = _vector_add()
+    s = create_schedule(b)
+    s.cache_read(a, scope, [b])
+    s[s.stages[1].tensor].compute_at(s[b], s[b].leaf[0])
+    with pytest.raises(ScheduleError, match=f"scope '{scope}'; this target has"):
+        lower(s, target, [a, b])
 
 
 def test_a_stride_above_the_window_gives_a_strided_region():
@@ -162,3 +175,39 @@ def test_vthread_order_is_checked():
     s = create_schedule(b)
     with pytest.raises(ScheduleError, match="vthread order must be one of interleaved, sequential"):
         s[b].vthread(s[b].leaf[0], order="random")
+
+
+def test_scheduling_leaves_the_tensor_expressions_unchanged():
+    """cache_read/cache_write/compute_inline change the schedule's stages, never the
+    operations: the same expression can be scheduled (and lowered) twice."""
+    from gemforge.compiler.te import pad
+    a = placeholder((6, 8), "int32", "a")
+    ap = pad(a, (1, 0), (1, 0))
+    k = reduce_axis(8, "k")
+    c = compute((8,), lambda i: sum_(ap[i, k] * 2, [k]), name="c")
+    before = repr(c.op.body), repr(ap.op.body)
+    s = create_schedule(c)
+    s[ap].compute_inline()
+    cc = s.cache_write(c, "local")
+    s.cache_read(a, "local", [cc])
+    first = format_ir(schedule_to_ir(s))
+    assert (repr(c.op.body), repr(ap.op.body)) == before
+    assert format_ir(schedule_to_ir(s)) == first           # lowering does not change the schedule either
+    plain = format_ir(schedule_to_ir(create_schedule(c)))  # a fresh schedule sees the original expression
+    assert "c.local" not in plain and "a.local" not in plain
+
+
+def test_reduction_init_keeps_loop_kinds_and_thread_names():
+    a = placeholder((64, 16), "float32", "a")
+    k = reduce_axis(16, "k")
+    c = compute((64,), lambda i: sum_(a[i, k], [k]), name="c")
+    s = create_schedule(c)
+    i, kk = s[c].leaf
+    io, ii = s[c].split(i, 8)
+    s[c].reorder(io, kk, ii)
+    s[c].bind(io, "blockIdx.x")
+    s[c].vectorize(ii)
+    loops = _loops(schedule_to_ir(s))
+    inner = [l for l in loops if l.var is ii.var]
+    assert len(inner) == 2 and all(l.kind is ForKind.VECTORIZED for l in inner)   # init and update
+    assert loops[0].kind is ForKind.THREAD_BINDING and loops[0].thread == "blockIdx.x"

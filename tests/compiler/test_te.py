@@ -35,12 +35,12 @@ def test_compute_with_reduction():
 
 
 def test_compute_errors():
-    a = placeholder((2, 2), "int32", "a", entry_dims=0)
+    a = placeholder((2, 2), "int32", "a", tile_dims=0)
     with pytest.raises(TeError, match="2 dimensions but its function takes 1"):
         compute((2, 2), lambda i: a[i, i], name="bad")
     k = reduce_axis(2, "k")
     with pytest.raises(TeError, match="whole body"):
-        compute((2,), lambda i: sum_(a[i, k], [k]) + 1, name="nested", entry_dims=0)
+        compute((2,), lambda i: sum_(a[i, k], [k]) + 1, name="nested", tile_dims=0)
     with pytest.raises(TeError, match="not a reduction axis"):
         from gemforge.compiler.te import IterVar
         sum_(a[0, 0], [IterVar(Var("x"), Const(2))])
@@ -57,6 +57,6 @@ def test_pad_reads_zero_outside():
 
 
 def test_clip_builds_min_of_max():
-    x = placeholder((1, 1, 4), "int32", "x", entry_dims=1)
+    x = placeholder((1, 1, 4), "int32", "x", tile_dims=1)
     e = clip(x[0, 0, 0], -128, 127)
     assert type(e).__name__ == "Min" and type(e.a).__name__ == "Max"

@@ -62,7 +62,7 @@ def test_both_thread_orders_on_verilator_equal_numpy():
     the planner's choice for it. (The tiling is cut into four reduction chunks: with
     one chunk per tile the staggered interleaving is already thread by thread.)"""
     from gemforge.compiler import conv2d_reference
-    from gemforge.compiler.ops import conv2d as conv
+    from gemforge.compiler.ops.accel import conv2d as conv
     config = PRESETS["default"]
     xs, ws = (1, 64, 56, 56), (128, 64, 1, 1)
     data, kernel = (1, 4, 56, 56), (8, 4, 1, 1)

@@ -29,12 +29,11 @@ Two refinements of the order:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ..ir import (
-    Allocate, AttrStmt, Buffer, BufferRef, Const, DmaCopy, Expr, For, ForKind, HwLoopTask, IfThenElse, Seq, Stmt,
-    StmtMutator, const_upper_bound, same_expr, seq, simplify, substitute_stmt, walk,
+from ....ir import (
+    Allocate, AttrStmt, Buffer, BufferStore, Const, Expr, For, ForKind, IfThenElse, Node, Seq, Stmt, StmtMutator,
+    const_upper_bound, same_expr, seq, simplify, substitute_stmt, walk,
 )
+from ..nodes import BufferRef, DmaCopy, HwLoopTask
 
 __all__ = ["inject_virtual_threads"]
 
@@ -59,12 +58,12 @@ def _expand(loop: For, body: Stmt, sequential: bool) -> Stmt:
     allocs: list[Buffer] = []
     walk(body, lambda s: allocs.append(s.buffer) if isinstance(s, Allocate) else None)
     body = _strip_allocations(body)
-    widened = {b: Buffer(b.name, (threads * b.entries,) + tuple(b.shape[len(b.shape) - b.entry_dims:]),
-                         b.dtype, b.scope, b.entry_dims) for b in allocs}
+    widened = {b: Buffer(b.name, (threads * b.tiles,) + tuple(b.shape[len(b.shape) - b.tile_dims:]),
+                         b.dtype, b.scope, b.tile_dims) for b in allocs}
     copies = []
     for t in range(threads):
         copy = substitute_stmt(body, {loop.var: Const(t)})
-        copy = _rebase(copy, {b: (widened[b], t * b.entries) for b in allocs})
+        copy = _rebase(copy, {b: (widened[b], t * b.tiles) for b in allocs})
         guard = simplify(Const(t) < loop.extent)
         if isinstance(guard, Const) and not guard.value:
             continue
@@ -83,26 +82,15 @@ def _strip_allocations(stmt: Stmt) -> Stmt:
 
 
 def _rebase(stmt: Stmt, moves: dict[Buffer, tuple[Buffer, int]]) -> Stmt:
-    def ref(r: BufferRef | None) -> BufferRef | None:
-        if r is None or r.buffer not in moves:
-            return r
-        buf, shift = moves[r.buffer]
-        return BufferRef(buf, (), simplify(r.offset + shift))
-
+    """Point every entry reference of a moved buffer at its thread's part of the widened one."""
     class Rebase(StmtMutator):
-        def visit_DmaCopy(self, s):
-            return replace(s, dram=ref(s.dram), sram=ref(s.sram))
+        def visit_node(self, n: Node) -> Node:
+            if isinstance(n, BufferRef) and n.buffer in moves:
+                buf, shift = moves[n.buffer]
+                return BufferRef(buf, (), simplify(n.offset + shift))
+            return n
 
-        def visit_GemmIntrin(self, s):
-            return replace(s, dst=ref(s.dst), src=ref(s.src), wgt=ref(s.wgt))
-
-        def visit_AluIntrin(self, s):
-            return replace(s, dst=ref(s.dst), src=ref(s.src))
-
-        def visit_HwLoopTask(self, s):
-            return replace(s, body=self.visit(s.body))
-
-        def visit_BufferStore(self, s):
+        def visit_BufferStore(self, s: BufferStore):
             if s.buffer in moves:
                 raise AssertionError("virtual threads run after storage flattening and intrinsic injection")
             return s

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemforge.hw.config import DMA_PAD_BITS, LOOP_ITER_BITS, AccelConfig
+from gemforge.hw.config import AccelConfig
 
-from ..ir import Const, Max, Min
-from ..layout import ceil_div, pack_nchw_acc, unpack_nchw
-from ..pipeline import build
-from ..schedule import create_schedule
-from ..te import compute, pad, placeholder
-from .common import CompiledOp, Epilogue, OpError, divisors, plan_with_fallback
+from ...ir import Const, Max, Min
+from ...backends.accel.layout import ceil_div, pack_nchw_acc, unpack_nchw
+from ...pipeline import build
+from ...schedule import create_schedule
+from ...te import compute, pad, placeholder
+from ..common import CompiledOp, Epilogue, OpError, out_size
+from .common import divisors, plan_with_fallback
 
-__all__ = ["compile_add", "compile_relu", "compile_clip", "compile_max_pool2d", "max_pool2d_reference"]
+__all__ = ["compile_add", "compile_relu", "compile_clip", "compile_max_pool2d"]
 
-_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
-_MAX_PAD = (1 << DMA_PAD_BITS) - 1
 
 
 def _check_shape(shape) -> tuple[int, int, int, int]:
@@ -49,7 +48,7 @@ def _elementwise(config: AccelConfig, shape, n_inputs: int, body, out_dtype: str
     entries = ceil_div(n, c.batch) * ceil_div(ch, c.block_out) * h * w
 
     def plan(threads: int) -> tuple[int, int]:
-        tile = min(entries, _MAX_ITER, c.acc_depth // (threads * n_inputs))
+        tile = min(entries, c.max_loop_iterations, c.acc_depth // (threads * n_inputs))
         if tile < 1:
             raise OpError(f"{name} needs {threads * n_inputs} accumulator entries per tile; "
                           f"config {c.name!r} has {c.acc_depth}")
@@ -58,9 +57,9 @@ def _elementwise(config: AccelConfig, shape, n_inputs: int, body, out_dtype: str
     total = ceil_div(entries, tile) * tile
     acc = f"int{c.acc_width}"
     names = ["x", "y"][:n_inputs]
-    inputs = [placeholder((total, c.batch, c.block_out), acc, nm, entry_dims=2) for nm in names]
+    inputs = [placeholder((total, c.batch, c.block_out), acc, nm, tile_dims=2) for nm in names]
     out = compute((total, c.batch, c.block_out), lambda e, b, o: body(*(t[e, b, o] for t in inputs)),
-                  name="out", dtype=out_dtype)
+                  name="out", dtype=out_dtype, tile_dims=2)
     s = create_schedule(out)
     out_acc = s.cache_write(out, "acc")
     cached = [s.cache_read(t, "acc", [out_acc]) for t in inputs]
@@ -114,17 +113,15 @@ def compile_relu(config: AccelConfig, shape, *, latency_hiding: bool = True) -> 
 
 def compile_clip(config: AccelConfig, shape, lo: int, hi: int, *, latency_hiding: bool = True) -> CompiledOp:
     """``out = min(max(x, lo), hi)`` on an int32 NCHW tensor ``x`` (bounds are 16-bit immediates)."""
+    imm_lo, imm_hi = config.alu_imm_range
     for v in (lo, hi):
-        if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 15) <= v < (1 << 15):
-            raise OpError(f"clip bounds must be signed 16-bit integers, not {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not imm_lo <= v <= imm_hi:
+            raise OpError(f"clip bounds must be integers in the ALU immediate's range {imm_lo}..{imm_hi}, "
+                          f"not {v!r}")
     if lo > hi:
         raise OpError(f"clip lower bound {lo} exceeds the upper bound {hi}")
     return _elementwise(config, shape, 1, lambda x: Min(Max(x, Const(lo)), Const(hi)),
                         f"int{config.acc_width}", "clip", latency_hiding)
-
-
-def _pool_out(size: int, k: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - k) // stride + 1
 
 
 def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int | None = None,
@@ -136,9 +133,10 @@ def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int |
     for label, v, lo in (("kernel", kernel, 1), ("stride", stride, 1), ("padding", padding, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise OpError(f"max_pool2d {label} must be an integer ≥ {lo}, not {v!r}")
-    if padding >= kernel or padding > _MAX_PAD:
-        raise OpError(f"max_pool2d padding must be below the kernel size and at most {_MAX_PAD}, not {padding}")
-    oh, ow = _pool_out(h, kernel, stride, padding), _pool_out(w, kernel, stride, padding)
+    if padding >= kernel or padding > c.max_dma_pad:
+        raise OpError(f"max_pool2d padding must be below the kernel size and at most {c.max_dma_pad}, "
+                      f"not {padding}")
+    oh, ow = out_size(h, kernel, stride, padding), out_size(w, kernel, stride, padding)
     if oh < 1 or ow < 1:
         raise OpError(f"a {kernel}x{kernel} window does not fit a {h}x{w} input with padding {padding}")
     nb, cb = ceil_div(n, c.batch), ceil_div(ch, c.block_out)
@@ -151,7 +149,7 @@ def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int |
                 win_h = (th - 1) * stride + kernel
                 for tc in divisors(cb):
                     need = threads * (tc * win_h * win_w + tc * th * tw)
-                    if need > c.acc_depth or max(th, tw, tc) > _MAX_ITER:
+                    if need > c.acc_depth or max(th, tw, tc) > c.max_loop_iterations:
                         break
                     if best is None or tc * th * tw > best[1] * best[2] * best[3]:
                         best = (threads, tc, th, tw)
@@ -161,7 +159,7 @@ def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int |
         return best
     threads, tc, th, tw = plan_with_fallback(plan, latency_hiding)
     acc = f"int{c.acc_width}"
-    x = placeholder((nb, cb, h, w, c.batch, c.block_out), acc, "x")
+    x = placeholder((nb, cb, h, w, c.batch, c.block_out), acc, "x", tile_dims=2)
     xp = pad(x, (0, 0, padding, padding, 0, 0), (0, 0, padding, padding, 0, 0), "xp") if padding else x
 
     def window_max(n_, c_, y, xx, b, o):
@@ -171,7 +169,7 @@ def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int |
                 if i or j:
                     value = Max(value, xp[n_, c_, y * stride + i, xx * stride + j, b, o])
         return value
-    out = compute((nb, cb, oh, ow, c.batch, c.block_out), window_max, name="out", dtype=acc)
+    out = compute((nb, cb, oh, ow, c.batch, c.block_out), window_max, name="out", dtype=acc, tile_dims=2)
     s = create_schedule(out)
     out_acc = s.cache_write(out, "acc")
     x_acc = s.cache_read(xp, "acc", [out_acc])
@@ -201,20 +199,3 @@ def compile_max_pool2d(config: AccelConfig, shape, kernel: int, *, stride: int |
 
     return CompiledOp("max_pool2d", program, ["x"], "out", pack, lambda t: unpack_nchw(t, n, ch),
                       plan={"tc": tc, "th": th, "tw": tw, "threads": threads})
-
-
-def max_pool2d_reference(x: np.ndarray, kernel: int, stride: int | None = None, padding: int = 0) -> np.ndarray:
-    """numpy reference of `compile_max_pool2d` (zero padding)."""
-    stride = kernel if stride is None else stride
-    n, c, h, w = x.shape
-    xp = np.zeros((n, c, h + 2 * padding, w + 2 * padding), np.int64)
-    xp[:, :, padding:padding + h, padding:padding + w] = x
-    oh, ow = _pool_out(h, kernel, stride, padding), _pool_out(w, kernel, stride, padding)
-    out = np.full((n, c, oh, ow), np.iinfo(np.int64).min, np.int64)
-    for i in range(kernel):
-        for j in range(kernel):
-            out = np.maximum(out, xp[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride])
-    return out.astype(np.int32)
-
-
-

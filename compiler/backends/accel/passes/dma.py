@@ -26,24 +26,23 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gemforge.hw.config import DMA_PAD_BITS
+from gemforge.hw.config import AccelConfig
 
-from ..ir import (
-    AttrStmt, BufferLoad, BufferRef, BufferStore, Cast, Const, DmaCopy, Expr, For, Max, Min, Stmt,
-    StmtMutator, Var, const_upper_bound, extremes, free_vars, interval, linear_coefficient, simplify, simplify_in,
+from ....errors import CompileError
+from ....ir import (
+    AttrStmt, BufferLoad, BufferStore, Cast, Const, Expr, For, Max, Min, Stmt, StmtMutator, Var,
+    const_upper_bound, extremes, free_vars, interval, linear_coefficient, simplify, simplify_in,
 )
-from ..errors import CompileError
+from ..nodes import BufferRef, DmaCopy
 
 __all__ = ["inject_dma", "DmaInjectionError"]
-
-_MAX_PAD = (1 << DMA_PAD_BITS) - 1
 
 
 class DmaInjectionError(CompileError):
     """A copy nest cannot be expressed with 2-D strided DMA."""
 
 
-def inject_dma(stmt: Stmt) -> Stmt:
+def inject_dma(stmt: Stmt, config: AccelConfig) -> Stmt:
     """Replace ``dma_copy`` nests by `DmaCopy` statements (plus loops for extra dimensions)."""
     class Mutator(StmtMutator):
         def __init__(self) -> None:
@@ -58,12 +57,12 @@ def inject_dma(stmt: Stmt) -> Stmt:
 
         def visit_AttrStmt(self, s: AttrStmt) -> Stmt:
             if s.key == "dma_copy":
-                return _lower_copy(s.body, list(self.loops))
+                return _lower_copy(s.body, list(self.loops), config.max_dma_pad)
             return self.generic_visit(s)
     return Mutator().visit(stmt)
 
 
-def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
+def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]], max_pad: int) -> Stmt:
     ranges = {v: (Const(0), Const(const_upper_bound(e) - 1)) for v, e in enclosing}
     loops: list[For] = []
     body = nest
@@ -91,7 +90,7 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
     for loop in loops:
         ranges[loop.var] = (Const(0), Const(const_upper_bound(loop.extent) - 1))
 
-    ne = onchip.entry_dims
+    ne = onchip.tile_dims
     n = len(onchip.shape) - ne
     loop_of = {l.var: l for l in loops}
     # Entry dimensions are moved whole by the hardware: drop their loops.
@@ -192,7 +191,7 @@ def _lower_copy(nest: Stmt, enclosing: list[tuple[Var, Expr]]) -> Stmt:
         # rows need no padding, each row gets its own DMA.
         fill = s(Const(x_alloc) - (x_pad0 + x_size + x_pad1))
         if not _zero(fill, ranges, enclosing) and y >= 0 and _zero(pads0[y], ranges, enclosing) \
-                and _zero(pads1[y], ranges, enclosing) and _upper(s(x_pad1 + fill)) > _MAX_PAD:
+                and _zero(pads1[y], ranges, enclosing) and _upper(s(x_pad1 + fill)) > max_pad:
             host.append(y)
             y = -1
         else:

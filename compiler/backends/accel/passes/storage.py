@@ -10,12 +10,13 @@ and the plan is kept in a ``storage_plan`` attribute at the top.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gemforge.hw.config import AccelConfig
 
-from ..ir import Allocate, AttrStmt, Buffer, BufferRef, ON_CHIP_SCOPES, Stmt, StmtMutator, simplify, walk
-from ..errors import CompileError
+from ....errors import CompileError
+from ....ir import Allocate, AttrStmt, Buffer, Node, Stmt, StmtMutator, simplify, walk
+from ..nodes import ON_CHIP_SCOPES, BufferRef
 
 __all__ = ["allocate_storage", "StoragePlan", "CapacityError"]
 
@@ -44,32 +45,21 @@ def allocate_storage(stmt: Stmt, config: AccelConfig) -> Stmt:
         if buf.scope not in ON_CHIP_SCOPES:
             raise CapacityError(f"buffer {buf.name} has scope {buf.scope!r}, which has no storage on chip")
         bases[buf] = used[buf.scope]
-        used[buf.scope] += buf.entries
+        used[buf.scope] += buf.tiles
     for scope, need in used.items():
         depth = config.depth(scope)
         if need > depth:
-            parts = ", ".join(f"{b.name}: {b.entries}" for b in allocs if b.scope == scope)
+            parts = ", ".join(f"{b.name}: {b.tiles}" for b in allocs if b.scope == scope)
             raise CapacityError(
                 f"the schedule needs {need} entries of the {_NAMES[scope]} buffer ({parts}) but config "
                 f"{config.name!r} has {depth}; use smaller tiles or a larger {scope}_buffer_bytes")
 
-    def ref(r: BufferRef | None) -> BufferRef | None:
-        if r is None or r.buffer not in bases:
-            return r
-        return BufferRef(r.buffer, (), simplify(r.offset + bases[r.buffer]))
-
-    class Mutator(StmtMutator):
+    class Place(StmtMutator):
         def visit_Allocate(self, s: Allocate) -> Stmt | None:
             return self.visit(s.body)
 
-        def visit_DmaCopy(self, s):
-            return replace(s, sram=ref(s.sram))
-
-        def visit_HwLoopTask(self, s):
-            b = s.body
-            if hasattr(b, "wgt"):
-                body = replace(b, dst=ref(b.dst), src=ref(b.src), wgt=ref(b.wgt))
-            else:
-                body = replace(b, dst=ref(b.dst), src=ref(b.src))
-            return replace(s, body=body)
-    return AttrStmt("storage_plan", StoragePlan(bases, used), Mutator().visit(stmt))
+        def visit_node(self, n: Node) -> Node:
+            if isinstance(n, BufferRef) and n.buffer in bases:
+                return BufferRef(n.buffer, (), simplify(n.offset + bases[n.buffer]))
+            return n
+    return AttrStmt("storage_plan", StoragePlan(bases, used), Place().visit(stmt))

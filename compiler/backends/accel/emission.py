@@ -1,58 +1,49 @@
-"""The ``accel`` back end: loop IR → `Program` (instructions, micro-ops, DRAM layout).
+"""Program emission: the accelerator's loop IR becomes instructions with concrete fields.
 
-Its stages, in order (`ACCEL_STAGES`):
+The state of the emission stages is an `AccelBuild`: the function being
+compiled, then the DRAM layout, the emitted instructions (each an `Emitted`
+with the on-chip ranges it reads and writes), the micro-op table, and the
+constants the program carries. Stages (see `stages`):
 
-1. ``layout_dram``: every DRAM tensor gets an aligned region of the arena.
-2. ``emit_instructions``: the loops left in the IR are host loops; they are
-   unrolled at compile time (the program is a static instruction stream) and
-   every `DmaCopy` / `HwLoopTask` becomes a LOAD, STORE, GEMM or ALU with
-   concrete fields, each with the on-chip ranges it reads and writes. A tile
-   lying entirely in zero padding is loaded from a zero block in the arena.
-3. ``deduplicate_uops``: identical micro-op kernels are stored once; if they
-   all fit the micro-op buffer they are loaded by one LOAD at the start,
-   otherwise a small cache reloads kernels on demand.
-4. ``finish``: the FINISH instruction, a barrier on everything on chip.
-5. ``insert_dependency_tokens``: exact dataflow over on-chip ranges decides
-   every cross-engine dependency (load→compute read-after-write,
-   compute→load write-after-read, compute→store, store→compute), and a
-   minimal matched set of push/pop flags enforces them, within the token
-   queues' capacity (see `insert_dependency_tokens`). Double-buffered virtual
-   threads show up here as missing conflicts, which is what lets the engines
-   overlap.
+- `layout_dram`: every DRAM tensor (a parameter of the function) gets an
+  aligned region of the arena;
+- `emit_instructions`: the loops left in the IR are host loops; they are
+  unrolled at compile time (the program is a static instruction stream) and
+  every `DmaCopy` / `HwLoopTask` becomes a LOAD, STORE, GEMM or ALU. A tile
+  lying entirely in zero padding is loaded from a zero block in the arena;
+- `finish`: the FINISH instruction, a barrier on everything on chip.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from gemforge.hw.program import Program, TensorRegion, arena_alignment
+from gemforge.hw.asm import format_instruction
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import (
-    Alu, AluOp, Engine, Finish, Gemm, Instruction, IsaError, Load, MemType, Opcode, Store, Uop, engine_of,
-    fields_of, uop_fields, validate, validate_uop,
+    Alu, AluOp, Finish, Gemm, Instruction, IsaError, Load, MemType, Opcode, Store, Uop, fields_of, uop_fields,
+    validate, validate_uop,
 )
+from gemforge.hw.program import TensorRegion, arena_alignment
 
-from ..ir import (
-    AttrStmt, Buffer, DmaCopy, Evaluate, Expr, For, ForKind, GemmIntrin, HwLoopTask, IfThenElse,
-    Seq, Stmt, Var, compile_expr, evaluate, linear_coefficient,
+from ...errors import CompileError
+from ...ir import (
+    AttrStmt, Buffer, Evaluate, Expr, For, ForKind, IfThenElse, PrimFunc, Seq, Stmt, Var, compile_expr, evaluate,
+    linear_coefficient,
 )
-from ..errors import CompileError
+from .nodes import DmaCopy, GemmIntrin, HwLoopTask
 
-__all__ = ["build_program", "insert_dependency_tokens", "AccelCompileError", "ACCEL_STAGES", "Emitted"]
-
-ACCEL_STAGES = ("layout_dram", "emit_instructions", "deduplicate_uops", "finish", "insert_dependency_tokens")
+__all__ = ["AccelCompileError", "Emitted", "AccelBuild", "layout_dram", "emit_instructions", "finish"]
 
 _ALU_OPS = {"min": AluOp.MIN, "max": AluOp.MAX, "add": AluOp.ADD, "shr": AluOp.SHR, "mul": AluOp.MUL}
 _SCOPE_MEM = {"inp": MemType.INP, "wgt": MemType.WGT, "acc": MemType.ACC}
 # On-chip resources for dependency analysis; out mirrors acc index for index.
-_RESOURCE = {MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc", MemType.OUT: "acc",
-             MemType.UOP: "uop"}
+RESOURCE = {MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc", MemType.OUT: "acc",
+            MemType.UOP: "uop"}
 _ALL = (0, 1 << 62)
 
 
@@ -70,21 +61,62 @@ class Emitted:
     kernel: tuple[Uop, ...] | None = None
 
 
-# ============================================================================ stage 1: DRAM layout
+@dataclass
+class AccelBuild:
+    """An accelerator program while the emission stages build it."""
 
-def layout_dram(config: AccelConfig, tensors: Sequence[Buffer]) -> tuple[dict[Buffer, TensorRegion], int]:
-    """Aligned arena regions for the DRAM tensors; returns them and the end offset."""
+    func: PrimFunc
+    config: AccelConfig
+    regions: dict[Buffer, TensorRegion] = field(default_factory=dict)
+    arena_end: int = 0                  # bytes of the arena laid out so far
+    emitted: list[Emitted] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    uop_table: list[Uop] = field(default_factory=list)
+    uop_offset: int = 0                 # byte offset of the micro-op table in the arena
+
+    def __str__(self) -> str:
+        """The instruction stream so far, as assembly (what `trace` prints)."""
+        lines = [f"// {len(self.emitted)} instructions, arena {self.arena_end} bytes"]
+        for name, region in ((r.name, r) for r in self.regions.values()):
+            lines.append(f"// tensor {name}: offset {region.offset}, {region.dtype}{list(region.shape)}")
+        limit = 200
+        lines += [format_instruction(e.insn, self.config) for e in self.emitted[:limit]]
+        if len(self.emitted) > limit:
+            lines.append(f"// ... {len(self.emitted) - limit} more")
+        return "\n".join(lines)
+
+
+# ============================================================================ DRAM layout
+
+def layout_dram(func: PrimFunc, config: AccelConfig) -> AccelBuild:
+    """Aligned arena regions for the function's DRAM tensors (its parameters, in order)."""
     align = arena_alignment(config)
-    regions: dict[Buffer, TensorRegion] = {}
+    build = AccelBuild(func, config)
     offset = 0
-    for buf in tensors:
+    for buf in func.params:
         region = TensorRegion(buf.name, offset, tuple(int(d) for d in buf.shape), np.dtype(buf.dtype).name)
-        regions[buf] = region
+        build.regions[buf] = region
         offset += -(-region.nbytes // align) * align
-    return regions, offset
+    build.arena_end = offset
+    return build
 
 
-# ============================================================================ stage 2: emission
+# ============================================================================ emission
+
+def emit_instructions(build: AccelBuild) -> AccelBuild:
+    """Unroll the host loops and emit every DMA and hardware-loop task as an instruction."""
+    emitter = _Emitter(build.config, build.regions)
+    build.emitted = emitter.run(build.func.body)
+    _zero_blocks(build, emitter.zero_loads)
+    return build
+
+
+def finish(build: AccelBuild) -> AccelBuild:
+    """Append FINISH, a barrier on everything on chip (so it waits for the last store)."""
+    everything = [(r, *_ALL) for r in ("inp", "wgt", "acc")]
+    build.emitted.append(Emitted(Finish(), reads=everything, writes=everything))
+    return build
+
 
 class _Emitter:
     def __init__(self, config: AccelConfig, regions: dict[Buffer, TensorRegion]) -> None:
@@ -150,7 +182,7 @@ class _Emitter:
         if region is None:
             raise AccelCompileError(f"DRAM tensor {buf.name} is not one of the program's tensors")
         entry = self.config.entry_bytes(mem.buffer)
-        elem = np.dtype(buf.dtype).itemsize * int(np.prod(buf.shape[len(buf.shape) - buf.entry_dims:]))
+        elem = np.dtype(buf.dtype).itemsize * int(np.prod(buf.shape[len(buf.shape) - buf.tile_dims:]))
         if elem != entry:
             raise AccelCompileError(f"tensor {buf.name} has {elem}-byte entries but the {mem.buffer} buffer "
                                     f"moves {entry}-byte entries")
@@ -167,7 +199,7 @@ class _Emitter:
             total = (ev(s.y_pad0) + y + ev(s.y_pad1)) * (ev(s.x_pad0) + x + ev(s.x_pad1))
             insn = Load(mem=mem, sram_base=sram, dram_base=0, y_size=1, x_size=total, x_stride=total)
             self._check(insn)
-            rec = Emitted(insn, writes=[(_RESOURCE[mem], sram, sram + total - 1)])
+            rec = Emitted(insn, writes=[(RESOURCE[mem], sram, sram + total - 1)])
             self.zero_loads.append(rec)
             self.out.append(rec)
             return
@@ -180,7 +212,7 @@ class _Emitter:
                                      y_size=y, x_size=x, x_stride=s.x_stride, **pads)
             rows = pads["y_pad0"] + y + pads["y_pad1"]
             pitch = pads["x_pad0"] + x + pads["x_pad1"]
-            rec = Emitted(insn, writes=[(_RESOURCE[mem], sram, sram + rows * pitch - 1)])
+            rec = Emitted(insn, writes=[(RESOURCE[mem], sram, sram + rows * pitch - 1)])
         else:
             bits = np.dtype(s.dram.buffer.dtype).itemsize * 8
             c = self.config
@@ -292,185 +324,17 @@ class _Emitter:
                         f"the schedule produced an instruction the ISA cannot encode: {exc}") from None
 
 
-# ============================================================================ stage 3: micro-ops
-
-def deduplicate_uops(config: AccelConfig, emitted: list[Emitted]) -> tuple[list[Emitted], list[Uop], list[int]]:
-    """Store each distinct kernel once and give every GEMM/ALU its micro-op range.
-
-    Returns the instruction stream (with micro-op LOADs inserted), the micro-op
-    table for DRAM and, per kernel, its offset in that table."""
-    kernels: dict[tuple[Uop, ...], int] = {}
-    table: list[Uop] = []
-    offsets: list[int] = []
-    for rec in emitted:
-        if rec.kernel is not None and rec.kernel not in kernels:
-            if len(rec.kernel) > config.uop_depth:
-                raise AccelCompileError(f"a kernel of {len(rec.kernel)} micro-ops exceeds the "
-                                        f"{config.uop_depth}-entry micro-op buffer")
-            kernels[rec.kernel] = len(offsets)
-            offsets.append(len(table))
-            table.extend(rec.kernel)
-    out: list[Emitted] = []
-    max_x = (1 << 15)
-
-    def uop_load(sram: int, dram: int, count: int) -> list[Emitted]:
-        loads = []
-        for start in range(0, count, max_x):
-            n = min(max_x, count - start)
-            loads.append(Emitted(Load(mem=MemType.UOP, sram_base=sram + start, dram_base=dram + start,
-                                      y_size=1, x_size=n, x_stride=n),
-                                 writes=[("uop", sram + start, sram + start + n - 1)]))
-        return loads
-
-    if len(table) <= config.uop_depth:
-        # Everything resident: one load up front, kernels at their table offsets.
-        if table:
-            out.extend(uop_load(0, 0, len(table)))
-        for rec in emitted:
-            if rec.kernel is not None:
-                base = offsets[kernels[rec.kernel]]
-                rec.insn = dataclasses.replace(rec.insn, uop_bgn=base, uop_end=base + len(rec.kernel))
-            out.append(rec)
-        return out, table, offsets
-    # Too many kernels for the buffer: a cache filled in order and flushed when full.
-    resident: dict[int, int] = {}
-    top = 0
-    for rec in emitted:
-        if rec.kernel is not None:
-            k = kernels[rec.kernel]
-            if k not in resident:
-                n = len(rec.kernel)
-                if top + n > config.uop_depth:
-                    resident.clear()
-                    top = 0
-                out.extend(uop_load(top, offsets[k], n))
-                resident[k] = top
-                top += n
-            base = resident[k]
-            rec.insn = dataclasses.replace(rec.insn, uop_bgn=base, uop_end=base + len(rec.kernel))
-        out.append(rec)
-    return out, table, offsets
 
 
-# ============================================================================ stage 4: dependency tokens
-
-# queue (from, to) → (push flag on the producer, pop flag on the consumer)
-_QUEUES = {
-    (Engine.LOAD, Engine.COMPUTE): ("push_next", "pop_prev"),
-    (Engine.COMPUTE, Engine.LOAD): ("push_prev", "pop_next"),
-    (Engine.COMPUTE, Engine.STORE): ("push_next", "pop_prev"),
-    (Engine.STORE, Engine.COMPUTE): ("push_prev", "pop_next"),
-}
-
-
-def _conflict(a: Emitted, b: Emitted) -> bool:
-    for ra, wa in ((a.reads, False), (a.writes, True)):
-        for rb, wb in ((b.reads, False), (b.writes, True)):
-            if not (wa or wb):
-                continue
-            for res_a, lo_a, hi_a in ra:
-                for res_b, lo_b, hi_b in rb:
-                    if res_a == res_b and lo_a <= hi_b and lo_b <= hi_a:
-                        return True
-    return False
-
-
-def _open_pairs(made: list[tuple[int, int]], j: int) -> int:
-    """Tokens pushed at or before ``j`` and popped after it (pairs are sorted by pop)."""
-    count = 0
-    for a, b in reversed(made):
-        if b <= j:
-            break
-        if a <= j:
-            count += 1
-    return count
-
-
-def insert_dependency_tokens(emitted: list[Emitted], depth: int) -> list[Instruction]:
-    """Set the dependency flags so that every engine sees program-order data.
-
-    For each instruction ``b`` and each neighbouring engine ``A``, let ``a`` be
-    the latest earlier instruction on ``A`` that conflicts with ``b`` (one of
-    them writes an on-chip range the other touches). Tokens on a queue pair up
-    in order, and each engine runs in order, so ``b`` is safe if some earlier
-    pop on ``b``'s engine took a token pushed at or after ``a``. Otherwise an
-    instruction of ``A`` at or after ``a`` pushes and ``b`` pops a new token.
-    Pairs are created with increasing producers and consumers, so every push
-    has exactly one pop, every queue ends empty, and each dependency points
-    backwards in program order (no dispatch deadlock).
-
-    The push is normally ``a`` itself (the earliest release, the most overlap),
-    but is moved later when more than ``depth`` tokens (the queue capacity)
-    would be outstanding at that point of the program: a producer blocked on
-    a full queue could otherwise wait for a consumer that fetch has not
-    dispatched yet. Same-engine order needs no tokens.
-    """
-    history: dict[Engine, list[int]] = {e: [] for e in Engine}
-    pairs: dict[tuple[Engine, Engine], list[tuple[int, int]]] = {q: [] for q in _QUEUES}
-    flags: list[dict[str, bool]] = [dict() for _ in emitted]
-    for i, rec in enumerate(emitted):
-        b_engine = engine_of(rec.insn)
-        for queue, (push, pop) in _QUEUES.items():
-            a_engine, to = queue
-            if to is not b_engine:
-                continue
-            made = pairs[queue]
-            floor = made[-1][0] if made else -1
-            found = None
-            for j in reversed(history[a_engine]):
-                if j <= floor:
-                    break
-                if _conflict(emitted[j], rec):
-                    found = j
-                    break
-            if found is None:
-                continue
-            line = history[a_engine]
-            start = bisect.bisect_left(line, found)
-            chosen = line[-1]
-            for j in itertools.islice(line, start, None):
-                if _open_pairs(made, j) < depth:
-                    chosen = j
-                    break
-            flags[chosen][push] = True
-            flags[i][pop] = True
-            made.append((chosen, i))
-        history[b_engine].append(i)
-    return [dataclasses.replace(rec.insn, **f) if f else rec.insn for rec, f in zip(emitted, flags)]
-
-
-# ============================================================================ the back end
-
-def build_program(stmt: Stmt, config: AccelConfig, tensors: Sequence[Buffer]) -> Program:
-    """Loop IR (after the accelerator passes) → a relocatable `Program`, stage by stage."""
-    align = arena_alignment(config)
-    regions, end = layout_dram(config, tensors)                                   # layout_dram
-    emitter = _Emitter(config, regions)
-    emitted = emitter.run(stmt)                                                   # emit_instructions
-    constants, end = _zero_blocks(config, emitter.zero_loads, regions, end)
-    emitted, table, _ = deduplicate_uops(config, emitted)                         # deduplicate_uops
-    uop_offset = end  # the micro-op table follows the tensors
-    for rec in emitted:
-        if isinstance(rec.insn, Load) and rec.insn.mem == MemType.UOP:
-            rec.insn = dataclasses.replace(rec.insn, dram_base=rec.insn.dram_base + uop_offset // config.uop_entry_bytes)
-    # FINISH is a barrier on everything on chip, so it waits for the last store.
-    everything = [(r, *_ALL) for r in ("inp", "wgt", "acc")]
-    emitted.append(Emitted(Finish(), reads=everything, writes=everything))        # finish
-    insns = insert_dependency_tokens(emitted, config.token_queue_depth)           # insert_dependency_tokens
-    arena = -(-(uop_offset + len(table) * config.uop_entry_bytes) // align) * align
-    return Program(config, insns, table, uop_offset=uop_offset, arena_bytes=max(align, arena),
-                   tensors={r.name: r for r in regions.values()}, constants=constants)
-
-
-def _zero_blocks(config: AccelConfig, zero_loads: list[Emitted], regions: dict,
-                 end: int) -> tuple[dict[str, np.ndarray], int]:
-    """Zero constants at ``end`` for loads of all-padding tiles, which are pointed at
-    them; returns the constants and the new end of the arena."""
-    constants: dict[str, np.ndarray] = {}
+def _zero_blocks(build: AccelBuild, zero_loads: list[Emitted]) -> None:
+    """Zero constants at the end of the arena for loads of all-padding tiles, which
+    are pointed at them."""
+    config = build.config
     align = arena_alignment(config)
     by_mem: dict[MemType, list[Emitted]] = {}
     for rec in zero_loads:
         by_mem.setdefault(rec.insn.mem, []).append(rec)
+    end = build.arena_end
     for mem, recs in by_mem.items():
         need = max(r.insn.x_size for r in recs)
         shape = {MemType.INP: (config.batch, config.block_in), MemType.WGT: (config.block_out, config.block_in),
@@ -478,10 +342,9 @@ def _zero_blocks(config: AccelConfig, zero_loads: list[Emitted], regions: dict,
         width = {MemType.INP: config.inp_width, MemType.WGT: config.wgt_width, MemType.ACC: config.acc_width}[mem]
         name = f"zeros.{mem.buffer}"
         region = TensorRegion(name, end, (need, *shape), np.dtype(f"<i{width // 8}").name)
-        regions[Buffer(name, region.shape, region.dtype)] = region
-        constants[name] = np.zeros(region.shape, region.dtype)
+        build.regions[Buffer(name, region.shape, region.dtype)] = region
+        build.constants[name] = np.zeros(region.shape, region.dtype)
         for rec in recs:
             rec.insn = dataclasses.replace(rec.insn, dram_base=end // config.entry_bytes(mem.buffer))
         end += -(-region.nbytes // align) * align
-    return constants, end
-
+    build.arena_end = end

@@ -8,9 +8,8 @@ every `BufferRef` has an ``offset`` and no indices.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ..ir import BufferRef, Const, Expr, Stmt, StmtMutator, simplify
+from ....ir import Const, Expr, Node, Stmt, StmtMutator, simplify
+from ..nodes import BufferRef
 
 __all__ = ["flatten_storage", "flat_offset"]
 
@@ -27,19 +26,10 @@ def flat_offset(ref: BufferRef) -> Expr:
 
 
 def flatten_storage(stmt: Stmt) -> Stmt:
-    """Give every intrinsic reference a flat entry offset."""
-    def flat(r: BufferRef | None) -> BufferRef | None:
-        if r is None or r.offset is not None:
-            return r
-        return BufferRef(r.buffer, (), flat_offset(r))
-
-    class Mutator(StmtMutator):
-        def visit_DmaCopy(self, s):
-            return replace(s, dram=flat(s.dram), sram=flat(s.sram))
-
-        def visit_GemmIntrin(self, s):
-            return replace(s, dst=flat(s.dst), src=flat(s.src), wgt=flat(s.wgt))
-
-        def visit_AluIntrin(self, s):
-            return replace(s, dst=flat(s.dst), src=flat(s.src))
-    return Mutator().visit(stmt)
+    """Give every entry reference a flat entry offset."""
+    class Flatten(StmtMutator):
+        def visit_node(self, n: Node) -> Node:
+            if isinstance(n, BufferRef) and n.offset is None:
+                return BufferRef(n.buffer, (), flat_offset(n))
+            return n
+    return Flatten().visit(stmt)

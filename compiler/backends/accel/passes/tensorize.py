@@ -10,12 +10,13 @@ reduction's zero initialization) become reset micro-ops.
 
 from __future__ import annotations
 
-from ..intrin import TensorIntrin
-from ..ir import (
-    Add, AttrStmt, BufferLoad, BufferRef, BufferStore, Cast, Const, Expr, For, GemmIntrin, Mul, Stmt,
-    StmtMutator, Var, free_vars, simplify,
+from ....errors import CompileError
+from ....ir import (
+    Add, AttrStmt, BufferLoad, BufferStore, Cast, Const, Expr, For, Mul, Stmt, StmtMutator, Var, free_vars,
+    simplify,
 )
-from ..errors import CompileError
+from ..intrin import TensorIntrin
+from ..nodes import BufferRef, GemmIntrin
 
 __all__ = ["tensorize", "TensorizeError"]
 

@@ -1,6 +1,6 @@
 """``dense``: ``C = A @ B`` (int8 × int8 → int32) with an optional fused epilogue.
 
-Tensor expression on packed tiles (see `gemforge.compiler.layout`)::
+Tensor expression on packed tiles (see `gemforge.compiler.backends.accel.layout`)::
 
     c[m, n, b, o]   = Σ_ko,ki a[m, ko, b, ki] · w[n, ko, o, ki]        (accumulator)
     out[m, n, b, o] = epilogue(c[m, n, b, o], bias[n, b, o])
@@ -19,41 +19,41 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemforge.hw.config import LOOP_ITER_BITS, AccelConfig
+from gemforge.hw.config import AccelConfig
 
-from ..intrin import gemm_intrin
-from ..layout import ceil_div, int_dtype, pack_matrix_a, pack_matrix_b, unpack_matrix
-from ..pipeline import build
-from ..schedule import Schedule, create_schedule
-from ..te import Tensor, compute, placeholder, reduce_axis, sum_
+from ...backends.accel.intrin import gemm_intrin
+from ...backends.accel.layout import ceil_div, int_dtype, pack_matrix_a, pack_matrix_b, unpack_matrix
+from ...pipeline import build
+from ...schedule import Schedule, create_schedule
+from ...te import Tensor, compute, placeholder, reduce_axis, sum_
+from ..common import CompiledOp, Epilogue, OpError
 from .common import (
-    CompiledOp, Epilogue, OpError, TilingCost, divisors, plan_with_fallback, reference_epilogue,
-    schedule_output_tile,
+    TilingCost, bias_input, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+    store_entry_bytes,
 )
 
-__all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense", "dense_reference"]
+__all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense"]
 
-_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
 
 
 def dense_te(config: AccelConfig, mt: int, kt: int, nt: int, epilogue: Epilogue) -> dict[str, Tensor]:
     """The dense tensor expression on ``mt × kt`` input and ``nt × kt`` weight tiles."""
     c = config
     acc = f"int{c.acc_width}"
-    a = placeholder((mt, kt, c.batch, c.block_in), f"int{c.inp_width}", "a")
-    w = placeholder((nt, kt, c.block_out, c.block_in), f"int{c.wgt_width}", "w")
+    a = placeholder((mt, kt, c.batch, c.block_in), f"int{c.inp_width}", "a", tile_dims=2)
+    w = placeholder((nt, kt, c.block_out, c.block_in), f"int{c.wgt_width}", "w", tile_dims=2)
     ko, ki = reduce_axis(kt, "ko"), reduce_axis(c.block_in, "ki")
     acc_t = compute((mt, nt, c.batch, c.block_out),
                     lambda m, n, b, o: sum_(a[m, ko, b, ki].astype(acc) * w[n, ko, o, ki].astype(acc), [ko, ki]),
-                    name="c", dtype=acc)
+                    name="c", dtype=acc, tile_dims=2)
     tensors = {"a": a, "w": w, "c": acc_t}
     bias = None
     if epilogue.bias:
-        bias = placeholder((nt, c.batch, c.block_out), acc, "bias")
+        bias = placeholder((nt, c.batch, c.block_out), acc, "bias", tile_dims=2)
         tensors["bias"] = bias
     out = compute((mt, nt, c.batch, c.block_out),
                   lambda m, n, b, o: epilogue.apply(acc_t[m, n, b, o], bias[n, b, o] if bias else None),
-                  name="out", dtype=epilogue.out_dtype(acc))
+                  name="out", dtype=epilogue.out_dtype(acc), tile_dims=2)
     tensors["out"] = out
     return tensors
 
@@ -68,18 +68,18 @@ def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int,
         if threads * tk > min(c.inp_depth, c.wgt_depth):
             break
         for tm in divisors(mt):
-            if threads * tm * tk > c.inp_depth or tm > _MAX_ITER:
+            if threads * tm * tk > c.inp_depth or tm > c.max_loop_iterations:
                 break
             for tn in divisors(nt):
-                if threads * tn * tk > c.wgt_depth or tn > _MAX_ITER or \
+                if threads * tn * tk > c.wgt_depth or tn > c.max_loop_iterations or \
                         threads * (tm * tn + (tn if epilogue.bias else 0)) > c.acc_depth:
                     break
                 work = TilingCost(
                     tiles=(mt // tm) * (nt // tn), chunks=kt // tk,
                     chunk_read_bytes=tm * tk * c.inp_entry_bytes + tn * tk * c.wgt_entry_bytes, chunk_loads=2,
-                    chunk_uops=tm * tn * tk, tile_uops=tm * tn * (1 + epilogue.alu_ops),
+                    chunk_uops=tm * tn * tk, tile_uops=tm * tn * (1 + epilogue_alu_ops(epilogue)),
                     tile_read_bytes=tn * c.acc_entry_bytes if epilogue.bias else 0,
-                    tile_store_bytes=tm * tn * epilogue.store_entry_bytes(c), tile_stores=1)
+                    tile_store_bytes=tm * tn * store_entry_bytes(epilogue, c), tile_stores=1)
                 cost, order = work.best_order(c, threads)
                 if best is None or cost < best[0]:
                     best = (cost, tm, tn, tk, order)
@@ -142,7 +142,7 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
     def pack(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if a.shape != (m, k) or b.shape != (k, n):
             raise OpError(f"dense was compiled for A{[m, k]} @ B{[k, n]}, not A{list(a.shape)} @ B{list(b.shape)}")
-        return {"a": pack_matrix_a(c, a), "w": pack_matrix_b(c, b), **CompiledOp.bias_input("dense", epi, c, bias, n)}
+        return {"a": pack_matrix_a(c, a), "w": pack_matrix_b(c, b), **bias_input("dense", epi, c, bias, n)}
 
     return CompiledOp("dense", program, inputs, "out", pack, lambda t: unpack_matrix(t, m, n),
                       plan=dict(plan, mt=mt, kt=kt, nt=nt))
@@ -159,9 +159,3 @@ def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = No
     op = compile_dense(device.config, a.shape[0], a.shape[1], b.shape[1], bias=bias is not None,
                        shift=shift, relu=relu, latency_hiding=latency_hiding)
     return op.run(device, a=a, b=b, bias=bias)
-
-
-def dense_reference(a: np.ndarray, b: np.ndarray, bias=None, shift=None, relu=False) -> np.ndarray:
-    """numpy reference of `run_dense`."""
-    acc = a.astype(np.int64) @ b.astype(np.int64)
-    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)

@@ -22,26 +22,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemforge.hw.config import DMA_PAD_BITS, LOOP_ITER_BITS, AccelConfig
+from gemforge.hw.config import AccelConfig
 
-from ..intrin import gemm_intrin
-from ..layout import ceil_div, int_dtype, pack_nchw, pack_oihw, unpack_nchw
-from ..pipeline import build
-from ..schedule import Schedule, create_schedule
-from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
+from ...backends.accel.intrin import gemm_intrin
+from ...backends.accel.layout import ceil_div, int_dtype, pack_nchw, pack_oihw, unpack_nchw
+from ...pipeline import build
+from ...schedule import Schedule, create_schedule
+from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
+from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
-    CompiledOp, Epilogue, OpError, TilingCost, divisors, plan_with_fallback, reference_epilogue,
-    schedule_output_tile,
+    TilingCost, bias_input, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+    store_entry_bytes,
 )
 
-__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d", "conv2d_reference"]
+__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d"]
 
-_MAX_PAD = (1 << DMA_PAD_BITS) - 1
-_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
-
-
-def _out_size(size: int, k: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - k) // stride + 1
 
 
 def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tuple[int, int, int, int],
@@ -51,10 +46,10 @@ def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tupl
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
-    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
     acc = f"int{c.acc_width}"
-    x = placeholder((nb, cb, h, w, c.batch, c.block_in), f"int{c.inp_width}", "x")
-    wt = placeholder((ob, cb, kh, kw, c.block_out, c.block_in), f"int{c.wgt_width}", "w")
+    x = placeholder((nb, cb, h, w, c.batch, c.block_in), f"int{c.inp_width}", "x", tile_dims=2)
+    wt = placeholder((ob, cb, kh, kw, c.block_out, c.block_in), f"int{c.wgt_width}", "w", tile_dims=2)
     xp = pad(x, (0, 0, padding, padding, 0, 0), (0, 0, padding, padding, 0, 0), "xp") if padding else x
     ric, rkh, rkw, rki = (reduce_axis(cb, "ic"), reduce_axis(kh, "kh"), reduce_axis(kw, "kw"),
                           reduce_axis(c.block_in, "ki"))
@@ -63,16 +58,16 @@ def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tupl
         lambda n, oc, y, xx, b, o: sum_(
             xp[n, ric, y * stride + rkh, xx * stride + rkw, b, rki].astype(acc)
             * wt[oc, ric, rkh, rkw, o, rki].astype(acc), [ric, rkh, rkw, rki]),
-        name="c", dtype=acc)
+        name="c", dtype=acc, tile_dims=2)
     tensors = {"x": x, "w": wt, "xp": xp, "c": conv}
     bias = None
     if epilogue.bias:
-        bias = placeholder((ob, c.batch, c.block_out), acc, "bias")
+        bias = placeholder((ob, c.batch, c.block_out), acc, "bias", tile_dims=2)
         tensors["bias"] = bias
     tensors["out"] = compute(
         (nb, ob, oh, ow, c.batch, c.block_out),
         lambda n, oc, y, xx, b, o: epilogue.apply(conv[n, oc, y, xx, b, o], bias[oc, b, o] if bias else None),
-        name="out", dtype=epilogue.out_dtype(acc))
+        name="out", dtype=epilogue.out_dtype(acc), tile_dims=2)
     return tensors
 
 
@@ -88,9 +83,9 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
-    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
     cols_strided = stride > 1 and padding == 0 and kw == 1
-    store_bytes = epilogue.store_entry_bytes(c)
+    store_bytes = store_entry_bytes(epilogue, c)
     best = None
     for tkh in reversed(divisors(kh)):
         rows_strided = stride > 1 and padding == 0 and tkh == 1
@@ -108,7 +103,7 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                         if threads * toc * tic * tkh * kw > c.wgt_depth or \
                                 threads * (toc * pixels + (toc if epilogue.bias else 0)) > c.acc_depth:
                             break
-                        if max(toc, toh, tow) > _MAX_ITER:
+                        if max(toc, toh, tow) > c.max_loop_iterations:
                             continue
                         work = TilingCost(
                             tiles=nb * (ob // toc) * (oh // toh) * (ow // tow),
@@ -120,7 +115,7 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                             # block when the kernel rows are chunked.
                             chunk_loads=tic * (win_h if cols_strided else 1) + (1 if tkh == kh else toc),
                             chunk_uops=toc * pixels * tic * tkh * kw,
-                            tile_uops=toc * pixels * (1 + epilogue.alu_ops),
+                            tile_uops=toc * pixels * (1 + epilogue_alu_ops(epilogue)),
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
                             tile_store_bytes=toc * pixels * store_bytes,
                             tile_stores=1 if tow == ow else toc)
@@ -188,13 +183,14 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
         raise OpError(f"conv2d shapes must be positive: input {input_shape}, weight {weight_shape}")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise OpError(f"stride must be a positive integer, not {stride!r}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= _MAX_PAD:
-        raise OpError(f"padding must be an integer between 0 and {_MAX_PAD} (the DMA's pad field), "
+    max_pad = config.max_dma_pad
+    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= max_pad:
+        raise OpError(f"padding must be an integer between 0 and {max_pad} (the DMA's pad field), "
                       f"not {padding!r}")
     if padding >= kh or padding >= kw:
         raise OpError(f"padding {padding} must be smaller than the kernel ({kh}x{kw}): a larger pad "
                       "gives output pixels that see only zeros")
-    oh, ow = _out_size(h, kh, stride, padding), _out_size(w, kw, stride, padding)
+    oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
     if oh < 1 or ow < 1:
         raise OpError(f"a {kh}x{kw} kernel with padding {padding} does not fit a {h}x{w} input")
     c = config
@@ -215,7 +211,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
         if tuple(x.shape) != (n, ch, h, width) or tuple(w.shape) != (o, ci, kh, kw):
             raise OpError(f"conv2d was compiled for input {[n, ch, h, width]} and weight {[o, ci, kh, kw]}, "
                           f"not {list(x.shape)} and {list(w.shape)}")
-        return {"x": pack_nchw(c, x), "w": pack_oihw(c, w), **CompiledOp.bias_input("conv2d", epi, c, bias, o)}
+        return {"x": pack_nchw(c, x), "w": pack_oihw(c, w), **bias_input("conv2d", epi, c, bias, o)}
 
     return CompiledOp("conv2d", program, inputs, "out", pack, lambda t: unpack_nchw(t, n, o),
                       plan=dict(plan, oh=oh, ow=ow))
@@ -232,20 +228,3 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = N
     op = compile_conv2d(device.config, x.shape, w.shape, stride=stride, padding=padding,
                         bias=bias is not None, shift=shift, relu=relu, latency_hiding=latency_hiding)
     return op.run(device, x=x, w=w, bias=bias)
-
-
-def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, padding: int = 0,
-                     shift=None, relu=False) -> np.ndarray:
-    """numpy reference of `run_conv2d` (exact integer arithmetic)."""
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    xp = np.zeros((n, c, h + 2 * padding, wd + 2 * padding), np.int64)
-    xp[:, :, padding:padding + h, padding:padding + wd] = x
-    oh, ow = _out_size(h, kh, stride, padding), _out_size(wd, kw, stride, padding)
-    acc = np.zeros((n, o, oh, ow), np.int64)
-    wl = w.astype(np.int64)
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride]
-            acc += np.einsum("nchw,oc->nohw", patch, wl[:, :, i, j])
-    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gemforge.hw.config import AccelConfig
 
-from .te import Tensor, compute, placeholder, reduce_axis, sum_
+from ...te import Tensor, compute, placeholder, reduce_axis, sum_
 
 __all__ = ["TensorIntrin", "gemm_intrin"]
 
@@ -40,8 +40,8 @@ class TensorIntrin:
 def gemm_intrin(config: AccelConfig) -> TensorIntrin:
     """The GEMM micro-op of ``config`` as a tensor intrinsic."""
     c = config
-    inp = placeholder((c.batch, c.block_in), f"int{c.inp_width}", "inp", entry_dims=2)
-    wgt = placeholder((c.block_out, c.block_in), f"int{c.wgt_width}", "wgt", entry_dims=2)
+    inp = placeholder((c.batch, c.block_in), f"int{c.inp_width}", "inp", tile_dims=2)
+    wgt = placeholder((c.block_out, c.block_in), f"int{c.wgt_width}", "wgt", tile_dims=2)
     k = reduce_axis(c.block_in, "k")
     acc = f"int{c.acc_width}"
     out = compute((c.batch, c.block_out),

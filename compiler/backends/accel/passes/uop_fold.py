@@ -14,18 +14,20 @@ and each ALU instruction updates every destination entry once.
 
 from __future__ import annotations
 
-from gemforge.hw.config import LOOP_ITER_BITS
+from gemforge.hw.config import AccelConfig
 
-from ..ir import (
-    AluIntrin, BufferRef, Const, For, GemmIntrin, HwLoopTask, Stmt, StmtMutator, Var,
-    const_upper_bound, free_vars, linear_coefficient,
-)
+from ....ir import Const, For, Stmt, StmtMutator, Var, const_upper_bound, free_vars, linear_coefficient
+from ..nodes import AluIntrin, BufferRef, GemmIntrin, HwLoopTask
 
-__all__ = ["fold_uop_loops", "DEFAULT_UOP_BUDGET"]
+__all__ = ["fold_uop_loops", "DEFAULT_UOP_BUDGET", "default_uop_budget"]
 
 #: Micro-ops one instruction's kernel may unroll (a share of the micro-op buffer).
 DEFAULT_UOP_BUDGET = 64
-_MAX_ITER = (1 << LOOP_ITER_BITS) - 1
+
+
+def default_uop_budget(config: AccelConfig) -> int:
+    """`DEFAULT_UOP_BUDGET`, or a quarter of a smaller micro-op buffer."""
+    return max(1, min(DEFAULT_UOP_BUDGET, config.uop_depth // 4))
 
 
 def _refs(body: GemmIntrin | AluIntrin) -> list[BufferRef]:
@@ -37,8 +39,12 @@ def _refs(body: GemmIntrin | AluIntrin) -> list[BufferRef]:
     return refs
 
 
-def fold_uop_loops(stmt: Stmt, uop_budget: int = DEFAULT_UOP_BUDGET) -> Stmt:
-    """Turn micro-op loop nests into `HwLoopTask` instructions."""
+def fold_uop_loops(stmt: Stmt, config: AccelConfig, uop_budget: int | None = None) -> Stmt:
+    """Turn micro-op loop nests into `HwLoopTask` instructions; kernels unroll at most
+    ``uop_budget`` micro-ops (default: `default_uop_budget`)."""
+    budget = default_uop_budget(config) if uop_budget is None else uop_budget
+    max_iter = config.max_loop_iterations
+
     class Mutator(StmtMutator):
         def visit_For(self, s: For) -> Stmt:
             loops: list[For] = []
@@ -47,23 +53,23 @@ def fold_uop_loops(stmt: Stmt, uop_budget: int = DEFAULT_UOP_BUDGET) -> Stmt:
                 loops.append(body)
                 body = body.body
             if isinstance(body, (GemmIntrin, AluIntrin)):
-                return _fold(loops, body, uop_budget)
+                return _fold(loops, body, budget, max_iter)
             return self.generic_visit(s)
 
         def visit_GemmIntrin(self, s: GemmIntrin) -> Stmt:
-            return _fold([], s, uop_budget)
+            return _fold([], s, budget, max_iter)
 
         def visit_AluIntrin(self, s: AluIntrin) -> Stmt:
-            return _fold([], s, uop_budget)
+            return _fold([], s, budget, max_iter)
     return Mutator().visit(stmt)
 
 
-def _fold(loops: list[For], body: GemmIntrin | AluIntrin, budget: int) -> Stmt:
+def _fold(loops: list[For], body: GemmIntrin | AluIntrin, budget: int, max_iter: int) -> Stmt:
     nest_vars = {l.var for l in loops}
     refs = _refs(body)
 
     def eligible(loop: For) -> bool:
-        if free_vars(loop.extent) & nest_vars or const_upper_bound(loop.extent) > _MAX_ITER:
+        if free_vars(loop.extent) & nest_vars or const_upper_bound(loop.extent) > max_iter:
             return False
         for r in refs:
             c = linear_coefficient(r.offset, loop.var)

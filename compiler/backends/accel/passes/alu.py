@@ -15,37 +15,39 @@ that entry in (``E = E·0 + x[2i]``: the ALU has no move).
 
 from __future__ import annotations
 
-from ..ir import (
-    Add, AluIntrin, AttrStmt, BinOp, Buffer, BufferLoad, BufferRef, BufferStore, Cast, Const, Expr, For,
-    Max, Min, Mul, Shr, Stmt, StmtMutator, Sub, Var, map_expr, replace_buffers, same_expr, seq, simplify,
+from gemforge.hw.config import AccelConfig
+
+from ....errors import CompileError
+from ....ir import (
+    Add, AttrStmt, BinOp, Buffer, BufferLoad, BufferStore, Cast, Const, Expr, For, Max, Min, Mul, Shr, Stmt,
+    StmtMutator, Sub, Var, map_expr, replace_buffers, same_expr, seq, simplify,
 )
-from ..errors import CompileError
+from ..nodes import AluIntrin, BufferRef
 
 __all__ = ["inject_alu", "AluInjectionError"]
 
 _OPS = {Add: "add", Mul: "mul", Max: "max", Min: "min", Shr: "shr"}
 _COMMUTATIVE = (Add, Mul, Max, Min)
-IMM_MIN, IMM_MAX = -(1 << 15), (1 << 15) - 1
 
 
 class AluInjectionError(CompileError):
     """A stage marked ``alu`` is not expressible with the tensor ALU."""
 
 
-def inject_alu(stmt: Stmt) -> Stmt:
+def inject_alu(stmt: Stmt, config: AccelConfig) -> Stmt:
     """Replace ``alu`` nests by `AluIntrin` statements and alias their buffers in place."""
     aliases: dict[Buffer, Buffer] = {}
 
     class Mutator(StmtMutator):
         def visit_AttrStmt(self, s: AttrStmt) -> Stmt | None:
             if s.key == "alu":
-                return _lower(s.body, aliases)
+                return _lower(s.body, aliases, config.alu_imm_range)
             return self.generic_visit(s)
     stmt = Mutator().visit(stmt)
     return replace_buffers(stmt, aliases, drop_allocations=True)
 
 
-def _lower(nest: Stmt, aliases: dict[Buffer, Buffer]) -> Stmt | None:
+def _lower(nest: Stmt, aliases: dict[Buffer, Buffer], imm_range: tuple[int, int]) -> Stmt | None:
     loops: list[For] = []
     body = nest
     while isinstance(body, For):
@@ -74,8 +76,9 @@ def _lower(nest: Stmt, aliases: dict[Buffer, Buffer]) -> Stmt | None:
     stmts: list[Stmt] = []
     for op, operand in ops:
         if isinstance(operand, int):
-            if not IMM_MIN <= operand <= IMM_MAX:
-                raise AluInjectionError(f"alu immediate {operand} does not fit the signed 16-bit field")
+            if not imm_range[0] <= operand <= imm_range[1]:
+                raise AluInjectionError(f"alu immediate {operand} does not fit the immediate field "
+                                        f"({imm_range[0]}..{imm_range[1]})")
             intrin: Stmt = AluIntrin(op, dst, imm=operand)
         else:
             intrin = AluIntrin(op, dst, src=operand)
