@@ -37,7 +37,7 @@ from .ir import (
     PrimFunc, Reduce, Stmt, Var, VerifyError, const_upper_bound, extremes, free_vars, interval, linear_coefficient,
     map_expr, same_expr, seq, simplify, substitute, verify, walk_expr,
 )
-from .schedule import Schedule, ScheduleError, Split, Stage
+from .schedule import Schedule, ScheduleError, Split, Stage, split_extents
 from .te import IterVar, Tensor
 
 __all__ = ["Region", "infer_bounds", "schedule_to_ir", "inline_bodies", "lower_schedule"]
@@ -125,12 +125,15 @@ def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, E
         ext[iv] = iv.extent
     for rel in stage.relations:
         if isinstance(rel, Split):
-            if rel.parent.kind == "data" and stage.attach is not None:
-                raise ScheduleError(f"stage {stage.name} is placed with compute_at; split its consumer "
-                                    f"instead of its data axis {rel.parent.name}")
-            ext[rel.outer], ext[rel.inner] = rel.outer.extent, rel.inner.extent
+            # Recomputed from the parent's extent here: an attached stage's data axes
+            # span its region, not the whole tensor the schedule split.
+            ext[rel.outer], ext[rel.inner] = split_extents(ext[rel.parent], rel.factor, rel.outer.var)
         else:
-            ext[rel.fused] = rel.fused.extent
+            outer, inner = simplify(ext[rel.outer]), simplify(ext[rel.inner])
+            if not (isinstance(outer, Const) and isinstance(inner, Const)):
+                raise ScheduleError(f"stage {stage.name} fuses {rel.outer.name} and {rel.inner.name}, whose "
+                                    f"extents ({outer!r}, {inner!r}) are not constant here")
+            ext[rel.fused] = Const(outer.value * inner.value)
     # A partial split's extent names its outer loop, which a later fuse may have
     # replaced: express it in the loops that exist.
     values = stage.iter_values({iv: iv.var for iv in stage.leaf})

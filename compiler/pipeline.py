@@ -9,13 +9,16 @@
           gpu:   … → LLVM IR (NVPTX) → PTX → kernel
 
 `build` runs all of it; ``trace=print`` (or any callable) shows the IR after
-lowering and after every stage. `run_stages` runs part of a stage list (for
-tests and inspection).
+lowering and after every stage, and ``with tracing(print):`` does so for every
+build inside (an operator's compile function, a command). `run_stages` runs
+part of a stage list (for tests and inspection).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Sequence
 
 from .backends import stages
 from .ir import PrimFunc, format_ir
@@ -24,7 +27,19 @@ from .schedule import Schedule
 from .target import Target, target_of
 from .te import Tensor
 
-__all__ = ["lower", "build", "run_stages", "describe"]
+__all__ = ["lower", "build", "run_stages", "describe", "tracing"]
+
+_TRACE: ContextVar[Callable[[str], None] | None] = ContextVar("gemforge_trace", default=None)
+
+
+@contextmanager
+def tracing(trace: Callable[[str], None]) -> Iterator[None]:
+    """Trace every `build` in the ``with`` block (that has no trace of its own)."""
+    token = _TRACE.set(trace)
+    try:
+        yield
+    finally:
+        _TRACE.reset(token)
 
 
 def describe(obj: Any) -> str:
@@ -64,4 +79,5 @@ def build(sch: Schedule, target, args: Sequence[Tensor], *, name: str = "main",
     """Schedule → the target's artefact (a `Program` for the accelerator, a kernel
     for the CPU and GPU). ``args`` are the function's tensors (inputs, then outputs)."""
     target = target_of(target)
+    trace = trace or _TRACE.get()
     return run_stages(lower(sch, target, args, name=name, trace=trace), target, trace=trace)

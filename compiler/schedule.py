@@ -31,7 +31,7 @@ from .ir import Buffer, BufferLoad, Const, Expr, ForKind, Min, Reduce, Var, map_
 from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, compute, tensor_of
 from .errors import CompileError
 
-__all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError"]
+__all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError", "split_extents"]
 
 
 #: How `Stage.vthread` issues the threads' instructions (see `passes.vthread`).
@@ -127,19 +127,8 @@ class Stage:
         if not isinstance(factor, int) or factor < 1:
             raise ScheduleError(f"split factor must be a positive integer, not {factor!r}")
         outer_v, inner_v = Var(f"{iv.name}.o"), Var(f"{iv.name}.i")
-        if isinstance(extent, Const):
-            n_outer = -(-extent.value // factor)
-            outer = IterVar(outer_v, Const(n_outer), iv.kind)
-            if extent.value % factor == 0:
-                inner_ext: Expr = Const(factor)
-            elif n_outer == 1:
-                inner_ext = Const(extent.value)
-            else:  # the last tile is partial
-                inner_ext = Min(Const(factor), extent - outer_v * factor)
-        else:
-            outer = IterVar(outer_v, (extent + (factor - 1)) // factor, iv.kind)
-            inner_ext = Min(Const(factor), extent - outer_v * factor)
-        inner = IterVar(inner_v, inner_ext, iv.kind)
+        outer_ext, inner_ext = split_extents(extent, factor, outer_v)
+        outer, inner = IterVar(outer_v, outer_ext, iv.kind), IterVar(inner_v, inner_ext, iv.kind)
         self.relations.append(Split(iv, outer, inner, factor))
         self.leaf[pos:pos + 1] = [outer, inner]
         return outer, inner
@@ -255,6 +244,20 @@ class Stage:
                 values[rel.outer] = values[rel.fused] // ext
                 values[rel.inner] = values[rel.fused] % ext
         return {iv: simplify(v) for iv, v in values.items()}
+
+
+def split_extents(extent: Expr, factor: int, outer: Var) -> tuple[Expr, Expr]:
+    """The extents of ``(outer, inner)`` when a loop of ``extent`` is split by ``factor``:
+    the last inner range is clipped when ``factor`` does not divide the extent."""
+    extent = simplify(extent)
+    if isinstance(extent, Const):
+        n_outer = -(-extent.value // factor)
+        if extent.value % factor == 0:
+            return Const(n_outer), Const(factor)
+        if n_outer == 1:
+            return Const(1), Const(extent.value)
+        return Const(n_outer), Min(Const(factor), extent - outer * factor)  # the last tile is partial
+    return simplify((extent + (factor - 1)) // factor), Min(Const(factor), extent - outer * factor)
 
 
 class Schedule:

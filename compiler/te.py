@@ -67,6 +67,16 @@ class IterVar:
     def __repr__(self) -> str:
         return f"IterVar({self.var.name}, {self.extent!r}, {self.kind})"
 
+    # In arithmetic an axis stands for its variable (``rc * kh + rh``).
+    def __add__(self, o): return self.var + o
+    def __radd__(self, o): return o + self.var
+    def __sub__(self, o): return self.var - o
+    def __rsub__(self, o): return o - self.var
+    def __mul__(self, o): return self.var * o
+    def __rmul__(self, o): return o * self.var
+    def __floordiv__(self, o): return self.var // o
+    def __mod__(self, o): return self.var % o
+
 
 def reduce_axis(extent: int, name: str = "k") -> IterVar:
     """A reduction axis over ``range(extent)``."""

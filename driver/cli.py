@@ -19,10 +19,12 @@ from typing import Sequence
 import numpy as np
 
 from gemforge import __version__
+from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError
 
 from .device import DeviceError, available_backends, open_device
+from .operators import OPERATORS
 from gemforge.files import write_bytes_atomic
 from gemforge.hw.program import Program, ProgramError
 
@@ -38,8 +40,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gemforge.compiler.errors import CompileError
     from gemforge.hw.asm import AsmError
     from gemforge.sim.fsim import FsimError
+    from .operators import OperatorUsageError
     return (UsageError, ConfigError, IsaError, ProgramError, DeviceError, FsimError,
-            AsmError, CompileError)
+            AsmError, CompileError, OperatorUsageError)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -48,7 +51,7 @@ def _config(args: argparse.Namespace) -> AccelConfig:
     return load_config(args.config)
 
 
-def _load_npy(path: str, what: str, dtype: np.dtype, ndim: int) -> np.ndarray:
+def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -57,10 +60,12 @@ def _load_npy(path: str, what: str, dtype: np.dtype, ndim: int) -> np.ndarray:
         raise UsageError(f"{what} file {path} is not a readable .npy array ({exc})") from None
     if not isinstance(array, np.ndarray):
         raise UsageError(f"{what} file {path} holds several arrays; give a single-array .npy file")
-    if array.dtype != dtype:
+    if dtype is not None and array.dtype != dtype:
         raise UsageError(f"{what} must be {np.dtype(dtype).name}, but {path} holds {array.dtype.name}")
-    if array.ndim != ndim:
+    if ndim is not None and array.ndim != ndim:
         raise UsageError(f"{what} must have {ndim} dimensions, but {path} has shape {list(array.shape)}")
+    if ndim is None and array.ndim == 0:
+        raise UsageError(f"{what} must be an array, but {path} holds a scalar")
     return array
 
 
@@ -101,79 +106,97 @@ def cmd_disasm(args: argparse.Namespace) -> None:
     print(disassemble(Program.load(args.program)), end="")
 
 
-def _shape(text: str, what: str, rank: int) -> tuple[int, ...]:
+def _shape(text: str, what: str, rank: int | None) -> tuple[int, ...]:
     try:
         dims = tuple(int(v) for v in text.replace("x", ",").split(","))
     except ValueError:
         dims = ()
-    if len(dims) != rank or min(dims) < 1:
-        raise UsageError(f"{what} must be {rank} positive integers separated by commas, not {text!r}")
+    if (rank is not None and len(dims) != rank) or not dims or min(dims) < 1:
+        count = f"{rank} positive integers" if rank is not None else "positive integers"
+        raise UsageError(f"{what} must be {count} separated by commas, not {text!r}")
     return dims
 
 
-def _epilogue(args: argparse.Namespace) -> dict:
-    return {"shift": args.shift, "relu": args.relu, "latency_hiding": not args.no_latency_hiding}
+_HOST_DEVICES = ("cpu", "gpu")
 
 
-def _load_bias(args: argparse.Namespace) -> np.ndarray | None:
-    return None if args.bias is None else _load_npy(args.bias, "bias", np.dtype(np.int32), 1)
-
-
-def _compile_from_files(args: argparse.Namespace, config: AccelConfig):
-    """Load the operator's input files and compile it; returns (compiled op, host inputs)."""
-    from gemforge.compiler import compile_conv2d, compile_dense
-    bias = _load_bias(args)
-    if args.op in ("gemm", "dense"):
-        a = _load_npy(args.a, "A", np.dtype(np.int8), 2)
-        b = _load_npy(args.b, "B", np.dtype(np.int8), 2)
-        if a.shape[1] != b.shape[0]:
-            raise UsageError(f"A is {list(a.shape)} and B is {list(b.shape)}: A's columns must equal B's rows")
-        if bias is not None and bias.shape != (b.shape[1],):
-            raise UsageError(f"bias must have one int32 per output column ({b.shape[1]}), not {list(bias.shape)}")
-        op = compile_dense(config, a.shape[0], a.shape[1], b.shape[1], bias=bias is not None, **_epilogue(args))
-        return op, {"a": a, "b": b, "bias": bias}
-    x = _load_npy(args.input, "input", np.dtype(np.int8), 4)
-    w = _load_npy(args.weight, "weight", np.dtype(np.int8), 4)
-    if x.shape[1] != w.shape[1]:
-        raise UsageError(f"input has {x.shape[1]} channels (NCHW {list(x.shape)}) but the weight expects "
-                         f"{w.shape[1]} (OIHW {list(w.shape)})")
-    if bias is not None and bias.shape != (w.shape[0],):
-        raise UsageError(f"bias must have one int32 per output channel ({w.shape[0]}), not {list(bias.shape)}")
-    op = compile_conv2d(config, x.shape, w.shape, stride=args.stride, padding=args.padding,
-                        bias=bias is not None, **_epilogue(args))
-    return op, {"x": x, "w": w, "bias": bias}
+def _target_for(args: argparse.Namespace, device=None):
+    """The compilation target of ``--device``: the accelerator of ``--config``, or cpu/gpu."""
+    from gemforge.compiler.target import AccelTarget, CpuTarget, GpuTarget
+    if device is not None and getattr(device, "target", None) is not None:
+        return device.target
+    if args.device == "cpu":
+        return CpuTarget()
+    if args.device == "gpu":
+        return GpuTarget(getattr(args, "arch", None) or "sm_80")
+    return AccelTarget(_config(args))
 
 
 def cmd_run_op(args: argparse.Namespace) -> None:
-    config = _config(args)
-    op, inputs = _compile_from_files(args, config)
+    from .operators import OperatorUsageError, compile_operator, load_inputs
+    config = None if args.device in _HOST_DEVICES else _config(args)
+    arrays = load_inputs(args, _load_npy, config)
+    dtype = arrays[next(iter(arrays))].dtype.name
+    shapes = {k: v.shape for k, v in arrays.items() if k != "bias"}
     with open_device(args.device, config) as device:
-        output, result = op.run(device, **inputs)
+        target = _target_for(args, device)
+        try:
+            op = compile_operator(args, target, shapes, dtype, "bias" in arrays)
+        except OperatorUsageError as exc:
+            raise UsageError(str(exc)) from None
+        output, result = op.run(device, **arrays)
     _save_npy(args.output, output)
     if args.stats:
-        _print_json({"op": args.op, "device": args.device, "config": config.name,
-                     "latency_hiding": not args.no_latency_hiding, "output": {
-                         "shape": list(output.shape), "dtype": output.dtype.name},
+        _print_json({"op": args.op, "device": args.device, **({"config": config.name} if config else {}),
+                     "dtype": dtype, "latency_hiding": not getattr(args, "no_latency_hiding", False),
+                     "output": {"shape": list(output.shape), "dtype": output.dtype.name},
                      "plan": {k: v for k, v in op.plan.items() if isinstance(v, (int, str, bool))},
                      **result.as_dict()})
 
 
 def cmd_compile_op(args: argparse.Namespace) -> None:
-    from gemforge.compiler import compile_conv2d, compile_dense
-    config = _config(args)
-    options = {"bias": args.bias, **_epilogue(args)}
-    if args.op in ("gemm", "dense"):
-        m, k, n = _shape(args.shape, "--shape (M,K,N)", 3)
-        op = compile_dense(config, m, k, n, **options)
+    from .operators import OperatorUsageError, compile_operator, shapes_from_args
+    target = _target_for(args)
+    shapes = shapes_from_args(args, _shape)
+    from gemforge.compiler.pipeline import tracing
+    trace = (lambda text: print(text, file=sys.stderr)) if args.trace else (lambda text: None)
+    try:
+        with tracing(trace):
+            op = compile_operator(args, target, shapes, args.dtype or _default_dtype(args, target),
+                                  bool(getattr(args, "bias", False)))
+    except OperatorUsageError as exc:
+        raise UsageError(str(exc)) from None
+    summary = {"op": args.op, "device": args.device, "output": str(args.output)}
+    if target.kind == "accel":
+        if args.emit not in (None, "program"):
+            raise UsageError(f"--emit {args.emit} is for the cpu and gpu devices; the accelerator writes a program")
+        op.program.save(args.output)
+        summary.update(instructions=len(op.program.instructions), uops=len(op.program.uops),
+                       tensors={name: {"shape": list(r.shape), "dtype": r.dtype}
+                                for name, r in op.program.tensors.items()})
     else:
-        op = compile_conv2d(config, _shape(args.input_shape, "--input-shape (N,C,H,W)", 4),
-                            _shape(args.weight_shape, "--weight-shape (O,I,KH,KW)", 4),
-                            stride=args.stride, padding=args.padding, **options)
-    op.program.save(args.output)
-    print(json.dumps({"op": args.op, "program": str(args.output),
-                      "instructions": len(op.program.instructions), "uops": len(op.program.uops),
-                      "tensors": {name: {"shape": list(r.shape), "dtype": r.dtype}
-                                  for name, r in op.program.tensors.items()}}, indent=2))
+        emit = args.emit or ("llvm" if target.kind == "cpu" else "ptx")
+        texts = {"llvm": op.program.llvm_ir, "asm": op.program.assembly if target.kind == "cpu" else None,
+                 "ptx": op.program.ptx if target.kind == "gpu" else None}
+        if texts.get(emit) is None:
+            raise UsageError(f"--emit {emit} is not available for the {target.kind} device; choose "
+                             f"{' or '.join(k for k, v in texts.items() if v is not None)}")
+        write_bytes_atomic(args.output, texts[emit].encode())
+        summary.update(emit=emit, params={b.name: {"shape": list(b.shape), "dtype": b.dtype}
+                                          for b in op.program.params})
+        if target.kind == "gpu":
+            summary["kernels"] = [{"name": k.func.name, "grid": list(k.grid), "block": list(k.block)}
+                                  for k in op.program.program.kernels]
+            summary["ptxas"] = "checked" if op.program.cubin is not None else op.program.ptxas_log
+    summary["plan"] = {k: v for k, v in op.plan.items() if isinstance(v, (int, str, bool))}
+    _print_json(summary)
+
+
+def _default_dtype(args: argparse.Namespace, target) -> str:
+    if target.kind == "accel":
+        return f"int{target.config.acc_width}" if args.op in ("add", "relu", "clip", "max-pool") \
+            else f"int{target.config.inp_width}"
+    return "float32" if args.op == "softmax" else "int8"
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -252,22 +275,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run-op", help="compile one operator and run it on a device")
     ops = p.add_subparsers(dest="op", metavar="OP", required=True)
-    for name, summary in _OPERATORS.items():
-        q = ops.add_parser(name, help=summary, description=summary)
-        _operator_inputs(q, name, files=True)
+    for name, spec in OPERATORS.items():
+        q = ops.add_parser(name, help=spec.summary, description=spec.summary)
+        _operator_arguments(q, name, files=True)
         q.add_argument("-o", "--output", required=True, help="output .npy to write")
         _common_operator_options(q, config_help)
         q.add_argument("--device", default="fsim", help=_DEVICE_HELP)
         q.add_argument("--stats", action="store_true", help="print the plan and the run's counters as JSON")
         q.set_defaults(func=cmd_run_op)
 
-    p = sub.add_parser("compile-op", help="compile one operator to a program file (see `disasm`)")
+    p = sub.add_parser("compile-op", help="compile one operator: a program file for the accelerator, "
+                                          "LLVM IR, assembly or PTX for the cpu and gpu")
     ops = p.add_subparsers(dest="op", metavar="OP", required=True)
-    for name, summary in _OPERATORS.items():
-        q = ops.add_parser(name, help=summary, description=summary)
-        _operator_inputs(q, name, files=False)
-        q.add_argument("-o", "--output", required=True, help="program file to write")
+    for name, spec in OPERATORS.items():
+        q = ops.add_parser(name, help=spec.summary, description=spec.summary)
+        _operator_arguments(q, name, files=False)
+        q.add_argument("-o", "--output", required=True, help="file to write (program, LLVM IR, assembly or PTX)")
         _common_operator_options(q, config_help)
+        q.add_argument("--device", default="fsim", help=_DEVICE_HELP + "; the target to compile for")
+        q.add_argument("--dtype", choices=("int8", "int32", "float32"),
+                       help="operand type (default: int8; int32 for the accelerator's element-wise operators; "
+                            "float32 for softmax)")
+        q.add_argument("--emit", choices=("program", "llvm", "asm", "ptx"),
+                       help="what to write: program (accelerator), llvm or asm (cpu), ptx or llvm (gpu)")
+        q.add_argument("--arch", choices=GPU_ARCHS, help="GPU architecture for --device gpu (default sm_80)")
+        q.add_argument("--trace", action="store_true", help="print the IR after every compiler stage (stderr)")
         q.set_defaults(func=cmd_compile_op)
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
@@ -287,43 +319,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_DEVICE_HELP = "device backend: fsim (default), verilator or icarus (RTL co-simulation)"
-
-_OPERATORS = {
-    "gemm": "C = A @ B: A (M, K) int8, B (K, N) int8, C (M, N) int32 (dense without epilogue)",
-    "dense": "C = A @ B with a fused epilogue: clip((acc + bias) >> shift, lo, 127) as int8 "
-             "(lo = 0 with --relu, else -128); without --shift the int32 (acc + bias)",
-    "conv2d": "Y = conv2d(X, W): X NCHW int8, W OIHW int8, bias int32 per output channel; "
-              "Y NCHW int32, or int8 with --shift",
-}
+_DEVICE_HELP = ("device: fsim (default), verilator or icarus (the accelerator, simulated or co-simulated), "
+                "cpu (LLVM, this machine) or gpu (LLVM NVPTX, CUDA)")
 
 
-def _operator_inputs(parser: argparse.ArgumentParser, op: str, files: bool) -> None:
-    if files and op in ("gemm", "dense"):
-        parser.add_argument("--a", required=True, help="A: (M, K) int8 .npy")
-        parser.add_argument("--b", required=True, help="B: (K, N) int8 .npy")
-    elif files:
-        parser.add_argument("--input", required=True, help="X: (N, C, H, W) int8 .npy")
-        parser.add_argument("--weight", required=True, help="W: (O, C, KH, KW) int8 .npy")
+def _operator_arguments(parser: argparse.ArgumentParser, op: str, files: bool) -> None:
+    """An operator's inputs (files for run-op, shapes for compile-op) and options."""
+    spec = OPERATORS[op]
+    if files:
+        for key, option, what in spec.inputs:
+            parser.add_argument(f"--{option}", required=True, help=f"{what} .npy")
     elif op in ("gemm", "dense"):
         parser.add_argument("--shape", required=True, help="M,K,N")
-    else:
+    elif op == "conv2d":
         parser.add_argument("--input-shape", required=True, help="N,C,H,W")
-        parser.add_argument("--weight-shape", required=True, help="O,C,KH,KW")
-    if op == "gemm":
-        parser.set_defaults(bias=None if files else False, shift=None, relu=False, stride=1, padding=0)
-        return
-    if files:
-        parser.add_argument("--bias", help="bias: int32 .npy, one per output channel/column")
+        parser.add_argument("--weight-shape", required=True, help="O,C/groups,KH,KW")
     else:
-        parser.add_argument("--bias", action="store_true", help="the operator takes a bias input")
-    parser.add_argument("--shift", type=int, help="requantize: arithmetic shift right, then clip to int8")
-    parser.add_argument("--relu", action="store_true", help="ReLU (clip at 0 instead of -128)")
-    if op == "conv2d":
-        parser.add_argument("--stride", type=int, default=1, help="stride (default 1)")
-        parser.add_argument("--padding", type=int, default=0, help="zero padding on each side (default 0)")
-    else:
-        parser.set_defaults(stride=1, padding=0)
+        parser.add_argument("--shape", required=True, help="the input's shape, e.g. 1,64,56,56")
+        if op in ("add", "mul"):
+            parser.add_argument("--other-shape", help="the second input's shape (default: the first's)")
+    if spec.epilogue:
+        if files:
+            parser.add_argument("--bias", help="bias .npy: one per output column/channel (int32, or float32)")
+        else:
+            parser.add_argument("--bias", action="store_true", help="the operator takes a bias input")
+        parser.add_argument("--shift", type=int, help="int8: requantize (arithmetic shift right, clip to int8)")
+        parser.add_argument("--relu", action="store_true", help="ReLU (int8 with --shift: clip at 0 instead of -128)")
+    if spec.add_options:
+        spec.add_options(parser)
 
 
 def _common_operator_options(parser: argparse.ArgumentParser, config_help: str) -> None:

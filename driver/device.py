@@ -8,7 +8,9 @@ instruction stream and micro-ops), runs it, and reads counters.
 Backends implement one method, `Device._execute`, which runs the instruction
 stream already in DRAM and returns the run's counters. `fsim` is the
 functional simulator; the RTL simulators (`verilator`, `icarus`) are further
-backends registered with `register_backend`.
+backends registered with `register_backend`. The ``cpu`` and ``gpu`` devices
+(`host_device`) run the LLVM back ends' kernels behind the same
+``run_program`` call.
 """
 
 from __future__ import annotations
@@ -65,12 +67,13 @@ class LoadedProgram:
 
 @dataclass
 class RunResult:
-    """What a run reports: event counters, and for RTL backends the cycle count
-    and hardware counters."""
+    """What a run reports: event counters, for RTL backends the cycle count and
+    hardware counters, for the CPU and GPU devices the wall time."""
 
     counters: dict[str, int]
     cycles: int | None = None
     hw_counters: dict[str, int] = field(default_factory=dict)
+    seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"counters": dict(self.counters)}
@@ -78,6 +81,8 @@ class RunResult:
             out["cycles"] = self.cycles
         if self.hw_counters:
             out["hw_counters"] = dict(self.hw_counters)
+        if self.seconds is not None:
+            out["seconds"] = round(self.seconds, 6)
         return out
 
 
@@ -244,8 +249,11 @@ def available_backends() -> list[str]:
 
 
 def open_device(kind: str, config: AccelConfig | str | None = None, **options: Any) -> Device:
-    """Open a device of backend ``kind`` ('fsim', ...) for ``config`` (preset, file or object)."""
+    """Open a device of backend ``kind`` ('fsim', 'verilator', 'icarus', 'cpu', 'gpu') for
+    ``config`` (preset, file or object; the cpu and gpu devices need none)."""
     _register_builtin_backends()
+    if kind in ("cpu", "gpu"):
+        return _BACKENDS[kind](None, **options)
     config = load_config(config)
     try:
         factory = _BACKENDS[kind]
@@ -263,3 +271,8 @@ def _register_builtin_backends() -> None:
         from .rtl_device import IcarusDevice, VerilatorDevice
         register_backend("verilator", VerilatorDevice)
         register_backend("icarus", IcarusDevice)
+    if "cpu" not in _BACKENDS:
+        # The LLVM back ends' devices: kernels on this CPU, or on a GPU through CUDA.
+        from .host_device import CpuDevice, GpuDevice
+        register_backend("cpu", CpuDevice)
+        register_backend("gpu", GpuDevice)

@@ -259,9 +259,13 @@ def same_expr(a: Expr, b: Expr) -> bool:
 
 
 def simplify_in(expr: Expr, ranges: dict[Var, tuple[Expr, Expr]]) -> Expr:
-    """`simplify`, then decide ``min``/``max`` whose operands' order is fixed over ``ranges``
-    (inclusive constant bounds of loop variables), like TVM's arithmetic analyzer."""
+    """`simplify`, then use ``ranges`` (inclusive constant bounds of loop variables) like
+    TVM's arithmetic analyzer: decide ``min``/``max`` whose operands' order is fixed,
+    and split ``(q·c + r) // c`` into ``q`` and ``(q·c + r) % c`` into ``r`` when
+    ``0 ≤ r < c`` (a tiled index divided by its tile size)."""
     def fn(e: Expr):
+        if isinstance(e, (FloorDiv, FloorMod)):
+            return _divmod_in(e, ranges)
         if isinstance(e, (Min, Max)):
             try:
                 lo, hi = interval(simplify(Sub(e.a, e.b)), ranges)
@@ -274,6 +278,31 @@ def simplify_in(expr: Expr, ranges: dict[Var, tuple[Expr, Expr]]) -> Expr:
             return e.a if a_ge_b else e.b if a_le_b else None
         return None
     return simplify(map_expr(simplify(expr), fn))
+
+
+def _divmod_in(e: FloorDiv | FloorMod, ranges) -> Expr | None:
+    divisor = simplify(e.b)
+    if not (isinstance(divisor, Const) and divisor.value > 0 and e.dtype in _AFFINE_TYPES):
+        return None
+    c = divisor.value
+    lin = _linear(simplify(e.a))
+    quotient: dict[Any, int] = {}
+    rest: dict[Any, int] = {}
+    for k, v in lin.items():
+        if k == 1:
+            quotient[1], rest[1] = divmod(v, c)
+        elif v % c == 0:
+            quotient[k] = v // c
+        else:
+            rest[k] = v
+    remainder = _rebuild(rest, e.dtype)
+    try:
+        lo, hi = interval(remainder, ranges)
+    except ValueError:
+        return None
+    if not (isinstance(lo, Const) and isinstance(hi, Const) and lo.value >= 0 and hi.value < c):
+        return None
+    return simplify(_rebuild(quotient, e.dtype)) if isinstance(e, FloorDiv) else remainder
 
 
 def linear_coefficient(expr: Expr, var: Var) -> int | None:

@@ -1,21 +1,163 @@
-"""Operators: tensor expressions with default schedules, and their numpy references.
+"""Operators: tensor expressions with default schedules for every target, and numpy references.
 
+The ``compile_*`` functions take a target first — an `AccelConfig` or preset
+name (the accelerator), ``"cpu"``, ``"gpu"`` or a `Target` — and return a
+`CompiledOp` that runs on any device of that target (``op.run(device, ...)``).
 ``accel`` holds the accelerator's operators (packed layouts, tilings from its
-pipeline cost model); `reference` the numpy references every target is
-checked against; `common` the fused epilogue and the compiled-operator handle.
+pipeline cost model), `host` the CPU and GPU ones (numpy layouts; `nn` their
+expressions, `cpu` and `gpu` their schedules), `reference` the numpy
+references everything is checked against.
 """
 
-from .accel import (
-    compile_add, compile_clip, compile_conv2d, compile_dense, compile_max_pool2d, compile_relu, run_conv2d,
-    run_dense,
-)
+from __future__ import annotations
+
+import numpy as np
+
+from ..target import target_of
+from . import accel, host
 from .common import CompiledOp, Epilogue, OpError
 from .reference import (
     avg_pool2d_reference, conv2d_reference, dense_reference, elementwise_reference, max_pool2d_reference,
     softmax_reference,
 )
 
-__all__ = ["CompiledOp", "Epilogue", "OpError", "compile_dense", "run_dense", "dense_reference",
-           "compile_conv2d", "run_conv2d", "conv2d_reference",
-           "compile_add", "compile_relu", "compile_clip", "compile_max_pool2d", "max_pool2d_reference",
-           "avg_pool2d_reference", "softmax_reference", "elementwise_reference"]
+__all__ = ["CompiledOp", "Epilogue", "OpError",
+           "compile_dense", "run_dense", "dense_reference", "compile_conv2d", "run_conv2d", "conv2d_reference",
+           "compile_add", "compile_relu", "compile_clip", "compile_max_pool2d", "compile_elementwise",
+           "compile_pool2d", "compile_softmax", "max_pool2d_reference", "avg_pool2d_reference",
+           "softmax_reference", "elementwise_reference"]
+
+
+def _accel_dtype(target, dtype: str | None) -> None:
+    expected = f"int{target.config.inp_width}"
+    if dtype is not None and dtype != expected:
+        raise OpError(f"the accelerator of config {target.config.name!r} computes {expected} operands, not {dtype}; "
+                      "compile for cpu or gpu for other types")
+
+
+def compile_dense(target, m: int, k: int, n: int, *, dtype: str | None = None, bias: bool = False,
+                  shift: int | None = None, relu: bool = False, latency_hiding: bool = True) -> CompiledOp:
+    """``(M×K) @ (K×N)`` with the fused epilogue for ``target`` (``dtype``: int8 or float32
+    on cpu/gpu; the config's input type on the accelerator). Inputs ``a``, ``b``,
+    optionally ``bias``; output (M, N)."""
+    t = target_of(target)
+    if t.kind == "accel":
+        _accel_dtype(t, dtype)
+        return accel.compile_dense(t.config, m, k, n, bias=bias, shift=shift, relu=relu,
+                                   latency_hiding=latency_hiding)
+    return host.compile_dense(t, m, k, n, dtype=dtype or "int8", bias=bias, shift=shift, relu=relu)
+
+
+def compile_conv2d(target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
+                   dtype: str | None = None, bias: bool = False, shift: int | None = None, relu: bool = False,
+                   latency_hiding: bool = True) -> CompiledOp:
+    """2-D convolution (NCHW × OIHW) with the fused epilogue for ``target``; ``groups``
+    (grouped and depthwise) on cpu and gpu."""
+    t = target_of(target)
+    if t.kind == "accel":
+        _accel_dtype(t, dtype)
+        if groups != 1:
+            raise OpError(f"the accelerator runs convolutions with one group, not {groups}; run grouped and "
+                          "depthwise convolutions on the cpu or gpu")
+        return accel.compile_conv2d(t.config, input_shape, weight_shape, stride=stride, padding=padding, bias=bias,
+                                    shift=shift, relu=relu, latency_hiding=latency_hiding)
+    return host.compile_conv2d(t, input_shape, weight_shape, stride=stride, padding=padding, groups=groups,
+                               dtype=dtype or "int8", bias=bias, shift=shift, relu=relu)
+
+
+def compile_add(target, shape, *, shift: int | None = None, relu: bool = False, dtype: str = "int32",
+                latency_hiding: bool = True) -> CompiledOp:
+    """``x + y`` with the epilogue (the residual add): int32 accumulator values on the
+    accelerator; int8, int32 or float32 on cpu/gpu."""
+    t = target_of(target)
+    if t.kind == "accel":
+        return accel.compile_add(t.config, shape, shift=shift, relu=relu, latency_hiding=latency_hiding)
+    return host.compile_elementwise(t, "add", shape, dtype=dtype, shift=shift, relu=relu)
+
+
+def compile_relu(target, shape, *, dtype: str = "int32", latency_hiding: bool = True) -> CompiledOp:
+    t = target_of(target)
+    if t.kind == "accel":
+        return accel.compile_relu(t.config, shape, latency_hiding=latency_hiding)
+    return host.compile_elementwise(t, "relu", shape, dtype=dtype)
+
+
+def compile_clip(target, shape, lo, hi, *, dtype: str = "int32", latency_hiding: bool = True) -> CompiledOp:
+    t = target_of(target)
+    if t.kind == "accel":
+        return accel.compile_clip(t.config, shape, lo, hi, latency_hiding=latency_hiding)
+    return host.compile_elementwise(t, "clip", shape, dtype=dtype, lo=lo, hi=hi)
+
+
+def compile_max_pool2d(target, shape, kernel: int, *, stride: int | None = None, padding: int = 0,
+                       dtype: str = "int32", latency_hiding: bool = True) -> CompiledOp:
+    """Max pooling. The accelerator pads with zeros (exact for non-negative inputs); cpu
+    and gpu pad with the lowest value (ONNX's MaxPool)."""
+    t = target_of(target)
+    if t.kind == "accel":
+        return accel.compile_max_pool2d(t.config, shape, kernel, stride=stride, padding=padding,
+                                        latency_hiding=latency_hiding)
+    return host.compile_pool2d(t, "max", shape, kernel, stride=stride, padding=padding, dtype=dtype)
+
+
+def _host_only(target, what: str):
+    t = target_of(target)
+    if t.kind == "accel":
+        raise OpError(f"{what} runs on the cpu or gpu, not on the accelerator")
+    return t
+
+
+def compile_elementwise(target, op: str, shape, **options) -> CompiledOp:
+    """``add``, ``mul``, ``relu``, ``clip`` on cpu/gpu (see `host.compile_elementwise`)."""
+    return host.compile_elementwise(_host_only(target, op), op, shape, **options)
+
+
+def compile_pool2d(target, kind: str, shape, kernel, **options) -> CompiledOp:
+    """Max or average pooling on cpu/gpu (see `host.compile_pool2d`)."""
+    return host.compile_pool2d(_host_only(target, f"{kind} pooling"), kind, shape, kernel, **options)
+
+
+def compile_softmax(target, shape, **options) -> CompiledOp:
+    """Softmax over the last axis on the cpu."""
+    return host.compile_softmax(_host_only(target, "softmax"), shape, **options)
+
+
+def _device_target(device):
+    return getattr(device, "target", None) or device.config
+
+
+def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, shift: int | None = None,
+              relu: bool = False, latency_hiding: bool = True):
+    """``A @ B`` (+ epilogue) on ``device``; the arrays' type picks the arithmetic.
+    Returns (output, RunResult)."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise OpError(f"dense needs A (M, K) and B (K, N); got A{list(a.shape)} and B{list(b.shape)}")
+    target = target_of(_device_target(device))
+    if target.kind == "accel":
+        inp = f"int{target.config.inp_width}"
+        if a.dtype != np.dtype(inp) or b.dtype != np.dtype(inp):
+            raise OpError(f"dense operands must be {inp}, not {a.dtype} and {b.dtype}")
+    if a.dtype != b.dtype:
+        raise OpError(f"dense operands must have one type, not {a.dtype} and {b.dtype}")
+    op = compile_dense(target, a.shape[0], a.shape[1], b.shape[1], dtype=a.dtype.name, bias=bias is not None,
+                       shift=shift, relu=relu, latency_hiding=latency_hiding)
+    return op.run(device, a=a, b=b, bias=bias)
+
+
+def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stride: int = 1,
+               padding: int = 0, groups: int = 1, shift: int | None = None, relu: bool = False,
+               latency_hiding: bool = True):
+    """2-D convolution (NCHW × OIHW, + epilogue) on ``device``; returns (output NCHW, RunResult)."""
+    if x.ndim != 4 or w.ndim != 4:
+        raise OpError(f"conv2d needs x in NCHW and w in OIHW; got {list(x.shape)} and {list(w.shape)}")
+    target = target_of(_device_target(device))
+    if target.kind == "accel":
+        inp = f"int{target.config.inp_width}"
+        if x.dtype != np.dtype(inp) or w.dtype != np.dtype(inp):
+            raise OpError(f"conv2d operands must be {inp}, not {x.dtype} and {w.dtype}")
+    if x.dtype != w.dtype:
+        raise OpError(f"conv2d operands must have one type, not {x.dtype} and {w.dtype}")
+    op = compile_conv2d(target, x.shape, w.shape, stride=stride, padding=padding, groups=groups,
+                        dtype=x.dtype.name, bias=bias is not None, shift=shift, relu=relu,
+                        latency_hiding=latency_hiding)
+    return op.run(device, x=x, w=w, bias=bias)

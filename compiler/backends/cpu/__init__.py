@@ -1,4 +1,203 @@
-"""The CPU back end (being built in this change)."""
+"""The CPU back end: loop IR → LLVM IR → optimized native code, JIT-compiled and
+callable on numpy arrays.
 
-def stages(target):
-    raise NotImplementedError("the CPU back end is not built yet")
+`stages(target)`, in order::
+
+    partition_tiles  full tiles of partially tiled axes get constant extents (`passes`)
+    make_llvm_ir   PrimFunc → LLVM IR (`codegen.CpuCodegen`: vector loops, unrolling,
+                   parallel loops outlined onto the runtime's thread pool)
+    optimize       LLVM's O3 pipeline (loop and SLP vectorization) for the target's CPU
+                   name and features (the host's by default)
+    jit            MCJIT → a `CpuKernel`, called with numpy arrays
+
+`CpuModule.llvm_ir` and `CpuKernel.assembly` are the inspectable artefacts
+(``gemforge compile-op --device cpu --emit llvm|asm``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ll
+import numpy as np
+
+from ...errors import CompileError
+from ...ir import Allocate, Buffer, PrimFunc
+from ...passes import partition_tiles
+from ...target import CpuTarget
+from . import runtime
+from .codegen import CpuCodegen
+
+__all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits"]
+
+_init_lock = threading.Lock()
+_initialized = False
+_machines: dict[tuple[str, str], Any] = {}
+
+
+class KernelArgumentError(CompileError):
+    """A compiled kernel was called with arrays of the wrong shape, type or count."""
+
+
+def _initialize() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            runtime.install()
+            _initialized = True
+
+
+def _host(target: CpuTarget) -> tuple[str, str]:
+    cpu = llvm.get_host_cpu_name() if target.cpu == "host" else target.cpu
+    features = llvm.get_host_cpu_features().flatten() if target.features == "host" else target.features
+    return cpu, features
+
+
+def vector_bits(target: CpuTarget) -> int:
+    """The width of the target CPU's vector registers: 512 with AVX-512, 256 with AVX, else 128."""
+    _initialize()
+    features = set(_host(target)[1].split(","))
+    if "+avx512f" in features:
+        return 512
+    if "+avx" in features or "+avx2" in features:
+        return 256
+    return 128
+
+
+def target_machine(target: CpuTarget, *, fresh: bool = False):
+    """LLVM's target machine for the CPU target: a shared one for optimization and
+    assembly, or with ``fresh`` a new one (an execution engine takes ownership of its
+    machine and frees it with itself)."""
+    _initialize()
+    key = _host(target)
+
+    def make():
+        return llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+            cpu=key[0], features=key[1], opt=3, codemodel="jitdefault", jit=True)
+    if fresh:
+        return make()
+    with _init_lock:
+        machine = _machines.get(key)
+        if machine is None:
+            machine = _machines[key] = make()
+        return machine
+
+
+@dataclass
+class CpuModule:
+    """An LLVM module holding one function, before and after optimization. The
+    function's intermediate tensors in main memory are ``workspaces``: extra
+    parameters after the function's own, allocated once per kernel."""
+
+    func: PrimFunc
+    target: CpuTarget
+    llvm_ir: str
+    workspaces: list[Buffer] = field(default_factory=list)
+    module: Any = None  # llvmlite.binding.ModuleRef once parsed and optimized
+    assembly: str = ""
+
+    def __str__(self) -> str:
+        return self.llvm_ir
+
+
+@dataclass
+class CpuKernel:
+    """A JIT-compiled function: ``kernel(*arrays)`` runs it on C-contiguous numpy arrays
+    matching the function's parameters (inputs and outputs, in order)."""
+
+    func: PrimFunc
+    target: CpuTarget
+    llvm_ir: str
+    assembly: str
+    workspaces: list[Buffer]
+    _engine: Any = field(repr=False)
+    _entry: Callable = field(repr=False)
+    _scratch: list[np.ndarray] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def params(self):
+        return self.func.params
+
+    def check(self, arrays) -> list[np.ndarray]:
+        """The arrays if they match the parameters, else a clear `KernelArgumentError`."""
+        if len(arrays) != len(self.func.params):
+            raise KernelArgumentError(f"{self.func.name} takes {len(self.func.params)} arrays "
+                                      f"({', '.join(b.name for b in self.func.params)}), not {len(arrays)}")
+        out = []
+        for array, buf in zip(arrays, self.func.params):
+            if not isinstance(array, np.ndarray):
+                raise KernelArgumentError(f"argument {buf.name} must be a numpy array, not {type(array).__name__}")
+            if array.dtype != np.dtype(buf.dtype) or tuple(array.shape) != tuple(buf.shape):
+                raise KernelArgumentError(f"argument {buf.name} must be {buf.dtype}{list(buf.shape)}, not "
+                                          f"{array.dtype}{list(array.shape)}")
+            if not array.flags.c_contiguous:
+                raise KernelArgumentError(f"argument {buf.name} must be C-contiguous")
+            out.append(array)
+        return out
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        arrays = self.check(arrays)
+        runtime.set_threads(self.target.threads)
+        # Workspaces are allocated at the first call and reused (their pages stay
+        # mapped); one call at a time uses them.
+        with self._lock:
+            if self._scratch is None:
+                self._scratch = [np.empty(b.shape, b.dtype) for b in self.workspaces]
+            self._entry(*(a.ctypes.data for a in arrays), *(w.ctypes.data for w in self._scratch))
+
+
+def make_llvm_ir(func: PrimFunc, target: CpuTarget) -> CpuModule:
+    """The function in LLVM IR (unoptimized), for the target's triple and data layout.
+    Intermediate tensors allocated at the top of the function become workspace
+    parameters (allocated once by the kernel, not per call)."""
+    machine = target_machine(target)
+    module = ll.Module(name=func.name)
+    module.triple = llvm.get_process_triple()
+    module.data_layout = str(machine.target_data)
+    body, workspaces = func.body, []
+    while isinstance(body, Allocate) and body.buffer.scope == "global":
+        workspaces.append(body.buffer)
+        body = body.body
+    CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs)).emit_function()
+    return CpuModule(func, target, str(module), workspaces)
+
+
+def optimize(mod: CpuModule, target: CpuTarget) -> CpuModule:
+    """LLVM's O3 pipeline with loop and SLP vectorization for the target CPU."""
+    machine = target_machine(target)
+    ref = llvm.parse_assembly(mod.llvm_ir)
+    ref.verify()
+    options = llvm.create_pipeline_tuning_options(speed_level=3)
+    options.loop_vectorization = True
+    options.slp_vectorization = True
+    options.loop_unrolling = True
+    builder = llvm.create_pass_builder(machine, options)
+    builder.getModulePassManager().run(ref, builder)
+    return CpuModule(mod.func, target, str(ref), mod.workspaces, ref, machine.emit_assembly(ref))
+
+
+def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
+    """Native code for the module, loaded into this process."""
+    engine = llvm.create_mcjit_compiler(mod.module, target_machine(target, fresh=True))
+    engine.finalize_object()
+    address = engine.get_function_address(mod.func.name)
+    entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(mod.func.params) + len(mod.workspaces))))(address)
+    return CpuKernel(mod.func, target, mod.llvm_ir, mod.assembly, mod.workspaces, engine, entry)
+
+
+def stages(target: CpuTarget) -> dict[str, Callable[[Any], Any]]:
+    """The CPU back end's stages, in order (see the module docstring)."""
+    return {
+        "partition_tiles": lambda func: func.with_body(partition_tiles(func.body)),
+        "make_llvm_ir": partial(make_llvm_ir, target=target),
+        "optimize": partial(optimize, target=target),
+        "jit": partial(jit, target=target),
+    }

@@ -1,0 +1,103 @@
+"""The CPU specifics of LLVM code generation: parallel loops and main-memory allocations.
+
+A ``parallel`` loop is outlined into a function ``body(closure, begin, end)``
+that runs iterations ``[begin, end)``; the values it needs (the variables and
+buffer pointers in scope) travel in a closure struct on the caller's stack,
+and the runtime (`runtime.gf_parallel_for`) runs chunks of the range on all
+cores. A parallel loop inside another runs serially.
+
+Intermediate tensors in main memory (``global`` allocations that are not
+parameters) are allocated with ``aligned_alloc`` and freed after their scope;
+``local`` arrays live on the stack (registers, after optimization).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ll
+
+from ...ir import Buffer, For, Var, bits, simplify
+from ..llvm.codegen import I64, LLVMCodegen
+
+__all__ = ["CpuCodegen"]
+
+
+class CpuCodegen(LLVMCodegen):
+    def __init__(self, module: ll.Module, func) -> None:
+        super().__init__(module, func)
+        self._outlined = 0
+        self._in_parallel = False
+
+    def _runtime(self, name: str, ret: ll.Type, args: list[ll.Type]) -> ll.Function:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ll.Function(self.module, ll.FunctionType(ret, args), name)
+        return fn
+
+    def allocate(self, buffer: Buffer):
+        if buffer.scope != "global":
+            return super().allocate(buffer)
+        # Main memory: 64-byte aligned from the C library, freed after the scope.
+        b = self.builder
+        nbytes = -(-max(1, buffer.size) * max(1, bits(buffer.dtype) // 8) // 64) * 64
+        aligned_alloc = self._runtime("aligned_alloc", ll.PointerType(), [I64, I64])
+        free = self._runtime("free", ll.VoidType(), [ll.PointerType()])
+        ptr = b.call(aligned_alloc, [ll.Constant(I64, 64), ll.Constant(I64, nbytes)], name=buffer.name)
+
+        def release() -> None:
+            self.builder.call(free, [ptr])
+        return ptr, release
+
+    def emit_parallel(self, loop: For) -> None:
+        if self._in_parallel or self.vector is not None:
+            # No nested thread pools: an inner parallel loop runs serially.
+            return self.counted_loop(loop.var, simplify(loop.extent), lambda: self.stmt(loop.body))
+        captured_vars = [(v, val) for v, val in self.vars.items()]
+        captured_bufs = [(buf, ptr) for buf, ptr in self.buffers.items()]
+        fields = [val.type for _, val in captured_vars] + [ptr.type for _, ptr in captured_bufs]
+        closure_type = ll.LiteralStructType(fields or [I64])
+        # The caller: fill the closure, call the runner.
+        b = self.builder
+        closure = self.entry_alloca(closure_type, f"{loop.var.name}.closure")
+        values = [val for _, val in captured_vars] + [ptr for _, ptr in captured_bufs]
+        for i, value in enumerate(values):
+            slot = b.gep(closure, [ll.Constant(ll.IntType(32), 0), ll.Constant(ll.IntType(32), i)], inbounds=True,
+                         source_etype=closure_type)
+            b.store(value, slot)
+        extent = self.index(simplify(loop.extent))
+        self._outlined += 1
+        outer = (self.fn, self.builder, self._alloca_builder, dict(self.vars), dict(self.buffers),
+                 dict(self.ranges))
+        body_fn = self._outline(loop, closure_type, captured_vars, captured_bufs)
+        self.fn, self.builder, self._alloca_builder, self.vars, self.buffers, self.ranges = outer
+        runner = self._runtime("gf_parallel_for", ll.VoidType(), [ll.PointerType(), ll.PointerType(), I64])
+        self.builder.call(runner, [body_fn, closure, extent])
+
+    def _outline(self, loop: For, closure_type, captured_vars, captured_bufs) -> ll.Function:
+        name = f"{self.func.name}.parallel{self._outlined}"
+        fn = self.begin_function(name, [ll.PointerType(), I64, I64], linkage="internal")
+        closure, begin, end = fn.args
+        b = self.builder
+        self.vars, self.buffers = {}, {}
+        for i, (var, _) in enumerate(captured_vars):
+            slot = b.gep(closure, [ll.Constant(ll.IntType(32), 0), ll.Constant(ll.IntType(32), i)], inbounds=True,
+                         source_etype=closure_type)
+            self.vars[var] = b.load(slot, typ=closure_type.elements[i])
+        offset = len(captured_vars)
+        for i, (buf, _) in enumerate(captured_bufs):
+            slot = b.gep(closure, [ll.Constant(ll.IntType(32), 0), ll.Constant(ll.IntType(32), offset + i)],
+                         inbounds=True, source_etype=closure_type)
+            self.buffers[buf] = b.load(slot, typ=closure_type.elements[offset + i])
+        self._in_parallel = True
+        try:
+            self._range_loop(loop, begin, end)
+        finally:
+            self._in_parallel = False
+        self.builder.ret_void()
+        return fn
+
+    def _range_loop(self, loop: For, begin: ll.Value, end: ll.Value) -> None:
+        """``for var in [begin, end)``: the chunk of the parallel loop one thread runs."""
+        bound = Var(f"{loop.var.name}.end", "int64")
+        self.vars[bound] = end
+        self.counted_loop(loop.var, bound, lambda: self.stmt(loop.body), start=begin, range_of=loop.extent)
+        self.vars.pop(bound, None)

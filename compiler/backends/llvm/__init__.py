@@ -1,0 +1,1 @@
+"""LLVM code generation shared by the CPU and GPU back ends (`codegen`)."""

@@ -1,0 +1,774 @@
+"""Loop IR → LLVM IR, shared by the CPU and GPU back ends.
+
+`LLVMCodegen` emits one LLVM function for a `PrimFunc`: buffer parameters
+become pointers (``noalias``: every parameter is its own array), buffers are
+row-major, loops become counted LLVM loops. Loop kinds:
+
+- ``serial``: a loop (LLVM's own vectorizer may still vectorize it);
+- ``unroll``: the body once per iteration, the variable a constant (so local
+  accumulator arrays get constant indices and live in registers);
+- ``vectorize``: the body once, with the loop variable a vector of lanes
+  (`_Vector`): contiguous loads and stores become vector loads and stores,
+  loads that do not depend on the variable stay scalar and are broadcast, other
+  accesses gather and scatter. Bodies that cannot be vectorized that way (a
+  loop-carried store, a branch on the lanes) stay a loop;
+- ``parallel`` and ``thread_binding``: hooks the CPU and GPU back ends
+  implement (`emit_parallel`, `thread_index`).
+
+Index arithmetic is emitted in 64 bits with ``nsw`` (loop variables are
+64-bit), data arithmetic in its own type with the IR's semantics: integers
+wrap, ``//`` and ``%`` floor, ``>>`` is arithmetic with negative amounts
+shifting left, float→int conversion saturates. Float arithmetic carries
+fast-math flags that allow contraction to FMA and reassociation, never
+assuming away NaN or infinity.
+
+A load inside a `Select` branch, or with ``zero_outside``, clamps its indices
+into the buffer (both sides of a select are evaluated), so generated code
+never reads outside an array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import llvmlite.ir as ll
+
+from ...errors import CompileError
+from ...ir import (
+    Add, Allocate, And, AttrStmt, BinOp, Buffer, BufferLoad, BufferStore, Call, Cast, Cmp, Const, Div, Evaluate,
+    Expr, FloorDiv, FloorMod, For, ForKind, IfThenElse, LetStmt, Max, Min, Mul, Not, Or, PrimFunc, Reduce, Select,
+    Seq, Shr, Stmt, Sub, Var, bits, const_upper_bound, free_vars, interval, is_float, is_int, linear_coefficient,
+    simplify, simplify_in, substitute, walk,
+)
+from ...ir.dtypes import is_signed
+
+__all__ = ["LLVMCodegen", "CodegenError", "llvm_type", "MAX_VECTOR_LANES"]
+
+I1, I8, I32, I64 = ll.IntType(1), ll.IntType(8), ll.IntType(32), ll.IntType(64)
+
+#: A vectorized loop longer than this is strip-mined into vectors of this many lanes.
+MAX_VECTOR_LANES = 64
+#: Fast-math flags on float arithmetic: contraction (FMA), reassociation (vectorized
+#: reductions), no signed zeros; NaN and infinity keep their meaning.
+FAST_MATH = ("reassoc", "nsz", "arcp", "contract", "afn")
+
+
+class CodegenError(CompileError):
+    """The loop IR uses something this back end cannot generate."""
+
+
+def llvm_type(dtype: str) -> ll.Type:
+    if dtype == "bool":
+        return I1
+    if is_int(dtype):
+        return ll.IntType(bits(dtype))
+    if dtype == "float32":
+        return ll.FloatType()
+    if dtype == "float64":
+        return ll.DoubleType()
+    raise CodegenError(f"no LLVM type for {dtype}")
+
+
+@dataclass
+class _Vector:
+    """The vectorized loop being emitted: its variable, lanes and the scalar first lane."""
+
+    var: Var
+    lanes: int
+    base: Var  # a scalar variable bound to the first lane's value
+
+
+class LLVMCodegen:
+    """Emits one `PrimFunc` into an LLVM module. Subclasses (CPU, GPU) implement the
+    hooks: `emit_parallel`, `thread_index`, `barrier`, `allocate`."""
+
+    #: Address space of pointers to parameters (GPU: global memory).
+    param_addrspace = 0
+
+    def __init__(self, module: ll.Module, func: PrimFunc) -> None:
+        self.module = module
+        self.func = func
+        self.vars: dict[Var, ll.Value] = {}
+        self.ranges: dict[Var, tuple[Expr, Expr]] = {}
+        self.buffers: dict[Buffer, ll.Value] = {}
+        self.vector: _Vector | None = None
+        self._safe_loads = 0
+        self._intrinsics: dict[str, ll.Function] = {}
+        self.fn: ll.Function | None = None
+        self.builder: ll.IRBuilder | None = None
+        self._alloca_builder: ll.IRBuilder | None = None
+
+    # ------------------------------------------------------------------ functions
+
+    def ptr_type(self, addrspace: int | None = None) -> ll.PointerType:
+        return ll.PointerType(addrspace=self.param_addrspace if addrspace is None else addrspace)
+
+    def begin_function(self, name: str, arg_types: list[ll.Type], *, linkage: str | None = None) -> ll.Function:
+        """A new function with an entry block for allocas; makes it the current one."""
+        fn = ll.Function(self.module, ll.FunctionType(ll.VoidType(), arg_types), name)
+        if linkage:
+            fn.linkage = linkage
+        entry = fn.append_basic_block("entry")
+        body = fn.append_basic_block("body")
+        self._alloca_builder = ll.IRBuilder(entry)
+        self._alloca_builder.branch(body)
+        self._alloca_builder.position_at_start(entry)
+        self.fn = fn
+        self.builder = ll.IRBuilder(body)
+        return fn
+
+    def emit_function(self, name: str | None = None) -> ll.Function:
+        """The whole `PrimFunc` as ``void name(ptr param, ...)``."""
+        fn = self.begin_function(name or self.func.name, [self.ptr_type() for _ in self.func.params])
+        for arg, buf in zip(fn.args, self.func.params):
+            arg.name = _ident(buf.name)
+            arg.add_attribute("noalias")
+            self.buffers[buf] = arg
+        self.stmt(self.func.body)
+        self.builder.ret_void()
+        return fn
+
+    # ------------------------------------------------------------------ hooks
+
+    def emit_parallel(self, loop: For) -> None:
+        raise CodegenError(f"loop {loop.var.name} is parallel; this back end runs no parallel loops")
+
+    def thread_index(self, name: str) -> ll.Value:
+        raise CodegenError(f"{name} (a GPU thread index) is not available on this back end")
+
+    def barrier(self) -> None:
+        raise CodegenError("barriers exist only on the GPU back end")
+
+    def allocate(self, buffer: Buffer) -> tuple[ll.Value, Callable[[], None] | None]:
+        """Storage for ``buffer``: its pointer and an optional release to run after its scope."""
+        if buffer.scope == "local":
+            return self.alloca(buffer), None
+        raise CodegenError(f"buffer {buffer.name} is in scope {buffer.scope!r}, which this back end cannot allocate")
+
+    def alloca(self, buffer: Buffer) -> ll.Value:
+        """A function-local array (in the entry block, so LLVM promotes it to registers)."""
+        return self.entry_alloca(ll.ArrayType(llvm_type(buffer.dtype), max(1, buffer.size)), buffer.name)
+
+    def entry_alloca(self, ty: ll.Type, name: str) -> ll.Value:
+        """A stack slot of type ``ty`` in the entry block, as an opaque pointer."""
+        slot = self._alloca_builder.alloca(ty, name=_ident(name))
+        slot.align = 64
+        slot.type = ll.PointerType()  # llvmlite would type it; the IR uses opaque pointers
+        return slot
+
+    # ------------------------------------------------------------------ statements
+
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, Seq):
+            for c in s.stmts:
+                self.stmt(c)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, BufferStore):
+            self.store(s)
+        elif isinstance(s, Allocate):
+            ptr, release = self.allocate(s.buffer)
+            self.buffers[s.buffer] = ptr
+            self.stmt(s.body)
+            if release is not None:
+                release()
+        elif isinstance(s, IfThenElse):
+            self.branch(s)
+        elif isinstance(s, LetStmt):
+            self.vars[s.var] = self.expr(s.value) if s.value.dtype != "int32" else self.index(s.value)
+            self.stmt(s.body)
+        elif isinstance(s, AttrStmt):
+            self.stmt(s.body)
+        elif isinstance(s, Evaluate):
+            if isinstance(s.value, Call) and s.value.name == "barrier":
+                self.barrier()
+            else:
+                self.expr(s.value)
+        else:
+            raise CodegenError(f"the {type(self).__name__.replace('Codegen', '')} back end cannot generate "
+                               f"{type(s).__name__} (an IR node of another back end)")
+
+    def branch(self, s: IfThenElse) -> None:
+        cond = self.cond(s.cond)
+        if isinstance(cond.type, ll.VectorType):
+            raise CodegenError(f"condition {s.cond!r} differs between the lanes of a vectorized loop")
+        if s.other is None:
+            with self.builder.if_then(cond):
+                self.stmt(s.then)
+        else:
+            with self.builder.if_else(cond) as (then, other):
+                with then:
+                    self.stmt(s.then)
+                with other:
+                    self.stmt(s.other)
+
+    # ------------------------------------------------------------------ loops
+
+    def loop(self, s: For) -> None:
+        extent = simplify(s.extent)
+        if s.kind is ForKind.PARALLEL:
+            return self.emit_parallel(s)
+        if s.kind is ForKind.THREAD_BINDING:
+            raise CodegenError(f"loop {s.var.name} is bound to {s.thread}; this back end has no thread indices")
+        if s.kind is ForKind.VTHREAD:
+            raise CodegenError(f"loop {s.var.name} is a virtual thread, which only the accelerator back end runs")
+        if s.kind is ForKind.UNROLLED and isinstance(extent, Const) and self.vector is None:
+            return self.unrolled(s, extent.value)
+        if s.kind is ForKind.VECTORIZED and isinstance(extent, Const) and self.vector is None:
+            self._set_range(s.var, extent)
+            ok = self.vectorizable(s)
+            self.ranges.pop(s.var, None)
+            if ok:
+                return self.vectorized(s, extent.value)
+        self.counted_loop(s.var, extent, lambda: self.stmt(s.body))
+
+    def counted_loop(self, var: Var, extent: Expr, body: Callable[[], None], start: ll.Value | None = None,
+                     range_of: Expr | None = None) -> None:
+        """``for var in range(start or 0, extent)`` as an LLVM loop with a 64-bit counter;
+        ``range_of`` bounds the variable for range analysis when ``extent`` is not the bound."""
+        b = self.builder
+        end = self.index(extent)
+        begin = start if start is not None else ll.Constant(I64, 0)
+        pre = b.block
+        header = b.append_basic_block(f"{_ident(var.name)}.header")
+        body_block = b.append_basic_block(f"{_ident(var.name)}.body")
+        exit_block = b.append_basic_block(f"{_ident(var.name)}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        counter = b.phi(I64, name=_ident(var.name))
+        counter.add_incoming(begin, pre)
+        b.cbranch(b.icmp_signed("<", counter, end), body_block, exit_block)
+        b.position_at_end(body_block)
+        self.vars[var] = counter
+        self._set_range(var, extent if range_of is None else range_of)
+        body()
+        step = b.add(counter, ll.Constant(I64, 1), flags=["nsw"])
+        counter.add_incoming(step, b.block)
+        b.branch(header)
+        b.position_at_end(exit_block)
+        self.vars.pop(var, None)
+        self.ranges.pop(var, None)
+
+    def _set_range(self, var: Var, extent: Expr) -> None:
+        try:
+            self.ranges[var] = (Const(0), Const(const_upper_bound(extent) - 1))
+        except ValueError:
+            self.ranges.pop(var, None)
+
+    def unrolled(self, s: For, n: int) -> None:
+        for i in range(n):
+            self.vars[s.var] = ll.Constant(I64, i)
+            self.ranges[s.var] = (Const(i), Const(i))
+            self.stmt(s.body)
+        self.vars.pop(s.var, None)
+        self.ranges.pop(s.var, None)
+
+    def vectorizable(self, s: For) -> bool:
+        """Whether ``s``'s body can run with its variable as a vector: no store that
+        every lane would write to the same place, no branch or loop bound that differs
+        between lanes, no allocation, no nested parallelism."""
+        var = s.var
+        ok = True
+
+        def visit(x: Stmt) -> None:
+            nonlocal ok
+            if isinstance(x, BufferStore):
+                flat = self.flat_index(x.buffer, x.indices)
+                if linear_coefficient(flat, var) == 0 and var not in free_vars(flat) \
+                        and var in free_vars(x.value):
+                    ok = False  # a reduction over the vector lanes
+            elif isinstance(x, IfThenElse) and var in free_vars(x.cond):
+                ok = False
+            elif isinstance(x, For) and (var in free_vars(x.extent) or x.kind in (
+                    ForKind.PARALLEL, ForKind.THREAD_BINDING, ForKind.VTHREAD)):
+                ok = False
+            elif isinstance(x, (Allocate, Evaluate)):
+                ok = False
+        walk(s.body, visit)
+        return ok
+
+    def vectorized(self, s: For, extent: int) -> None:
+        """The body with ``s.var`` a vector of lanes: vectors of a power-of-two width (at
+        most `MAX_VECTOR_LANES`), a loop of them when the extent holds several, then
+        narrower vectors for the rest (a last single lane as a scalar)."""
+        lanes = min(MAX_VECTOR_LANES, 1 << (extent.bit_length() - 1))
+        full = extent // lanes
+        base = Var(f"{s.var.name}.lane0", "int32")
+
+        def emit(width: int) -> None:
+            self.vector = _Vector(s.var, width, base)
+            try:
+                self.stmt(s.body)
+            finally:
+                self.vector = None
+
+        if full == 1:
+            self._bind_constant(base, 0)
+            emit(lanes)
+        else:
+            chunk = Var(f"{s.var.name}.chunk", "int32")
+
+            def body() -> None:
+                self.vars[base] = self.builder.mul(self.vars[chunk], ll.Constant(I64, lanes), flags=["nsw"])
+                self.ranges[base] = (Const(0), Const((full - 1) * lanes))
+                emit(lanes)
+            self.counted_loop(chunk, Const(full), body)
+        start, rest = full * lanes, extent - full * lanes
+        while rest:
+            width = 1 << (rest.bit_length() - 1)
+            if width == 1:
+                self._bind_constant(s.var, start)
+                self.stmt(s.body)
+                self.vars.pop(s.var, None)
+                self.ranges.pop(s.var, None)
+            else:
+                self._bind_constant(base, start)
+                emit(width)
+            start, rest = start + width, rest - width
+        self.vars.pop(base, None)
+        self.ranges.pop(base, None)
+
+    def _bind_constant(self, var: Var, value: int) -> None:
+        self.vars[var] = ll.Constant(I64, value)
+        self.ranges[var] = (Const(value), Const(value))
+
+    # ------------------------------------------------------------------ memory
+
+    def flat_index(self, buffer: Buffer, indices) -> Expr:
+        """The row-major element offset of ``indices`` in ``buffer``."""
+        if len(indices) != len(buffer.shape):
+            raise CodegenError(f"{buffer.name} has {len(buffer.shape)} dimensions, indexed with {len(indices)}")
+        flat: Expr = Const(0)
+        for index, size in zip(indices, buffer.shape):
+            flat = flat * int(size) + index
+        return simplify_in(flat, self._all_ranges())
+
+    def _pointer(self, buffer: Buffer) -> ll.Value:
+        try:
+            return self.buffers[buffer]
+        except KeyError:
+            raise CodegenError(f"buffer {buffer.name} is neither a parameter nor allocated") from None
+
+    def _address(self, buffer: Buffer, flat: ll.Value) -> ll.Value:
+        return self.builder.gep(self._pointer(buffer), [flat], inbounds=True, source_etype=llvm_type(buffer.dtype))
+
+    def _lane_split(self, flat: Expr) -> tuple[str, Expr | None]:
+        """How an access with element offset ``flat`` varies over the vector lanes:
+        ``uniform`` (same for all), ``contiguous`` (consecutive; returns the first
+        lane's offset) or ``gather``."""
+        v = self.vector
+        if v is None or v.var not in free_vars(flat):
+            return "uniform", None
+        if linear_coefficient(flat, v.var) == 1:
+            return "contiguous", simplify(substitute(flat, {v.var: v.base}))
+        return "gather", None
+
+    def _clamped(self, buffer: Buffer, indices) -> tuple[Expr, Expr | None]:
+        """Indices clamped into the buffer, and the in-bounds condition (None: always)."""
+        conds: list[Expr] = []
+        clamped = []
+        for index, size in zip(indices, buffer.shape):
+            try:
+                lo, hi = interval(index, self._all_ranges())
+                inside = isinstance(lo, Const) and isinstance(hi, Const) and lo.value >= 0 and hi.value < size
+            except ValueError:
+                inside = False
+            if inside:
+                clamped.append(index)
+                continue
+            conds.append(And(Cmp("<=", Const(0), index), Cmp("<", index, Const(int(size)))))
+            clamped.append(Min(Max(index, Const(0)), Const(int(size) - 1)))
+        cond = None
+        for c in conds:
+            cond = c if cond is None else And(cond, c)
+        return tuple(clamped), cond
+
+    def _all_ranges(self) -> dict[Var, tuple[Expr, Expr]]:
+        ranges = dict(self.ranges)
+        if self.vector is not None:
+            lo, hi = ranges.get(self.vector.base, (None, None))
+            if lo is not None:
+                ranges[self.vector.var] = (lo, Const(hi.value + self.vector.lanes - 1))
+        return ranges
+
+    def load(self, e: BufferLoad) -> ll.Value:
+        buffer, indices, cond = e.buffer, e.indices, None
+        if e.zero_outside and self.vector is not None:
+            masked = self._masked_load(e)
+            if masked is not None:
+                return masked
+        if e.zero_outside or self._safe_loads:
+            indices, cond = self._clamped(buffer, indices)
+            if not e.zero_outside:
+                cond = None  # clamped only so a select's unused side reads inside the buffer
+        value = self._raw_load(buffer, self.flat_index(buffer, indices))
+        if cond is None:
+            return value
+        inside = self.cond(cond)
+        zero = ll.Constant(value.type, None)
+        if isinstance(inside.type, ll.VectorType) and not isinstance(value.type, ll.VectorType):
+            value = self.broadcast(value, inside.type.count)
+            zero = ll.Constant(value.type, None)
+        elif isinstance(value.type, ll.VectorType) and not isinstance(inside.type, ll.VectorType):
+            inside = self.broadcast(inside, value.type.count)
+        return self.builder.select(inside, value, zero)
+
+    def _masked_load(self, e: BufferLoad) -> ll.Value | None:
+        """A zero-padded read whose lanes are consecutive elements: one masked vector
+        load, lanes outside the buffer disabled (they read nothing and give 0)."""
+        flat = self.flat_index(e.buffer, e.indices)
+        kind, first = self._lane_split(flat)
+        if kind != "contiguous":
+            return None
+        _, cond = self._clamped(e.buffer, e.indices)
+        if cond is None:
+            return self._raw_load(e.buffer, flat)
+        mask = self.cond(cond)
+        lanes = self.vector.lanes
+        if not isinstance(mask.type, ll.VectorType):
+            mask = self.broadcast(mask, lanes)
+        elem = llvm_type(e.buffer.dtype)
+        vec = ll.VectorType(elem, lanes)
+        space = self._addrspace(e.buffer)
+        # No inbounds: the first lane's address may lie before the buffer (its lane is off).
+        address = self.builder.gep(self._pointer(e.buffer), [self.index(first)], source_etype=elem)
+        load = self.intrinsic(f"llvm.masked.load.v{lanes}{_suffix(elem)}.p{space}", vec,
+                              [self.ptr_type(space), I32, ll.VectorType(I1, lanes), vec])
+        align = max(1, bits(e.buffer.dtype) // 8)
+        return self.builder.call(load, [address, ll.Constant(I32, align), mask, ll.Constant(vec, None)])
+
+    def _raw_load(self, buffer: Buffer, flat: Expr) -> ll.Value:
+        elem = llvm_type(buffer.dtype)
+        kind, first = self._lane_split(flat)
+        align = max(1, bits(buffer.dtype) // 8)
+        if kind == "uniform":
+            return self.builder.load(self._address(buffer, self.index(flat)), typ=elem, align=align)
+        lanes = self.vector.lanes
+        if kind == "contiguous":
+            return self.builder.load(self._address(buffer, self.index(first)), typ=ll.VectorType(elem, lanes),
+                                     align=align)
+        offsets = self.index(flat)
+        ptrs = self.builder.gep(self._pointer(buffer), [offsets], inbounds=True, source_etype=elem)
+        ptrs.type = ll.VectorType(self._pointer(buffer).type, lanes)  # a vector of addresses
+        vec = ll.VectorType(elem, lanes)
+        gather = self.intrinsic(f"llvm.masked.gather.v{lanes}{_suffix(elem)}.v{lanes}p{self._addrspace(buffer)}",
+                                vec, [ll.VectorType(self.ptr_type(self._addrspace(buffer)), lanes), I32,
+                                      ll.VectorType(I1, lanes), vec])
+        mask = ll.Constant(ll.VectorType(I1, lanes), [1] * lanes)
+        return self.builder.call(gather, [ptrs, ll.Constant(I32, align), mask, ll.Constant(vec, None)])
+
+    def _addrspace(self, buffer: Buffer) -> int:
+        return self._pointer(buffer).type.addrspace
+
+    def store(self, s: BufferStore) -> None:
+        flat = self.flat_index(s.buffer, s.indices)
+        value = self.expr(s.value)
+        kind, first = self._lane_split(flat)
+        align = max(1, bits(s.buffer.dtype) // 8)
+        if kind == "uniform":
+            if isinstance(value.type, ll.VectorType):  # every lane stores the same place: keep the last
+                value = self.builder.extract_element(value, ll.Constant(I32, value.type.count - 1))
+            self.builder.store(value, self._address(s.buffer, self.index(flat)), align=align)
+            return
+        lanes = self.vector.lanes
+        if not isinstance(value.type, ll.VectorType):
+            value = self.broadcast(value, lanes)
+        if kind == "contiguous":
+            self.builder.store(value, self._address(s.buffer, self.index(first)), align=align)
+            return
+        offsets = self.index(flat)
+        for lane in range(lanes):
+            at = self.builder.extract_element(offsets, ll.Constant(I32, lane))
+            self.builder.store(self.builder.extract_element(value, ll.Constant(I32, lane)),
+                               self._address(s.buffer, at), align=align)
+
+    # ------------------------------------------------------------------ expressions: helpers
+
+    def intrinsic(self, name: str, ret: ll.Type, args: list[ll.Type]) -> ll.Function:
+        fn = self._intrinsics.get(name)
+        if fn is None:
+            fn = self.module.globals.get(name)
+            if fn is None:
+                fn = ll.Function(self.module, ll.FunctionType(ret, args), name)
+            self._intrinsics[name] = fn
+        return fn
+
+    def broadcast(self, value: ll.Value, lanes: int) -> ll.Value:
+        if isinstance(value, ll.Constant) and not isinstance(value.type, ll.VectorType):
+            return ll.Constant(ll.VectorType(value.type, lanes), [value.constant] * lanes)
+        b = self.builder
+        vec = ll.VectorType(value.type, lanes)
+        one = b.insert_element(ll.Constant(vec, ll.Undefined), value, ll.Constant(I32, 0))
+        return b.shuffle_vector(one, ll.Constant(vec, ll.Undefined), ll.Constant(ll.VectorType(I32, lanes),
+                                                                                   [0] * lanes))
+
+    def _match(self, a: ll.Value, b: ll.Value) -> tuple[ll.Value, ll.Value]:
+        """Broadcast a scalar operand to the other's vector width."""
+        va, vb = isinstance(a.type, ll.VectorType), isinstance(b.type, ll.VectorType)
+        if va and not vb:
+            b = self.broadcast(b, a.type.count)
+        elif vb and not va:
+            a = self.broadcast(a, b.type.count)
+        return a, b
+
+    def _vector_var(self) -> ll.Value:
+        v = self.vector
+        base = self.broadcast(self.vars[v.base], v.lanes)
+        ramp = ll.Constant(ll.VectorType(I64, v.lanes), list(range(v.lanes)))
+        return self.builder.add(base, ramp, flags=["nsw"])
+
+    def _call_intrinsic(self, base: str, value_type: ll.Type, args: list[ll.Value]) -> ll.Value:
+        fn = self.intrinsic(f"{base}.{_suffix(value_type)}", value_type, [value_type] * len(args))
+        return self.builder.call(fn, args)
+
+    # ------------------------------------------------------------------ expressions: indices (i64)
+
+    def index(self, e: Expr) -> ll.Value:
+        """An integer expression as 64-bit values (scalar or vector): addresses, bounds."""
+        if isinstance(e, Const):
+            return ll.Constant(I64, int(e.value))
+        if isinstance(e, Var):
+            if self.vector is not None and e is self.vector.var:
+                return self._vector_var()
+            value = self._var(e)
+            if value.type == I64 or (isinstance(value.type, ll.VectorType) and value.type.element == I64):
+                return value
+            return self._extend(value, e.dtype, I64)
+        if isinstance(e, (Add, Sub, Mul)) and is_int(e.dtype):
+            a, b = self._match(self.index(e.a), self.index(e.b))
+            op = {Add: self.builder.add, Sub: self.builder.sub, Mul: self.builder.mul}[type(e)]
+            return op(a, b, flags=["nsw"])
+        if isinstance(e, (FloorDiv, FloorMod)):
+            return self._floor_divmod(e, self.index(e.a), self.index(e.b), I64, True)
+        if isinstance(e, (Min, Max)) and is_int(e.dtype):
+            a, b = self._match(self.index(e.a), self.index(e.b))
+            return self._call_intrinsic("llvm.smin" if isinstance(e, Min) else "llvm.smax", a.type, [a, b])
+        if isinstance(e, Select):
+            cond = self.cond(e.cond)
+            a, b = self._match(self.index(e.then), self.index(e.other))
+            cond, a = self._match(cond, a)
+            a, b = self._match(a, b)
+            return self.builder.select(cond, a, b)
+        if isinstance(e, Cast) and is_int(e.value.dtype) and is_int(e.to) and bits(e.to) >= 32:
+            return self.index(e.value)
+        value = self.expr(e)
+        if not is_int(e.dtype) and e.dtype != "bool":
+            raise CodegenError(f"index {e!r} is {e.dtype}, not an integer")
+        return self._extend(value, e.dtype, I64)
+
+    def _extend(self, value: ll.Value, dtype: str, to: ll.IntType) -> ll.Value:
+        target = ll.VectorType(to, value.type.count) if isinstance(value.type, ll.VectorType) else to
+        width = value.type.element.width if isinstance(value.type, ll.VectorType) else value.type.width
+        if width == to.width:
+            return value
+        if width > to.width:
+            return self.builder.trunc(value, target)
+        return self.builder.sext(value, target) if is_signed(dtype) else self.builder.zext(value, target)
+
+    def _var(self, v: Var) -> ll.Value:
+        try:
+            return self.vars[v]
+        except KeyError:
+            raise CodegenError(f"variable {v.name} is used outside the loops that define it") from None
+
+    def _nonnegative(self, e: Expr) -> bool:
+        try:
+            lo, _ = interval(e, self._all_ranges())
+        except ValueError:
+            return False
+        return isinstance(lo, Const) and lo.value >= 0
+
+    def _floor_divmod(self, e: Expr, a: ll.Value, b: ll.Value, ty: ll.IntType, signed: bool) -> ll.Value:
+        """Floor division or modulo (the IR's ``//`` and ``%``): the remainder takes
+        the divisor's sign. Non-negative operands (known from loop ranges) need no fix-up."""
+        builder = self.builder
+        a, b = self._match(a, b)
+        div = isinstance(e, FloorDiv)
+        if not signed or (self._nonnegative(e.a) and self._nonnegative(e.b)):
+            return builder.udiv(a, b) if div else builder.urem(a, b)
+        q, r = builder.sdiv(a, b), builder.srem(a, b)
+        zero = ll.Constant(a.type, None)
+        # r != 0 and sign(r) != sign(b): adjust toward -infinity.
+        fix = builder.and_(builder.icmp_signed("!=", r, zero),
+                           builder.icmp_signed("!=", builder.icmp_signed("<", r, zero),
+                                               builder.icmp_signed("<", b, zero)))
+        if div:
+            return builder.sub(q, builder.zext(fix, a.type))
+        return builder.select(fix, builder.add(r, b), r)
+
+    # ------------------------------------------------------------------ expressions: values
+
+    def cond(self, e: Expr) -> ll.Value:
+        """A truth value (i1 or a vector of i1)."""
+        value = self.expr(e) if e.dtype != "int32" else self.index(e)
+        width = value.type.element.width if isinstance(value.type, ll.VectorType) else value.type.width
+        if isinstance(value.type, (ll.IntType, ll.VectorType)) and width == 1:
+            return value
+        return self.builder.icmp_unsigned("!=", value, ll.Constant(value.type, None))
+
+    def expr(self, e: Expr) -> ll.Value:
+        b = self.builder
+        if isinstance(e, Const):
+            return ll.Constant(llvm_type(e.dtype), e.value if is_float(e.dtype) else int(e.value))
+        if isinstance(e, Var):
+            return self._extend(self.index(e), "int64", llvm_type(e.dtype)) if is_int(e.dtype) else self._var(e)
+        if isinstance(e, BufferLoad):
+            return self.load(e)
+        if isinstance(e, Cmp):
+            if is_int(e.a.dtype) and e.a.dtype == "int32":
+                x, y = self._match(self.index(e.a), self.index(e.b))
+                return b.icmp_signed(e.op, x, y)
+            x, y = self._match(self.expr(e.a), self.expr(e.b))
+            if is_float(e.a.dtype):
+                return b.fcmp_ordered(e.op, x, y) if e.op != "!=" else b.fcmp_unordered("!=", x, y)
+            return b.icmp_signed(e.op, x, y) if is_signed(e.a.dtype) else b.icmp_unsigned(e.op, x, y)
+        if isinstance(e, (And, Or)):
+            x, y = self._match(self.cond(e.a), self.cond(e.b))
+            return b.and_(x, y) if isinstance(e, And) else b.or_(x, y)
+        if isinstance(e, Not):
+            x = self.cond(e.value)
+            return b.xor(x, ll.Constant(x.type, [1] * x.type.count) if isinstance(x.type, ll.VectorType)
+                         else ll.Constant(I1, 1))
+        if isinstance(e, Select):
+            cond = self.cond(e.cond)
+            self._safe_loads += 1
+            try:
+                x, y = self._match(self.expr(e.then), self.expr(e.other))
+            finally:
+                self._safe_loads -= 1
+            cond, x = self._match(cond, x)
+            x, y = self._match(x, y)
+            return b.select(cond, x, y)
+        if isinstance(e, Cast):
+            return self.cast(self.expr(e.value), e.value.dtype, e.to)
+        if isinstance(e, BinOp):
+            return self.binary(e)
+        if isinstance(e, Call):
+            return self.call(e)
+        if isinstance(e, Reduce):
+            raise CodegenError("a reduction survived lowering")
+        raise CodegenError(f"cannot generate code for {type(e).__name__}")
+
+    def binary(self, e: BinOp) -> ll.Value:
+        b = self.builder
+        dtype = e.dtype
+        if isinstance(e, Shr):
+            return self.shift(e)
+        x, y = self._match(self.expr(e.a), self.expr(e.b))
+        if is_float(dtype):
+            if isinstance(e, (Add, Sub, Mul, Div)):
+                op = {Add: b.fadd, Sub: b.fsub, Mul: b.fmul, Div: b.fdiv}[type(e)]
+                return op(x, y, flags=FAST_MATH)
+            if isinstance(e, (Min, Max)):
+                return self._call_intrinsic("llvm.minnum" if isinstance(e, Min) else "llvm.maxnum", x.type, [x, y])
+        elif is_int(dtype):
+            signed = is_signed(dtype)
+            if isinstance(e, (Add, Sub, Mul)):
+                return {Add: b.add, Sub: b.sub, Mul: b.mul}[type(e)](x, y)
+            if isinstance(e, (FloorDiv, FloorMod)):
+                return self._floor_divmod(e, x, y, x.type, signed)
+            if isinstance(e, (Min, Max)):
+                name = ("llvm.smin" if isinstance(e, Min) else "llvm.smax") if signed else \
+                    ("llvm.umin" if isinstance(e, Min) else "llvm.umax")
+                return self._call_intrinsic(name, x.type, [x, y])
+        raise CodegenError(f"cannot generate {type(e).__name__} on {dtype}")
+
+    def shift(self, e: Shr) -> ll.Value:
+        """``a >> b``, arithmetic; a negative ``b`` shifts left; amounts past the width
+        give the sign fill (right) or zero (left), never LLVM's poison."""
+        b = self.builder
+        x = self.expr(e.a)
+        width = bits(e.dtype)
+        amount = simplify(e.b)
+        right = b.ashr if is_signed(e.dtype) else b.lshr
+        if isinstance(amount, Const):
+            n = amount.value
+            ty = x.type
+            if n >= 0:
+                return right(x, ll.Constant(ty, min(n, width - 1)) if not isinstance(ty, ll.VectorType) else
+                             self.broadcast(ll.Constant(ty.element, min(n, width - 1)), ty.count))
+            if -n >= width:
+                return ll.Constant(ty, None)
+            k = ll.Constant(ty, -n) if not isinstance(ty, ll.VectorType) else \
+                self.broadcast(ll.Constant(ty.element, -n), ty.count)
+            return b.shl(x, k)
+        y = self.cast(self.expr(e.b), e.b.dtype, e.dtype)
+        x, y = self._match(x, y)
+        zero = ll.Constant(y.type, None)
+        top = ll.Constant(y.type, width - 1) if not isinstance(y.type, ll.VectorType) else \
+            self.broadcast(ll.Constant(y.type.element, width - 1), y.type.count)
+        neg = b.icmp_signed("<", y, zero)
+        mag = b.select(neg, b.sub(zero, y), y)
+        clamped = self._call_intrinsic("llvm.umin", y.type, [mag, top])
+        left = b.select(b.icmp_unsigned(">", mag, top), ll.Constant(x.type, None), b.shl(x, clamped))
+        return b.select(neg, left, right(x, clamped))
+
+    def cast(self, value: ll.Value, src: str, dst: str) -> ll.Value:
+        if src == dst:
+            return value
+        b = self.builder
+        vec = value.type.count if isinstance(value.type, ll.VectorType) else None
+        target = llvm_type(dst)
+        ty = ll.VectorType(target, vec) if vec else target
+        if dst == "bool":
+            return b.icmp_unsigned("!=", value, ll.Constant(value.type, None)) if is_int(src) else \
+                b.fcmp_unordered("!=", value, ll.Constant(value.type, None))
+        if src == "bool":
+            return b.zext(value, ty) if is_int(dst) else b.uitofp(value, ty)
+        if is_int(src) and is_int(dst):
+            return self._extend(value, src, target)
+        if is_int(src) and is_float(dst):
+            return b.sitofp(value, ty) if is_signed(src) else b.uitofp(value, ty)
+        if is_float(src) and is_int(dst):
+            name = "llvm.fptosi.sat" if is_signed(dst) else "llvm.fptoui.sat"
+            fn = self.intrinsic(f"{name}.{_suffix(ty)}.{_suffix(value.type)}", ty, [value.type])
+            return b.call(fn, [value])
+        if is_float(src) and is_float(dst):
+            return b.fpext(value, ty) if bits(dst) > bits(src) else b.fptrunc(value, ty)
+        raise CodegenError(f"cannot convert {src} to {dst}")
+
+    def call(self, e: Call) -> ll.Value:
+        if e.name in ("exp", "log", "sqrt", "fabs"):
+            x = self.expr(e.args[0])
+            return self._call_intrinsic(f"llvm.{e.name}", x.type, [x])
+        if e.name == "fma":
+            args = [self.expr(a) for a in e.args]
+            lanes = max((a.type.count for a in args if isinstance(a.type, ll.VectorType)), default=None)
+            if lanes:
+                args = [a if isinstance(a.type, ll.VectorType) else self.broadcast(a, lanes) for a in args]
+            return self._call_intrinsic("llvm.fma", args[0].type, args)
+        if e.name == "tanh":
+            return self.tanh(self.expr(e.args[0]))
+        if e.name.startswith(("threadIdx.", "blockIdx.")):
+            return self.thread_index(e.name)
+        raise CodegenError(f"intrinsic {e.name} is not available on this back end")
+
+    def tanh(self, x: ll.Value) -> ll.Value:
+        """tanh(x) = 1 − 2 / (exp(2x) + 1), exact to float rounding and free of libm calls."""
+        b = self.builder
+        ty = x.type
+        one = ll.Constant(ty, 1.0) if not isinstance(ty, ll.VectorType) else \
+            self.broadcast(ll.Constant(ty.element, 1.0), ty.count)
+        two = ll.Constant(ty, 2.0) if not isinstance(ty, ll.VectorType) else \
+            self.broadcast(ll.Constant(ty.element, 2.0), ty.count)
+        e2 = self._call_intrinsic("llvm.exp", ty, [b.fmul(x, two, flags=FAST_MATH)])
+        return b.fsub(one, b.fdiv(two, b.fadd(e2, one, flags=FAST_MATH), flags=FAST_MATH), flags=FAST_MATH)
+
+
+def _suffix(ty: ll.Type) -> str:
+    """LLVM's overload suffix of a type (``f32``, ``i64``, ``v16f32``)."""
+    if isinstance(ty, ll.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
+    if isinstance(ty, ll.FloatType):
+        return "f32"
+    if isinstance(ty, ll.DoubleType):
+        return "f64"
+    if isinstance(ty, ll.IntType):
+        return f"i{ty.width}"
+    raise CodegenError(f"no intrinsic suffix for {ty}")
+
+
+def _ident(name: str) -> str:
+    """A readable LLVM value name from an IR name."""
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)

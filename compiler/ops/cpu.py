@@ -1,0 +1,186 @@
+"""Default CPU schedules: register-blocked, vectorized, parallel.
+
+Matrix products (dense, and conv2d as im2col products) compute output tiles
+of ``mb`` rows × ``nb`` columns in registers: the accumulator tile is a
+``local`` array whose row loop is unrolled and whose column loop is unrolled
+by vectors and vectorized, so after LLVM's scalar replacement each
+accumulator is one vector register; the reduction loop runs outside them, so
+each step loads ``nb / lanes`` vectors of the packed right operand and
+broadcasts ``mb`` scalars of the left one (the BLIS micro-kernel shape).
+Tiles run in parallel, column panels outermost so consecutive tiles of a
+thread reuse the panel from cache. `plan_tile` picks ``mb`` × ``nb`` for the
+vector width and the output's shape.
+
+Element-wise operators, pooling and softmax parallelize their outer axes
+and vectorize the innermost one.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Schedule
+from ..te import Tensor
+
+__all__ = ["vector_lanes", "plan_tile", "schedule_matmul", "schedule_panels", "schedule_im2col",
+           "schedule_flat_image", "schedule_elementwise",
+           "schedule_pool", "schedule_softmax", "MAX_ACCUMULATORS"]
+
+#: Accumulator vector registers a micro-kernel may use (AVX-512 has 32; the rest
+#: hold the right operand's vectors and the broadcast).
+MAX_ACCUMULATORS = 24
+
+
+def vector_lanes(vector_bits: int, dtype_bits: int = 32) -> int:
+    """Lanes of one vector register for elements of ``dtype_bits``."""
+    return max(1, vector_bits // dtype_bits)
+
+
+def plan_tile(rows: int, cols: int, lanes: int) -> tuple[int, int]:
+    """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
+    output of ``rows`` × ``cols``, minimizing an estimate of the micro-kernel's time.
+
+    Columns are padded to ``nb`` (the padding is computed and dropped). Rows are not:
+    a last, partial row tile runs the general code, about three times slower per
+    row. A tile needs about 12 accumulators to hide the FMA latency, and at most
+    `MAX_ACCUMULATORS` fit the registers; among equal estimates the larger tile wins."""
+    best = None
+    for vectors in (4, 3, 2, 1):
+        nb = vectors * lanes
+        padded_cols = -(-cols // nb) * nb
+        for mb in range(1, min(16, rows) + 1):
+            accumulators = mb * vectors
+            if accumulators > MAX_ACCUMULATORS:
+                break
+            full, rest = divmod(rows, mb)
+            row_cost = full * mb + 3 * rest
+            efficiency = min(1.0, accumulators / 12)
+            key = (row_cost * padded_cols / efficiency, -accumulators, -nb)
+            if best is None or key < best[0]:
+                best = (key, mb, nb)
+    return best[1], best[2]
+
+
+def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, lanes: int,
+                    inline: list[Tensor] = (), taps: tuple[int, int] | None = None) -> None:
+    """Register-blocked matrix product: ``out``'s last two axes are rows × columns (any
+    axes before them are batch axes), ``acc`` the reduction ``out`` reads element-wise.
+    With ``taps`` = (KH, KW) the reduction (a convolution's channels × kernel taps)
+    is split into its three loops, so the operands' indices are affine in each."""
+    for t in inline:
+        s[t].compute_inline()
+    so = s[out]
+    *batch, rows, cols = so.leaf
+    ro, co, ri, ci = so.tile(rows, cols, mb, nb)
+    so.reorder(*batch, co, ro, ri, ci)
+    outer = [*batch, co, ro]
+    tile = outer[0]
+    for axis in outer[1:]:
+        tile = so.fuse(tile, axis)
+    so.parallel(tile)
+    so.vectorize(ci)
+    sa = s[acc]
+    sa.set_scope("local")
+    sa.compute_at(so, tile)
+    *abatch, arow, acol, red = sa.leaf
+    cvo, cvi = sa.split(acol, lanes)
+    reduction = [red]
+    if taps is not None:
+        rest, rkw = sa.split(red, taps[1])
+        rc, rkh = sa.split(rest, taps[0])
+        reduction = [rc, rkh, rkw]
+    sa.reorder(*abatch, *reduction, arow, cvo, cvi)
+    sa.unroll(arow)
+    sa.unroll(cvo)
+    sa.vectorize(cvi)
+
+
+def schedule_panels(s: Schedule, packed: Tensor) -> None:
+    """A weight-packing stage ``(panels, K, panel)``: panels in parallel, each row vectorized."""
+    sp = s[packed]
+    o, r, i = sp.leaf
+    sp.parallel(o)
+    sp.vectorize(i)
+
+
+def schedule_im2col(s: Schedule, col: Tensor, kernel: tuple[int, int], out_width: int) -> None:
+    """The im2col packing stage: loops over (batch, group, channel, kernel row, kernel
+    column) in parallel, then output rows and columns, columns vectorized."""
+    sc = s[col]
+    b, g, r, q = sc.leaf
+    kh, kw = kernel
+    r1, rkw = sc.split(r, kw)
+    rc, rkh = sc.split(r1, kh)
+    y, x = sc.split(q, out_width)
+    outer = sc.fuse(sc.fuse(sc.fuse(sc.fuse(b, g), rc), rkh), rkw)
+    sc.parallel(outer)
+    sc.vectorize(x)
+
+
+def schedule_flat_image(s: Schedule, flat: Tensor, pitch: int) -> None:
+    """The row-by-row copy of a padded image (`nn.conv2d_te`'s ``shifted`` method):
+    images and channels in parallel, each row vectorized."""
+    sf = s[flat]
+    b, c, f = sf.leaf
+    row, col = sf.split(f, pitch)
+    sf.parallel(sf.fuse(b, c))
+    sf.vectorize(col)
+
+
+def schedule_elementwise(s: Schedule, out: Tensor, inline: list[Tensor] = ()) -> None:
+    """Outer axes fused and parallel, the innermost vectorized (a 1-D tensor is cut
+    into parallel chunks)."""
+    for t in inline:
+        s[t].compute_inline()
+    so = s[out]
+    axes = list(so.leaf)
+    if len(axes) == 1:
+        outer, inner = so.split(axes[0], 4096)
+        so.parallel(outer)
+        so.vectorize(inner)
+        return
+    outer = axes[0]
+    for axis in axes[1:-1]:
+        outer = so.fuse(outer, axis)
+    so.parallel(outer)
+    so.vectorize(axes[-1])
+
+
+def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
+    """Pooling: (batch, channel) fused and parallel, one output row at a time with its
+    window loops outside the vectorized output columns."""
+    out = tensors["out"]
+    if tensors.get("xp") is not None and tensors["xp"] is not tensors["x"]:
+        s[tensors["xp"]].compute_inline()
+    so = s[out]
+    if kind == "max":
+        n, c, y, x, rh, rw = so.leaf
+        nc = so.fuse(n, c)
+        so.reorder(nc, y, rh, rw, x)
+        so.parallel(nc)
+        so.vectorize(x)
+        return
+    n, c, y, x = so.leaf
+    nc = so.fuse(n, c)
+    so.parallel(nc)
+    so.vectorize(x)
+    total = s[tensors["sum"]]
+    total.set_scope("local")
+    total.compute_at(so, y)
+    tn, tc, ty, tx, rh, rw = total.leaf
+    total.reorder(tn, tc, ty, rh, rw, tx)
+    total.vectorize(tx)
+
+
+def schedule_softmax(s: Schedule, tensors: dict[str, Tensor]) -> None:
+    """Rows in parallel; per row the maximum, the exponentials, their sum and the
+    quotients, the element loops vectorized."""
+    out = s[tensors["out"]]
+    row, col = out.leaf
+    out.parallel(row)
+    out.vectorize(col)
+    for name in ("max", "exp", "sum"):
+        stage = s[tensors[name]]
+        stage.set_scope("local")
+        stage.compute_at(out, row)
+    exp = s[tensors["exp"]]
+    exp.vectorize(exp.leaf[-1])
+

@@ -1,0 +1,308 @@
+"""Operators on the host targets — the CPU and GPU back ends — with numpy layouts in and out.
+
+Each ``compile_*`` builds the operator's tensor expression (`nn`), applies the
+target's default schedule (`cpu` or `gpu`), builds the kernel and returns a
+`CompiledOp` whose ``pack``/``unpack`` only reshape and pad (NCHW stays NCHW).
+The data type of the operands picks the arithmetic: int8 operands accumulate
+in int32 and end with the accelerator's requantizing `Epilogue`, bit for bit;
+float32 operands compute in float32 (bias, ReLU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..pipeline import build
+from ..schedule import create_schedule
+from ..target import Target
+from . import cpu as cpu_schedules
+from .common import CompiledOp, Epilogue, OpError, out_size
+from .nn import (
+    ELEMENTWISE_OPS, accumulator_dtype, conv2d_method, conv2d_te, dense_te, elementwise_te, pool2d_te, softmax_te,
+)
+
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_pool2d", "compile_softmax",
+           "HOST_DTYPES"]
+
+#: Operand types of the host operators.
+HOST_DTYPES = ("int8", "float32")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise OpError(f"{name} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def _check_dtype(dtype: str, allowed=HOST_DTYPES) -> str:
+    if dtype not in allowed:
+        raise OpError(f"data type {dtype!r} is not supported here; choose {' or '.join(allowed)}")
+    return dtype
+
+
+def _epilogue(dtype: str, bias: bool, shift: int | None, relu: bool) -> Epilogue:
+    if shift is not None and dtype != "int8":
+        raise OpError("--shift (requantization) applies to int8 operands; float32 results are not shifted")
+    return Epilogue(bias, shift, relu)
+
+
+def _array(value: Any, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise OpError(f"{name} must be a numpy array, not {type(value).__name__}")
+    if value.dtype != np.dtype(dtype):
+        raise OpError(f"{name} must be {dtype}, not {value.dtype}")
+    if tuple(value.shape) != tuple(shape):
+        raise OpError(f"{name} must have shape {list(shape)}, not {list(value.shape)}")
+    return np.ascontiguousarray(value)
+
+
+def _bias(bias, epilogue: Epilogue, dtype: str, count: int, padded: int, op: str) -> dict[str, np.ndarray]:
+    if not epilogue.bias:
+        if bias is not None:
+            raise OpError(f"{op} was compiled without bias")
+        return {}
+    if bias is None:
+        raise OpError(f"{op} was compiled with a bias; give one")
+    acc = accumulator_dtype(dtype)
+    b = _array(bias, "bias", acc, (count,))
+    if padded != count:
+        b = np.concatenate([b, np.zeros(padded - count, b.dtype)])
+    return {"bias": b}
+
+
+def _lanes(target: Target) -> int:
+    from ..backends.cpu import vector_bits
+    return cpu_schedules.vector_lanes(vector_bits(target), 32)
+
+
+def _host(target: Target) -> None:
+    if target.kind not in ("cpu", "gpu"):
+        raise OpError(f"host operators compile for cpu or gpu, not {target.kind}")
+
+
+def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8", bias: bool = False,
+                  shift: int | None = None, relu: bool = False) -> CompiledOp:
+    """``(M×K) @ (K×N)`` (+ bias, >> shift and clip to int8, or ReLU).
+
+    Inputs: ``a`` (M, K) and ``b`` (K, N) of ``dtype``, with ``bias`` an (N,) int32 or
+    float32 ``bias``. Output: (M, N), int8 with ``shift``, else int32 or float32."""
+    _host(target)
+    m, k, n = _positive("dense M", m), _positive("dense K", k), _positive("dense N", n)
+    dtype = _check_dtype(dtype)
+    epi = _epilogue(dtype, bias, shift, relu)
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        t, s, plan = gpu_schedules.dense(m, k, n, dtype, epi)
+    else:
+        lanes = _lanes(target)
+        mb, nb = cpu_schedules.plan_tile(m, n, lanes)
+        t = dense_te(m, k, n, dtype, epi, panel=nb)
+        s = create_schedule(t["out"])
+        inline = [t["w.pad"]] if t["w.pad"] is not t["w"] else []
+        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline)
+        cpu_schedules.schedule_panels(s, t["wp"])
+        plan = {"mb": mb, "nb": nb, "lanes": lanes}
+    m_pad, n_pad = t["out"].shape
+    bias_len = t["bias"].shape[0] if bias else n
+    names = ["a", "w"] + (["bias"] if bias else [])
+    kernel = build(s, target, [t[x] for x in names] + [t["out"]], name="dense")
+
+    def pack(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != (m, k) or b.shape != (k, n):
+            raise OpError(f"dense was compiled for A{[m, k]} @ B{[k, n]}, not A{list(np.shape(a))} @ "
+                          f"B{list(np.shape(b))}")
+        return {"a": _array(a, "A", dtype, (m, k)), "w": _array(b, "B", dtype, (k, n)),
+                **_bias(bias, epi, dtype, n, bias_len, "dense")}
+
+    def unpack(out: np.ndarray) -> np.ndarray:
+        return out if (m_pad, n_pad) == (m, n) else np.ascontiguousarray(out[:m, :n])
+
+    return CompiledOp("dense", kernel, names, "out", pack, unpack, plan=dict(plan, dtype=dtype))
+
+
+def _conv_args(shape, weight, stride, padding, groups):
+    if len(shape) != 4 or len(weight) != 4:
+        raise OpError(f"conv2d needs an NCHW input and an OIHW weight shape, not {shape} and {weight}")
+    n, c, h, w = (_positive("conv2d input dimension", v) for v in shape)
+    o, cg, kh, kw = (_positive("conv2d weight dimension", v) for v in weight)
+    stride = _positive("stride", stride)
+    groups = _positive("groups", groups)
+    if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
+        raise OpError(f"padding must be a non-negative integer, not {padding!r}")
+    if c % groups or o % groups:
+        raise OpError(f"groups ({groups}) must divide the input channels ({c}) and the output channels ({o})")
+    if cg != c // groups:
+        raise OpError(f"with {groups} group(s) the weight takes {c // groups} input channels per group, not {cg}")
+    oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
+    if oh < 1 or ow < 1:
+        raise OpError(f"a {kh}x{kw} kernel with padding {padding} does not fit a {h}x{w} input")
+    return (n, c, h, w), (o, cg, kh, kw), stride, int(padding), groups, oh, ow
+
+
+def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
+                   dtype: str = "int8", bias: bool = False, shift: int | None = None,
+                   relu: bool = False) -> CompiledOp:
+    """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
+    zero padding, with the fused epilogue. Output NCHW."""
+    _host(target)
+    shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
+    dtype = _check_dtype(dtype)
+    epi = _epilogue(dtype, bias, shift, relu)
+    n, c, h, w = shape
+    o, cg, kh, kw = weight
+    pixels = oh * ow
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
+    else:
+        lanes = _lanes(target)
+        pitch = w + 2 * padding if conv2d_method((kh, kw), stride, padding) == "shifted" else ow
+        mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes)
+        t = conv2d_te(shape, weight, stride, padding, groups, dtype, epi, panel=nb)
+        s = create_schedule(t["out"])
+        inline = [t["xp"]] if "xp" in t and t["xp"] is not t["x"] else []
+        taps = (kh, kw) if t["layout"].method == "shifted" else None
+        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline, taps=taps)
+        if "col" in t:
+            cpu_schedules.schedule_im2col(s, t["col"], (kh, kw), ow)
+        if "flat" in t:
+            cpu_schedules.schedule_flat_image(s, t["flat"], t["layout"].pitch)
+        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": t["layout"].method}
+    o_pad, p_pad = t["out"].shape[1:]
+    pitch = t["layout"].pitch
+    bias_len = t["bias"].shape[0] if bias else o
+    x_shape = t["x"].shape
+    names = ["x", "w"] + (["bias"] if bias else [])
+    kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
+
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) or tuple(x.shape) != shape \
+                or tuple(w.shape) != weight:
+            raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
+                          f"{list(np.shape(x))} and {list(np.shape(w))}")
+        return {"x": _array(x, "input", dtype, shape).reshape(x_shape),
+                "w": _array(w, "weight", dtype, weight).reshape(o, cg * kh * kw),
+                **_bias(bias, epi, dtype, o, bias_len, "conv2d")}
+
+    def unpack(out: np.ndarray) -> np.ndarray:
+        if (o_pad, p_pad) == (o, pixels):
+            return out.reshape(n, o, oh, ow)
+        rows = out[:, :o, :oh * pitch].reshape(n, o, oh, pitch)
+        return np.ascontiguousarray(rows[..., :ow])
+
+    return CompiledOp("conv2d", kernel, names, "out", pack, unpack,
+                      plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
+
+
+def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
+                        shift: int | None = None, relu: bool = False, lo=None, hi=None) -> CompiledOp:
+    """``add``/``mul`` (``y`` broadcast to ``x``), ``relu``, ``clip`` on a tensor of any rank.
+
+    Integer operands (int8, or int32 accumulators as the accelerator's element-wise
+    operators take) compute in int32 and end with the epilogue (``shift``: int8)."""
+    _host(target)
+    if op not in ELEMENTWISE_OPS:
+        raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
+    shape = tuple(_positive("element-wise dimension", v) for v in shape)
+    if not shape:
+        raise OpError("element-wise operators need a tensor of rank 1 or more")
+    dtype = _check_dtype(dtype, ("int8", "int32", "float32"))
+    if op in ("add", "mul"):
+        y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)
+        if len(y_shape) > len(shape) or any(d not in (1, s) for d, s in zip(y_shape, shape[len(shape) - len(y_shape):])):
+            raise OpError(f"y of shape {list(y_shape)} does not broadcast to x's shape {list(shape)}")
+    elif shift is not None or y_shape is not None:
+        raise OpError(f"{op} takes one input and no shift")
+    if op == "clip":
+        if lo is None or hi is None or lo > hi:
+            raise OpError(f"clip needs bounds lo ≤ hi, not {lo!r} and {hi!r}")
+        if dtype != "float32":
+            lo_t, hi_t = np.iinfo(dtype).min, np.iinfo(dtype).max
+            if not (float(lo).is_integer() and float(hi).is_integer() and lo_t <= lo <= hi_t and lo_t <= hi <= hi_t):
+                raise OpError(f"clip bounds of an {dtype} tensor must be integers in {lo_t}..{hi_t}")
+            lo, hi = int(lo), int(hi)
+    if shift is not None and dtype == "float32":
+        raise OpError("a shift applies to integer operands, not float32")
+    t = elementwise_te(op, shape, dtype, y_shape if op in ("add", "mul") else None, shift=shift, relu=relu,
+                       lo=lo, hi=hi)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_elementwise(s, t["out"])
+    else:
+        cpu_schedules.schedule_elementwise(s, t["out"])
+    names = ["x"] + (["y"] if "y" in t else [])
+    kernel = build(s, target, [t[k] for k in names] + [t["out"]], name=op)
+
+    def pack(x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        arrays = {"x": _array(x, "x", dtype, shape)}
+        if "y" in t:
+            arrays["y"] = _array(y, "y", dtype, t["y"].shape)
+        elif y is not None:
+            raise OpError(f"{op} takes one input")
+        return arrays
+
+    return CompiledOp(op, kernel, names, "out", pack, lambda out: out, plan={"dtype": dtype})
+
+
+def _pair(value, name: str, minimum: int) -> tuple[int, int]:
+    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
+                             for v in pair):
+        raise OpError(f"{name} must be an integer ≥ {minimum} or a pair of them, not {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, padding=0, dtype: str = "int8",
+                   count_include_pad: bool = False) -> CompiledOp:
+    """Max or average pooling of an NCHW tensor over ``kernel`` windows (an int or (kh, kw));
+    a kernel of the whole image is global pooling."""
+    _host(target)
+    if kind not in ("max", "avg"):
+        raise OpError(f"pooling is max or avg, not {kind!r}")
+    if len(tuple(shape)) != 4:
+        raise OpError(f"pooling takes an NCHW shape, not {shape!r}")
+    shape = tuple(_positive("pooling input dimension", v) for v in shape)
+    kernel = _pair(kernel, "kernel", 1)
+    stride = kernel if stride is None else _pair(stride, "stride", 1)
+    padding = _pair(padding, "padding", 0)
+    if padding[0] >= kernel[0] or padding[1] >= kernel[1]:
+        raise OpError(f"padding {padding} must be smaller than the kernel {kernel}")
+    dtype = _check_dtype(dtype, ("int8", "int32", "float32"))
+    oh, ow = out_size(shape[2], kernel[0], stride[0], padding[0]), out_size(shape[3], kernel[1], stride[1], padding[1])
+    if oh < 1 or ow < 1:
+        raise OpError(f"a {kernel[0]}x{kernel[1]} window does not fit a {shape[2]}x{shape[3]} input "
+                      f"with padding {padding}")
+    t = pool2d_te(kind, shape, kernel, stride, padding, dtype, count_include_pad=count_include_pad)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_pool(s, t, kind)
+    else:
+        cpu_schedules.schedule_pool(s, t, kind)
+    kernel_fn = build(s, target, [t["x"], t["out"]], name=f"{kind}_pool2d")
+    return CompiledOp(f"{kind}_pool2d", kernel_fn, ["x"], "out",
+                      lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
+                      plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding})
+
+
+def compile_softmax(target: Target, shape, *, dtype: str = "float32") -> CompiledOp:
+    """Softmax over the last axis of a float32 tensor of any rank."""
+    _host(target)
+    shape = tuple(_positive("softmax dimension", v) for v in shape)
+    if not shape:
+        raise OpError("softmax needs a tensor of rank 1 or more")
+    dtype = _check_dtype(dtype, ("float32",))
+    t = softmax_te(shape, dtype)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        raise OpError("softmax has no GPU schedule; run it on the cpu")
+    cpu_schedules.schedule_softmax(s, t)
+    kernel = build(s, target, [t["x"], t["out"]], name="softmax")
+    rows = t["x"].shape
+
+    return CompiledOp("softmax", kernel, ["x"], "out",
+                      lambda x: {"x": _array(x, "x", dtype, shape).reshape(rows)},
+                      lambda out: out.reshape(shape), plan={"dtype": dtype})

@@ -1,0 +1,269 @@
+"""Operator definitions on the host targets' layouts (CPU, GPU): tensor expressions only.
+
+Layouts are numpy's (row-major): matrices (M, K) and (K, N), images NCHW,
+weights OIHW. Two layout choices belong to the definitions because they
+change what is computed where, and the schedules pass them in:
+
+- ``panel``: dense and conv2d reduce into outputs whose innermost axis (the
+  vectorized one: output columns, output pixels) is padded to a multiple of
+  ``panel``, so every register tile is whole; the host drops the padding.
+  Dense repacks its weight matrix into panels ``(N/panel, K, panel)``, read
+  contiguously by the inner loop;
+- conv2d lowers to a matrix product per group: weights ``(O, C/G·KH·KW)``
+  times an im2col matrix ``(C/G·KH·KW, pixels)`` built by a packing stage
+  from the zero-padded input (a 1×1, stride-1, unpadded convolution reads the
+  input directly).
+
+Integers accumulate in int32 and end with the `Epilogue` (bias, shift,
+clip/ReLU); floats accumulate in float32 (bias, ReLU).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass
+
+from ..ir import (
+    And, BufferLoad, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Reduce, Select, is_float,
+    is_int,
+)
+from ..te import Tensor, compute, pad, placeholder, reduce_axis, reduce_max, sum_
+from .common import Epilogue, OpError, out_size
+
+__all__ = [
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "ConvLayout", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
+    "ELEMENTWISE_OPS",
+]
+
+#: Element-wise operators and their arity.
+ELEMENTWISE_OPS = {"add": 2, "mul": 2, "relu": 1, "clip": 1}
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def accumulator_dtype(dtype: str) -> str:
+    """int32 for integer operands, float32 for floats."""
+    if is_float(dtype):
+        return "float32"
+    if is_int(dtype):
+        return "int32"
+    raise OpError(f"operators take int8 or float32 data, not {dtype}")
+
+
+def _zero_padded(t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
+    """``t`` read as if zero-padded at the end of each axis to ``shape`` (inlined by schedules)."""
+    if tuple(shape) == tuple(t.shape):
+        return t
+    return pad(t, [0] * t.ndim, [s - d for s, d in zip(shape, t.shape)], name)
+
+
+def dense_te(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """``out = epilogue(a @ w)`` with ``w`` packed into column panels of width ``panel``.
+
+    Tensors: ``a`` (m, k), ``w`` (k, n), ``bias`` (n_pad,), ``wp`` (packed weights),
+    ``c`` (the accumulation), ``out`` (m, n_pad) with n_pad = n rounded up to ``panel``."""
+    acc = accumulator_dtype(dtype)
+    n_pad = round_up(n, panel)
+    a = placeholder((m, k), dtype, "a")
+    w = placeholder((k, n), dtype, "w")
+    w_padded = _zero_padded(w, (k, n_pad), "w.pad")
+    wp = compute((n_pad // panel, k, panel), lambda o, r, i: w_padded[r, o * panel + i], name="wp")
+    r = reduce_axis(k, "k")
+    c = compute((m, n_pad), lambda i, j: sum_(a[i, r].astype(acc) * wp[j // panel, r, j % panel].astype(acc), [r]),
+                name="c")
+    tensors = {"a": a, "w": w, "w.pad": w_padded, "wp": wp, "c": c}
+    bias = None
+    if epilogue.bias:
+        bias = tensors["bias"] = placeholder((n_pad,), acc, "bias")
+    tensors["out"] = compute((m, n_pad), lambda i, j: epilogue.apply(c[i, j], bias[j] if bias else None),
+                             name="out", dtype=epilogue.out_dtype(acc))
+    return tensors
+
+
+def conv2d_method(kernel: tuple[int, int], stride: int, padding: int) -> str:
+    """How conv2d builds the right operand of its matrix product:
+
+    - ``direct``: a 1×1, stride-1, unpadded kernel reads the input as it is;
+    - ``shifted``: stride 1 — the padded input is flattened row by row (pitch
+      W + 2·padding) and kernel tap (kh, kw) reads it shifted by kh·pitch + kw,
+      so pixels stay contiguous and no im2col matrix exists (the pixels past
+      each row's end are computed and dropped);
+    - ``im2col``: other strides copy the windows into an im2col matrix."""
+    if stride == 1 and kernel == (1, 1) and padding == 0:
+        return "direct"
+    return "shifted" if stride == 1 else "im2col"
+
+
+def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
+              groups: int, dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """``out = epilogue(conv2d(x, w))`` as one matrix product per group (`conv2d_method`).
+
+    Tensors: ``x`` (N, C, H, W) — (N, C, H·W) for ``direct`` —, ``w``
+    (O, C/G·KH·KW), ``bias`` (O,), the right operand's packing stage (``col``:
+    the im2col matrix (N, G, C/G·KH·KW, pixels); ``flat``: the padded input
+    flattened (N, C, length)), ``c``, and ``out`` (N, O, pixels) where the
+    output rows lie ``pitch`` pixels apart (OW, or W + 2·padding for
+    ``shifted``) and the pixel axis is padded to a multiple of ``panel``. The
+    host keeps OW of each row's ``pitch``."""
+    n, c, h, wd = shape
+    o, cg, kh, kw = weight
+    acc = accumulator_dtype(dtype)
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    method = conv2d_method((kh, kw), stride, padding)
+    pitch = wd + 2 * padding if method == "shifted" else ow
+    p_pad = round_up(oh * pitch, panel)
+    og = o // groups
+    taps = kh * kw
+    red = cg * taps
+    w = placeholder((o, red), dtype, "w")
+    tensors: dict[str, Tensor] = {"w": w}
+    if method == "direct" and p_pad == oh * ow:
+        x = tensors["x"] = placeholder((n, c, oh * ow), dtype, "x")
+
+        def column(b, g, r, q):
+            return x[b, g * cg + r, q]
+    else:
+        x = tensors["x"] = placeholder((n, c, h, wd), dtype, "x")
+        if method == "shifted":
+            length = p_pad + (kh - 1) * pitch + kw - 1
+            flat = tensors["flat"] = compute((n, c, length),
+                                             lambda b, ci, f: _read_padded(x, b, ci, f, pitch, padding), name="flat")
+
+            def column(b, g, r, q):
+                return flat[b, g * cg + r // taps, q + ((r // kw) % kh) * pitch + r % kw]
+        else:
+            xp = tensors["xp"] = pad(x, (0, 0, padding, padding), (0, 0, padding, padding), "xp") if padding else x
+            col = tensors["col"] = compute(
+                (n, groups, red, p_pad),
+                lambda b, g, r, q: xp[b, g * cg + r // taps, (q // ow) * stride + (r // kw) % kh,
+                                      (q % ow) * stride + r % kw],
+                name="col")
+
+            def column(b, g, r, q):
+                return col[b, g, r, q]
+    rr = reduce_axis(red, "r")
+    cc = tensors["c"] = compute(
+        (n, o, p_pad), lambda b, oc, q: sum_(w[oc, rr].astype(acc) * column(b, oc // og, rr.var, q).astype(acc), [rr]),
+        name="c")
+    bias = None
+    if epilogue.bias:
+        bias = tensors["bias"] = placeholder((o,), acc, "bias")
+    tensors["out"] = compute((n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
+                             name="out", dtype=epilogue.out_dtype(acc))
+    tensors["layout"] = ConvLayout(method, pitch, oh, ow)
+    return tensors
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    """Where conv2d's output pixels lie: row ``y`` starts at ``y · pitch``."""
+
+    method: str
+    pitch: int
+    oh: int
+    ow: int
+
+
+def _read_padded(x: Tensor, b, ci, f: Expr, pitch: int, padding: int) -> Expr:
+    """Element ``f`` of image ``x`` zero-padded by ``padding`` and read row by row with
+    ``pitch`` (zeros past its last row)."""
+    return BufferLoad(x.buffer, (b, ci, FloorDiv(f, Const(pitch)) - padding, FloorMod(f, Const(pitch)) - padding),
+                      zero_outside=True)
+
+
+def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,
+                   shift: int | None = None, relu: bool = False, lo=None, hi=None) -> dict[str, Tensor]:
+    """``add``/``mul`` (``y`` broadcast to ``x``'s shape, numpy's rules), ``relu``, ``clip``.
+
+    Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
+    requantize to int8; ``relu``); float inputs compute in float32 (``relu``).
+    ``clip`` keeps the input type."""
+    x = placeholder(shape, dtype, "x")
+    tensors = {"x": x}
+    acc = accumulator_dtype(dtype)
+    if op in ("add", "mul"):
+        y_shape = tuple(shape) if y_shape is None else tuple(y_shape)
+        y = tensors["y"] = placeholder(y_shape, dtype, "y")
+        offset = len(shape) - len(y_shape)
+
+        def ry(idx):
+            return y[tuple(Const(0) if d == 1 else i for i, d in zip(idx[offset:], y_shape))]
+        epi = Epilogue(False, shift, relu)
+
+        def body(*idx):
+            a, b = x[idx].astype(acc), ry(idx).astype(acc)
+            return epi.apply(a + b if op == "add" else a * b, None)
+        tensors["out"] = compute(shape, body, name="out", dtype=epi.out_dtype(acc))
+    elif op == "relu":
+        tensors["out"] = compute(shape, lambda *idx: Max(x[idx], Const(0, dtype)), name="out")
+    elif op == "clip":
+        tensors["out"] = compute(shape, lambda *idx: Min(Max(x[idx], Const(lo, dtype)), Const(hi, dtype)),
+                                 name="out")
+    else:
+        raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
+    return tensors
+
+
+def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
+              padding: tuple[int, int], dtype: str, *, count_include_pad: bool = False) -> dict[str, Tensor]:
+    """Max or average pooling of NCHW ``x`` over ``kernel`` windows.
+
+    Max: padding never wins (it reads the type's lowest value). Average: the
+    mean over the window's positions inside the input (all positions with
+    ``count_include_pad``); integers round to nearest, halves up."""
+    n, c, h, w = shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    x = placeholder(shape, dtype, "x")
+    rh, rw = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
+    tensors = {"x": x}
+    if kind == "max":
+        lowest = Reduce("max", Const(0, dtype), ()).identity()
+
+        def padded(b, ch, y, xx):
+            inside = And(And(Cmp("<=", Const(ph), y), Cmp("<", y, Const(h + ph))),
+                         And(Cmp("<=", Const(pw), xx), Cmp("<", xx, Const(w + pw))))
+            return Select(inside, BufferLoad(x.buffer, (b, ch, y - ph, xx - pw), zero_outside=True), lowest)
+        xp = tensors["xp"] = compute((n, c, h + 2 * ph, w + 2 * pw), padded, name="xp") if (ph or pw) else x
+        tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce_max(
+            xp[b, ch, y * sh + rh, xx * sw + rw], [rh, rw]), name="out")
+        return tensors
+    if kind != "avg":
+        raise OpError(f"pooling is max or avg, not {kind!r}")
+    acc = accumulator_dtype(dtype)
+    xp = tensors["xp"] = pad(x, (0, 0, ph, pw), (0, 0, ph, pw), "xp") if (ph or pw) else x
+    total = tensors["sum"] = compute((n, c, oh, ow), lambda b, ch, y, xx: sum_(
+        xp[b, ch, y * sh + rh, xx * sw + rw].astype(acc), [rh, rw]), name="sum")
+
+    def count(y, xx) -> Expr:
+        if count_include_pad or not (ph or pw):
+            return Const(kh * kw)
+        rows = Min(y * sh - ph + kh, Const(h)) - Max(y * sh - ph, Const(0))
+        cols = Min(xx * sw - pw + kw, Const(w)) - Max(xx * sw - pw, Const(0))
+        return rows * cols
+
+    def mean(b, ch, y, xx):
+        s, k = total[b, ch, y, xx], count(y, xx)
+        if is_float(dtype):
+            return Div(s, Cast(acc, k))
+        return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2)), k))
+    tensors["out"] = compute((n, c, oh, ow), mean, name="out", dtype=dtype)
+    return tensors
+
+
+def softmax_te(shape: tuple[int, ...], dtype: str) -> dict[str, Tensor]:
+    """``exp(x − max) / Σ exp(x − max)`` along the last axis of ``x`` viewed as (rows, length)."""
+    if not is_float(dtype):
+        raise OpError(f"softmax takes float32 data, not {dtype}")
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    length = shape[-1]
+    x = placeholder((rows, length), dtype, "x")
+    k1, k2 = reduce_axis(length, "k"), reduce_axis(length, "k2")
+    mx = compute((rows,), lambda i: reduce_max(x[i, k1], [k1]), name="max")
+    e = compute((rows, length), lambda i, j: Call("exp", (x[i, j] - mx[i],)), name="exp")
+    total = compute((rows,), lambda i: sum_(e[i, k2], [k2]), name="sum")
+    out = compute((rows, length), lambda i, j: e[i, j] / total[i], name="out")
+    return {"x": x, "max": mx, "exp": e, "sum": total, "out": out}

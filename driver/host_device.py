@@ -1,0 +1,88 @@
+"""The ``cpu`` and ``gpu`` devices: where kernels from the LLVM back ends run.
+
+They take the same call as the accelerator's devices — ``run_program(kernel,
+inputs, outputs)`` — so a `CompiledOp` runs on any device with ``op.run``.
+The CPU device runs JIT-compiled native code in this process on all cores;
+the GPU device runs through the CUDA driver and is refused with a clear
+message on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from gemforge.compiler.target import CpuTarget, GpuTarget, Target
+
+from .device import DeviceError, RunResult
+
+__all__ = ["HostDevice", "CpuDevice", "GpuDevice"]
+
+
+class HostDevice:
+    """A device that runs host-target kernels on numpy arrays."""
+
+    kind = "host"
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.config = None
+        self.last_result: RunResult | None = None
+
+    def run_program(self, kernel: Any, inputs: dict[str, np.ndarray],
+                    outputs: list[str]) -> tuple[dict[str, np.ndarray], RunResult]:
+        """Run ``kernel`` on ``inputs`` (by parameter name); returns the ``outputs`` and the
+        run's wall time."""
+        if getattr(getattr(kernel, "target", None), "kind", None) != self.target.kind:
+            raise DeviceError(f"this {self.kind} device runs {self.target.kind} kernels; the operator was compiled "
+                              "for another target")
+        arrays = []
+        for buf in kernel.params:
+            if buf.name in inputs:
+                arrays.append(inputs[buf.name])
+            else:
+                arrays.append(np.zeros(buf.shape, buf.dtype))
+        start = time.perf_counter()
+        kernel(*arrays)
+        seconds = time.perf_counter() - start
+        by_name = {buf.name: array for buf, array in zip(kernel.params, arrays)}
+        result = RunResult(counters={}, seconds=seconds)
+        self.last_result = result
+        return {name: by_name[name] for name in outputs}, result
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> HostDevice:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class CpuDevice(HostDevice):
+    """This machine's CPU (``threads``: 0 for one per core)."""
+
+    kind = "cpu"
+
+    def __init__(self, config=None, threads: int = 0) -> None:
+        super().__init__(CpuTarget(threads=threads))
+
+
+class GpuDevice(HostDevice):
+    """The first NVIDIA GPU, through the CUDA driver; its architecture picks the target."""
+
+    kind = "gpu"
+
+    def __init__(self, config=None) -> None:
+        from gemforge.compiler.backends.gpu import cuda
+        from gemforge.compiler.target import GPU_ARCHS
+        try:
+            dev = cuda.device()
+        except cuda.CudaError as exc:
+            raise DeviceError(f"device gpu is not available: {exc}") from None
+        arch = dev.arch if dev.arch in GPU_ARCHS else "sm_90" if dev.arch > "sm_90" else "sm_80"
+        super().__init__(GpuTarget(arch))
+        self.name = dev.name
