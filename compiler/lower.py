@@ -115,8 +115,9 @@ def _fixed_enclosing(stage: Stage) -> set[Var]:
     return fixed
 
 
-def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, Expr]:
-    """Extent of every leaf loop; an attached stage's data axes span its region."""
+def _all_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, Expr]:
+    """Extent of every iteration variable of a stage (root, intermediate, leaf); an attached
+    stage's data axes span its region."""
     ext: dict[IterVar, Expr] = {}
     region = regions.get(stage)
     for d, iv in enumerate(stage.op.axes):
@@ -134,16 +135,27 @@ def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, E
                 raise ScheduleError(f"stage {stage.name} fuses {rel.outer.name} and {rel.inner.name}, whose "
                                     f"extents ({outer!r}, {inner!r}) are not constant here")
             ext[rel.fused] = Const(outer.value * inner.value)
+    return ext
+
+
+def _leaf_extents(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, Expr]:
+    """Extent of every leaf loop."""
+    ext = _all_extents(stage, regions)
     # A partial split's extent names its outer loop, which a later fuse may have
     # replaced: express it in the loops that exist.
-    values = stage.iter_values({iv: iv.var for iv in stage.leaf})
+    values = stage.iter_values({iv: iv.var for iv in stage.leaf}, ext)
     names = {iv.var: v for iv, v in values.items() if iv not in stage.leaf}
     return {iv: simplify(substitute(ext[iv], names)) for iv in stage.leaf}
 
 
+def _local_root_values(stage: Stage, regions: dict[Stage, Region]) -> dict[IterVar, Expr]:
+    """Root axis values (within the stage's region) as expressions of its leaf loop variables."""
+    return stage.root_values({iv: iv.var for iv in stage.leaf}, _all_extents(stage, regions))
+
+
 def _global_root_values(stage: Stage, regions: dict[Stage, Region]) -> dict[Var, Expr]:
     """Root axis variable → global index, as expressions of the stage's leaf loop variables."""
-    local = stage.root_values({iv: iv.var for iv in stage.leaf})
+    local = _local_root_values(stage, regions)
     out: dict[Var, Expr] = {}
     region = regions.get(stage)
     for d, iv in enumerate(stage.op.axes):
@@ -385,7 +397,7 @@ class _Generator:
         regions = self.regions
         extents = _leaf_extents(stage, regions)
         roots = _global_root_values(stage, regions)
-        local = stage.root_values({iv: iv.var for iv in stage.leaf})
+        local = _local_root_values(stage, regions)
         buf = self.buffers[stage]
         # Stores index the realized buffer: the global tensor for root stages, the
         # region-relative copy for attached ones (the leaf values are local).

@@ -228,19 +228,23 @@ class Stage:
 
     # ------------------------------------------------------------------ index reconstruction
 
-    def root_values(self, leaf_values: dict[IterVar, Expr]) -> dict[IterVar, Expr]:
+    def root_values(self, leaf_values: dict[IterVar, Expr],
+                    extents: dict[IterVar, Expr] | None = None) -> dict[IterVar, Expr]:
         """Root axis values as expressions of the leaf loop values (inverting splits and fuses)."""
-        values = self.iter_values(leaf_values)
+        values = self.iter_values(leaf_values, extents)
         return {iv: values[iv] for iv in self.root_axes}
 
-    def iter_values(self, leaf_values: dict[IterVar, Expr]) -> dict[IterVar, Expr]:
-        """Every iteration variable's value (root, intermediate, leaf) from the leaf values."""
+    def iter_values(self, leaf_values: dict[IterVar, Expr],
+                    extents: dict[IterVar, Expr] | None = None) -> dict[IterVar, Expr]:
+        """Every iteration variable's value (root, intermediate, leaf) from the leaf values.
+        A fuse divides by its inner axis's extent: ``extents`` gives the one in effect
+        (an attached stage's axes span its region), else the schedule's."""
         values: dict[IterVar, Expr] = dict(leaf_values)
         for rel in reversed(self.relations):
             if isinstance(rel, Split):
                 values[rel.parent] = values[rel.outer] * rel.factor + values[rel.inner]
             else:
-                ext = simplify(rel.inner.extent)
+                ext = simplify((extents or {}).get(rel.inner, rel.inner.extent))
                 values[rel.outer] = values[rel.fused] // ext
                 values[rel.inner] = values[rel.fused] % ext
         return {iv: simplify(v) for iv, v in values.items()}

@@ -117,6 +117,14 @@ def as_expr(value: Any) -> Expr:
     raise TypeError(f"cannot use {value!r} as an IR expression")
 
 
+def _operands(node, *names: str) -> None:
+    """Python numbers given as operands become constants (``Min(i, 4)``)."""
+    for name in names:
+        value = getattr(node, name)
+        if not isinstance(value, Expr):
+            object.__setattr__(node, name, as_expr(value))
+
+
 def _coerce(c: Const, dtype: str, op: str) -> Const:
     """A constant operand converted to the other operand's type."""
     if is_float(dtype):
@@ -158,6 +166,7 @@ class BinOp(Expr):
     domain = "any"
 
     def __post_init__(self) -> None:
+        _operands(self, "a", "b")
         dtype = _unify(self, self.a, self.b, f"{type(self).__name__.lower()}")
         if self.domain == "int" and not (is_int(dtype) or is_bool(dtype)):
             raise DTypeError(f"{type(self).__name__} needs integer operands, not {dtype}"
@@ -205,6 +214,7 @@ class Shr(BinOp):
     domain = "int"
 
     def __post_init__(self) -> None:
+        _operands(self, "a", "b")
         if not (is_int(self.a.dtype) and is_int(self.b.dtype)):
             raise DTypeError(f"shift needs integer operands, not {self.a.dtype} and {self.b.dtype}")
         object.__setattr__(self, "dtype", self.a.dtype)
@@ -216,6 +226,7 @@ class And(BinOp):
     symbol = "and"
 
     def __post_init__(self) -> None:
+        _operands(self, "a", "b")
         object.__setattr__(self, "dtype", BOOL)
 
 
@@ -225,6 +236,7 @@ class Or(BinOp):
     symbol = "or"
 
     def __post_init__(self) -> None:
+        _operands(self, "a", "b")
         object.__setattr__(self, "dtype", BOOL)
 
 
@@ -250,6 +262,7 @@ class Cmp(Expr):
     dtype: str = field(init=False, default=BOOL)
 
     def __post_init__(self) -> None:
+        _operands(self, "a", "b")
         if self.op not in _CMP_OPS:
             raise ValueError(f"comparison {self.op!r} is not one of {', '.join(_CMP_OPS)}")
         _unify(self, self.a, self.b, f"comparison {self.op}")
@@ -277,6 +290,7 @@ class Select(Expr):
     dtype: str = field(init=False, default="int32")
 
     def __post_init__(self) -> None:
+        _operands(self, "cond", "then", "other")
         a, b = self.then, self.other
         if a.dtype != b.dtype:
             if isinstance(b, Const):
@@ -301,6 +315,7 @@ class Cast(Expr):
     value: Expr
 
     def __post_init__(self) -> None:
+        _operands(self, "value")
         check_dtype(self.to)
 
     @property

@@ -239,5 +239,5 @@ def replace_buffers(stmt: Stmt, mapping: dict[Buffer, Buffer], drop_allocations:
             body = self.visit(s.body)
             if s.buffer in mapping and drop_allocations:
                 return body
-            return Allocate(s.buffer, body) if body is not None else None
+            return Allocate(target(s.buffer), body) if body is not None else None
     return Rename().visit(stmt)

@@ -36,9 +36,9 @@ def _positive(name: str, value: Any) -> int:
     return int(value)
 
 
-def _check_dtype(dtype: str, allowed=HOST_DTYPES) -> str:
+def _check_dtype(op: str, dtype: str, allowed=HOST_DTYPES) -> str:
     if dtype not in allowed:
-        raise OpError(f"data type {dtype!r} is not supported here; choose {' or '.join(allowed)}")
+        raise OpError(f"{op} takes {' or '.join(allowed)} data, not {dtype!r}")
     return dtype
 
 
@@ -90,7 +90,7 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
     float32 ``bias``. Output: (M, N), int8 with ``shift``, else int32 or float32."""
     _host(target)
     m, k, n = _positive("dense M", m), _positive("dense K", k), _positive("dense N", n)
-    dtype = _check_dtype(dtype)
+    dtype = _check_dtype("dense", dtype)
     epi = _epilogue(dtype, bias, shift, relu)
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
@@ -148,7 +148,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     zero padding, with the fused epilogue. Output NCHW."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
-    dtype = _check_dtype(dtype)
+    dtype = _check_dtype("conv2d", dtype)
     epi = _epilogue(dtype, bias, shift, relu)
     n, c, h, w = shape
     o, cg, kh, kw = weight
@@ -208,7 +208,7 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
     shape = tuple(_positive("element-wise dimension", v) for v in shape)
     if not shape:
         raise OpError("element-wise operators need a tensor of rank 1 or more")
-    dtype = _check_dtype(dtype, ("int8", "int32", "float32"))
+    dtype = _check_dtype(op, dtype, ("int8", "int32", "float32"))
     if op in ("add", "mul"):
         y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)
         if len(y_shape) > len(shape) or any(d not in (1, s) for d, s in zip(y_shape, shape[len(shape) - len(y_shape):])):
@@ -270,7 +270,7 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     padding = _pair(padding, "padding", 0)
     if padding[0] >= kernel[0] or padding[1] >= kernel[1]:
         raise OpError(f"padding {padding} must be smaller than the kernel {kernel}")
-    dtype = _check_dtype(dtype, ("int8", "int32", "float32"))
+    dtype = _check_dtype(f"{kind} pooling", dtype, ("int8", "int32", "float32"))
     oh, ow = out_size(shape[2], kernel[0], stride[0], padding[0]), out_size(shape[3], kernel[1], stride[1], padding[1])
     if oh < 1 or ow < 1:
         raise OpError(f"a {kernel[0]}x{kernel[1]} window does not fit a {shape[2]}x{shape[3]} input "
@@ -294,7 +294,7 @@ def compile_softmax(target: Target, shape, *, dtype: str = "float32") -> Compile
     shape = tuple(_positive("softmax dimension", v) for v in shape)
     if not shape:
         raise OpError("softmax needs a tensor of rank 1 or more")
-    dtype = _check_dtype(dtype, ("float32",))
+    dtype = _check_dtype("softmax", dtype, ("float32",))
     t = softmax_te(shape, dtype)
     s = create_schedule(t["out"])
     if target.kind == "gpu":

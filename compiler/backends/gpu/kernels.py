@@ -51,12 +51,14 @@ class GpuKernelFunc:
 @dataclass
 class GpuProgram:
     """The kernels of one lowered function, launched in order; ``params`` are the
-    function's buffers, ``workspaces`` its device-side intermediates."""
+    function's buffers, ``workspaces`` its device-side intermediates, ``source`` the
+    lowered function itself (its sequential meaning, for inspection and tests)."""
 
     name: str
     params: list[Buffer]
     workspaces: list[Buffer]
     kernels: list[GpuKernelFunc]
+    source: PrimFunc | None = None
 
     def __str__(self) -> str:
         from ...ir import format_ir
@@ -102,7 +104,7 @@ def split_kernels(func: PrimFunc) -> GpuProgram:
                 raise GpuCompileError(f"buffer {b.name} ({b.scope}) is used across kernels; only main memory can be")
         name = f"{func.name}_k{i}" if len(parts) > 1 else func.name
         kernels.append(GpuKernelFunc(PrimFunc(name, params, part, dict(func.attrs)), writes=written))
-    return GpuProgram(func.name, list(func.params), workspaces, kernels)
+    return GpuProgram(func.name, list(func.params), workspaces, kernels, func)
 
 
 # ---------------------------------------------------------------------------- barriers

@@ -1,0 +1,202 @@
+"""Operators on the CPU back end, for random shapes: int8 bit for bit equal to numpy and to the
+accelerator (fsim), float32 within 1e-4 of numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from compiler_helpers import BATCHED, device_for
+from gemforge.compiler import CpuTarget
+from gemforge.compiler.ops import (
+    OpError, avg_pool2d_reference, compile_add, compile_clip, compile_conv2d, compile_dense, compile_elementwise,
+    compile_max_pool2d, compile_pool2d, compile_relu, compile_softmax, conv2d_reference, dense_reference,
+    elementwise_reference, max_pool2d_reference, softmax_reference,
+)
+from gemforge.driver.device import open_device
+from gemforge.hw.config import PRESETS
+
+CPU = CpuTarget()
+_SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return open_device("cpu")
+
+
+def _data(rng, shape, dtype):
+    if dtype == "float32":
+        return rng.standard_normal(shape).astype(np.float32)
+    return rng.integers(-128, 128, shape).astype(np.int8)
+
+
+def _close(got, expect):
+    np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(expect).max())))
+
+
+@_SETTINGS
+@given(m=st.integers(1, 70), k=st.integers(1, 90), n=st.integers(1, 70), seed=st.integers(0, 2**16),
+       epilogue=st.sampled_from([{}, {"shift": 7}, {"shift": 4, "relu": True}, {"relu": True}]),
+       bias=st.booleans(), config=st.sampled_from(["tiny", "default"]))
+def test_int8_dense_cpu_equals_fsim_and_numpy(m, k, n, seed, epilogue, bias, config):
+    rng = np.random.default_rng(seed)
+    a, b = _data(rng, (m, k), "int8"), _data(rng, (k, n), "int8")
+    bv = rng.integers(-3000, 3000, n).astype(np.int32) if bias else None
+    on_cpu, _ = compile_dense("cpu", m, k, n, bias=bias, **epilogue).run(open_device("cpu"), a=a, b=b, bias=bv)
+    on_fsim, _ = compile_dense(config, m, k, n, bias=bias, **epilogue).run(device_for(PRESETS[config]), a=a, b=b,
+                                                                             bias=bv)
+    np.testing.assert_array_equal(on_cpu, dense_reference(a, b, bv, **epilogue))
+    np.testing.assert_array_equal(on_cpu, on_fsim)
+
+
+@_SETTINGS
+@given(n=st.integers(1, 2), c=st.integers(1, 20), h=st.integers(1, 13), w=st.integers(1, 13),
+       o=st.integers(1, 20), kernel=st.sampled_from([1, 2, 3, 5]), stride=st.integers(1, 3),
+       padding=st.integers(0, 2), seed=st.integers(0, 2**16), shift=st.sampled_from([None, 6]),
+       relu=st.booleans())
+def test_int8_conv2d_cpu_equals_fsim_and_numpy(n, c, h, w, o, kernel, stride, padding, seed, shift, relu):
+    if padding >= kernel or h + 2 * padding < kernel or w + 2 * padding < kernel:
+        return
+    rng = np.random.default_rng(seed)
+    x, wt = _data(rng, (n, c, h, w), "int8"), _data(rng, (o, c, kernel, kernel), "int8")
+    bias = rng.integers(-2000, 2000, o).astype(np.int32)
+    options = dict(stride=stride, padding=padding, bias=True, shift=shift, relu=relu)
+    on_cpu, _ = compile_conv2d("cpu", x.shape, wt.shape, **options).run(open_device("cpu"), x=x, w=wt, bias=bias)
+    on_fsim, _ = compile_conv2d(BATCHED, x.shape, wt.shape, **options).run(device_for(BATCHED), x=x, w=wt, bias=bias)
+    expect = conv2d_reference(x, wt, bias, stride, padding, shift, relu)
+    np.testing.assert_array_equal(on_cpu, expect)
+    np.testing.assert_array_equal(on_cpu, on_fsim)
+
+
+@_SETTINGS
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 20), st.integers(1, 9), st.integers(1, 9)),
+       seed=st.integers(0, 2**16), shift=st.sampled_from([None, 2]), relu=st.booleans(),
+       bounds=st.tuples(st.integers(-500, 0), st.integers(1, 500)))
+def test_int32_elementwise_cpu_equals_fsim_and_numpy(shape, seed, shift, relu, bounds):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(1 << 20), 1 << 20, shape).astype(np.int32)
+    y = rng.integers(-(1 << 20), 1 << 20, shape).astype(np.int32)
+    device = device_for(PRESETS["tiny"])
+    cpu_dev = open_device("cpu")
+    results = {}
+    for name, target in (("cpu", "cpu"), ("fsim", PRESETS["tiny"])):
+        run_on = cpu_dev if name == "cpu" else device
+        results[name] = (compile_add(target, shape, shift=shift, relu=relu).run(run_on, x=x, y=y)[0],
+                         compile_relu(target, shape).run(run_on, x=x)[0],
+                         compile_clip(target, shape, *bounds).run(run_on, x=x)[0])
+    expect = (elementwise_reference("add", x, y, shift=shift, relu=relu), elementwise_reference("relu", x),
+              elementwise_reference("clip", x, lo=bounds[0], hi=bounds[1]))
+    for got_cpu, got_fsim, want in zip(results["cpu"], results["fsim"], expect):
+        np.testing.assert_array_equal(got_cpu, want)
+        np.testing.assert_array_equal(got_cpu, got_fsim)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_max_pool_cpu_equals_fsim_on_nonnegative_inputs(kernel, stride, padding, cpu):
+    """The accelerator pads with zeros, the CPU with the lowest value: equal after ReLU."""
+    rng = np.random.default_rng(kernel * 10 + stride)
+    x = np.abs(rng.integers(-(1 << 20), 1 << 20, (2, 5, 9, 8))).astype(np.int32)
+    on_cpu, _ = compile_max_pool2d("cpu", x.shape, kernel, stride=stride, padding=padding).run(cpu, x=x)
+    config = PRESETS["tiny"]
+    on_fsim, _ = compile_max_pool2d(config, x.shape, kernel, stride=stride, padding=padding).run(device_for(config),
+                                                                                             x=x)
+    np.testing.assert_array_equal(on_cpu, on_fsim)
+    np.testing.assert_array_equal(on_cpu, max_pool2d_reference(x, kernel, stride, padding))
+
+
+# ---------------------------------------------------------------------------- float32 and host-only operators
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (33, 65, 17), (128, 256, 96), (6, 1000, 10)])
+def test_float32_dense(m, k, n, cpu):
+    rng = np.random.default_rng(m + k + n)
+    a, b = _data(rng, (m, k), "float32"), _data(rng, (k, n), "float32")
+    bias = rng.standard_normal(n).astype(np.float32)
+    out, result = compile_dense("cpu", m, k, n, dtype="float32", bias=True, relu=True).run(cpu, a=a, b=b, bias=bias)
+    assert out.dtype == np.float32 and result.seconds is not None
+    _close(out, dense_reference(a, b, bias, relu=True))
+
+
+@pytest.mark.parametrize("shape,weight,stride,padding,groups", [
+    ((1, 8, 16, 16), (16, 8, 3, 3), 1, 1, 1),      # shifted-window product
+    ((2, 6, 11, 9), (4, 6, 3, 3), 2, 1, 1),        # im2col
+    ((1, 16, 7, 7), (32, 16, 1, 1), 1, 0, 1),      # direct 1x1
+    ((1, 8, 10, 10), (8, 1, 3, 3), 1, 1, 8),       # depthwise
+    ((1, 12, 9, 9), (6, 4, 3, 3), 2, 1, 3),        # grouped, strided
+    ((1, 3, 20, 20), (5, 3, 7, 7), 2, 3, 1),       # a stem-like 7x7
+])
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_conv2d_every_method_and_grouping(shape, weight, stride, padding, groups, dtype, cpu):
+    rng = np.random.default_rng(sum(shape) + sum(weight))
+    x, w = _data(rng, shape, dtype), _data(rng, weight, dtype)
+    bias = (rng.integers(-500, 500, weight[0]).astype(np.int32) if dtype == "int8"
+            else rng.standard_normal(weight[0]).astype(np.float32))
+    epi = {"shift": 5, "relu": True} if dtype == "int8" else {"relu": True}
+    op = compile_conv2d("cpu", shape, weight, stride=stride, padding=padding, groups=groups, dtype=dtype,
+                        bias=True, **epi)
+    out, _ = op.run(cpu, x=x, w=w, bias=bias)
+    expect = conv2d_reference(x, w, bias, stride, padding, groups=groups, **epi)
+    if dtype == "int8":
+        np.testing.assert_array_equal(out, expect)
+    else:
+        _close(out, expect)
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_broadcasting_add_and_mul(op, dtype, cpu):
+    rng = np.random.default_rng(3)
+    x, y = _data(rng, (2, 5, 7, 9), dtype), _data(rng, (5, 1, 9), dtype)
+    epi = {"shift": 1} if dtype == "int8" else {"relu": True}
+    out, _ = compile_elementwise("cpu", op, x.shape, dtype=dtype, y_shape=y.shape, **epi).run(cpu, x=x, y=y)
+    want = elementwise_reference(op, x, np.broadcast_to(y, x.shape), **epi)
+    if dtype == "float32":
+        _close(out, want)
+    else:
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (2, 2, 0), ((7, 7), 1, 0)])
+def test_pooling_including_global(kind, dtype, kernel, stride, padding, cpu):
+    rng = np.random.default_rng(5)
+    x = _data(rng, (2, 3, 7, 7), dtype)
+    out, _ = compile_pool2d("cpu", kind, x.shape, kernel, stride=stride, padding=padding, dtype=dtype).run(cpu, x=x)
+    k = kernel if isinstance(kernel, int) else kernel[0]
+    ref = max_pool2d_reference if kind == "max" else avg_pool2d_reference
+    want = ref(x, k, stride, padding)
+    if dtype == "float32":
+        _close(out, want)
+    else:
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("shape", [(10,), (3, 1000), (2, 3, 17)])
+def test_softmax(shape, cpu):
+    x = (np.random.default_rng(6).standard_normal(shape) * 5).astype(np.float32)
+    out, _ = compile_softmax("cpu", shape).run(cpu, x=x)
+    np.testing.assert_allclose(out, softmax_reference(x), rtol=1e-5, atol=1e-7)
+
+
+def test_bad_arguments_get_clear_errors(cpu):
+    with pytest.raises(OpError, match="shift .* applies to int8 operands"):
+        compile_dense("cpu", 4, 4, 4, dtype="float32", shift=3)
+    with pytest.raises(OpError, match="groups .3. must divide the input channels .8."):
+        compile_conv2d("cpu", (1, 8, 5, 5), (3, 2, 3, 3), groups=3)
+    with pytest.raises(OpError, match="dense takes int8 or float32 data, not 'int16'"):
+        compile_dense("cpu", 4, 4, 4, dtype="int16")
+    with pytest.raises(OpError, match="softmax takes float32"):
+        compile_softmax("cpu", (4, 4), dtype="int8")
+    with pytest.raises(OpError, match="does not broadcast"):
+        compile_elementwise("cpu", "add", (2, 3), dtype="int8", y_shape=(4,))
+    with pytest.raises(OpError, match="runs on the cpu or gpu, not on the accelerator"):
+        compile_softmax("tiny", (4, 4))
+    with pytest.raises(OpError, match="computes int8 operands, not float32"):
+        compile_dense("tiny", 4, 4, 4, dtype="float32")
+    op = compile_dense("cpu", 4, 4, 4, dtype="float32")
+    with pytest.raises(OpError, match=r"must be float32, not int8"):
+        op.run(cpu, a=np.zeros((4, 4), np.int8), b=np.zeros((4, 4), np.int8))
+    with pytest.raises(OpError, match=r"compiled for A\[4, 4\] @ B\[4, 4\]"):
+        op.run(cpu, a=np.zeros((3, 4), np.float32), b=np.zeros((4, 4), np.float32))
