@@ -171,16 +171,30 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
 
 
 def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,
-                   core_configs: list[AccelConfig] = ()) -> dict[str, Any]:
-    """The fsim speed benchmark; with an RTL ``device``, also the core rates (of ``config``
-    and of each of ``core_configs``) and the utilization suite."""
-    m, k, n = (64, 256, 256) if quick else (512, 1024, 1024)
-    results: dict[str, Any] = {"fsim_gemm": bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)}
-    if device is not None and device != "fsim":
+                   core_configs: list[AccelConfig] = (), sections: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The figures of ``sections`` (default: ``fsim`` and ``cpu``, ``rtl`` with an RTL
+    ``device``, ``gpu`` where a GPU is present): fsim's speed; the accelerator's core rates
+    (of ``config`` and of each of ``core_configs``) and utilization on RTL; the LLVM CPU and
+    GPU back ends against numpy, ONNX Runtime and the device's peak."""
+    if sections is None:
+        from gemforge.compiler.backends.gpu import cuda
+        sections = ("fsim", "cpu") + (("rtl",) if device not in (None, "fsim") else ()) + \
+            (("gpu",) if cuda.available() else ())
+    results: dict[str, Any] = {}
+    if "fsim" in sections:
+        m, k, n = (64, 256, 256) if quick else (512, 1024, 1024)
+        results["fsim_gemm"] = bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)
+    if "rtl" in sections and device is not None and device != "fsim":
         from .rtl_perf import measure
         results["rtl_core"] = measure(config, simulator=device)
         others = [c for c in core_configs if c.name != config.name]
         if others:
             results["rtl_core_other_configs"] = {c.name: measure(c, simulator=device) for c in others}
         results["utilization"] = bench_utilization(config, device, RESNET18_LAYERS[:2] if quick else None)
+    if "cpu" in sections:
+        from .bench_llvm import bench_cpu
+        results["cpu"] = bench_cpu(quick)
+    if "gpu" in sections:
+        from .bench_llvm import bench_gpu
+        results["gpu"] = bench_gpu(1024 if quick else 4096)
     return results

@@ -210,8 +210,22 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from .bench_report import render_markdown
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
-    results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs)
+    sections = tuple(args.sections.split(",")) if args.sections else None
+    known = ("fsim", "rtl", "cpu", "gpu")
+    if sections and any(s not in known for s in sections):
+        raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
+    results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
+                             sections=sections)
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    if args.merge:
+        try:
+            earlier = json.loads(Path(args.merge).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--merge {args.merge} is not a readable JSON file of gemforge bench ({exc})") from None
+        for key, value in earlier.items():
+            if key not in results and key != "wall_seconds":
+                results[key] = dict(value, merged_from=os.path.basename(args.merge)) if isinstance(value, dict) \
+                    else value
     text = json.dumps(results, indent=2)
     if args.output:
         write_bytes_atomic(args.output, (text + "\n").encode())
@@ -219,6 +233,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         command = " ".join(["gemforge", "bench", "--config", args.config]
                            + (["--quick"] if args.quick else []) + (["--device", args.device] if args.device else [])
                            + (["--core-configs", args.core_configs] if args.core_configs else [])
+                           + (["--sections", args.sections] if args.sections else [])
+                           + (["--merge", os.path.basename(args.merge)] if args.merge else [])
                            + ["--markdown", os.path.basename(args.markdown)])
         write_bytes_atomic(args.markdown, render_markdown(results, command).encode())
     print(text)
@@ -314,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="FILE", help="also write the figures as Markdown (BENCHMARKS.md)")
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
+    p.add_argument("--sections", metavar="LIST",
+                   help="what to measure, comma-separated: fsim, rtl, cpu, gpu (default: fsim and cpu, rtl with an "
+                        "RTL --device, gpu where a GPU is present)")
+    p.add_argument("--merge", metavar="FILE",
+                   help="also report the sections of an earlier run's JSON (-o) that this run did not measure, "
+                        "e.g. GPU figures from a machine with a GPU")
     p.set_defaults(func=cmd_bench)
 
     return parser

@@ -263,16 +263,19 @@ def open_device(kind: str, config: AccelConfig | str | None = None, **options: A
 
 
 def _register_builtin_backends() -> None:
-    if "fsim" not in _BACKENDS:
-        from .fsim_device import FsimDevice
-        register_backend("fsim", FsimDevice)
-    if "verilator" not in _BACKENDS:
-        # RTL co-simulation backends; a simulator is only needed once a device runs.
-        from .rtl_device import IcarusDevice, VerilatorDevice
-        register_backend("verilator", VerilatorDevice)
-        register_backend("icarus", IcarusDevice)
-    if "cpu" not in _BACKENDS:
-        # The LLVM back ends' devices: kernels on this CPU, or on a GPU through CUDA.
-        from .host_device import CpuDevice, GpuDevice
-        register_backend("cpu", CpuDevice)
-        register_backend("gpu", GpuDevice)
+    """The built-in backends, each imported when first opened (an RTL simulator needs the
+    HDL tool chain, the GPU the CUDA driver; neither is needed to open the others)."""
+    if "fsim" in _BACKENDS:
+        return
+
+    def lazy(module: str, name: str) -> Callable[..., Device]:
+        def factory(config, **options):
+            from importlib import import_module
+            return getattr(import_module(module, __package__), name)(config, **options)
+        return factory
+    register_backend("fsim", lazy(".fsim_device", "FsimDevice"))
+    register_backend("verilator", lazy(".rtl_device", "VerilatorDevice"))
+    register_backend("icarus", lazy(".rtl_device", "IcarusDevice"))
+    # The LLVM back ends' devices: kernels on this CPU, or on a GPU through CUDA.
+    register_backend("cpu", lazy(".host_device", "CpuDevice"))
+    register_backend("gpu", lazy(".host_device", "GpuDevice"))

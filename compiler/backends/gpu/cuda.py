@@ -119,7 +119,7 @@ class Device:
 
     def launch(self, fn: ctypes.c_void_p, grid, block, pointers: list[int]) -> None:
         values = [ctypes.c_uint64(p) for p in pointers]
-        args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        args = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         _check(self.lib.cuLaunchKernel(fn, *(ctypes.c_uint(g) for g in grid), *(ctypes.c_uint(b) for b in block),
                                        ctypes.c_uint(0), None, args, None), "cuLaunchKernel")
 

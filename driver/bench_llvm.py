@@ -1,0 +1,235 @@
+"""Benchmarks of the LLVM back ends, each next to its baseline in the same run.
+
+- CPU, float32 GEMM against numpy's BLAS (same threads: both use every core);
+- CPU, the ResNet-18 convolutions in float32 against ONNX Runtime running the
+  same single Conv, and in int8 with the requantizing epilogue against ONNX
+  Runtime's QLinearConv (int8 activations, and uint8 — its VNNI path — for
+  reference), same threads;
+- GPU (where one is present), float32 and int8 GEMM beside the device's peak;
+- compile time per operator and target.
+
+Timings interleave the candidate and the baseline and keep each one's best, so a
+slow moment of a shared machine hits both. Every result is checked first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["bench_cpu", "bench_gpu", "best_interleaved"]
+
+
+def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats: int = 5) -> dict[str, float]:
+    """The best time of each function, measured in alternating rounds."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _args(op, host: dict[str, np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """The kernel's argument arrays for ``host`` inputs, and its output array."""
+    packed = op.pack_inputs(**host)
+    arrays = [packed[b.name] if b.name in packed else np.zeros(b.shape, b.dtype) for b in op.program.params]
+    return arrays, arrays[-1]
+
+
+def _ort_session(model) -> Any:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _threads()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    # Idle ORT threads would otherwise spin for a while after each run, taking the
+    # cores from whatever is measured next (the interleaved candidate).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _conv_model(xs, ws, stride, padding, w: np.ndarray):
+    import onnx
+    from onnx import helper, numpy_helper
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(xs))
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[padding] * 4)
+    graph = helper.make_graph([node], "conv", [x], [y], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _qconv_model(xs, ws, stride, padding, w: np.ndarray, bias: np.ndarray, activation: str):
+    """QLinearConv with power-of-two scales, the same requantization as the epilogue."""
+    import onnx
+    from onnx import helper, numpy_helper
+    elem = onnx.TensorProto.INT8 if activation == "int8" else onnx.TensorProto.UINT8
+    x = helper.make_tensor_value_info("x", elem, list(xs))
+    y = helper.make_tensor_value_info("y", elem, None)
+    zero = np.array(0 if activation == "int8" else 128, np.int8 if activation == "int8" else np.uint8)
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "x_scale"), numpy_helper.from_array(zero, "x_zp"),
+             numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "w_scale"),
+             numpy_helper.from_array(np.array(0, np.int8), "w_zp"),
+             numpy_helper.from_array(np.array(256.0, np.float32), "y_scale"), numpy_helper.from_array(zero, "y_zp"),
+             numpy_helper.from_array(bias, "b")]
+    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zp", "w", "w_scale", "w_zp", "y_scale", "y_zp", "b"],
+                            ["y"], strides=[stride] * 2, pads=[padding] * 4)
+    graph = helper.make_graph([node], "qconv", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _conv_flops(xs, ws, stride, padding) -> int:
+    oh = (xs[2] + 2 * padding - ws[2]) // stride + 1
+    ow = (xs[3] + 2 * padding - ws[3]) // stride + 1
+    return 2 * xs[0] * ws[0] * ws[1] * ws[2] * ws[3] * oh * ow
+
+
+def bench_cpu_gemm(size: int = 1024, rounds: int = 5) -> dict[str, Any]:
+    """float32 GEMM size³ on the CPU back end against numpy's BLAS."""
+    from gemforge.compiler import CpuTarget
+    from gemforge.compiler.ops import compile_dense
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size)).astype(np.float32)
+    b = rng.standard_normal((size, size)).astype(np.float32)
+    start = time.perf_counter()
+    op = compile_dense(CpuTarget(), size, size, size, dtype="float32")
+    compile_seconds = time.perf_counter() - start
+    arrays, out = _args(op, {"a": a, "b": b})
+    kernel = op.program
+    kernel(*arrays)
+    expect = a @ b
+    if not np.allclose(out, expect, rtol=1e-3, atol=1e-3 * np.abs(expect).max()):
+        raise AssertionError("the CPU GEMM differs from numpy; benchmark is void")
+    t = best_interleaved({"gemforge": lambda: kernel(*arrays), "numpy": lambda: a @ b}, rounds=rounds)
+    flops = 2 * size ** 3
+    return {"shape": [size] * 3, "threads": _threads(), "plan": op.plan, "compile_seconds": round(compile_seconds, 3),
+            "gemforge_gflops": round(flops / t["gemforge"] / 1e9, 1), "numpy_gflops": round(flops / t["numpy"] / 1e9, 1),
+            "ratio_vs_numpy": round(t["numpy"] / t["gemforge"], 2)}
+
+
+def bench_cpu_convs(layers, rounds: int = 3) -> dict[str, Any]:
+    """Each ResNet-18 convolution on the CPU back end: float32 against ONNX Runtime's Conv,
+    int8 (bias, >> 8, ReLU) against its QLinearConv (int8 and uint8 activations)."""
+    from gemforge.compiler import CpuTarget
+    from gemforge.compiler.ops import compile_conv2d, conv2d_reference
+    target = CpuTarget()
+    rng = np.random.default_rng(1)
+    rows: dict[str, Any] = {}
+    for name, xs, ws, stride, padding in layers:
+        flops = _conv_flops(xs, ws, stride, padding)
+        row: dict[str, Any] = {"flops": flops}
+        # float32
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = (rng.standard_normal(ws) / np.sqrt(ws[1] * ws[2] * ws[3])).astype(np.float32)
+        start = time.perf_counter()
+        op = compile_conv2d(target, xs, ws, stride=stride, padding=padding, dtype="float32")
+        row["compile_seconds"] = round(time.perf_counter() - start, 3)
+        arrays, out = _args(op, {"x": x, "w": w})
+        op.program(*arrays)
+        session = _ort_session(_conv_model(xs, ws, stride, padding, w))
+        expect = session.run(None, {"x": x})[0]
+        if not np.allclose(op.unpack_output(out), expect, rtol=1e-3, atol=1e-3):
+            raise AssertionError(f"{name}: the CPU conv2d differs from ONNX Runtime; benchmark is void")
+        t = best_interleaved({"gemforge": lambda: op.program(*arrays),
+                              "ort": lambda: session.run(None, {"x": x})}, rounds=rounds)
+        row["float32"] = {"gemforge_gflops": round(flops / t["gemforge"] / 1e9, 1),
+                          "ort_gflops": round(flops / t["ort"] / 1e9, 1), "ratio_vs_ort": round(t["ort"] / t["gemforge"], 2),
+                          "gemforge_ms": round(t["gemforge"] * 1e3, 3), "ort_ms": round(t["ort"] * 1e3, 3),
+                          "plan": op.plan}
+        # int8 with the requantizing epilogue
+        x8 = rng.integers(-128, 128, xs).astype(np.int8)
+        w8 = rng.integers(-128, 128, ws).astype(np.int8)
+        bias = rng.integers(-4096, 4096, ws[0]).astype(np.int32)
+        op8 = compile_conv2d(target, xs, ws, stride=stride, padding=padding, dtype="int8", bias=True, shift=8, relu=True)
+        arrays8, out8 = _args(op8, {"x": x8, "w": w8, "bias": bias})
+        op8.program(*arrays8)
+        if not np.array_equal(op8.unpack_output(out8), conv2d_reference(x8, w8, bias, stride, padding, 8, True)):
+            raise AssertionError(f"{name}: the CPU int8 conv2d differs from numpy; benchmark is void")
+        q8 = _ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "int8"))
+        qu8 = _ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "uint8"))
+        xu8 = (x8.astype(np.int16) + 128).astype(np.uint8)
+        t = best_interleaved({"gemforge": lambda: op8.program(*arrays8), "ort_s8": lambda: q8.run(None, {"x": x8}),
+                              "ort_u8": lambda: qu8.run(None, {"x": xu8})}, rounds=rounds)
+        row["int8"] = {"gemforge_gops": round(flops / t["gemforge"] / 1e9, 1),
+                       "ort_int8_gops": round(flops / t["ort_s8"] / 1e9, 1),
+                       "ort_uint8_gops": round(flops / t["ort_u8"] / 1e9, 1),
+                       "ratio_vs_ort_int8": round(t["ort_s8"] / t["gemforge"], 2),
+                       "ratio_vs_ort_uint8": round(t["ort_u8"] / t["gemforge"], 2),
+                       "gemforge_ms": round(t["gemforge"] * 1e3, 3), "plan": op8.plan}
+        rows[name] = row
+    f_ratio = sum(r["float32"]["ort_ms"] for r in rows.values()) / sum(r["float32"]["gemforge_ms"] for r in rows.values())
+    return {"threads": _threads(), "layers": rows, "float32_total_ratio_vs_ort": round(f_ratio, 2)}
+
+
+def bench_compile_times() -> dict[str, Any]:
+    """Compile time of dense and conv2d for each target (the GPU's includes ptxas)."""
+    from gemforge.compiler import CpuTarget, GpuTarget
+    from gemforge.compiler.ops import compile_conv2d, compile_dense
+    from gemforge.hw.config import PRESETS
+    out: dict[str, Any] = {}
+    for target_name, target in (("accel (default)", PRESETS["default"]), ("cpu", CpuTarget()), ("gpu", GpuTarget())):
+        row = {}
+        for op_name, make in (("dense 256×1024·1024", lambda: compile_dense(target, 256, 1024, 1024)),
+                              ("conv2d 64×56×56, 3×3", lambda: compile_conv2d(target, (1, 64, 56, 56), (64, 64, 3, 3),
+                                                                              padding=1))):
+            start = time.perf_counter()
+            make()
+            row[op_name] = round(time.perf_counter() - start, 3)
+        out[target_name] = row
+    return out
+
+
+def bench_cpu(quick: bool = False) -> dict[str, Any]:
+    """The CPU back end's figures (`quick`: a small GEMM only)."""
+    from .bench import RESNET18_LAYERS
+    if quick:
+        return {"gemm": bench_cpu_gemm(256, rounds=1)}
+    return {"gemm": bench_cpu_gemm(1024), "resnet18_convs": bench_cpu_convs(RESNET18_LAYERS),
+            "compile_seconds": bench_compile_times()}
+
+
+def bench_gpu(size: int = 4096) -> dict[str, Any]:
+    """float32 and int8 GEMM on the GPU (kernels alone, data resident), checked against
+    numpy on a slice, beside the device's float32 peak (SMs × 128 lanes × 2 × clock)."""
+    from gemforge.compiler.backends.gpu import cuda
+    from gemforge.compiler.ops import compile_dense
+    from gemforge.driver.device import open_device
+    device = open_device("gpu")
+    dev = cuda.device()
+    peak = dev.multiprocessors * 128 * 2 * dev.clock_khz * 1e3
+    rng = np.random.default_rng(2)
+    report: dict[str, Any] = {"device": dev.name, "arch": dev.arch, "fp32_peak_tflops": round(peak / 1e12, 1)}
+    for dtype in ("float32", "int8"):
+        if dtype == "float32":
+            a = rng.standard_normal((size, size)).astype(np.float32)
+            b = rng.standard_normal((size, size)).astype(np.float32)
+        else:
+            a = rng.integers(-128, 128, (size, size)).astype(np.int8)
+            b = rng.integers(-128, 128, (size, size)).astype(np.int8)
+        start = time.perf_counter()
+        op = compile_dense(device.target, size, size, size, dtype=dtype)
+        compile_seconds = time.perf_counter() - start
+        arrays, out = _args(op, {"a": a, "b": b})
+        seconds = op.program.time(*arrays, repeats=5)
+        got = op.unpack_output(out)
+        rows = slice(0, 64)
+        expect = (a[rows].astype(np.float64) @ b.astype(np.float64)) if dtype == "float32" else \
+            (a[rows].astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+        ok = np.allclose(got[rows], expect, rtol=1e-3, atol=1e-2) if dtype == "float32" else \
+            np.array_equal(got[rows], expect)
+        if not ok:
+            raise AssertionError(f"the GPU {dtype} GEMM differs from numpy; benchmark is void")
+        rate = 2 * size ** 3 / seconds
+        report[dtype] = {"shape": [size] * 3, "seconds": round(seconds, 5), "tflops": round(rate / 1e12, 2),
+                         "fraction_of_fp32_peak": round(rate / peak, 3), "compile_seconds": round(compile_seconds, 3),
+                         "plan": op.plan}
+    return report
