@@ -351,8 +351,8 @@ class Intrinsic:
     """A named operation a back end implements: its arity and result type.
 
     ``result`` is a data type, or ``"arg"`` for the type of the first argument;
-    ``kind`` is ``math`` (pure, on floats), ``index`` (a GPU thread or block
-    index) or ``sync`` (a barrier; no value)."""
+    ``kind`` is ``math`` (pure, on floats), ``int`` (pure, on int32), ``index``
+    (a GPU thread or block index) or ``sync`` (a barrier; no value)."""
 
     name: str
     arity: int
@@ -378,6 +378,9 @@ for _axis in "xyz":
     register_intrinsic(f"threadIdx.{_axis}", 0, "int32", "index", f"thread index in the block, axis {_axis}")
     register_intrinsic(f"blockIdx.{_axis}", 0, "int32", "index", f"block index in the grid, axis {_axis}")
 register_intrinsic("barrier", 0, VOID, "sync", "wait until every thread of the block arrives (__syncthreads)")
+register_intrinsic("dot4_u8s8", 2, "int32", "int",
+                   "the dot product of a's four bytes as unsigned and b's four bytes as signed integers "
+                   "(byte 0 the least significant): x86's VNNI vpdpbusd lane, the GPU's dp4a")
 
 
 @dataclass(frozen=True, eq=False)
@@ -395,6 +398,11 @@ class Call(Expr):
         if len(self.args) != intrin.arity:
             raise ValueError(f"intrinsic {self.name} takes {intrin.arity} arguments, not {len(self.args)}")
         args = tuple(as_expr(a) for a in self.args)
+        if intrin.kind == "int":
+            args = tuple(Const(a.value, "int32") if isinstance(a, Const) else a for a in args)
+            for a in args:
+                if a.dtype != "int32":
+                    raise DTypeError(f"{self.name} takes int32 arguments, not {a.dtype}")
         if intrin.kind == "math":
             if not is_float(args[0].dtype):
                 raise DTypeError(f"{self.name} needs a floating-point argument, not {args[0].dtype}")

@@ -21,7 +21,7 @@ from ..schedule import Schedule
 from ..te import Tensor
 
 __all__ = ["vector_lanes", "plan_tile", "schedule_matmul", "schedule_panels", "schedule_im2col",
-           "schedule_flat_image", "schedule_elementwise",
+           "schedule_flat_image", "schedule_rows", "schedule_elementwise",
            "schedule_pool", "schedule_softmax", "MAX_ACCUMULATORS"]
 
 #: Accumulator vector registers a micro-kernel may use (AVX-512 has 32; the rest
@@ -119,10 +119,21 @@ def schedule_flat_image(s: Schedule, flat: Tensor, pitch: int) -> None:
     """The row-by-row copy of a padded image (`nn.conv2d_te`'s ``shifted`` method):
     images and channels in parallel, each row vectorized."""
     sf = s[flat]
-    b, c, f = sf.leaf
+    *outer, f = sf.leaf
     row, col = sf.split(f, pitch)
-    sf.parallel(sf.fuse(b, c))
+    fused = outer[0]
+    for axis in outer[1:]:
+        fused = sf.fuse(fused, axis)
+    sf.parallel(fused)
     sf.vectorize(col)
+
+
+def schedule_rows(s: Schedule, t: Tensor) -> None:
+    """A 2-D packing stage: rows in parallel, each row vectorized."""
+    st = s[t]
+    row, col = st.leaf
+    st.parallel(row)
+    st.vectorize(col)
 
 
 def schedule_elementwise(s: Schedule, out: Tensor, inline: list[Tensor] = ()) -> None:

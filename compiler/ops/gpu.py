@@ -21,18 +21,30 @@ from ..te import Tensor, compute, pad, placeholder, reduce_axis, reduce_max, sum
 from .common import Epilogue, out_size
 from .nn import ConvLayout, accumulator_dtype, round_up
 
-__all__ = ["dense", "conv2d", "schedule_elementwise", "schedule_pool", "TILE"]
+__all__ = ["dense", "conv2d", "schedule_elementwise", "schedule_pool", "TILE", "LARGE_TILE", "plan_tile"]
 
 #: (BM, BN, BK, TM, TN): block tile, reduction chunk, per-thread tile (16 × 16 threads).
 TILE = (64, 64, 16, 4, 4)
+#: The tile of large products: 8 × 8 outputs per thread, twice the arithmetic per shared-memory load.
+LARGE_TILE = (128, 128, 8, 8, 8)
+
+
+def plan_tile(rows: int, cols: int) -> tuple[int, int, int, int, int]:
+    """`LARGE_TILE` when the output has enough tiles to fill the GPU with it (and the
+    padding stays small), else `TILE`."""
+    bm, bn = LARGE_TILE[:2]
+    tiles = -(-rows // bm) * -(-cols // bn)
+    waste = (round_up(rows, bm) * round_up(cols, bn)) / (rows * cols)
+    return LARGE_TILE if tiles >= 128 and waste <= 1.1 else TILE
 #: Threads per block of the one-element-per-thread schedules.
 THREADS = 256
 
 
-def _schedule_tiled(s: Schedule, out: Tensor, acc: Tensor, operands: list[Tensor], inline: list[Tensor]) -> None:
+def _schedule_tiled(s: Schedule, out: Tensor, acc: Tensor, operands: list[Tensor], inline: list[Tensor],
+                    tile: tuple[int, int, int, int, int]) -> None:
     """The shared-memory tiled product (see the module docstring); ``out``'s last two axes
     are rows and columns, a leading batch axis goes to ``blockIdx.z``."""
-    bm, bn, bk, tm, tn = TILE
+    bm, bn, bk, tm, tn = tile
     ty_n, tx_n = bm // tm, bn // tn
     so = s[out]
     *batch, rows, cols = so.leaf
@@ -68,10 +80,12 @@ def _schedule_tiled(s: Schedule, out: Tensor, acc: Tensor, operands: list[Tensor
         st.bind(x, "threadIdx.x")
 
 
-def dense(m: int, k: int, n: int, dtype: str, epilogue: Epilogue):
+def dense(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, tile=None):
     """(tensors, schedule, plan) of ``out = epilogue(a @ w)`` on the GPU; ``out`` and
-    ``bias`` are padded to whole column tiles, ``out`` also to whole row tiles."""
-    bm, bn, bk, _, _ = TILE
+    ``bias`` are padded to whole column tiles, ``out`` also to whole row tiles.
+    ``tile`` overrides `plan_tile`."""
+    tile = tile or plan_tile(m, n)
+    bm, bn, bk, _, _ = tile
     acc = accumulator_dtype(dtype)
     mp, np_, kp = round_up(m, bm), round_up(n, bn), round_up(k, bk)
     a = placeholder((m, k), dtype, "a")
@@ -87,8 +101,8 @@ def dense(m: int, k: int, n: int, dtype: str, epilogue: Epilogue):
     out = tensors["out"] = compute((mp, np_), lambda i, j: epilogue.apply(c[i, j], bias[j] if bias else None),
                                    name="out", dtype=epilogue.out_dtype(acc))
     s = create_schedule(out)
-    _schedule_tiled(s, out, c, [ap, wp], [ap, wp])
-    return tensors, s, {"tile": list(TILE), "padded": [mp, kp, np_]}
+    _schedule_tiled(s, out, c, [ap, wp], [ap, wp], tile)
+    return tensors, s, {"tile": list(tile), "padded": [mp, kp, np_]}
 
 
 def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, epilogue: Epilogue):
@@ -112,7 +126,8 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
             return BufferLoad(x.buffer, (b, ch, y, xx), zero_outside=True)
         return xp[b, ch, y, xx]
     if groups == 1:
-        bm, bn, bk, _, _ = TILE
+        tile = plan_tile(o, n * pixels)
+        bm, bn, bk, _, _ = tile
         red = cg * taps
         op, pp, rp = round_up(o, bm), round_up(pixels, bn), round_up(red, bk)
         wpad = pad(w, (0, 0), (op - o, rp - red), "w.pad")
@@ -127,8 +142,8 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
                       name="out", dtype=epilogue.out_dtype(acc))
         s = create_schedule(out)
         inline = [wpad, col] + ([xp] if xp is not x else [])
-        _schedule_tiled(s, out, cc, [wpad, col], inline)
-        plan = {"tile": list(TILE), "method": "implicit_gemm"}
+        _schedule_tiled(s, out, cc, [wpad, col], inline, tile)
+        plan = {"tile": list(tile), "method": "implicit_gemm"}
     else:
         og = o // groups
         rc, rh, rw = reduce_axis(cg, "rc"), reduce_axis(kh, "rh"), reduce_axis(kw, "rw")

@@ -20,7 +20,8 @@ from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
-    ELEMENTWISE_OPS, accumulator_dtype, conv2d_method, conv2d_te, dense_te, elementwise_te, pool2d_te, softmax_te,
+    ELEMENTWISE_OPS, accumulator_dtype, conv2d_method, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
+    elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te,
 )
 
 __all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_pool2d", "compile_softmax",
@@ -77,6 +78,12 @@ def _lanes(target: Target) -> int:
     return cpu_schedules.vector_lanes(vector_bits(target), 32)
 
 
+def _vnni(target: Target, dtype: str) -> bool:
+    """int8 products on 4-byte dot products: a CPU with AVX-512 VNNI."""
+    from ..backends.cpu import has_feature
+    return target.kind == "cpu" and dtype == "int8" and has_feature(target, "avx512vnni")
+
+
 def _host(target: Target) -> None:
     if target.kind not in ("cpu", "gpu"):
         raise OpError(f"host operators compile for cpu or gpu, not {target.kind}")
@@ -95,6 +102,14 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.dense(m, k, n, dtype, epi)
+    elif _vnni(target, dtype):
+        lanes = _lanes(target)
+        mb, nb = cpu_schedules.plan_tile(m, n, lanes)
+        t = dense_vnni_te(m, k, n, epi, panel=nb)
+        s = create_schedule(t["out"])
+        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes)
+        cpu_schedules.schedule_rows(s, t["a4"])
+        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": "vnni"}
     else:
         lanes = _lanes(target)
         mb, nb = cpu_schedules.plan_tile(m, n, lanes)
@@ -106,15 +121,21 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
         plan = {"mb": mb, "nb": nb, "lanes": lanes}
     m_pad, n_pad = t["out"].shape
     bias_len = t["bias"].shape[0] if bias else n
-    names = ["a", "w"] + (["bias"] if bias else [])
+    vnni = "w4" in t
+    names = ["a"] + (["w4", "corr"] if vnni else ["w"]) + (["bias"] if bias else [])
     kernel = build(s, target, [t[x] for x in names] + [t["out"]], name="dense")
 
     def pack(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != (m, k) or b.shape != (k, n):
             raise OpError(f"dense was compiled for A{[m, k]} @ B{[k, n]}, not A{list(np.shape(a))} @ "
                           f"B{list(np.shape(b))}")
-        return {"a": _array(a, "A", dtype, (m, k)), "w": _array(b, "B", dtype, (k, n)),
-                **_bias(bias, epi, dtype, n, bias_len, "dense")}
+        weights = _array(b, "B", dtype, (k, n))
+        if vnni:
+            w4, corr = pack_dense_weights_vnni(weights, t["w4"].shape[2])
+            weights = {"w4": w4, "corr": corr}
+        else:
+            weights = {"w": weights}
+        return {"a": _array(a, "A", dtype, (m, k)), **weights, **_bias(bias, epi, dtype, n, bias_len, "dense")}
 
     def unpack(out: np.ndarray) -> np.ndarray:
         return out if (m_pad, n_pad) == (m, n) else np.ascontiguousarray(out[:m, :n])
@@ -156,6 +177,20 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
+    elif _vnni(target, dtype):
+        lanes = _lanes(target)
+        pitch = w + 2 * padding if stride == 1 else ow
+        mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes)
+        t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
+        s = create_schedule(t["out"])
+        shifted = t["layout"].method == "vnni-shifted"
+        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes,
+                                      taps=(kh, kw) if shifted else None)
+        if shifted:
+            cpu_schedules.schedule_flat_image(s, t["x4"], t["layout"].pitch)
+        else:
+            cpu_schedules.schedule_im2col(s, t["x4"], (kh, kw), ow)
+        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": t["layout"].method}
     else:
         lanes = _lanes(target)
         pitch = w + 2 * padding if conv2d_method((kh, kw), stride, padding) == "shifted" else ow
@@ -174,7 +209,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     pitch = t["layout"].pitch
     bias_len = t["bias"].shape[0] if bias else o
     x_shape = t["x"].shape
-    names = ["x", "w"] + (["bias"] if bias else [])
+    vnni = "w4" in t
+    names = ["x"] + (["w4", "corr"] if vnni else ["w"]) + (["bias"] if bias else [])
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
 
     def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -182,8 +218,13 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                 or tuple(w.shape) != weight:
             raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
                           f"{list(np.shape(x))} and {list(np.shape(w))}")
-        return {"x": _array(x, "input", dtype, shape).reshape(x_shape),
-                "w": _array(w, "weight", dtype, weight).reshape(o, cg * kh * kw),
+        weights = _array(w, "weight", dtype, weight)
+        if vnni:
+            w4, corr = pack_conv_weights_vnni(weights, groups)
+            weights = {"w4": w4, "corr": corr}
+        else:
+            weights = {"w": weights.reshape(o, cg * kh * kw)}
+        return {"x": _array(x, "input", dtype, shape).reshape(x_shape), **weights,
                 **_bias(bias, epi, dtype, o, bias_len, "conv2d")}
 
     def unpack(out: np.ndarray) -> np.ndarray:

@@ -32,7 +32,8 @@ from ..te import Tensor, compute, pad, placeholder, reduce_axis, reduce_max, sum
 from .common import Epilogue, OpError, out_size
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "ConvLayout", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
+    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS",
 ]
 
@@ -172,6 +173,123 @@ def _read_padded(x: Tensor, b, ci, f: Expr, pitch: int, padding: int) -> Expr:
     ``pitch`` (zeros past its last row)."""
     return BufferLoad(x.buffer, (b, ci, FloorDiv(f, Const(pitch)) - padding, FloorMod(f, Const(pitch)) - padding),
                       zero_outside=True)
+
+
+def _bytes_u8(load_byte, count: int = 4) -> Expr:
+    """Four int8 values (``load_byte(j)``) offset by 128 to unsigned bytes and packed little-
+    endian into one int32: the unsigned operand of `dot4_u8s8`."""
+    packed: Expr | None = None
+    for j in range(count):
+        term = (load_byte(j).astype("int32") + 128) * (1 << (8 * j))
+        packed = term if packed is None else packed + term
+    return packed
+
+
+def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
+                   groups: int, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """int8 conv2d on 4-byte dot products (`dot4_u8s8`: AVX-512 VNNI's ``vpdpbusd``).
+
+    Each group's input channels go in fours: the activations, offset by 128 to
+    unsigned bytes, are packed four channels to an int32 (``x4``: the padded
+    image flattened with the `conv2d_method` pitch for stride 1, an im2col
+    matrix otherwise); the weights ``w4`` (O, C/G/4·KH·KW) int32 and the offset's
+    correction ``corr`` = 128·Σ w (O,) come packed from the host. ``out`` is laid
+    out as in `conv2d_te`."""
+    n, c, h, wd = shape
+    o, cg, kh, kw = weight
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    taps = kh * kw
+    cg4 = -(-cg // 4)
+    og = o // groups
+    shifted = stride == 1
+    pitch = wd + 2 * padding if shifted else ow
+    p_pad = round_up(oh * pitch, panel)
+    x = placeholder((n, c, h, wd), "int8", "x")
+    w4 = placeholder((o, cg4 * taps), "int32", "w4")
+    corr = placeholder((o,), "int32", "corr")
+    tensors: dict[str, Tensor] = {"x": x, "w4": w4, "corr": corr}
+
+    def channel(b, g, c4, j, row, col):
+        # Channels past the group's count read a neighbour or zero: their weights are zero.
+        return BufferLoad(x.buffer, (b, g * cg + c4 * 4 + j, row, col), zero_outside=True)
+    if shifted:
+        length = p_pad + (kh - 1) * pitch + kw - 1
+        x4 = tensors["x4"] = compute(
+            (n, groups, cg4, length),
+            lambda b, g, c4, f: _bytes_u8(lambda j: channel(b, g, c4, j, FloorDiv(f, Const(pitch)) - padding,
+                                                            FloorMod(f, Const(pitch)) - padding)), name="x4")
+
+        def operand(b, g, r4, q):
+            return x4[b, g, r4 // taps, q + ((r4 // kw) % kh) * pitch + r4 % kw]
+    else:
+        x4 = tensors["x4"] = compute(
+            (n, groups, cg4 * taps, p_pad),
+            lambda b, g, r4, q: _bytes_u8(lambda j: channel(
+                b, g, r4 // taps, j, (q // ow) * stride + (r4 // kw) % kh - padding,
+                (q % ow) * stride + r4 % kw - padding)), name="x4")
+
+        def operand(b, g, r4, q):
+            return x4[b, g, r4, q]
+    r4 = reduce_axis(cg4 * taps, "r4")
+    cc = tensors["c"] = compute(
+        (n, o, p_pad), lambda b, oc, q: sum_(Call("dot4_u8s8", (operand(b, oc // og, r4.var, q), w4[oc, r4])), [r4]),
+        name="c")
+    bias = None
+    if epilogue.bias:
+        bias = tensors["bias"] = placeholder((o,), "int32", "bias")
+    tensors["out"] = compute(
+        (n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q] - corr[oc], bias[oc] if bias else None),
+        name="out", dtype=epilogue.out_dtype("int32"))
+    tensors["layout"] = ConvLayout("vnni-shifted" if shifted else "vnni-im2col", pitch, oh, ow)
+    return tensors
+
+
+def dense_vnni_te(m: int, k: int, n: int, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """int8 dense on 4-byte dot products: ``a`` offset by 128 and packed four columns to an
+    int32 (``a4``, in the kernel); the weights ``w4`` (N/panel, K/4, panel) int32 and the
+    correction ``corr`` = 128·Σ_k w (N_pad,) come packed from the host."""
+    k4 = -(-k // 4)
+    n_pad = round_up(n, panel)
+    a = placeholder((m, k), "int8", "a")
+    w4 = placeholder((n_pad // panel, k4, panel), "int32", "w4")
+    corr = placeholder((n_pad,), "int32", "corr")
+    a4 = compute((m, k4), lambda i, r: _bytes_u8(lambda j: BufferLoad(a.buffer, (i, r * 4 + j), zero_outside=True)),
+                 name="a4")
+    r = reduce_axis(k4, "k4")
+    c = compute((m, n_pad), lambda i, j: sum_(Call("dot4_u8s8", (a4[i, r], w4[j // panel, r, j % panel])), [r]),
+                name="c")
+    tensors = {"a": a, "w4": w4, "corr": corr, "a4": a4, "c": c}
+    bias = None
+    if epilogue.bias:
+        bias = tensors["bias"] = placeholder((n_pad,), "int32", "bias")
+    tensors["out"] = compute((m, n_pad), lambda i, j: epilogue.apply(c[i, j] - corr[j], bias[j] if bias else None),
+                             name="out", dtype=epilogue.out_dtype("int32"))
+    return tensors
+
+
+def pack_conv_weights_vnni(w, groups: int):
+    """OIHW int8 weights → (w4, corr) for `conv2d_vnni_te` (numpy)."""
+    import numpy as np
+    o, cg, kh, kw = w.shape
+    cg4 = -(-cg // 4)
+    padded = np.zeros((o, cg4 * 4, kh, kw), np.int8)
+    padded[:, :cg] = w
+    w4 = np.ascontiguousarray(padded.reshape(o, cg4, 4, kh, kw).transpose(0, 1, 3, 4, 2)).view(np.int32)
+    corr = (128 * w.reshape(o, -1).astype(np.int64).sum(1)).astype(np.int32)
+    return w4.reshape(o, cg4 * kh * kw), corr
+
+
+def pack_dense_weights_vnni(w, panel: int):
+    """(K, N) int8 weights → (w4, corr) for `dense_vnni_te` (numpy)."""
+    import numpy as np
+    k, n = w.shape
+    k4, n_pad = -(-k // 4), round_up(n, panel)
+    padded = np.zeros((k4 * 4, n_pad), np.int8)
+    padded[:k, :n] = w
+    w4 = np.ascontiguousarray(padded.reshape(k4, 4, n_pad // panel, panel).transpose(2, 0, 3, 1)).view(np.int32)
+    corr = np.zeros(n_pad, np.int32)
+    corr[:n] = (128 * w.astype(np.int64).sum(0)).astype(np.int32)
+    return w4.reshape(n_pad // panel, k4, panel), corr
 
 
 def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,

@@ -149,6 +149,22 @@ def test_gpu_schedules_compute_the_operator(case):
     _check(op.unpack_output(arrays[-1]), reference(host), exact)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_the_large_tile_computes_the_product(dtype):
+    """The 128×128 tile (8×8 outputs per thread) large products get, run sequentially."""
+    from gemforge.compiler.ops import gpu as gpu_schedules
+    from gemforge.compiler.ops.common import Epilogue
+    from gemforge.compiler.pipeline import lower
+    t, s, plan = gpu_schedules.dense(130, 20, 140, dtype, Epilogue(), tile=gpu_schedules.LARGE_TILE)
+    assert plan["tile"] == [128, 128, 8, 8, 8]
+    kernel = _serial_on_cpu(lower(s, GpuTarget(), [t["a"], t["w"], t["out"]]))
+    rng = np.random.default_rng(13)
+    a, b = _data(rng, (130, 20), dtype), _data(rng, (20, 140), dtype)
+    out = np.zeros(t["out"].shape, t["out"].dtype)
+    kernel(a, b, out)
+    _check(out[:130, :140], dense_reference(a, b), dtype == "int8")
+
+
 @pytest.mark.skipif(not HAVE_GPU, reason=NO_GPU)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_on_the_gpu(case):

@@ -200,3 +200,24 @@ def test_bad_arguments_get_clear_errors(cpu):
         op.run(cpu, a=np.zeros((4, 4), np.int8), b=np.zeros((4, 4), np.int8))
     with pytest.raises(OpError, match=r"compiled for A\[4, 4\] @ B\[4, 4\]"):
         op.run(cpu, a=np.zeros((3, 4), np.float32), b=np.zeros((4, 4), np.float32))
+
+
+@pytest.mark.parametrize("features", ["host", "host,-avx512vnni"], ids=["vnni-if-present", "no-vnni"])
+def test_int8_products_with_and_without_vnni(features, cpu):
+    """With AVX-512 VNNI the int8 products run on 4-byte dot products (activations offset
+    to unsigned bytes, corrected by the weights' sums); without it, on widened products.
+    Both are exact."""
+    from gemforge.compiler.backends.cpu import has_feature
+    target = CpuTarget(features=features)
+    rng = np.random.default_rng(9)
+    x, w = _data(rng, (1, 7, 9, 10), "int8"), _data(rng, (9, 7, 3, 3), "int8")
+    bias = rng.integers(-999, 999, 9).astype(np.int32)
+    for stride in (1, 2):
+        op = compile_conv2d(target, x.shape, w.shape, stride=stride, padding=1, bias=True, shift=5, relu=True)
+        out, _ = op.run(cpu, x=x, w=w, bias=bias)
+        np.testing.assert_array_equal(out, conv2d_reference(x, w, bias, stride, 1, 5, True))
+        assert ("vpdpbusd" in op.program.assembly) == has_feature(target, "avx512vnni")
+    a, b = _data(rng, (13, 30), "int8"), _data(rng, (30, 21), "int8")
+    out, _ = compile_dense(target, 13, 30, 21).run(cpu, a=a, b=b)
+    np.testing.assert_array_equal(out, dense_reference(a, b))
+    assert compile_dense(CpuTarget(features="host,-avx512vnni"), 4, 4, 4).plan.get("method") != "vnni"

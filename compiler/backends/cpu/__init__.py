@@ -33,7 +33,7 @@ from ...target import CpuTarget
 from . import runtime
 from .codegen import CpuCodegen
 
-__all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits"]
+__all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits", "has_feature"]
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -55,9 +55,22 @@ def _initialize() -> None:
 
 
 def _host(target: CpuTarget) -> tuple[str, str]:
+    """LLVM's CPU name and feature string for the target. ``features`` is ``host`` (this
+    CPU's), an explicit list, or ``host`` followed by changes (``host,-avx512vnni``)."""
     cpu = llvm.get_host_cpu_name() if target.cpu == "host" else target.cpu
-    features = llvm.get_host_cpu_features().flatten() if target.features == "host" else target.features
-    return cpu, features
+    parts = [p for p in target.features.split(",") if p]
+    if parts and parts[0] == "host":
+        flags = dict((f[1:], f[0]) for f in llvm.get_host_cpu_features().flatten().split(",") if f)
+        for change in parts[1:]:
+            flags[change.lstrip("+-")] = "-" if change.startswith("-") else "+"
+        return cpu, ",".join(f"{sign}{name}" for name, sign in flags.items())
+    return cpu, target.features
+
+
+def has_feature(target: CpuTarget, feature: str) -> bool:
+    """Whether the target CPU has ``feature`` (LLVM's name, e.g. ``avx512vnni``)."""
+    _initialize()
+    return f"+{feature}" in set(_host(target)[1].split(","))
 
 
 def vector_bits(target: CpuTarget) -> int:
@@ -166,7 +179,8 @@ def make_llvm_ir(func: PrimFunc, target: CpuTarget) -> CpuModule:
     while isinstance(body, Allocate) and body.buffer.scope == "global":
         workspaces.append(body.buffer)
         body = body.body
-    CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs)).emit_function()
+    CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs),
+               vnni=has_feature(target, "avx512vnni"), vl=has_feature(target, "avx512vl")).emit_function()
     return CpuModule(func, target, str(module), workspaces)
 
 

@@ -655,6 +655,11 @@ class LLVMCodegen:
         dtype = e.dtype
         if isinstance(e, Shr):
             return self.shift(e)
+        if isinstance(e, Add):
+            for acc, other in ((e.a, e.b), (e.b, e.a)):
+                if isinstance(other, Call) and other.name == "dot4_u8s8":
+                    # An accumulation into a dot product: one instruction where the target has it.
+                    return self.dot4(self.expr(acc), *(self.expr(x) for x in other.args))
         x, y = self._match(self.expr(e.a), self.expr(e.b))
         if is_float(dtype):
             if isinstance(e, (Add, Sub, Mul, Div)):
@@ -742,7 +747,30 @@ class LLVMCodegen:
             return self.tanh(self.expr(e.args[0]))
         if e.name.startswith(("threadIdx.", "blockIdx.")):
             return self.thread_index(e.name)
+        if e.name == "dot4_u8s8":
+            return self.dot4(None, *(self.expr(a) for a in e.args))
         raise CodegenError(f"intrinsic {e.name} is not available on this back end")
+
+    def dot4(self, acc: ll.Value | None, a: ll.Value, b: ll.Value) -> ll.Value:
+        """``acc + dot4_u8s8(a, b)`` (``acc`` may be None) from byte extractions; back ends
+        with a dot-product instruction override it."""
+        bld = self.builder
+        a, b = self._match(a, b)
+        total = None
+        for j in range(4):
+            ua = bld.and_(bld.lshr(a, self._splat(a.type, 8 * j)), self._splat(a.type, 255))   # unsigned byte of a
+            sb = bld.ashr(bld.shl(b, self._splat(b.type, 24 - 8 * j)), self._splat(b.type, 24))  # signed byte of b
+            term = bld.mul(ua, sb)
+            total = term if total is None else bld.add(total, term)
+        if acc is None:
+            return total
+        acc, total = self._match(acc, total)
+        return bld.add(acc, total)
+
+    def _splat(self, ty: ll.Type, value: int) -> ll.Value:
+        if isinstance(ty, ll.VectorType):
+            return ll.Constant(ty, [value] * ty.count)
+        return ll.Constant(ty, value)
 
     def tanh(self, x: ll.Value) -> ll.Value:
         """tanh(x) = 1 − 2 / (exp(2x) + 1), exact to float rounding and free of libm calls."""
