@@ -49,8 +49,11 @@ def _schedule_tiled(s: Schedule, out: Tensor, acc: Tensor, operands: list[Tensor
     so = s[out]
     *batch, rows, cols = so.leaf
     bi, bj, ii, jj = so.tile(rows, cols, bm, bn)
-    ty, ti = so.split(ii, tm)
-    tx, tj = so.split(jj, tn)
+    # A thread's outputs lie a thread-row apart (row ti·TY + ty, column tj·TX + tx): its
+    # neighbours read neighbouring shared-memory words (no bank conflicts) and store
+    # neighbouring addresses (coalesced).
+    ti, ty = so.split(ii, ty_n)
+    tj, tx = so.split(jj, tx_n)
     so.reorder(*batch, bi, bj, ty, tx, ti, tj)
     if batch:
         so.bind(batch[0], "blockIdx.z")
