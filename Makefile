@@ -29,8 +29,11 @@ install-icarus:
 test-slow: install
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
 
+# The GPU figures come from BENCHMARKS.gpu.json, measured on a machine with a GPU by
+# `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none.
 bench: install
-	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large --markdown BENCHMARKS.md
+	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \
+		--merge BENCHMARKS.gpu.json --markdown BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -181,7 +181,7 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
     if times:
         ops = list(next(iter(times.values())))
         out += ["Compile time per operator and target (seconds; the GPU's includes ptxas):", "",
-                "| target | " + " | ".join(ops) + " |", "| --- | " + "--- | " * len(ops),
+                "| target | " + " | ".join(ops) + " |", "| --- |" + " --- |" * len(ops),
                 *[f"| {t} | " + " | ".join(str(row[o]) for o in ops) + " |" for t, row in times.items()], ""]
     return out
 

@@ -122,8 +122,17 @@ def compile_softmax(target, shape, **options) -> CompiledOp:
     return host.compile_softmax(_host_only(target, "softmax"), shape, **options)
 
 
-def _device_target(device):
-    return getattr(device, "target", None) or device.config
+def _target_for_operands(device, op: str, x: np.ndarray, y: np.ndarray):
+    """The device's target, once the two operands' types suit it (the accelerator takes
+    its configured input type; every target needs one type for both)."""
+    target = target_of(getattr(device, "target", None) or device.config)
+    if target.kind == "accel":
+        inp = f"int{target.config.inp_width}"
+        if x.dtype != np.dtype(inp) or y.dtype != np.dtype(inp):
+            raise OpError(f"{op} operands must be {inp}, not {x.dtype} and {y.dtype}")
+    if x.dtype != y.dtype:
+        raise OpError(f"{op} operands must have one type, not {x.dtype} and {y.dtype}")
+    return target
 
 
 def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, shift: int | None = None,
@@ -132,13 +141,7 @@ def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = No
     Returns (output, RunResult)."""
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise OpError(f"dense needs A (M, K) and B (K, N); got A{list(a.shape)} and B{list(b.shape)}")
-    target = target_of(_device_target(device))
-    if target.kind == "accel":
-        inp = f"int{target.config.inp_width}"
-        if a.dtype != np.dtype(inp) or b.dtype != np.dtype(inp):
-            raise OpError(f"dense operands must be {inp}, not {a.dtype} and {b.dtype}")
-    if a.dtype != b.dtype:
-        raise OpError(f"dense operands must have one type, not {a.dtype} and {b.dtype}")
+    target = _target_for_operands(device, "dense", a, b)
     op = compile_dense(target, a.shape[0], a.shape[1], b.shape[1], dtype=a.dtype.name, bias=bias is not None,
                        shift=shift, relu=relu, latency_hiding=latency_hiding)
     return op.run(device, a=a, b=b, bias=bias)
@@ -150,13 +153,7 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = N
     """2-D convolution (NCHW × OIHW, + epilogue) on ``device``; returns (output NCHW, RunResult)."""
     if x.ndim != 4 or w.ndim != 4:
         raise OpError(f"conv2d needs x in NCHW and w in OIHW; got {list(x.shape)} and {list(w.shape)}")
-    target = target_of(_device_target(device))
-    if target.kind == "accel":
-        inp = f"int{target.config.inp_width}"
-        if x.dtype != np.dtype(inp) or w.dtype != np.dtype(inp):
-            raise OpError(f"conv2d operands must be {inp}, not {x.dtype} and {w.dtype}")
-    if x.dtype != w.dtype:
-        raise OpError(f"conv2d operands must have one type, not {x.dtype} and {w.dtype}")
+    target = _target_for_operands(device, "conv2d", x, w)
     op = compile_conv2d(target, x.shape, w.shape, stride=stride, padding=padding, groups=groups,
                         dtype=x.dtype.name, bias=bias is not None, shift=shift, relu=relu,
                         latency_hiding=latency_hiding)

@@ -122,17 +122,22 @@ def _matmul_schedule(m, k, n, threads_axis=True):
     return s, a, b, c
 
 
+def _check_matmul(kernel, m: int, k: int, n: int, seed: int) -> None:
+    """Run a float32 (m×k)·(k×n) kernel on random data against numpy."""
+    rng = np.random.default_rng(seed)
+    A, B = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    C = np.zeros((m, n), np.float32)
+    kernel(A, B, C)
+    np.testing.assert_allclose(C, A @ B, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_parallel_vectorized_loops_are_native_and_correct(threads):
     s, a, b, c = _matmul_schedule(37, 29, 48)
     kernel = build(s, CpuTarget(threads=threads), [a, b, c])
     assert "gf_parallel_for" in kernel.llvm_ir and ".parallel" in kernel.llvm_ir   # outlined body
     assert "<16 x float>" in kernel.llvm_ir and ("zmm" in kernel.assembly or "ymm" in kernel.assembly)
-    rng = np.random.default_rng(4)
-    A, B = rng.standard_normal((37, 29)).astype(np.float32), rng.standard_normal((29, 48)).astype(np.float32)
-    C = np.zeros((37, 48), np.float32)
-    kernel(A, B, C)
-    np.testing.assert_allclose(C, A @ B, rtol=1e-4, atol=1e-5)
+    _check_matmul(kernel, 37, 29, 48, seed=4)
 
 
 def test_partial_tiles_get_a_constant_extent_branch():
@@ -143,12 +148,7 @@ def test_partial_tiles_get_a_constant_extent_branch():
     branches = []
     walk(func.body, lambda x: branches.append(x) if isinstance(x, IfThenElse) else None)
     assert branches, "no partition of the partial tile"
-    kernel = build(s, CPU, [a, b, c])
-    rng = np.random.default_rng(5)
-    A, B = rng.standard_normal((10, 8)).astype(np.float32), rng.standard_normal((8, 45)).astype(np.float32)
-    C = np.zeros((10, 45), np.float32)
-    kernel(A, B, C)
-    np.testing.assert_allclose(C, A @ B, rtol=1e-4, atol=1e-5)
+    _check_matmul(build(s, CPU, [a, b, c]), 10, 8, 45, seed=5)
 
 
 def test_unrolled_local_accumulators_live_in_registers():
@@ -169,11 +169,7 @@ def test_unrolled_local_accumulators_live_in_registers():
     kernel = build(s, CPU, [a, b, c])
     assert "alloca" not in kernel.llvm_ir            # SROA removed the local array
     assert kernel.assembly.count("vfmadd") >= 4      # one FMA per accumulator row
-    rng = np.random.default_rng(6)
-    A, B = rng.standard_normal((12, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
-    C = np.zeros((12, 32), np.float32)
-    kernel(A, B, C)
-    np.testing.assert_allclose(C, A @ B, rtol=1e-4, atol=1e-5)
+    _check_matmul(kernel, 12, 64, 32, seed=6)
 
 
 def test_kernel_arguments_are_checked():
