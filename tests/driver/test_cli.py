@@ -226,3 +226,80 @@ def test_unwritable_output_is_one_line(tmp_path, capsys):
     blocker.write_text("")
     code, _, err = run(capsys, "generate", "--config", "tiny", "-o", blocker / "sub")
     assert code == 2 and err.startswith("gemforge: error: ") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- the LLVM back ends
+
+def test_run_op_on_the_cpu_float32_and_grouped_int8(tmp_path, capsys):
+    rng = np.random.default_rng(31)
+    a, b = rng.standard_normal((9, 17)).astype(np.float32), rng.standard_normal((17, 5)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    for name, arr in (("a", a), ("b", b), ("bias", bias)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    code, out, err = run(capsys, "run-op", "dense", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                         "--bias", tmp_path / "bias.npy", "--relu", "-o", tmp_path / "c.npy", "--device", "cpu",
+                         "--stats")
+    assert code == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-5)
+    assert json.loads(out)["dtype"] == "float32" and "seconds" in json.loads(out)
+    x = rng.integers(-128, 128, (1, 6, 8, 8), dtype=np.int8)
+    w = rng.integers(-128, 128, (6, 2, 3, 3), dtype=np.int8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "w.npy", w)
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "--groups", 3, "--padding", 1, "--shift", 6, "-o", tmp_path / "y.npy", "--device", "cpu")
+    assert code == 0, err
+    from gemforge.compiler.ops import conv2d_reference
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), conv2d_reference(x, w, None, 1, 1, 6, groups=3))
+
+
+def test_run_op_elementwise_and_softmax_on_the_cpu(tmp_path, capsys):
+    rng = np.random.default_rng(32)
+    x, y = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((3, 1)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    code, _, err = run(capsys, "run-op", "mul", "--input", tmp_path / "x.npy", "--other", tmp_path / "y.npy",
+                       "-o", tmp_path / "o.npy", "--device", "cpu")
+    assert code == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), x * y, rtol=1e-6)
+    code, _, err = run(capsys, "run-op", "softmax", "--input", tmp_path / "x.npy", "-o", tmp_path / "s.npy",
+                       "--device", "cpu")
+    assert code == 0, err
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.load(tmp_path / "s.npy"), e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("device,emit,marker", [("cpu", "llvm", "define void @dense"), ("cpu", "asm", "vfmadd"),
+                                                ("gpu", "ptx", ".entry dense")])
+def test_compile_op_writes_llvm_assembly_or_ptx(tmp_path, capsys, device, emit, marker):
+    code, out, err = run(capsys, "compile-op", "dense", "--shape", "64,64,64", "--dtype", "float32", "--device",
+                         device, "--emit", emit, "-o", tmp_path / "k.txt", "--trace")
+    assert code == 0, err
+    assert marker in (tmp_path / "k.txt").read_text()
+    assert "== lower" in err and "== make_llvm_ir" in err         # --trace: the IR after every stage
+    assert json.loads(out)["emit"] == emit
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["compile-op", "dense", "--shape", "4,4,4", "--dtype", "float32", "--shift", "3", "--device", "cpu"],
+     "shift .* applies to int8 operands"),
+    (["compile-op", "dense", "--shape", "4,4,4", "--device", "gpu", "--emit", "asm"], "--emit asm is not available"),
+    (["compile-op", "dense", "--shape", "4,4,4", "--device", "cpu", "--emit", "program"], "--emit program"),
+    (["compile-op", "softmax", "--shape", "4,4"], "softmax runs on the cpu or gpu"),
+    (["compile-op", "conv2d", "--input-shape", "1,8,5,5", "--weight-shape", "4,3,3,3", "--groups", "3",
+      "--device", "cpu"], "input has 8 channels"),
+])
+def test_llvm_back_end_mistakes_are_one_line(tmp_path, capsys, argv, message):
+    code, _, err = run(capsys, *argv, "-o", tmp_path / "out")
+    assert code == 2 and err.startswith("gemforge: error: ") and "Traceback" not in err
+    assert __import__("re").search(message, err), err
+
+
+def test_gpu_device_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    from gemforge.compiler.backends.gpu import cuda
+    if cuda.available():
+        pytest.skip("this machine has a GPU")
+    np.save(tmp_path / "a.npy", np.zeros((2, 2), np.float32))
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "a.npy",
+                       "-o", tmp_path / "c.npy", "--device", "gpu")
+    assert code == 2 and "device gpu is not available" in err
