@@ -375,7 +375,7 @@ class _Generator:
                     return None
                 region = self.regions[producer]
                 idx = e.indices
-                if producer.attach is not None:
+                if producer.attach is not None and producer.scope != "global":
                     idx = tuple(self._local_index(i, region, d) for d, i in enumerate(idx))
                 return self._load(self.buffers[producer], idx, e.dtype, e.zero_outside)
             return None
@@ -399,9 +399,12 @@ class _Generator:
         roots = _global_root_values(stage, regions)
         local = _local_root_values(stage, regions)
         buf = self.buffers[stage]
-        # Stores index the realized buffer: the global tensor for root stages, the
-        # region-relative copy for attached ones (the leaf values are local).
-        store_idx = tuple(local[iv] for iv in stage.op.axes)
+        # Stores index the realized buffer: the whole tensor in main memory (root stages,
+        # and attached ones computing their region of it), else the region-relative copy.
+        if stage.attach is not None and stage.scope == "global":
+            store_idx = tuple(roots[iv.var] for iv in stage.op.axes)
+        else:
+            store_idx = tuple(local[iv] for iv in stage.op.axes)
         body = self.bodies[stage]
         init = None
         first_reduce = None

@@ -19,7 +19,6 @@ name, a config) into a target.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,13 +90,8 @@ class CpuTarget(Target):
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise TargetError(f"cpu threads must be a non-negative integer (0: all cores), not {self.threads!r}")
 
-    @property
-    def thread_count(self) -> int:
-        return self.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                else os.cpu_count() or 1)
-
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "cpu": self.cpu, "threads": self.thread_count}
+        return {"kind": self.kind, "cpu": self.cpu, "threads": self.threads or "one per core"}
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def _conv_model(xs, ws, stride, padding, w: np.ndarray):
 
 
 def _qconv_model(xs, ws, stride, padding, w: np.ndarray, bias: np.ndarray, activation: str):
-    """QLinearConv with power-of-two scales, the same requantization as the epilogue."""
+    """QLinearConv with power-of-two scales: the epilogue's requantization, except that
+    ONNX rounds to nearest where the epilogue's shift floors (the same work)."""
     import onnx
     from onnx import helper, numpy_helper
     elem = onnx.TensorProto.INT8 if activation == "int8" else onnx.TensorProto.UINT8

@@ -60,6 +60,8 @@ def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) ->
         raise UsageError(f"{what} file {path} is not a readable .npy array ({exc})") from None
     if not isinstance(array, np.ndarray):
         raise UsageError(f"{what} file {path} holds several arrays; give a single-array .npy file")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))  # big-endian files: the same values, native order
     if dtype is not None and array.dtype != dtype:
         raise UsageError(f"{what} must be {np.dtype(dtype).name}, but {path} holds {array.dtype.name}")
     if ndim is not None and array.ndim != ndim:
@@ -125,6 +127,10 @@ def _target_for(args: argparse.Namespace, device=None):
     from gemforge.compiler.target import AccelTarget, CpuTarget, GpuTarget
     if device is not None and getattr(device, "target", None) is not None:
         return device.target
+    if args.device not in available_backends():
+        raise UsageError(f"unknown device {args.device!r}; available: {', '.join(available_backends())}")
+    if getattr(args, "arch", None) and args.device != "gpu":
+        raise UsageError(f"--arch is for --device gpu, not {args.device}")
     if args.device == "cpu":
         return CpuTarget()
     if args.device == "gpu":
@@ -387,6 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # e.g. `gemforge disasm x | head`
         return 0
+    except MemoryError:
+        print("gemforge: error: not enough memory for the tensors of this command (check the shapes, "
+              "padding and sizes)", file=sys.stderr)
+        return 2
     except OSError as exc:  # unwritable output, full disk, ...
         where = f": {exc.filename}" if exc.filename else ""
         print(f"gemforge: error: {exc.strerror or exc}{where}", file=sys.stderr)

@@ -45,12 +45,15 @@ class HostDevice:
             else:
                 arrays.append(np.zeros(buf.shape, buf.dtype))
         start = time.perf_counter()
-        kernel(*arrays)
+        self._call(kernel, arrays)
         seconds = time.perf_counter() - start
         by_name = {buf.name: array for buf, array in zip(kernel.params, arrays)}
         result = RunResult(counters={}, seconds=seconds)
         self.last_result = result
         return {name: by_name[name] for name in outputs}, result
+
+    def _call(self, kernel: Any, arrays: list[np.ndarray]) -> None:
+        kernel(*arrays)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -69,6 +72,10 @@ class CpuDevice(HostDevice):
 
     def __init__(self, config=None, threads: int = 0) -> None:
         super().__init__(CpuTarget(threads=threads))
+        self.threads = threads
+
+    def _call(self, kernel: Any, arrays: list[np.ndarray]) -> None:
+        kernel(*arrays, threads=self.threads)
 
 
 class GpuDevice(HostDevice):
@@ -83,6 +90,10 @@ class GpuDevice(HostDevice):
             dev = cuda.device()
         except cuda.CudaError as exc:
             raise DeviceError(f"device gpu is not available: {exc}") from None
-        arch = dev.arch if dev.arch in GPU_ARCHS else "sm_90" if dev.arch > "sm_90" else "sm_80"
+        # The device's own architecture, else the newest supported one below it (newer
+        # GPUs run its PTX through the driver's compiler).
+        number = int(dev.arch[3:])
+        arch = dev.arch if dev.arch in GPU_ARCHS else max(
+            (a for a in GPU_ARCHS if int(a[3:]) <= number), key=lambda a: int(a[3:]), default=GPU_ARCHS[0])
         super().__init__(GpuTarget(arch))
         self.name = dev.name

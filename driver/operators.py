@@ -146,6 +146,8 @@ def compile_operator(args: argparse.Namespace, target, shapes: dict[str, tuple[i
         return ops.compile_dense(target, m, k, n, dtype=dtype, bias=has_bias, **epilogue, **hiding)
     if op == "conv2d":
         x, w = shapes["x"], shapes["w"]
+        if args.groups < 1:
+            raise OperatorUsageError(f"--groups must be a positive integer, not {args.groups}")
         if x[1] != w[1] * args.groups:
             raise OperatorUsageError(f"input has {x[1]} channels (NCHW {list(x)}) but the weight expects "
                                      f"{w[1] * args.groups} (OIHW {list(w)}, {args.groups} group(s))")

@@ -181,6 +181,11 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
     total.vectorize(tx)
 
 
+#: Softmax keeps a row of exponentials in a local array up to this length (on the
+#: stack); longer rows use a main-memory workspace.
+SOFTMAX_LOCAL_ROW = 16384
+
+
 def schedule_softmax(s: Schedule, tensors: dict[str, Tensor]) -> None:
     """Rows in parallel; per row the maximum, the exponentials, their sum and the
     quotients, the element loops vectorized."""
@@ -190,7 +195,8 @@ def schedule_softmax(s: Schedule, tensors: dict[str, Tensor]) -> None:
     out.vectorize(col)
     for name in ("max", "exp", "sum"):
         stage = s[tensors[name]]
-        stage.set_scope("local")
+        if name != "exp" or tensors["exp"].shape[1] <= SOFTMAX_LOCAL_ROW:
+            stage.set_scope("local")
         stage.compute_at(out, row)
     exp = s[tensors["exp"]]
     exp.vectorize(exp.leaf[-1])

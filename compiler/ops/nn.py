@@ -331,7 +331,8 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
 
     Max: padding never wins (it reads the type's lowest value). Average: the
     mean over the window's positions inside the input (all positions with
-    ``count_include_pad``); integers round to nearest, halves up."""
+    ``count_include_pad``); integers sum exactly (int32 inputs in 64 bits) and round
+    to nearest, halves up."""
     n, c, h, w = shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
@@ -351,7 +352,8 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         return tensors
     if kind != "avg":
         raise OpError(f"pooling is max or avg, not {kind!r}")
-    acc = accumulator_dtype(dtype)
+    # Sums of int32 values need 64 bits; int8 sums fit int32 for any window.
+    acc = "int64" if dtype == "int32" else accumulator_dtype(dtype)
     xp = tensors["xp"] = pad(x, (0, 0, ph, pw), (0, 0, ph, pw), "xp") if (ph or pw) else x
     total = tensors["sum"] = compute((n, c, oh, ow), lambda b, ch, y, xx: sum_(
         xp[b, ch, y * sh + rh, xx * sw + rw].astype(acc), [rh, rw]), name="sum")
@@ -364,10 +366,10 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         return rows * cols
 
     def mean(b, ch, y, xx):
-        s, k = total[b, ch, y, xx], count(y, xx)
+        s, k = total[b, ch, y, xx], count(y, xx).astype(acc)
         if is_float(dtype):
-            return Div(s, Cast(acc, k))
-        return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2)), k))
+            return Div(s, k)
+        return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2, acc)), k))
     tensors["out"] = compute((n, c, oh, ow), mean, name="out", dtype=dtype)
     return tensors
 

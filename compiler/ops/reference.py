@@ -126,7 +126,7 @@ def elementwise_reference(op: str, x: np.ndarray, y: np.ndarray | None = None, *
     elif op == "mul":
         value = a * y.astype(work)
     elif op == "relu":
-        value, relu = a, True
+        return np.maximum(x, 0).astype(x.dtype)
     elif op == "clip":
         value = np.minimum(np.maximum(a, lo), hi)
     else:

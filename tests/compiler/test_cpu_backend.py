@@ -214,3 +214,54 @@ def test_one_expression_scheduled_for_accel_cpu_and_gpu():
     np.testing.assert_array_equal(on_cpu, on_fsim["out"])
     expect = np.einsum("mkbi,nkoi->mnbo", A.astype(np.int64), W.astype(np.int64)).astype(np.int32)
     np.testing.assert_array_equal(on_cpu, expect)
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_edge_semantics_never_trap_and_wrap_like_the_ir(vectorize):
+    """Division by 0 is 0, INT_MIN // −1 wraps (no SIGFPE); int32 comparisons see wrapped
+    sums; shifts clamp their amount in its own width; float max keeps NaN (numpy's rule)."""
+    n = 8
+    x = placeholder((n,), "int32", "x")
+    d = placeholder((n,), "int32", "d")
+    s8 = placeholder((n,), "int8", "s8")
+    f = placeholder((n,), "float32", "f")
+    div = compute((n,), lambda i: FloorDiv(x[i], d[i]), name="div")
+    mod = compute((n,), lambda i: FloorMod(x[i], d[i]), name="mod")
+    neg = compute((n,), lambda i: Select((x[i] + d[i]) < 0, Const(1), Const(0)), name="neg")
+    sh = compute((n,), lambda i: Shr(s8[i], d[i]), name="sh")
+    mx = compute((n,), lambda i: Max(f[i], Const(0.0, "float32")), name="mx")
+    s = create_schedule([div, mod, neg, sh, mx])
+    if vectorize:
+        for t in (div, mod, neg, sh, mx):
+            s[t].vectorize(s[t].leaf[0])
+    X = np.array([7, -7, -2**31, 5, 2**31 - 1, 9, -9, 100], np.int32)
+    D = np.array([0, 0, -1, -1, 1, 256, -300, 3], np.int32)
+    S8 = np.array([-100, -1, 100, 1, -128, 127, 64, -64], np.int8)
+    F = np.array([np.nan, -1.0, 2.0, -np.inf, np.inf, 0.5, -0.0, 3.0], np.float32)
+    outs = [np.zeros(n, np.int32) for _ in range(3)] + [np.zeros(n, np.int8), np.zeros(n, np.float32)]
+    _run(s, [x, d, s8, f, div, mod, neg, sh, mx], X, D, S8, F, *outs)
+    x64, d64 = X.astype(np.int64), D.astype(np.int64)
+    safe = np.where((D == 0) | (D == -1), 1, d64)
+    want_div = np.where(D == 0, 0, np.where(D == -1, -x64, x64 // safe))
+    want_mod = np.where((D == 0) | (D == -1), 0, x64 % safe)
+    wrap = lambda v: ((v + 2**31) % 2**32) - 2**31  # noqa: E731
+    np.testing.assert_array_equal(outs[0], wrap(want_div))
+    np.testing.assert_array_equal(outs[1], want_mod)
+    np.testing.assert_array_equal(outs[2], (wrap(x64 + d64) < 0).astype(np.int32))
+    amount = d64
+    want_sh = np.where(amount >= 0, S8.astype(np.int64) >> np.minimum(amount, 7),
+                       np.where(-amount >= 8, 0, S8.astype(np.int64) << np.clip(-amount, 0, 7)))
+    np.testing.assert_array_equal(outs[3], want_sh.astype(np.int8))
+    np.testing.assert_array_equal(outs[4], np.maximum(F, 0))   # NaN stays NaN
+
+
+@pytest.mark.parametrize("length", [72, 75, 95, 127, 3000])
+def test_float_max_reductions_of_any_length_compile(length):
+    """Reductions with float max (softmax's) for lengths LLVM's vectorizer once choked on."""
+    x = placeholder((2, length), "float32", "x")
+    k = reduce_axis(length, "k")
+    m = compute((2,), lambda i: reduce_max(x[i, k], [k]), name="m")
+    X = np.random.default_rng(length).standard_normal((2, length)).astype(np.float32)
+    M = np.zeros(2, np.float32)
+    _run(create_schedule(m), [x, m], X, M)
+    np.testing.assert_array_equal(M, X.max(1))

@@ -176,3 +176,42 @@ def test_on_the_gpu(case):
     out, result = op.run(device, **host)
     _check(out, reference(host), exact)
     assert result.seconds is not None
+
+
+def test_barriers_sit_outside_thread_guards():
+    """Barriers go between a shared stage's writes and reads and at the top of the
+    reduction loop, never in a thread-bound loop's body; a guarded (partial) thread loop
+    around a barrier is refused rather than left to deadlock."""
+    from gemforge.compiler import build, create_schedule
+    from gemforge.compiler.backends.gpu import GpuCompileError
+    from gemforge.compiler.ir import Evaluate, IfThenElse
+    from gemforge.compiler.te import compute, placeholder, reduce_axis, sum_
+    kernel = compile_dense(GpuTarget(), 128, 64, 128, dtype="float32").program
+    (k,) = kernel.program.kernels
+
+    def barriers(stmt):
+        found = []
+        walk(stmt, lambda s: found.append(s) if isinstance(s, Evaluate) else None)
+        return found
+    guards = []
+    walk(k.func.body, lambda s: guards.append(s) if isinstance(s, IfThenElse) else None)
+    assert all(not barriers(g) for g in guards)
+    assert len(barriers(k.func.body)) == 2   # before the chunk's copies, and between copies and use
+
+    def partial_tile():
+        a = placeholder((20, 20), "float32", "a")
+        b = placeholder((20, 20), "float32", "b")
+        r = reduce_axis(20, "r")
+        c = compute((20, 20), lambda i, j: sum_(a[i, r] * b[r, j], [r]), name="c")
+        s = create_schedule(c)
+        cl = s.cache_write(c, "local")
+        i, j = s[c].leaf
+        io, ii = s[c].split(i, 16)
+        s[c].bind(io, "blockIdx.x")
+        s[c].bind(ii, "threadIdx.x")
+        s[cl].compute_at(s[c], ii)
+        sh = s.cache_read(a, "shared", [cl])
+        s[sh].compute_at(s[cl], s[cl].leaf[2])
+        return build(s, GpuTarget(), [a, b, c])
+    with pytest.raises(GpuCompileError, match="around a barrier"):
+        partial_tile()

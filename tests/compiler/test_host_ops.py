@@ -29,6 +29,8 @@ def cpu():
 def _data(rng, shape, dtype):
     if dtype == "float32":
         return rng.standard_normal(shape).astype(np.float32)
+    if dtype == "int32":
+        return rng.integers(-2**31, 2**31, shape).astype(np.int32)   # sums need more than 32 bits
     return rng.integers(-128, 128, shape).astype(np.int8)
 
 
@@ -158,7 +160,7 @@ def test_broadcasting_add_and_mul(op, dtype, cpu):
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])
-@pytest.mark.parametrize("dtype", ["int8", "float32"])
+@pytest.mark.parametrize("dtype", ["int8", "int32", "float32"])
 @pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (2, 2, 0), ((7, 7), 1, 0)])
 def test_pooling_including_global(kind, dtype, kernel, stride, padding, cpu):
     rng = np.random.default_rng(5)
@@ -173,7 +175,7 @@ def test_pooling_including_global(kind, dtype, kernel, stride, padding, cpu):
         np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("shape", [(10,), (3, 1000), (2, 3, 17)])
+@pytest.mark.parametrize("shape", [(10,), (3, 1000), (2, 3, 17), (2, 20000)])
 def test_softmax(shape, cpu):
     x = (np.random.default_rng(6).standard_normal(shape) * 5).astype(np.float32)
     out, _ = compile_softmax("cpu", shape).run(cpu, x=x)

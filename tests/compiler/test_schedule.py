@@ -211,3 +211,19 @@ def test_reduction_init_keeps_loop_kinds_and_thread_names():
     inner = [l for l in loops if l.var is ii.var]
     assert len(inner) == 2 and all(l.kind is ForKind.VECTORIZED for l in inner)   # init and update
     assert loops[0].kind is ForKind.THREAD_BINDING and loops[0].thread == "blockIdx.x"
+
+
+def test_an_attached_stage_in_main_memory_writes_and_reads_its_region_of_the_tensor():
+    """compute_at without another scope: the stage computes the region each iteration needs,
+    in place in the whole tensor (rows of a workspace), and readers index it globally."""
+    import numpy as np
+    from gemforge.compiler import CpuTarget, build
+    x = placeholder((3, 40), "float32", "x")
+    y = compute((3, 40), lambda i, j: x[i, j] * 2.0, name="y")
+    z = compute((3, 40), lambda i, j: y[i, 39 - j] + 1.0, name="z")
+    s = create_schedule(z)
+    s[y].compute_at(s[z], s[z].leaf[0])
+    X = np.arange(120, dtype=np.float32).reshape(3, 40)
+    Z = np.zeros((3, 40), np.float32)
+    build(s, CpuTarget(), [x, z])(X, Z)
+    np.testing.assert_array_equal(Z, X[:, ::-1] * 2 + 1)

@@ -20,13 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir import Buffer, Const, Expr, Node, Stmt, Var
+from ...target import ACCEL_ON_CHIP_SCOPES as ON_CHIP_SCOPES
 
-__all__ = ["BufferRef", "DmaCopy", "GemmIntrin", "AluIntrin", "HwLoopTask", "SCOPES", "ON_CHIP_SCOPES"]
-
-#: Storage scopes of the accelerator: DRAM (``global``) and its on-chip buffers that
-#: schedules place stages in (the output buffer mirrors the accumulator).
-SCOPES = ("global", "inp", "wgt", "acc")
-ON_CHIP_SCOPES = ("inp", "wgt", "acc")
+__all__ = ["BufferRef", "DmaCopy", "GemmIntrin", "AluIntrin", "HwLoopTask", "ON_CHIP_SCOPES"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -156,12 +156,13 @@ class CpuKernel:
             out.append(array)
         return out
 
-    def __call__(self, *arrays: np.ndarray) -> None:
+    def __call__(self, *arrays: np.ndarray, threads: int | None = None) -> None:
+        """Run on ``arrays``, parallel loops on ``threads`` threads (default: the target's;
+        0: one per core)."""
         arrays = self.check(arrays)
-        runtime.set_threads(self.target.threads)
         # Workspaces are allocated at the first call and reused (their pages stay
         # mapped); one call at a time uses them.
-        with self._lock:
+        with self._lock, runtime.running(self.target.threads if threads is None else threads):
             if self._scratch is None:
                 self._scratch = [np.empty(b.shape, b.dtype) for b in self.workspaces]
             self._entry(*(a.ctypes.data for a in arrays), *(w.ctypes.data for w in self._scratch))

@@ -8,7 +8,8 @@ cores. A parallel loop inside another runs serially.
 
 Intermediate tensors in main memory (``global`` allocations that are not
 parameters) are allocated with ``aligned_alloc`` and freed after their scope;
-``local`` arrays live on the stack (registers, after optimization).
+``local`` arrays live on the stack (registers, after optimization), up to
+`MAX_STACK_BYTES`, and on the heap beyond.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import llvmlite.ir as ll
 from ...ir import Buffer, For, Var, bits, simplify
 from ..llvm.codegen import I64, LLVMCodegen
 
-__all__ = ["CpuCodegen"]
+__all__ = ["CpuCodegen", "MAX_STACK_BYTES"]
+
+#: ``local`` arrays up to this size live on the stack (registers, after optimization);
+#: larger ones are allocated on the heap so that no thread's stack overflows.
+MAX_STACK_BYTES = 128 * 1024
 
 
 class CpuCodegen(LLVMCodegen):
@@ -75,9 +80,12 @@ class CpuCodegen(LLVMCodegen):
         return fn
 
     def allocate(self, buffer: Buffer):
-        if buffer.scope != "global":
+        if buffer.scope == "local" and buffer.size * max(1, bits(buffer.dtype) // 8) <= MAX_STACK_BYTES:
             return super().allocate(buffer)
-        # Main memory: 64-byte aligned from the C library, freed after the scope.
+        if buffer.scope not in ("global", "local"):
+            return super().allocate(buffer)
+        # Main memory (and local arrays too large for a thread's stack): 64-byte aligned
+        # from the C library, freed after the scope.
         b = self.builder
         nbytes = -(-max(1, buffer.size) * max(1, bits(buffer.dtype) // 8) // 64) * 64
         aligned_alloc = self._runtime("aligned_alloc", ll.PointerType(), [I64, I64])

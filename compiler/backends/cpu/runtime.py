@@ -7,6 +7,13 @@ per thread. The runner is a Python callback on a thread pool; every chunk is a
 ctypes call into native code, which releases the GIL, so the chunks run on
 all cores at once. The calling thread runs the first chunk itself.
 
+The pool is created once, with a worker per core, and never shut down; how
+many threads a call uses is that call's (`running`), so kernels of different
+thread counts may run at the same time from different Python threads. A
+failure inside the runner (it cannot come from native code) makes it run the
+remaining chunks itself and is reported by `running` when the kernel returns:
+a kernel never returns with part of its loop skipped.
+
 Nested parallel loops do not nest thread pools: the code generator runs a
 parallel loop inside another one serially.
 """
@@ -17,68 +24,84 @@ import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 
 import llvmlite.binding as llvm
 
-__all__ = ["RUNTIME_SYMBOLS", "install", "set_threads", "thread_count"]
+__all__ = ["install", "running", "cores"]
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _PARALLEL_FOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_threads = 0
+_call = threading.local()  # the current call's thread count and first error
 _installed = False
 
 
-def thread_count() -> int:
-    """Threads parallel loops use (the CPU target's, else one per available core)."""
-    if _threads:
-        return _threads
+def cores() -> int:
+    """Cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def set_threads(count: int) -> None:
-    """Use ``count`` threads for parallel loops (0: one per core)."""
-    global _threads, _pool
-    with _lock:
-        if count != _threads:
-            _threads = count
-            if _pool is not None:
-                _pool.shutdown(wait=True)
-                _pool = None
 
 
 def _executor() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, thread_count() - 1), thread_name_prefix="gemforge-cpu")
+            _pool = ThreadPoolExecutor(max_workers=max(1, cores() - 1), thread_name_prefix="gemforge-cpu")
         return _pool
+
+
+@contextmanager
+def running(threads: int) -> Iterator[None]:
+    """Run a kernel with ``threads`` threads (0: one per core) in this Python thread;
+    raises the runner's error, if any, when the kernel has returned."""
+    previous = getattr(_call, "threads", None), getattr(_call, "error", None)
+    _call.threads, _call.error = threads or cores(), None
+    try:
+        yield
+        if _call.error is not None:
+            raise RuntimeError(f"the parallel-loop runner failed (the loop was finished serially): {_call.error}")
+    finally:
+        _call.threads, _call.error = previous
 
 
 def _parallel_for(body: int, closure: int, n: int) -> None:
     fn = _BODY(body)
-    threads = min(thread_count(), n)
+    threads = min(getattr(_call, "threads", None) or cores(), n)
     if threads <= 1:
         fn(closure, 0, n)
         return
     bounds = [n * t // threads for t in range(threads + 1)]
-    pool = _executor()
-    futures = [pool.submit(fn, closure, bounds[t], bounds[t + 1]) for t in range(1, threads)]
-    fn(closure, bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+    done = [False] * threads
+    futures = []
+    try:
+        pool = _executor()
+        futures = [(t, pool.submit(fn, closure, bounds[t], bounds[t + 1])) for t in range(1, threads)]
+        fn(closure, bounds[0], bounds[1])
+        done[0] = True
+        for t, future in futures:
+            future.result()
+            done[t] = True
+    except BaseException as exc:  # noqa: BLE001 - reported by `running`, never lost in a callback
+        _call.error = getattr(_call, "error", None) or repr(exc)
+        for t, future in futures:
+            try:
+                future.result()
+                done[t] = True
+            except BaseException:  # noqa: BLE001 - that chunk runs here instead
+                pass
+        for t in range(threads):
+            if not done[t]:
+                fn(closure, bounds[t], bounds[t + 1])
 
 
 _callback = _PARALLEL_FOR(_parallel_for)
 
-#: Symbols generated code may call, with their LLVM signatures (return, arguments).
-RUNTIME_SYMBOLS = {"gf_parallel_for": ("void", ("ptr", "ptr", "i64"))}
-
 
 def install() -> None:
-    """Make the runtime's symbols resolvable by JIT-compiled code (once per process)."""
+    """Make ``gf_parallel_for`` resolvable by JIT-compiled code (once per process)."""
     global _installed
     if not _installed:
         llvm.add_symbol("gf_parallel_for", ctypes.cast(_callback, ctypes.c_void_p).value)

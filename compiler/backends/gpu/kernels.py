@@ -152,8 +152,9 @@ class _Barriers(StmtMutator):
     def visit_For(self, s: For) -> Stmt:
         body = self.visit(s.body)
         # A loop that writes and reads a shared buffer: the next iteration's writes
-        # wait until every thread has finished this iteration's reads.
-        if any(all(_touches(body, b)) for b in self.shared):
+        # wait until every thread has finished this iteration's reads. (Not a loop bound
+        # to a thread index: its iterations are the threads, running side by side.)
+        if s.kind is not ForKind.THREAD_BINDING and any(all(_touches(body, b)) for b in self.shared):
             body = seq([_barrier(), body])
         return For(s.var, s.extent, body, s.kind, s.thread)
 
@@ -210,5 +211,21 @@ class _Bind(StmtMutator):
             return For(s.var, s.extent, body, s.kind, s.thread)
         extent = simplify(s.extent)
         if not (isinstance(extent, Const) and extent.value == self.dims[s.thread]):
+            if _has_barrier(body):
+                # Threads that skip a barrier leave the others waiting for ever.
+                raise GpuCompileError(f"loop {s.var.name} bound to {s.thread} runs {extent!r} of "
+                                      f"{self.dims[s.thread]} threads around a barrier; give the thread loops "
+                                      "around shared-memory stages whole extents (pad the tile)")
             body = IfThenElse(Cmp("<", s.var, extent), body)
         return LetStmt(s.var, Call(s.thread), body)
+
+
+def _has_barrier(stmt: Stmt) -> bool:
+    found = False
+
+    def visit(s: Stmt) -> None:
+        nonlocal found
+        if isinstance(s, Evaluate) and isinstance(s.value, Call) and s.value.name == "barrier":
+            found = True
+    walk(stmt, visit)
+    return found

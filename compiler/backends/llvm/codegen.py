@@ -20,7 +20,7 @@ Index arithmetic is emitted in 64 bits with ``nsw`` (loop variables are
 wrap, ``//`` and ``%`` floor, ``>>`` is arithmetic with negative amounts
 shifting left, float→int conversion saturates. Float arithmetic carries
 fast-math flags that allow contraction to FMA and reassociation, never
-assuming away NaN or infinity.
+assuming away NaN or infinity (min/max propagate NaN, as numpy's do).
 
 A load inside a `Select` branch, or with ``zero_outside``, clamps its indices
 into the buffer (both sides of a select are evaluated), so generated code
@@ -39,7 +39,7 @@ from ...ir import (
     Add, Allocate, And, AttrStmt, BinOp, Buffer, BufferLoad, BufferStore, Call, Cast, Cmp, Const, Div, Evaluate,
     Expr, FloorDiv, FloorMod, For, ForKind, IfThenElse, LetStmt, Max, Min, Mul, Not, Or, PrimFunc, Reduce, Select,
     Seq, Shr, Stmt, Sub, Var, bits, const_upper_bound, free_vars, interval, is_float, is_int, linear_coefficient,
-    simplify, simplify_in, substitute, walk,
+    simplify, simplify_in, substitute, walk, walk_expr,
 )
 from ...ir.dtypes import is_signed
 
@@ -581,11 +581,17 @@ class LLVMCodegen:
 
     def _floor_divmod(self, e: Expr, a: ll.Value, b: ll.Value, ty: ll.IntType, signed: bool) -> ll.Value:
         """Floor division or modulo (the IR's ``//`` and ``%``): the remainder takes
-        the divisor's sign. Non-negative operands (known from loop ranges) need no fix-up."""
+        the divisor's sign; ``x // 0`` and ``x % 0`` are 0 and the one overflowing
+        quotient wraps (as the constant folder computes them) — never a trap.
+        Positive constant divisors and operands known non-negative need no fix-up."""
         builder = self.builder
         a, b = self._match(a, b)
         div = isinstance(e, FloorDiv)
-        if not signed or (self._nonnegative(e.a) and self._nonnegative(e.b)):
+        divisor = simplify(e.b)
+        positive = isinstance(divisor, Const) and divisor.value > 0
+        if not positive:
+            return self._guarded_divmod(e, a, b, signed)
+        if not signed or self._nonnegative(e.a):
             return builder.udiv(a, b) if div else builder.urem(a, b)
         q, r = builder.sdiv(a, b), builder.srem(a, b)
         zero = ll.Constant(a.type, None)
@@ -597,11 +603,48 @@ class LLVMCodegen:
             return builder.sub(q, builder.zext(fix, a.type))
         return builder.select(fix, builder.add(r, b), r)
 
+    def _guarded_divmod(self, e: Expr, a: ll.Value, b: ll.Value, signed: bool) -> ll.Value:
+        """Floor ``//``/``%`` by a divisor that may be 0 (result 0) or −1 (quotient −a,
+        wrapping): the hardware divide only ever sees a safe divisor."""
+        builder = self.builder
+        zero, one = self._splat(a.type, 0), self._splat(a.type, 1)
+        is_zero = builder.icmp_signed("==", b, zero)
+        special = builder.or_(is_zero, builder.icmp_signed("==", b, self._splat(a.type, -1))) if signed else is_zero
+        safe = builder.select(special, one, b)
+        if not signed:
+            q, r = builder.udiv(a, safe), builder.urem(a, safe)
+        else:
+            q, r = builder.sdiv(a, safe), builder.srem(a, safe)
+            fix = builder.and_(builder.icmp_signed("!=", r, zero),
+                               builder.icmp_signed("!=", builder.icmp_signed("<", r, zero),
+                                                   builder.icmp_signed("<", safe, zero)))
+            q = builder.sub(q, builder.zext(fix, a.type))
+            r = builder.select(fix, builder.add(r, safe), r)
+        if isinstance(e, FloorDiv):
+            # b = −1: −a (wraps for the most negative a); b = 0: 0.
+            negated = builder.sub(zero, a)
+            return builder.select(is_zero, zero, builder.select(special, negated, q)) if signed else \
+                builder.select(is_zero, zero, q)
+        return builder.select(special, zero, r)
+
     # ------------------------------------------------------------------ expressions: values
+
+    def _pure_index(self, *exprs: Expr) -> bool:
+        """Integer arithmetic on loop variables and constants only (no data): safe to
+        compute in 64 bits, where data would have to wrap at its own width."""
+        pure = True
+
+        def visit(x: Expr) -> None:
+            nonlocal pure
+            if isinstance(x, (BufferLoad, Call)):
+                pure = False
+        for e in exprs:
+            walk_expr(e, visit)
+        return pure
 
     def cond(self, e: Expr) -> ll.Value:
         """A truth value (i1 or a vector of i1)."""
-        value = self.expr(e) if e.dtype != "int32" else self.index(e)
+        value = self.index(e) if e.dtype == "int32" and self._pure_index(e) else self.expr(e)
         width = value.type.element.width if isinstance(value.type, ll.VectorType) else value.type.width
         if isinstance(value.type, (ll.IntType, ll.VectorType)) and width == 1:
             return value
@@ -616,7 +659,7 @@ class LLVMCodegen:
         if isinstance(e, BufferLoad):
             return self.load(e)
         if isinstance(e, Cmp):
-            if is_int(e.a.dtype) and e.a.dtype == "int32":
+            if e.a.dtype == "int32" and self._pure_index(e.a, e.b):
                 x, y = self._match(self.index(e.a), self.index(e.b))
                 return b.icmp_signed(e.op, x, y)
             x, y = self._match(self.expr(e.a), self.expr(e.b))
@@ -666,7 +709,8 @@ class LLVMCodegen:
                 op = {Add: b.fadd, Sub: b.fsub, Mul: b.fmul, Div: b.fdiv}[type(e)]
                 return op(x, y, flags=FAST_MATH)
             if isinstance(e, (Min, Max)):
-                return self._call_intrinsic("llvm.minnum" if isinstance(e, Min) else "llvm.maxnum", x.type, [x, y])
+                # minimum/maximum propagate NaN, as numpy's do (minnum/maxnum would drop it).
+                return self._call_intrinsic("llvm.minimum" if isinstance(e, Min) else "llvm.maximum", x.type, [x, y])
         elif is_int(dtype):
             signed = is_signed(dtype)
             if isinstance(e, (Add, Sub, Mul)):
@@ -680,34 +724,36 @@ class LLVMCodegen:
         raise CodegenError(f"cannot generate {type(e).__name__} on {dtype}")
 
     def shift(self, e: Shr) -> ll.Value:
-        """``a >> b``, arithmetic; a negative ``b`` shifts left; amounts past the width
-        give the sign fill (right) or zero (left), never LLVM's poison."""
+        """``a >> b``: arithmetic for signed ``a`` (logical for unsigned); a negative ``b``
+        shifts left; amounts of the width or more give the sign fill (signed right), 0
+        (unsigned right, left) — never LLVM's poison."""
         b = self.builder
         x = self.expr(e.a)
         width = bits(e.dtype)
+        signed = is_signed(e.dtype)
         amount = simplify(e.b)
-        right = b.ashr if is_signed(e.dtype) else b.lshr
         if isinstance(amount, Const):
             n = amount.value
-            ty = x.type
             if n >= 0:
-                return right(x, ll.Constant(ty, min(n, width - 1)) if not isinstance(ty, ll.VectorType) else
-                             self.broadcast(ll.Constant(ty.element, min(n, width - 1)), ty.count))
+                if n >= width and not signed:
+                    return ll.Constant(x.type, None)
+                return (b.ashr if signed else b.lshr)(x, self._splat(x.type, min(n, width - 1)))
             if -n >= width:
-                return ll.Constant(ty, None)
-            k = ll.Constant(ty, -n) if not isinstance(ty, ll.VectorType) else \
-                self.broadcast(ll.Constant(ty.element, -n), ty.count)
-            return b.shl(x, k)
-        y = self.cast(self.expr(e.b), e.b.dtype, e.dtype)
-        x, y = self._match(x, y)
-        zero = ll.Constant(y.type, None)
-        top = ll.Constant(y.type, width - 1) if not isinstance(y.type, ll.VectorType) else \
-            self.broadcast(ll.Constant(y.type.element, width - 1), y.type.count)
-        neg = b.icmp_signed("<", y, zero)
-        mag = b.select(neg, b.sub(zero, y), y)
-        clamped = self._call_intrinsic("llvm.umin", y.type, [mag, top])
-        left = b.select(b.icmp_unsigned(">", mag, top), ll.Constant(x.type, None), b.shl(x, clamped))
-        return b.select(neg, left, right(x, clamped))
+                return ll.Constant(x.type, None)
+            return b.shl(x, self._splat(x.type, -n))
+        # The amount, in 64 bits so that no value of it wraps before it is clamped.
+        amt = self._extend(self.expr(e.b), e.b.dtype, I64)
+        x, amt = self._match(x, amt)
+        zero64 = self._splat(amt.type, 0)
+        negative = b.icmp_signed("<", amt, zero64)
+        magnitude = b.select(negative, b.sub(zero64, amt), amt)
+        past = b.icmp_unsigned(">=", magnitude, self._splat(amt.type, width))
+        clamped = self._call_intrinsic("llvm.umin", amt.type, [magnitude, self._splat(amt.type, width - 1)])
+        by = self._extend(clamped, "int64", x.type.element if isinstance(x.type, ll.VectorType) else x.type)
+        zero = ll.Constant(x.type, None)
+        right = b.ashr(x, by) if signed else b.select(past, zero, b.lshr(x, by))
+        left = b.select(past, zero, b.shl(x, by))
+        return b.select(negative, left, right)
 
     def cast(self, value: ll.Value, src: str, dst: str) -> ll.Value:
         if src == dst:
@@ -773,15 +819,21 @@ class LLVMCodegen:
         return ll.Constant(ty, value)
 
     def tanh(self, x: ll.Value) -> ll.Value:
-        """tanh(x) = 1 − 2 / (exp(2x) + 1), exact to float rounding and free of libm calls."""
+        """tanh(x): 1 − 2 / (exp(2x) + 1), or its odd Taylor series for |x| < 0.1, where the
+        difference would cancel (relative error below 1e-6 everywhere; no libm call)."""
         b = self.builder
         ty = x.type
-        one = ll.Constant(ty, 1.0) if not isinstance(ty, ll.VectorType) else \
-            self.broadcast(ll.Constant(ty.element, 1.0), ty.count)
-        two = ll.Constant(ty, 2.0) if not isinstance(ty, ll.VectorType) else \
-            self.broadcast(ll.Constant(ty.element, 2.0), ty.count)
-        e2 = self._call_intrinsic("llvm.exp", ty, [b.fmul(x, two, flags=FAST_MATH)])
-        return b.fsub(one, b.fdiv(two, b.fadd(e2, one, flags=FAST_MATH), flags=FAST_MATH), flags=FAST_MATH)
+
+        def c(value: float) -> ll.Value:
+            return self._splat(ty, value) if isinstance(ty, ll.VectorType) else ll.Constant(ty, value)
+        e2 = self._call_intrinsic("llvm.exp", ty, [b.fmul(x, c(2.0), flags=FAST_MATH)])
+        wide = b.fsub(c(1.0), b.fdiv(c(2.0), b.fadd(e2, c(1.0), flags=FAST_MATH), flags=FAST_MATH), flags=FAST_MATH)
+        x2 = b.fmul(x, x, flags=FAST_MATH)
+        series = c(62.0 / 2835.0)
+        for coefficient in (-17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0):
+            series = b.fadd(b.fmul(series, x2, flags=FAST_MATH), c(coefficient), flags=FAST_MATH)
+        small = b.fcmp_ordered("<", self._call_intrinsic("llvm.fabs", ty, [x]), c(0.1))
+        return b.select(small, b.fmul(series, x, flags=FAST_MATH), wide)
 
 
 def _suffix(ty: ll.Type) -> str:
