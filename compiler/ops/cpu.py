@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..schedule import Schedule
 from ..te import Tensor
 
-__all__ = ["vector_lanes", "plan_tile", "schedule_matmul", "schedule_panels", "schedule_im2col",
+__all__ = ["vector_lanes", "plan_tile", "TILE_EFFICIENCY", "schedule_matmul", "schedule_panels", "schedule_im2col",
            "schedule_flat_image", "schedule_rows", "schedule_elementwise",
            "schedule_pool", "schedule_softmax", "MAX_ACCUMULATORS"]
 
@@ -34,14 +34,21 @@ def vector_lanes(vector_bits: int, dtype_bits: int = 32) -> int:
     return max(1, vector_bits // dtype_bits)
 
 
+#: Relative speed of the register-tile shapes (rows, vectors) as measured on the ResNet-18
+#: convolutions and a 1024³ GEMM (AVX-512, float32 and int8 alike): 8 rows × 2 vectors
+#: was within 4% of the best everywhere; wider or narrower tiles lose to load
+#: pressure or to too few rows per loaded vector. Other shapes get a generic estimate.
+TILE_EFFICIENCY = {(8, 2): 1.0, (16, 1): 0.93, (4, 4): 0.9, (8, 3): 0.9, (6, 4): 0.85, (12, 2): 0.8}
+
+
 def plan_tile(rows: int, cols: int, lanes: int) -> tuple[int, int]:
     """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
     output of ``rows`` × ``cols``, minimizing an estimate of the micro-kernel's time.
 
     Columns are padded to ``nb`` (the padding is computed and dropped). Rows are not:
-    a last, partial row tile runs the general code, about three times slower per
-    row. A tile needs about 12 accumulators to hide the FMA latency, and at most
-    `MAX_ACCUMULATORS` fit the registers; among equal estimates the larger tile wins."""
+    a last, partial row tile runs the general code, about three times slower per row.
+    Tile shapes are weighed by `TILE_EFFICIENCY`; others by their accumulator count
+    (about 16 hide the FMA latency; at most `MAX_ACCUMULATORS` fit the registers)."""
     best = None
     for vectors in (4, 3, 2, 1):
         nb = vectors * lanes
@@ -52,7 +59,7 @@ def plan_tile(rows: int, cols: int, lanes: int) -> tuple[int, int]:
                 break
             full, rest = divmod(rows, mb)
             row_cost = full * mb + 3 * rest
-            efficiency = min(1.0, accumulators / 12)
+            efficiency = TILE_EFFICIENCY.get((mb, vectors), 0.75 * min(1.0, accumulators / 16))
             key = (row_cost * padded_cols / efficiency, -accumulators, -nb)
             if best is None or key < best[0]:
                 best = (key, mb, nb)
