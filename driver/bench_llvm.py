@@ -9,7 +9,9 @@
 - compile time per operator and target.
 
 Timings interleave the candidate and the baseline and keep each one's best, so a
-slow moment of a shared machine hits both. Every result is checked first.
+slow moment of a shared machine hits both; each block of calls starts after a pause
+in which the other side's threads stop spinning. Operands are cache-line aligned.
+Every result is checked first.
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ import numpy as np
 __all__ = ["bench_cpu", "bench_gpu", "best_interleaved"]
 
 
+#: Pause before each block of timed calls: the previous block's library threads
+#: (OpenBLAS, ONNX Runtime) spin for a while after their last call, taking cores from
+#: whatever runs next.
+COOL_DOWN_SECONDS = 0.2
+
+
 def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats: int = 5) -> dict[str, float]:
-    """The best time of each function, measured in alternating rounds."""
+    """The best time of each function, measured in alternating rounds of ``repeats`` calls,
+    each round after a `COOL_DOWN_SECONDS` pause."""
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(COOL_DOWN_SECONDS)
             for _ in range(repeats):
                 start = time.perf_counter()
                 fn()
@@ -37,8 +47,15 @@ def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats
 
 def _args(op, host: dict[str, np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
     """The kernel's argument arrays for ``host`` inputs, and its output array."""
+    from gemforge.compiler.backends.cpu import aligned_empty
+
+    def aligned(array: np.ndarray) -> np.ndarray:
+        out = aligned_empty(array.shape, array.dtype)
+        out[...] = array
+        return out
     packed = op.pack_inputs(**host)
-    arrays = [packed[b.name] if b.name in packed else np.zeros(b.shape, b.dtype) for b in op.program.params]
+    arrays = [aligned(packed[b.name]) if b.name in packed else aligned(np.zeros(b.shape, b.dtype))
+              for b in op.program.params]
     return arrays, arrays[-1]
 
 
@@ -103,6 +120,7 @@ def bench_cpu_gemm(size: int = 1024, rounds: int = 5) -> dict[str, Any]:
     b = rng.standard_normal((size, size)).astype(np.float32)
     start = time.perf_counter()
     op = compile_dense(CpuTarget(), size, size, size, dtype="float32")
+    # Both sides get the same cache-line aligned operands.
     compile_seconds = time.perf_counter() - start
     arrays, out = _args(op, {"a": a, "b": b})
     kernel = op.program

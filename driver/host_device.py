@@ -38,12 +38,15 @@ class HostDevice:
         if getattr(getattr(kernel, "target", None), "kind", None) != self.target.kind:
             raise DeviceError(f"this {self.kind} device runs {self.target.kind} kernels; the operator was compiled "
                               "for another target")
+        from gemforge.compiler.backends.cpu import aligned_empty
         arrays = []
         for buf in kernel.params:
             if buf.name in inputs:
                 arrays.append(inputs[buf.name])
-            else:
-                arrays.append(np.zeros(buf.shape, buf.dtype))
+            else:  # outputs: cache-line aligned, as the kernels' vector stores prefer
+                out = aligned_empty(buf.shape, buf.dtype)
+                out[...] = 0
+                arrays.append(out)
         start = time.perf_counter()
         self._call(kernel, arrays)
         seconds = time.perf_counter() - start
