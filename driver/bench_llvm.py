@@ -9,8 +9,8 @@
 - compile time per operator and target.
 
 Timings interleave the candidate and the baseline and keep each one's best, so a
-slow moment of a shared machine hits both; each block of calls starts after a pause
-in which the other side's threads stop spinning. Operands are cache-line aligned.
+slow moment of a shared machine hits both; each block of calls starts with untimed
+calls while the other side's threads stop spinning. Operands are cache-line aligned.
 Every result is checked first.
 """
 
@@ -25,19 +25,21 @@ import numpy as np
 __all__ = ["bench_cpu", "bench_gpu", "best_interleaved"]
 
 
-#: Pause before each block of timed calls: the previous block's library threads
-#: (OpenBLAS, ONNX Runtime) spin for a while after their last call, taking cores from
-#: whatever runs next.
-COOL_DOWN_SECONDS = 0.2
+#: Each block of timed calls starts with this much untimed running of the same call:
+#: the other side's library threads (OpenBLAS, ONNX Runtime) stop spinning and the
+#: cores' clocks settle before anything is timed.
+WARM_UP_SECONDS = 0.05
 
 
 def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats: int = 5) -> dict[str, float]:
     """The best time of each function, measured in alternating rounds of ``repeats`` calls,
-    each round after a `COOL_DOWN_SECONDS` pause."""
+    each round after `WARM_UP_SECONDS` of untimed calls."""
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
-            time.sleep(COOL_DOWN_SECONDS)
+            warm_until = time.perf_counter() + WARM_UP_SECONDS
+            while time.perf_counter() < warm_until:
+                fn()
             for _ in range(repeats):
                 start = time.perf_counter()
                 fn()
