@@ -160,7 +160,11 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
             "ResNet-18 convolutions after the first (batch 1), each a single operator against ONNX Runtime",
             "running the same single node. float32: `Conv`; int8: gemforge's conv2d with bias, `>> 8` and",
             "ReLU to int8 against `QLinearConv` with power-of-two scales (the same requantization) — with",
-            "int8 activations, and with uint8 activations, its AVX-512 VNNI path (u8 × s8).", "",
+            "int8 activations, and with uint8 activations, its AVX-512 VNNI path (u8 × s8). Method: `shifted`",
+            "reads stride-1 windows in place from the padded image (no im2col matrix); `im2col` copies the",
+            "windows first (stride 2), a larger share of the time when the reduction is short (1×1); `vnni-*`",
+            "runs int8 products on AVX-512 VNNI's 4-byte dot products (activations offset to unsigned bytes,",
+            "corrected by the weights' sums), on this machine the int8 path's method.", "",
             "| layer | input | weight | stride | method | float32 GFLOP/s gemforge / ORT | ratio | "
             "int8 GOP/s gemforge | ORT int8 | ORT uint8 (VNNI) | ratio vs int8 / uint8 |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -168,7 +172,8 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
         for name, row in convs["layers"].items():
             xs, ws, stride = shapes.get(name, ("?", "?", "?"))
             f, q = row["float32"], row["int8"]
-            out.append(f"| {name} | {_shape(xs)} | {_shape(ws)} | {stride} | {f['plan'].get('method', '')} | "
+            method = f["plan"].get("method", "") + (f" (int8: {q['plan']['method']})" if q["plan"].get("method") else "")
+            out.append(f"| {name} | {_shape(xs)} | {_shape(ws)} | {stride} | {method} | "
                        f"{f['gemforge_gflops']} / {f['ort_gflops']} | **{f['ratio_vs_ort']}** | "
                        f"{q['gemforge_gops']} | {q['ort_int8_gops']} | {q['ort_uint8_gops']} | "
                        f"{q['ratio_vs_ort_int8']} / {q['ratio_vs_ort_uint8']} |")
