@@ -159,7 +159,8 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
         out += [
             "ResNet-18 convolutions after the first (batch 1), each a single operator against ONNX Runtime",
             "running the same single node. float32: `Conv`; int8: gemforge's conv2d with bias, `>> 8` and",
-            "ReLU to int8 against `QLinearConv` with power-of-two scales (the same requantization) — with",
+            "ReLU to int8 against `QLinearConv` with power-of-two scales (the same work; ONNX rounds where",
+            "the shift floors) — with",
             "int8 activations, and with uint8 activations, its AVX-512 VNNI path (u8 × s8). Method: `shifted`",
             "reads stride-1 windows in place from the padded image (no im2col matrix); `im2col` copies the",
             "windows first (stride 2), a larger share of the time when the reduction is short (1×1); `vnni-*`",
