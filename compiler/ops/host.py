@@ -2,7 +2,8 @@
 
 Each ``compile_*`` builds the operator's tensor expression (`nn`), applies the
 target's default schedule (`cpu` or `gpu`), builds the kernel and returns a
-`CompiledOp` whose ``pack``/``unpack`` only reshape and pad (NCHW stays NCHW).
+`CompiledOp` whose ``pack``/``unpack`` reshape and pad (NCHW stays NCHW) and, for
+int8 products on AVX-512 VNNI, repack the weights four input channels to an int32.
 The data type of the operands picks the arithmetic: int8 operands accumulate
 in int32 and end with the accelerator's requantizing `Epilogue`, bit for bit;
 float32 operands compute in float32 (bias, ReLU).
