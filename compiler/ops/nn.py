@@ -10,12 +10,15 @@ change what is computed where, and the schedules pass them in:
   Dense repacks its weight matrix into panels ``(N/panel, K, panel)``, read
   contiguously by the inner loop;
 - conv2d lowers to a matrix product per group: weights ``(O, C/G·KH·KW)``
-  times an im2col matrix ``(C/G·KH·KW, pixels)`` built by a packing stage
-  from the zero-padded input (a 1×1, stride-1, unpadded convolution reads the
-  input directly).
+  times the input's windows (`conv2d_method`: read in place from the padded
+  image flattened row by row for stride 1, copied into an im2col matrix
+  otherwise, the input itself for an unpadded 1×1).
 
 Integers accumulate in int32 and end with the `Epilogue` (bias, shift,
-clip/ReLU); floats accumulate in float32 (bias, ReLU).
+clip/ReLU); floats accumulate in float32 (bias, ReLU). `dense_vnni_te` and
+`conv2d_vnni_te` compute the int8 products on 4-byte dot products
+(`dot4_u8s8`), with the packings that needs. Other operators: element-wise
+(with broadcasting), max/average pooling (global included) and softmax.
 """
 
 from __future__ import annotations
