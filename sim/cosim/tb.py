@@ -18,78 +18,43 @@ import time
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import First, RisingEdge, Timer
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from gemforge.hw.regmap import COUNTERS, ENGINE_STATES, ID_MAGIC, by_name
 
 PERIOD_NS = 10
 
 
-class AxiLiteDriver:
-    """Register access over the DUT's ``s_axil__*`` ports (a few cycles per access)."""
+class Registers:
+    """The register map (`gemforge.hw.regmap`) by name, over the DUT's AXI4-Lite slave.
+
+    cocotbext-axi's master drives the ``s_axil__*`` ports; it sleeps between
+    accesses, so an idle bus costs no Python per cycle.
+    """
 
     def __init__(self, dut):
-        self.dut = dut
-        self.clk = dut.clk
-        for name in ("awaddr", "awvalid", "wdata", "wstrb", "wvalid", "bready", "araddr", "arvalid", "rready"):
-            getattr(dut, f"s_axil__{name}").value = 0
+        bus = AxiLiteBus.from_prefix(dut, "s_axil", bus_separator="__")
+        self.master = AxiLiteMaster(bus, dut.clk, dut.rst)
 
-    def _sig(self, name):
-        return getattr(self.dut, f"s_axil__{name}")
+    async def write(self, name, value):
+        await self.master.write_dword(by_name(name).offset, value & 0xFFFFFFFF)
 
-    async def write(self, offset, value):
-        s = self._sig
-        s("awaddr").value = offset
-        s("wdata").value = value & 0xFFFFFFFF
-        s("wstrb").value = 0xF
-        s("awvalid").value = 1
-        s("wvalid").value = 1
-        s("bready").value = 1
-        while True:
-            await RisingEdge(self.clk)
-            if int(s("awready").value):
-                break
-        s("awvalid").value = 0
-        s("wvalid").value = 0
-        while True:
-            await RisingEdge(self.clk)
-            if int(s("bvalid").value):
-                break
-        s("bready").value = 0
-
-    async def read(self, offset):
-        s = self._sig
-        s("araddr").value = offset
-        s("arvalid").value = 1
-        s("rready").value = 1
-        while True:
-            await RisingEdge(self.clk)
-            if int(s("arready").value):
-                break
-        s("arvalid").value = 0
-        while True:
-            await RisingEdge(self.clk)
-            if int(s("rvalid").value):
-                value = int(s("rdata").value)
-                break
-        s("rready").value = 0
-        return value
-
-    async def read_reg(self, name):
-        return await self.read(by_name(name).offset)
+    async def read(self, name):
+        return await self.master.read_dword(by_name(name).offset)
 
     async def read_counter(self, name):
-        lo = await self.read_reg(f"{name.upper()}_LO")
-        hi = await self.read_reg(f"{name.upper()}_HI")
+        lo = await self.read(f"{name.upper()}_LO")
+        hi = await self.read(f"{name.upper()}_HI")
         return lo | hi << 32
 
 
 async def read_debug(regs):
     """The debug registers, decoded into names."""
     state_names = {v: k for k, v in ENGINE_STATES.items()}
-    state = await regs.read_reg("DEBUG_STATE")
-    cmdq = await regs.read_reg("DEBUG_CMDQ")
-    tok_a = await regs.read_reg("DEBUG_TOKENS_A")
-    tok_b = await regs.read_reg("DEBUG_TOKENS_B")
+    state = await regs.read("DEBUG_STATE")
+    cmdq = await regs.read("DEBUG_CMDQ")
+    tok_a = await regs.read("DEBUG_TOKENS_A")
+    tok_b = await regs.read("DEBUG_TOKENS_B")
     return {
         "engines": {name: state_names.get((state >> (4 * i)) & 0xF, "?")
                     for i, name in enumerate(("fetch", "load", "compute", "store"))},
@@ -97,7 +62,7 @@ async def read_debug(regs):
         "cmd_queue_levels": {"load": cmdq & 0x3FF, "compute": cmdq >> 10 & 0x3FF, "store": cmdq >> 20 & 0x3FF},
         "tokens": {"load->compute": tok_a & 0xFFFF, "compute->load": tok_a >> 16,
                    "compute->store": tok_b & 0xFFFF, "store->compute": tok_b >> 16},
-        "fetched": await regs.read_reg("DEBUG_FETCHED"),
+        "fetched": await regs.read("DEBUG_FETCHED"),
         "retired": await regs.read_counter("insns_retired"),
     }
 
@@ -118,22 +83,21 @@ async def _run(dut, job):
     # cocotb's clock is driven from C++ (GPI), not from Python coroutines.
     dut.rst.value = 1
     Clock(dut.clk, PERIOD_NS, unit="ns").start(start_high=False)
-    dut.rst.value = 1
     dut.dump.value = 0
-    regs = AxiLiteDriver(dut)
+    regs = Registers(dut)
     for _ in range(4):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
     await RisingEdge(dut.clk)
 
-    ident = await regs.read_reg("ID")
+    ident = await regs.read("ID")
     if ident != ID_MAGIC:
         return {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}"}
-    await regs.write(by_name("INSN_ADDR").offset, job["insn_addr"])
-    await regs.write(by_name("INSN_COUNT").offset, job["insn_count"])
-    await regs.write(by_name("IRQ_ENABLE").offset, 1)
+    await regs.write("INSN_ADDR", job["insn_addr"])
+    await regs.write("INSN_COUNT", job["insn_count"])
+    await regs.write("IRQ_ENABLE", 1)
     t0 = time.perf_counter()
-    await regs.write(by_name("CTRL").offset, 1)
+    await regs.write("CTRL", 1)
 
     poll = job["poll_cycles"]
     status = "done"
@@ -144,7 +108,7 @@ async def _run(dut, job):
         if int(dut.irq.value):
             break
         cycles = await regs.read_counter("cycles")
-        progress = (await regs.read_reg("DEBUG_FETCHED"),
+        progress = (await regs.read("DEBUG_FETCHED"),
                     await regs.read_counter("insns_retired"),
                     await regs.read_counter("dma_bytes_read"),
                     await regs.read_counter("dma_bytes_written"),
