@@ -12,6 +12,8 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from .bench import RESNET18_LAYERS
+
 __all__ = ["render_markdown"]
 
 #: Targets of the issues, by field of `rtl_perf.measure` (label, target text).
@@ -43,6 +45,10 @@ def _num(x: float) -> str:
     if isinstance(x, float) and not x.is_integer():
         return f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
     return f"{int(x):,}"
+
+
+#: Input shape, weight shape and stride of each ResNet-18 layer, by the name reports use.
+_RESNET18_GEOMETRY = {name: (xs, ws, stride) for name, xs, ws, stride, _ in RESNET18_LAYERS}
 
 
 def _shape(dims) -> str:
@@ -154,8 +160,6 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
     ]
     convs = cpu.get("resnet18_convs")
     if convs:
-        from .bench import RESNET18_LAYERS
-        shapes = {name: (xs, ws, stride) for name, xs, ws, stride, _ in RESNET18_LAYERS}
         out += [
             "ResNet-18 convolutions after the first (batch 1), each a single operator against ONNX Runtime",
             "running the same single node. float32: `Conv`; int8: gemforge's conv2d with bias, `>> 8` and",
@@ -171,7 +175,7 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, row in convs["layers"].items():
-            xs, ws, stride = shapes.get(name, ("?", "?", "?"))
+            xs, ws, stride = _RESNET18_GEOMETRY.get(name, ("?", "?", "?"))
             f, q = row["float32"], row["int8"]
             method = f["plan"].get("method", "") + (f" (int8: {q['plan']['method']})" if q["plan"].get("method") else "")
             out.append(f"| {name} | {_shape(xs)} | {_shape(ws)} | {stride} | {method} | "
@@ -209,7 +213,6 @@ def _gpu_section(gpu: dict[str, Any]) -> list[str]:
 
 
 def _utilization_section(util: dict[str, Any]) -> list[str]:
-    from .bench import RESNET18_LAYERS
     out = [
         f"## RTL: GEMM-core utilization of compiled operators ({util['device']}, `{util['config']}`)", "",
         "Utilization = cycles the GEMM core multiply-accumulates / total cycles, from the",
@@ -232,7 +235,6 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
         out.append("")
     rows = util.get("resnet18")
     if rows:
-        shapes = {name: (xs, ws, stride) for name, xs, ws, stride, _ in RESNET18_LAYERS}
         out += [
             "ResNet-18 convolutions after the first (batch 1, int8 inputs and weights). The first two",
             "utilization columns store the int32 accumulators; \"int8 epilogue\" is the layer of a",
@@ -243,7 +245,7 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, row in rows.items():
-            xs, ws, stride = shapes.get(name, ("?", "?", "?"))
+            xs, ws, stride = _RESNET18_GEOMETRY.get(name, ("?", "?", "?"))
             lh, off = row["latency_hiding"], row["no_latency_hiding"]
             epi = row.get("int8_epilogue")
             out.append(

@@ -76,16 +76,24 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
 CONV_SHAPES = ((1, 64, 28, 28), (64, 64, 3, 3))  # NCHW input, OIHW weight; padding 1
 
 
-def _demo_conv2d(device_kind: str, console: Console) -> bool:
-    from gemforge.sim.cosim.harness import simulator_available
-
-    config = PRESETS["default"]
+def _conv_operands() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The demo convolution's int8 input and weight, int32 bias, and numpy's result
+    (padding 1, bias, >> 10, ReLU): the same for every device and back end."""
     x_shape, w_shape = CONV_SHAPES
     rng = np.random.default_rng(7)
     x = rng.integers(-128, 128, x_shape, dtype=np.int8)
     w = rng.integers(-128, 128, w_shape, dtype=np.int8)
     bias = rng.integers(-5000, 5000, w_shape[0], dtype=np.int32)
     expected = conv2d_reference(x, w, bias, padding=1, shift=10, relu=True)
+    return x, w, bias, expected
+
+
+def _demo_conv2d(device_kind: str, console: Console) -> bool:
+    from gemforge.sim.cosim.harness import simulator_available
+
+    config = PRESETS["default"]
+    x_shape, w_shape = CONV_SHAPES
+    x, w, bias, expected = _conv_operands()
     console.print(f"[bold]conv2d[/bold] {x_shape} * {w_shape}, padding 1, bias, >> 10, ReLU on "
                   f"[cyan]{config.name}[/cyan]")
     devices = [device_kind]
@@ -120,11 +128,7 @@ def _demo_llvm(console: Console) -> bool:
 
     from gemforge.compiler.backends.gpu import cuda
     x_shape, w_shape = CONV_SHAPES
-    rng = np.random.default_rng(7)
-    x = rng.integers(-128, 128, x_shape, dtype=np.int8)
-    w = rng.integers(-128, 128, w_shape, dtype=np.int8)
-    bias = rng.integers(-5000, 5000, w_shape[0], dtype=np.int32)
-    expected = conv2d_reference(x, w, bias, padding=1, shift=10, relu=True)
+    x, w, bias, expected = _conv_operands()
     xf, wf = x.astype(np.float32) / 64, w.astype(np.float32) / 64
     bf = bias.astype(np.float32) / 4096
     expected_f = conv2d_reference(xf, wf, bf, padding=1, relu=True)

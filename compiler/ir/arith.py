@@ -445,6 +445,9 @@ def extremes(e: Expr, loops: list[tuple[Var, Expr]]) -> tuple[int, int] | None:
 
 
 _PY_OPS = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%"}
+#: Python text of the other two-operand nodes; truth values as 0/1 like `evaluate`.
+_PY_FORMS = {Min: "min({}, {})", Max: "max({}, {})",
+             And: "int(bool({}) and bool({}))", Or: "int(bool({}) or bool({}))"}
 
 
 def compile_expr(expr: Expr) -> Callable[[dict], int]:
@@ -461,16 +464,10 @@ def compile_expr(expr: Expr) -> Callable[[dict], int]:
             return names[e]
         if type(e) in _PY_OPS and e.dtype in _AFFINE_TYPES:
             return f"({src(e.a)} {_PY_OPS[type(e)]} {src(e.b)})"
-        if isinstance(e, Min):
-            return f"min({src(e.a)}, {src(e.b)})"
-        if isinstance(e, Max):
-            return f"max({src(e.a)}, {src(e.b)})"
+        if type(e) in _PY_FORMS:
+            return _PY_FORMS[type(e)].format(src(e.a), src(e.b))
         if isinstance(e, Cmp):
             return f"int({src(e.a)} {e.op} {src(e.b)})"
-        if isinstance(e, And):
-            return f"int(bool({src(e.a)}) and bool({src(e.b)}))"
-        if isinstance(e, Or):
-            return f"int(bool({src(e.a)}) or bool({src(e.b)}))"
         if isinstance(e, Not):
             return f"int(not {src(e.value)})"
         if isinstance(e, Select):
