@@ -42,7 +42,7 @@ def wrap_int(value: int, dtype: str) -> int:
 
 # ============================================================================ simplification
 
-def _linear(expr: Expr) -> dict[Any, int] | None:
+def _linear(expr: Expr) -> dict[Any, int]:
     """Canonical affine form: {atom: coefficient}, constant under key 1."""
     if isinstance(expr, Const):
         return {1: expr.value}

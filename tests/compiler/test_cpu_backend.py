@@ -265,3 +265,34 @@ def test_float_max_reductions_of_any_length_compile(length):
     M = np.zeros(2, np.float32)
     _run(create_schedule(m), [x, m], X, M)
     np.testing.assert_array_equal(M, X.max(1))
+
+
+def _jit_func(func, target=CpuTarget()):
+    from gemforge.compiler.backends.cpu import jit, make_llvm_ir, optimize
+    return jit(optimize(make_llvm_ir(func, target), target), target)
+
+
+def test_vectorized_read_modify_write_with_shared_elements_equals_serial():
+    """B[i // 2] += A[i]: two lanes update one element, so the loop must stay serial."""
+    from gemforge.compiler.ir import Add, Buffer, BufferLoad, BufferStore, For, ForKind, PrimFunc
+    a_buf, b_buf = Buffer("A", (16,), "int32"), Buffer("B", (8,), "int32")
+    i = Var("i", "int32")
+    idx = FloorDiv(i, Const(2))
+    store = BufferStore(b_buf, (idx,), Add(BufferLoad(b_buf, (idx,)), BufferLoad(a_buf, (i,))))
+    a = np.random.default_rng(3).integers(-100, 100, 16, dtype=np.int32)
+    for kind in (ForKind.SERIAL, ForKind.VECTORIZED):
+        b = np.zeros(8, np.int32)
+        _jit_func(PrimFunc("rmw", [a_buf, b_buf], For(i, Const(16), store, kind)))(a, b)
+        np.testing.assert_array_equal(b, a.reshape(8, 2).sum(axis=1))
+
+
+def test_let_binding_ends_with_its_body_before_a_parallel_loop():
+    """A parallel loop captures what is in scope; a let of an earlier loop is not."""
+    from gemforge.compiler.ir import Buffer, BufferLoad, BufferStore, For, ForKind, LetStmt, PrimFunc, Seq
+    a_buf = Buffer("A", (8,), "int32")
+    i, j, x = Var("i", "int32"), Var("j", "int32"), Var("x", "int32")
+    body = Seq([For(i, Const(8), LetStmt(x, i * 2, BufferStore(a_buf, (i,), x))),
+                For(j, Const(8), BufferStore(a_buf, (j,), BufferLoad(a_buf, (j,)) + 1), ForKind.PARALLEL)])
+    a = np.zeros(8, np.int32)
+    _jit_func(PrimFunc("let_then_parallel", [a_buf], body))(a)
+    np.testing.assert_array_equal(a, np.arange(8) * 2 + 1)

@@ -171,6 +171,7 @@ class LLVMCodegen:
             ptr, release = self.allocate(s.buffer)
             self.buffers[s.buffer] = ptr
             self.stmt(s.body)
+            del self.buffers[s.buffer]  # out of scope: a later parallel loop must not capture it
             if release is not None:
                 release()
         elif isinstance(s, IfThenElse):
@@ -178,6 +179,7 @@ class LLVMCodegen:
         elif isinstance(s, LetStmt):
             self.vars[s.var] = self.expr(s.value) if s.value.dtype != "int32" else self.index(s.value)
             self.stmt(s.body)
+            del self.vars[s.var]
         elif isinstance(s, AttrStmt):
             self.stmt(s.body)
         elif isinstance(s, Evaluate):
@@ -266,18 +268,25 @@ class LLVMCodegen:
 
     def vectorizable(self, s: For) -> bool:
         """Whether ``s``'s body can run with its variable as a vector: no store that
-        every lane would write to the same place, no branch or loop bound that differs
-        between lanes, no allocation, no nested parallelism."""
+        every lane would write to the same place, no read-modify-write whose lanes may
+        share an element, no branch or loop bound that differs between lanes, no
+        allocation, no nested parallelism."""
         var = s.var
         ok = True
+
+        def reads(value: Expr, buffer: Buffer) -> bool:
+            found = []
+            walk_expr(value, lambda e: found.append(e) if isinstance(e, BufferLoad) and e.buffer is buffer else None)
+            return bool(found)
 
         def visit(x: Stmt) -> None:
             nonlocal ok
             if isinstance(x, BufferStore):
                 flat = self.flat_index(x.buffer, x.indices)
-                if linear_coefficient(flat, var) == 0 and var not in free_vars(flat) \
-                        and var in free_vars(x.value):
+                if var not in free_vars(flat) and var in free_vars(x.value):
                     ok = False  # a reduction over the vector lanes
+                elif linear_coefficient(flat, var) is None and reads(x.value, x.buffer):
+                    ok = False  # lanes may read what another lane writes (e.g. B[i // 2] += A[i])
             elif isinstance(x, IfThenElse) and var in free_vars(x.cond):
                 ok = False
             elif isinstance(x, For) and (var in free_vars(x.extent) or x.kind in (
