@@ -23,7 +23,7 @@ from .arith import (
 from .dtypes import BOOL, FLOAT_TYPES, INT_TYPES, DTypeError, bits, check_dtype, is_float, is_int, promote
 from .expr import (
     INTRINSICS, Add, And, BinOp, BufferLoad, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Mul,
-    Not, Or, Reduce, Select, Shr, Sub, Var, as_expr, const, eq, ne, register_intrinsic,
+    Not, Or, Reduce, Select, Shr, Sub, Var, as_expr, const, eq, ne, reduction_identity, register_intrinsic,
 )
 from .printer import format_ir
 from .stmt import (
@@ -40,7 +40,7 @@ __all__ = [
     "BOOL", "INT_TYPES", "FLOAT_TYPES", "DTypeError", "bits", "check_dtype", "is_float", "is_int", "promote",
     # expressions
     "Expr", "Var", "Const", "BinOp", "Add", "Sub", "Mul", "Div", "FloorDiv", "FloorMod", "Min", "Max", "Shr",
-    "And", "Or", "Not", "Cmp", "Select", "Cast", "BufferLoad", "Call", "Reduce", "const", "as_expr", "eq", "ne",
+    "And", "Or", "Not", "Cmp", "Select", "Cast", "BufferLoad", "Call", "Reduce", "reduction_identity", "const", "as_expr", "eq", "ne",
     "INTRINSICS", "register_intrinsic",
     # statements and functions
     "Stmt", "Node", "Buffer", "ForKind", "For", "Seq", "Allocate", "BufferStore", "IfThenElse", "AttrStmt",

@@ -20,7 +20,7 @@ from .dtypes import (
 
 __all__ = [
     "Expr", "Var", "Const", "BinOp", "Add", "Sub", "Mul", "Div", "FloorDiv", "FloorMod", "Min", "Max",
-    "Shr", "And", "Or", "Not", "Cmp", "Select", "Cast", "BufferLoad", "Call", "Reduce",
+    "Shr", "And", "Or", "Not", "Cmp", "Select", "Cast", "BufferLoad", "Call", "Reduce", "reduction_identity",
     "const", "as_expr", "eq", "ne", "INTRINSICS", "Intrinsic", "register_intrinsic",
 ]
 
@@ -130,6 +130,9 @@ def _coerce(c: Const, dtype: str, op: str) -> Const:
     if is_float(dtype):
         return Const(float(c.value), dtype)
     if is_int(dtype) and not is_float(c.dtype):
+        lo, hi = int_range(dtype)
+        if not lo <= c.value <= hi:  # a silent wrap would change what the program means
+            raise DTypeError(f"{op} has the constant {c.value}, which does not fit its {dtype} operand ({lo}..{hi})")
         return Const(c.value, dtype)
     if is_bool(dtype) and is_int(c.dtype):
         return Const(int(bool(c.value)), dtype)
@@ -399,7 +402,7 @@ class Call(Expr):
             raise ValueError(f"intrinsic {self.name} takes {intrin.arity} arguments, not {len(self.args)}")
         args = tuple(as_expr(a) for a in self.args)
         if intrin.kind == "int":
-            args = tuple(Const(a.value, "int32") if isinstance(a, Const) else a for a in args)
+            args = tuple(const(a.value, "int32") if isinstance(a, Const) else a for a in args)
             for a in args:
                 if a.dtype != "int32":
                     raise DTypeError(f"{self.name} takes int32 arguments, not {a.dtype}")
@@ -418,8 +421,9 @@ class Call(Expr):
         return f"{self.name}({', '.join(map(repr, self.args))})"
 
 
-#: Reduction combiners: name → (binary operation, identity for a data type).
-def _identity(combiner: str, dtype: str) -> Const:
+def reduction_identity(combiner: str, dtype: str) -> Const:
+    """The value a reduction starts from: 0 for sums, the lowest (highest) value of
+    ``dtype`` for max (min)."""
     if combiner == "sum":
         return Const(0, dtype)
     if is_float(dtype):
@@ -449,7 +453,7 @@ class Reduce(Expr):
 
     def identity(self) -> Const:
         """The value the accumulator starts from."""
-        return _identity(self.combiner, self.dtype)
+        return reduction_identity(self.combiner, self.dtype)
 
     def update(self, acc: Expr, value: Expr) -> Expr:
         """One step of the reduction."""

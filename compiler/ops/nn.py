@@ -28,10 +28,10 @@ import math
 from dataclasses import dataclass
 
 from ..ir import (
-    And, BufferLoad, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Reduce, Select, is_float,
-    is_int,
+    And, BufferLoad, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Select, is_float,
+    is_int, reduction_identity,
 )
-from ..te import Tensor, compute, pad, placeholder, reduce_axis, reduce_max, sum_
+from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_max, sum_
 from .common import Epilogue, OpError, out_size
 
 __all__ = [
@@ -321,8 +321,7 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
     elif op == "relu":
         tensors["out"] = compute(shape, lambda *idx: Max(x[idx], Const(0, dtype)), name="out")
     elif op == "clip":
-        tensors["out"] = compute(shape, lambda *idx: Min(Max(x[idx], Const(lo, dtype)), Const(hi, dtype)),
-                                 name="out")
+        tensors["out"] = compute(shape, lambda *idx: clip(x[idx], lo, hi), name="out")
     else:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     return tensors
@@ -343,7 +342,7 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     rh, rw = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
     tensors = {"x": x}
     if kind == "max":
-        lowest = Reduce("max", Const(0, dtype), ()).identity()
+        lowest = reduction_identity("max", dtype)
 
         def padded(b, ch, y, xx):
             inside = And(And(Cmp("<=", Const(ph), y), Cmp("<", y, Const(h + ph))),

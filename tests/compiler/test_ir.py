@@ -118,3 +118,12 @@ def test_verifier_names_unbound_variables_and_unknown_buffers():
         verify(PrimFunc("f", [out], For(i, Const(4), BufferStore(stray, (i,), Const(0)))))
     with pytest.raises(VerifyError, match="store of a float32 value into out"):
         verify(PrimFunc("f", [out], For(i, Const(4), BufferStore(out, (i,), Const(1.0, "float32")))))
+
+
+def test_a_constant_that_does_not_fit_its_operand_type_is_refused():
+    """int8 x clipped to 300 must not silently become a clip to 44 (300 wrapped)."""
+    from gemforge.compiler.ir import DTypeError, Max, Var
+    x = Var("x", "int8")
+    with pytest.raises(DTypeError, match="300.*int8"):
+        Max(x, 300)
+    assert Max(x, 100).b.dtype == "int8"
