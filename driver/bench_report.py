@@ -159,6 +159,8 @@ def _cpu_section(cpu: dict[str, Any]) -> list[str]:
         f"| numpy (BLAS), same threads | {gemm['numpy_gflops']} | | |", "",
     ]
     convs = cpu.get("resnet18_convs")
+    if "resnet18_convs_skipped" in cpu:
+        out += [f"ResNet-18 convolutions not measured: {cpu['resnet18_convs_skipped']}.", ""]
     if convs:
         out += [
             "ResNet-18 convolutions after the first (batch 1), each a single operator against ONNX Runtime",

@@ -139,17 +139,14 @@ def _target_for(args: argparse.Namespace, device=None):
 
 
 def cmd_run_op(args: argparse.Namespace) -> None:
-    from .operators import OperatorUsageError, compile_operator, load_inputs
+    from .operators import compile_operator, load_inputs
     config = None if args.device in _HOST_DEVICES else _config(args)
     arrays = load_inputs(args, _load_npy, config)
     dtype = arrays[next(iter(arrays))].dtype.name
     shapes = {k: v.shape for k, v in arrays.items() if k != "bias"}
     with open_device(args.device, config) as device:
         target = _target_for(args, device)
-        try:
-            op = compile_operator(args, target, shapes, dtype, "bias" in arrays)
-        except OperatorUsageError as exc:
-            raise UsageError(str(exc)) from None
+        op = compile_operator(args, target, shapes, dtype, "bias" in arrays)
         output, result = op.run(device, **arrays)
     _save_npy(args.output, output)
     if args.stats:
@@ -161,17 +158,14 @@ def cmd_run_op(args: argparse.Namespace) -> None:
 
 
 def cmd_compile_op(args: argparse.Namespace) -> None:
-    from .operators import OperatorUsageError, compile_operator, shapes_from_args
+    from .operators import compile_operator, default_dtype, shapes_from_args
     target = _target_for(args)
     shapes = shapes_from_args(args, _shape)
     from gemforge.compiler.pipeline import tracing
     trace = (lambda text: print(text, file=sys.stderr)) if args.trace else (lambda text: None)
-    try:
-        with tracing(trace):
-            op = compile_operator(args, target, shapes, args.dtype or _default_dtype(args, target),
-                                  bool(getattr(args, "bias", False)))
-    except OperatorUsageError as exc:
-        raise UsageError(str(exc)) from None
+    with tracing(trace):
+        op = compile_operator(args, target, shapes, args.dtype or default_dtype(args.op, target),
+                              bool(getattr(args, "bias", False)))
     summary = {"op": args.op, "device": args.device, "output": str(args.output)}
     if target.kind == "accel":
         if args.emit not in (None, "program"):
@@ -196,13 +190,6 @@ def cmd_compile_op(args: argparse.Namespace) -> None:
             summary["ptxas"] = "checked" if op.program.cubin is not None else op.program.ptxas_log
     summary["plan"] = {k: v for k, v in op.plan.items() if isinstance(v, (int, str, bool))}
     _print_json(summary)
-
-
-def _default_dtype(args: argparse.Namespace, target) -> str:
-    if target.kind == "accel":
-        return f"int{target.config.acc_width}" if args.op in ("add", "relu", "clip", "max-pool") \
-            else f"int{target.config.inp_width}"
-    return "float32" if args.op == "softmax" else "int8"
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

@@ -96,7 +96,16 @@ class GpuDevice(HostDevice):
         # The device's own architecture, else the newest supported one below it (newer
         # GPUs run its PTX through the driver's compiler).
         number = int(dev.arch[3:])
-        arch = dev.arch if dev.arch in GPU_ARCHS else max(
-            (a for a in GPU_ARCHS if int(a[3:]) <= number), key=lambda a: int(a[3:]), default=GPU_ARCHS[0])
-        super().__init__(GpuTarget(arch))
+        older = [a for a in GPU_ARCHS if int(a[3:]) <= number]
+        if not older:
+            raise DeviceError(f"device gpu is a {dev.name} ({dev.arch}); the GPU back end needs "
+                              f"{GPU_ARCHS[0]} or newer")
+        super().__init__(GpuTarget(max(older, key=lambda a: int(a[3:]))))
         self.name = dev.name
+
+    def _call(self, kernel: Any, arrays: list[np.ndarray]) -> None:
+        from gemforge.compiler.backends.gpu import cuda
+        try:
+            kernel(*arrays)
+        except cuda.CudaError as exc:  # out of memory, a failed launch: the device's word, not a traceback
+            raise DeviceError(f"the gpu could not run {kernel.name}: {exc}") from None

@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["OPERATORS", "Operator", "OperatorUsageError", "load_inputs", "shapes_from_args", "compile_operator"]
+__all__ = ["OPERATORS", "Operator", "OperatorUsageError", "load_inputs", "shapes_from_args", "compile_operator",
+           "accel_dtype", "default_dtype"]
 
 
 class OperatorUsageError(ValueError):
@@ -33,6 +34,7 @@ class Operator:
     rank: dict[str, int | None]                # expected rank of each input (None: any)
     epilogue: bool = False                     # --bias/--shift/--relu
     add_options: Callable[[argparse.ArgumentParser], None] | None = None
+    accel: bool = True                         # has an accelerator version (else cpu and gpu only)
 
 
 def _conv_options(p: argparse.ArgumentParser) -> None:
@@ -73,27 +75,39 @@ OPERATORS: dict[str, Operator] = {
     "add": Operator("Y = X + Z (Z broadcast to X; integers: int32 math, --shift requantizes to int8)",
                     (_X, ("y", "other", "Z")), {"x": None, "y": None}, add_options=_elementwise_epilogue),
     "mul": Operator("Y = X * Z (Z broadcast to X; cpu and gpu)",
-                    (_X, ("y", "other", "Z")), {"x": None, "y": None}, add_options=_elementwise_epilogue),
+                    (_X, ("y", "other", "Z")), {"x": None, "y": None}, add_options=_elementwise_epilogue,
+                    accel=False),
     "relu": Operator("Y = max(X, 0)", (_X,), {"x": None}),
     "clip": Operator("Y = min(max(X, min), max)", (_X,), {"x": None}, add_options=_clip_options),
     "max-pool": Operator("max pooling of NCHW X (padding never wins on cpu/gpu; zeros on the accelerator)",
                          (_X,), {"x": 4}, add_options=_pool_options),
     "avg-pool": Operator("average pooling of NCHW X (cpu and gpu; padding not counted)", (_X,), {"x": 4},
-                         add_options=_pool_options),
-    "softmax": Operator("softmax of float32 X over its last axis (cpu)", (_X,), {"x": None}),
+                         add_options=_pool_options, accel=False),
+    "softmax": Operator("softmax of float32 X over its last axis (cpu)", (_X,), {"x": None}, accel=False),
 }
 
 _ACCUMULATOR_INPUTS = ("add", "relu", "clip", "max-pool")  # the accelerator's element-wise ops take int32
+
+
+def accel_dtype(op: str, config) -> str:
+    """The type of ``op``'s inputs on the accelerator of ``config``."""
+    if not OPERATORS[op].accel:
+        raise OperatorUsageError(f"{op} runs on the cpu or gpu devices; the accelerator has no {op}")
+    return f"int{config.acc_width if op in _ACCUMULATOR_INPUTS else config.inp_width}"
+
+
+def default_dtype(op: str, target) -> str:
+    """The input type ``compile-op`` assumes without ``--dtype``."""
+    if target.kind == "accel":
+        return accel_dtype(op, target.config)
+    return "float32" if op == "softmax" else "int8"
 
 
 def load_inputs(args: argparse.Namespace, load_npy: Callable, config=None) -> dict[str, np.ndarray]:
     """The operator's input arrays from their .npy files (ranks checked, types agreeing).
     With an accelerator ``config`` every input must have the type the accelerator takes."""
     spec = OPERATORS[args.op]
-    required = None
-    if config is not None:
-        width = config.acc_width if args.op in _ACCUMULATOR_INPUTS else config.inp_width
-        required = np.dtype(f"int{width}")
+    required = None if config is None else np.dtype(accel_dtype(args.op, config))
     arrays: dict[str, np.ndarray] = {}
     for key, option, what in spec.inputs:
         arrays[key] = load_npy(getattr(args, option), what.split(":")[0], required, spec.rank[key])
@@ -133,9 +147,10 @@ def compile_operator(args: argparse.Namespace, target, shapes: dict[str, tuple[i
     from gemforge.compiler import ops
     op = args.op
     kind = target.kind
-    if kind == "accel" and op in _ACCUMULATOR_INPUTS and dtype != f"int{target.config.acc_width}":
-        raise OperatorUsageError(f"on the accelerator, {op} takes int{target.config.acc_width} accumulator values, "
-                                 f"not {dtype}")
+    if kind == "accel":
+        expected = accel_dtype(op, target.config)  # refuses an operator the accelerator does not have
+        if op in _ACCUMULATOR_INPUTS and dtype != expected:
+            raise OperatorUsageError(f"on the accelerator, {op} takes {expected} accumulator values, not {dtype}")
     epilogue = {"shift": getattr(args, "shift", None), "relu": getattr(args, "relu", False)}
     hiding = {"latency_hiding": not getattr(args, "no_latency_hiding", False)}
     if op in ("gemm", "dense"):
@@ -177,7 +192,7 @@ def compile_operator(args: argparse.Namespace, target, shapes: dict[str, tuple[i
             raise OperatorUsageError(f"pooling takes an NCHW input, not shape {list(x)}")
         kernel = args.kernel if args.kernel is not None else (x[2], x[3])
         if kind == "accel":
-            if op == "avg-pool" or not isinstance(kernel, int):
+            if not isinstance(kernel, int):
                 raise OperatorUsageError(f"{op} with this window runs on the cpu or gpu")
             return ops.compile_max_pool2d(target, x, kernel, stride=args.stride, padding=args.padding, **hiding)
         return ops.compile_pool2d(target, op.split("-")[0], x, kernel, stride=args.stride, padding=args.padding,

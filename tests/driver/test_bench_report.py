@@ -87,3 +87,11 @@ def test_core_rates_get_a_column_per_config():
     assert "| long weight load, fraction of the bus's bytes per cycle | 0.97 | — | ≥ 0.90 |" in text
     assert "| long input load (entries narrower than a beat), fraction of the bus's bytes per cycle | — | 0.99 |" \
         in text
+
+
+def test_cpu_section_says_why_the_convolutions_were_not_measured():
+    cpu = {"gemm": {"shape": [256] * 3, "threads": 2, "plan": {"mb": 8, "nb": 32}, "compile_seconds": 0.1,
+                    "gemforge_gflops": 50.0, "numpy_gflops": 60.0, "ratio_vs_numpy": 0.83},
+           "resnet18_convs_skipped": "ONNX Runtime, their baseline, is not installed (pip install 'gemforge[dev]')"}
+    text = render_markdown({"cpu": cpu, "wall_seconds": 1.0}, "gemforge bench")
+    assert "ResNet-18 convolutions not measured: ONNX Runtime" in text and "| gemforge (tile 8×32) | **50.0**" in text

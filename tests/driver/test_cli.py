@@ -303,3 +303,31 @@ def test_gpu_device_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "a.npy",
                        "-o", tmp_path / "c.npy", "--device", "gpu")
     assert code == 2 and "device gpu is not available" in err
+
+
+@pytest.mark.parametrize("op,dtype,other", [("softmax", np.float32, False), ("mul", np.int32, True),
+                                            ("avg-pool", np.int8, False)])
+def test_host_only_operator_on_the_accelerator_is_refused_by_name(tmp_path, capsys, op, dtype, other):
+    """Whatever the input type, the error says the accelerator lacks the operator."""
+    np.save(tmp_path / "x.npy", np.ones((1, 2, 4, 4), dtype))
+    extra = ["--other", tmp_path / "x.npy"] if other else []
+    code, _, err = run(capsys, "run-op", op, "--input", tmp_path / "x.npy", *extra, "--device", "fsim",
+                       "-o", tmp_path / "y.npy")
+    assert code == 2 and f"the accelerator has no {op}" in err
+    code, _, err = run(capsys, "compile-op", op, "--shape", "1,2,4,4", "--device", "fsim", "-o", tmp_path / "p.gfp")
+    assert code == 2 and f"the accelerator has no {op}" in err
+
+
+@pytest.mark.parametrize("arch,chosen", [("sm_75", None), ("sm_86", "sm_86"), ("sm_87", "sm_86"), ("sm_120", "sm_90")])
+def test_gpu_device_targets_the_newest_supported_arch_at_or_below_its_own(monkeypatch, arch, chosen):
+    from types import SimpleNamespace
+
+    from gemforge.compiler.backends.gpu import cuda
+    from gemforge.driver.device import DeviceError
+    from gemforge.driver.host_device import GpuDevice
+    monkeypatch.setattr(cuda, "device", lambda: SimpleNamespace(arch=arch, name="a test GPU"))
+    if chosen is None:
+        with pytest.raises(DeviceError, match="sm_80 or newer"):
+            GpuDevice()
+    else:
+        assert GpuDevice().target.arch == chosen
