@@ -143,11 +143,9 @@ def schedule_rows(s: Schedule, t: Tensor) -> None:
     st.vectorize(col)
 
 
-def schedule_elementwise(s: Schedule, out: Tensor, inline: list[Tensor] = ()) -> None:
+def schedule_elementwise(s: Schedule, out: Tensor) -> None:
     """Outer axes fused and parallel, the innermost vectorized (a 1-D tensor is cut
     into parallel chunks)."""
-    for t in inline:
-        s[t].compute_inline()
     so = s[out]
     axes = list(so.leaf)
     if len(axes) == 1:

@@ -15,9 +15,9 @@ operators give each thread one output element.
 
 from __future__ import annotations
 
-from ..ir import BufferLoad, Const
+from ..ir import BufferLoad
 from ..schedule import Schedule, create_schedule
-from ..te import Tensor, compute, pad, placeholder, reduce_axis, reduce_max, sum_
+from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from .common import Epilogue, out_size
 from .nn import ConvLayout, accumulator_dtype, round_up
 
@@ -165,7 +165,7 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
         s[cc].set_scope("local")
         s[cc].compute_at(s[out], thread)
         plan = {"method": "direct", "threads": THREADS}
-    tensors.update(c=cc, out=out, layout=ConvLayout(plan["method"], ow, oh, ow))
+    tensors.update(c=cc, out=out, layout=ConvLayout(plan["method"], ow))
     return tensors, s, plan
 
 

@@ -157,7 +157,7 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
         bias = tensors["bias"] = placeholder((o,), acc, "bias")
     tensors["out"] = compute((n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
                              name="out", dtype=epilogue.out_dtype(acc))
-    tensors["layout"] = ConvLayout(method, pitch, oh, ow)
+    tensors["layout"] = ConvLayout(method, pitch)
     return tensors
 
 
@@ -167,8 +167,6 @@ class ConvLayout:
 
     method: str
     pitch: int
-    oh: int
-    ow: int
 
 
 def _read_padded(x: Tensor, b, ci, f: Expr, pitch: int, padding: int) -> Expr:
@@ -243,7 +241,7 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     tensors["out"] = compute(
         (n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q] - corr[oc], bias[oc] if bias else None),
         name="out", dtype=epilogue.out_dtype("int32"))
-    tensors["layout"] = ConvLayout("vnni-shifted" if shifted else "vnni-im2col", pitch, oh, ow)
+    tensors["layout"] = ConvLayout("vnni-shifted" if shifted else "vnni-im2col", pitch)
     return tensors
 
 

@@ -135,5 +135,4 @@ def elementwise_reference(op: str, x: np.ndarray, y: np.ndarray | None = None, *
         return (np.maximum(value, 0) if relu else value).astype(np.float32)
     if op == "clip":
         return value.astype(x.dtype)
-    out = reference_epilogue(value, None, shift, relu, channel_axis=0)
-    return out if shift is not None or x.dtype == np.int32 else out.astype(np.int32)
+    return reference_epilogue(value, None, shift, relu, channel_axis=0)  # int8 with a shift, else int32

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 import llvmlite.binding as llvm
@@ -27,9 +27,10 @@ import llvmlite.ir as ll
 import numpy as np
 
 from ...errors import CompileError
-from ...ir import Allocate, Buffer, PrimFunc
+from ...ir import Buffer, PrimFunc
 from ...passes import partition_tiles
 from ...target import CpuTarget
+from ..llvm.module import optimize_o3, split_workspaces
 from . import runtime
 from .codegen import CpuCodegen
 
@@ -117,6 +118,24 @@ def target_machine(target: CpuTarget, *, fresh: bool = False):
         return machine
 
 
+def check_arguments(name: str, params: list[Buffer], arrays, contiguous: bool) -> list[np.ndarray]:
+    """``arrays`` if they match kernel ``name``'s ``params`` in type and shape (and, with
+    ``contiguous``, are C-contiguous: the kernel gets their pointers), else a clear
+    `KernelArgumentError`."""
+    if len(arrays) != len(params):
+        raise KernelArgumentError(f"{name} takes {len(params)} arrays "
+                                  f"({', '.join(b.name for b in params)}), not {len(arrays)}")
+    for array, buf in zip(arrays, params):
+        if not isinstance(array, np.ndarray):
+            raise KernelArgumentError(f"argument {buf.name} must be a numpy array, not {type(array).__name__}")
+        if array.dtype != np.dtype(buf.dtype) or tuple(array.shape) != tuple(buf.shape):
+            raise KernelArgumentError(f"argument {buf.name} must be {buf.dtype}{list(buf.shape)}, not "
+                                      f"{array.dtype}{list(array.shape)}")
+        if contiguous and not array.flags.c_contiguous:
+            raise KernelArgumentError(f"argument {buf.name} must be C-contiguous")
+    return list(arrays)
+
+
 @dataclass
 class CpuModule:
     """An LLVM module holding one function, before and after optimization. The
@@ -128,7 +147,6 @@ class CpuModule:
     llvm_ir: str
     workspaces: list[Buffer] = field(default_factory=list)
     module: Any = None  # llvmlite.binding.ModuleRef once parsed and optimized
-    assembly: str = ""
 
     def __str__(self) -> str:
         return self.llvm_ir
@@ -142,7 +160,6 @@ class CpuKernel:
     func: PrimFunc
     target: CpuTarget
     llvm_ir: str
-    assembly: str
     workspaces: list[Buffer]
     _engine: Any = field(repr=False)
     _entry: Callable = field(repr=False)
@@ -153,22 +170,14 @@ class CpuKernel:
     def params(self):
         return self.func.params
 
+    @cached_property
+    def assembly(self) -> str:
+        """The native code, as assembly text (generated on first use: most builds never look)."""
+        return target_machine(self.target).emit_assembly(llvm.parse_assembly(self.llvm_ir))
+
     def check(self, arrays) -> list[np.ndarray]:
         """The arrays if they match the parameters, else a clear `KernelArgumentError`."""
-        if len(arrays) != len(self.func.params):
-            raise KernelArgumentError(f"{self.func.name} takes {len(self.func.params)} arrays "
-                                      f"({', '.join(b.name for b in self.func.params)}), not {len(arrays)}")
-        out = []
-        for array, buf in zip(arrays, self.func.params):
-            if not isinstance(array, np.ndarray):
-                raise KernelArgumentError(f"argument {buf.name} must be a numpy array, not {type(array).__name__}")
-            if array.dtype != np.dtype(buf.dtype) or tuple(array.shape) != tuple(buf.shape):
-                raise KernelArgumentError(f"argument {buf.name} must be {buf.dtype}{list(buf.shape)}, not "
-                                          f"{array.dtype}{list(array.shape)}")
-            if not array.flags.c_contiguous:
-                raise KernelArgumentError(f"argument {buf.name} must be C-contiguous")
-            out.append(array)
-        return out
+        return check_arguments(self.func.name, self.func.params, arrays, contiguous=True)
 
     def __call__(self, *arrays: np.ndarray, threads: int | None = None) -> None:
         """Run on ``arrays``, parallel loops on ``threads`` threads (default: the target's;
@@ -190,10 +199,7 @@ def make_llvm_ir(func: PrimFunc, target: CpuTarget) -> CpuModule:
     module = ll.Module(name=func.name)
     module.triple = llvm.get_process_triple()
     module.data_layout = str(machine.target_data)
-    body, workspaces = func.body, []
-    while isinstance(body, Allocate) and body.buffer.scope == "global":
-        workspaces.append(body.buffer)
-        body = body.body
+    workspaces, body = split_workspaces(func)
     CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs),
                vnni=has_feature(target, "avx512vnni"), vl=has_feature(target, "avx512vl")).emit_function()
     return CpuModule(func, target, str(module), workspaces)
@@ -201,16 +207,8 @@ def make_llvm_ir(func: PrimFunc, target: CpuTarget) -> CpuModule:
 
 def optimize(mod: CpuModule, target: CpuTarget) -> CpuModule:
     """LLVM's O3 pipeline with loop and SLP vectorization for the target CPU."""
-    machine = target_machine(target)
-    ref = llvm.parse_assembly(mod.llvm_ir)
-    ref.verify()
-    options = llvm.create_pipeline_tuning_options(speed_level=3)
-    options.loop_vectorization = True
-    options.slp_vectorization = True
-    options.loop_unrolling = True
-    builder = llvm.create_pass_builder(machine, options)
-    builder.getModulePassManager().run(ref, builder)
-    return CpuModule(mod.func, target, str(ref), mod.workspaces, ref, machine.emit_assembly(ref))
+    ref = optimize_o3(mod.llvm_ir, target_machine(target), vectorize=True)
+    return CpuModule(mod.func, target, str(ref), mod.workspaces, ref)
 
 
 def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
@@ -219,7 +217,7 @@ def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
     engine.finalize_object()
     address = engine.get_function_address(mod.func.name)
     entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(mod.func.params) + len(mod.workspaces))))(address)
-    return CpuKernel(mod.func, target, mod.llvm_ir, mod.assembly, mod.workspaces, engine, entry)
+    return CpuKernel(mod.func, target, mod.llvm_ir, mod.workspaces, engine, entry)
 
 
 def stages(target: CpuTarget) -> dict[str, Callable[[Any], Any]]:

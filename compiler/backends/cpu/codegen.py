@@ -73,12 +73,6 @@ class CpuCodegen(LLVMCodegen):
             parts = merged
         return parts[0]
 
-    def _runtime(self, name: str, ret: ll.Type, args: list[ll.Type]) -> ll.Function:
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ll.Function(self.module, ll.FunctionType(ret, args), name)
-        return fn
-
     def allocate(self, buffer: Buffer):
         if buffer.scope == "local" and buffer.size * max(1, bits(buffer.dtype) // 8) <= MAX_STACK_BYTES:
             return super().allocate(buffer)
@@ -88,8 +82,8 @@ class CpuCodegen(LLVMCodegen):
         # from the C library, freed after the scope.
         b = self.builder
         nbytes = -(-max(1, buffer.size) * max(1, bits(buffer.dtype) // 8) // 64) * 64
-        aligned_alloc = self._runtime("aligned_alloc", ll.PointerType(), [I64, I64])
-        free = self._runtime("free", ll.VoidType(), [ll.PointerType()])
+        aligned_alloc = self.intrinsic("aligned_alloc", ll.PointerType(), [I64, I64])
+        free = self.intrinsic("free", ll.VoidType(), [ll.PointerType()])
         ptr = b.call(aligned_alloc, [ll.Constant(I64, 64), ll.Constant(I64, nbytes)], name=buffer.name)
 
         def release() -> None:
@@ -118,7 +112,7 @@ class CpuCodegen(LLVMCodegen):
                  dict(self.ranges))
         body_fn = self._outline(loop, closure_type, captured_vars, captured_bufs)
         self.fn, self.builder, self._alloca_builder, self.vars, self.buffers, self.ranges = outer
-        runner = self._runtime("gf_parallel_for", ll.VoidType(), [ll.PointerType(), ll.PointerType(), I64])
+        runner = self.intrinsic("gf_parallel_for", ll.VoidType(), [ll.PointerType(), ll.PointerType(), I64])
         self.builder.call(runner, [body_fn, closure, extent])
 
     def _outline(self, loop: For, closure_type, captured_vars, captured_bufs) -> ll.Function:

@@ -28,8 +28,9 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ll
 import numpy as np
 
-from ...ir import Buffer, PrimFunc
+from ...ir import Buffer
 from ...target import GpuTarget
+from ..llvm.module import optimize_o3
 from .codegen import NVPTX_DATA_LAYOUT, NVPTX_TRIPLE, GpuCodegen
 from .kernels import GpuCompileError, GpuProgram, bind_threads, insert_barriers, split_kernels
 
@@ -79,12 +80,8 @@ def make_llvm_ir(program: GpuProgram, target: GpuTarget) -> GpuModule:
 def emit_ptx(mod: GpuModule, target: GpuTarget) -> GpuModule:
     """Optimize (O3) and emit PTX for the target architecture."""
     _initialize()
-    ref = llvm.parse_assembly(mod.llvm_ir)
-    ref.verify()
     machine = llvm.Target.from_triple(NVPTX_TRIPLE).create_target_machine(cpu=target.arch, features="+ptx80", opt=3)
-    options = llvm.create_pipeline_tuning_options(speed_level=3)
-    builder = llvm.create_pass_builder(machine, options)
-    builder.getModulePassManager().run(ref, builder)
+    ref = optimize_o3(mod.llvm_ir, machine, vectorize=False)
     mod.llvm_ir = str(ref)
     mod.ptx = machine.emit_assembly(ref)
     return mod
@@ -134,16 +131,11 @@ class GpuKernel:
         return self.ptx
 
     def check(self, arrays) -> list[np.ndarray]:
-        from ..cpu import KernelArgumentError
-        params = self.program.params
-        if len(arrays) != len(params):
-            raise KernelArgumentError(f"{self.name} takes {len(params)} arrays "
-                                      f"({', '.join(b.name for b in params)}), not {len(arrays)}")
-        for array, buf in zip(arrays, params):
-            if not isinstance(array, np.ndarray) or array.dtype != np.dtype(buf.dtype) \
-                    or tuple(array.shape) != tuple(buf.shape):
-                raise KernelArgumentError(f"argument {buf.name} must be {buf.dtype}{list(buf.shape)}")
-        return [np.ascontiguousarray(a) for a in arrays]
+        """The arrays (C-contiguous copies where needed: they are uploaded) if they match the
+        parameters, else a clear `KernelArgumentError`."""
+        from ..cpu import check_arguments
+        return [np.ascontiguousarray(a) for a in check_arguments(self.name, self.program.params, arrays,
+                                                                 contiguous=False)]
 
     def _functions(self):
         from . import cuda

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ll
 
-from ...ir import Buffer, Call, PrimFunc
+from ...ir import Buffer, Call
 from ..llvm.codegen import I32, I64, CodegenError, LLVMCodegen, llvm_type
 
 __all__ = ["GpuCodegen", "NVPTX_TRIPLE", "NVPTX_DATA_LAYOUT"]
@@ -24,9 +24,6 @@ _SREG = {"threadIdx": "tid", "blockIdx": "ctaid"}
 
 class GpuCodegen(LLVMCodegen):
     param_addrspace = 1
-
-    def __init__(self, module: ll.Module, func: PrimFunc) -> None:
-        super().__init__(module, func)
 
     def emit_kernel(self) -> ll.Function:
         fn = self.emit_function()

@@ -91,8 +91,8 @@ class Device:
     def load_module(self, image: bytes) -> ctypes.c_void_p:
         """A module from a cubin or PTX image (PTX is compiled by the driver)."""
         module = ctypes.c_void_p()
-        data = image if image.endswith(b"\0") or not image.lstrip().startswith(b"//") else image + b"\0"
-        _check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(data)), "cuModuleLoadData")
+        # PTX must end in a NUL, which every Python bytes object's buffer has.
+        _check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "cuModuleLoadData")
         return module
 
     def function(self, module: ctypes.c_void_p, name: str) -> ctypes.c_void_p:
@@ -149,6 +149,11 @@ class _Timer:
         ms = ctypes.c_float()
         _check(self.lib.cuEventElapsedTime(ctypes.byref(ms), self.start_event, self.stop_event), "cuEventElapsedTime")
         return ms.value
+
+    def __del__(self) -> None:
+        for event in (self.start_event, self.stop_event):
+            if event.value:
+                self.lib.cuEventDestroy_v2(event)
 
 
 def device() -> Device:

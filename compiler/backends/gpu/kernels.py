@@ -22,6 +22,7 @@ from ...ir import (
     Allocate, Buffer, BufferLoad, BufferStore, Call, Cmp, Const, Evaluate, For, ForKind, IfThenElse, LetStmt,
     PrimFunc, Seq, Stmt, StmtMutator, const_upper_bound, seq, simplify, walk, walk_expr,
 )
+from ..llvm.module import split_workspaces
 
 __all__ = ["GpuKernelFunc", "GpuProgram", "split_kernels", "insert_barriers", "bind_threads", "GpuCompileError",
            "THREAD_TAGS"]
@@ -89,10 +90,7 @@ def _buffers_of(stmt: Stmt) -> tuple[list[Buffer], list[Buffer]]:
 
 def split_kernels(func: PrimFunc) -> GpuProgram:
     """One kernel per top-level statement; top-level main-memory allocations are workspaces."""
-    body, workspaces = func.body, []
-    while isinstance(body, Allocate) and body.buffer.scope == "global":
-        workspaces.append(body.buffer)
-        body = body.body
+    workspaces, body = split_workspaces(func)
     parts = body.stmts if isinstance(body, Seq) else [body]
     kernels = []
     order = func.params + workspaces

@@ -94,7 +94,6 @@ class LLVMCodegen:
         self.buffers: dict[Buffer, ll.Value] = {}
         self.vector: _Vector | None = None
         self._safe_loads = 0
-        self._intrinsics: dict[str, ll.Function] = {}
         self.fn: ll.Function | None = None
         self.builder: ll.IRBuilder | None = None
         self._alloca_builder: ll.IRBuilder | None = None
@@ -495,12 +494,11 @@ class LLVMCodegen:
     # ------------------------------------------------------------------ expressions: helpers
 
     def intrinsic(self, name: str, ret: ll.Type, args: list[ll.Type]) -> ll.Function:
-        fn = self._intrinsics.get(name)
+        """The declaration of an external function (an LLVM intrinsic or a runtime symbol),
+        declared in the module on first use."""
+        fn = self.module.globals.get(name)
         if fn is None:
-            fn = self.module.globals.get(name)
-            if fn is None:
-                fn = ll.Function(self.module, ll.FunctionType(ret, args), name)
-            self._intrinsics[name] = fn
+            fn = ll.Function(self.module, ll.FunctionType(ret, args), name)
         return fn
 
     def broadcast(self, value: ll.Value, lanes: int) -> ll.Value:
@@ -680,8 +678,7 @@ class LLVMCodegen:
             return b.and_(x, y) if isinstance(e, And) else b.or_(x, y)
         if isinstance(e, Not):
             x = self.cond(e.value)
-            return b.xor(x, ll.Constant(x.type, [1] * x.type.count) if isinstance(x.type, ll.VectorType)
-                         else ll.Constant(I1, 1))
+            return b.xor(x, self._splat(x.type, 1))
         if isinstance(e, Select):
             cond = self.cond(e.cond)
             self._safe_loads += 1
@@ -822,7 +819,8 @@ class LLVMCodegen:
         acc, total = self._match(acc, total)
         return bld.add(acc, total)
 
-    def _splat(self, ty: ll.Type, value: int) -> ll.Value:
+    def _splat(self, ty: ll.Type, value: int | float) -> ll.Value:
+        """``value`` as a constant of ``ty``, in every lane when ``ty`` is a vector."""
         if isinstance(ty, ll.VectorType):
             return ll.Constant(ty, [value] * ty.count)
         return ll.Constant(ty, value)
@@ -834,7 +832,7 @@ class LLVMCodegen:
         ty = x.type
 
         def c(value: float) -> ll.Value:
-            return self._splat(ty, value) if isinstance(ty, ll.VectorType) else ll.Constant(ty, value)
+            return self._splat(ty, value)
         e2 = self._call_intrinsic("llvm.exp", ty, [b.fmul(x, c(2.0), flags=FAST_MATH)])
         wide = b.fsub(c(1.0), b.fdiv(c(2.0), b.fadd(e2, c(1.0), flags=FAST_MATH), flags=FAST_MATH), flags=FAST_MATH)
         x2 = b.fmul(x, x, flags=FAST_MATH)

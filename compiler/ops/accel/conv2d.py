@@ -25,7 +25,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig
 
 from ...backends.accel.intrin import gemm_intrin
-from ...backends.accel.layout import ceil_div, int_dtype, pack_nchw, pack_oihw, unpack_nchw
+from ...backends.accel.layout import ceil_div, pack_nchw, pack_oihw, unpack_nchw
 from ...pipeline import build
 from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
@@ -35,7 +35,7 @@ from .common import (
     store_entry_bytes,
 )
 
-__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d", "run_conv2d"]
+__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d"]
 
 
 
@@ -215,16 +215,3 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
 
     return CompiledOp("conv2d", program, inputs, "out", pack, lambda t: unpack_nchw(t, n, o),
                       plan=dict(plan, oh=oh, ow=ow))
-
-
-def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stride: int = 1,
-               padding: int = 0, shift: int | None = None, relu: bool = False, latency_hiding: bool = True):
-    """2-D convolution (NCHW × OIHW, + epilogue) on ``device``; returns (output NCHW, RunResult)."""
-    if x.ndim != 4 or w.ndim != 4:
-        raise OpError(f"conv2d needs x in NCHW and w in OIHW; got {list(x.shape)} and {list(w.shape)}")
-    inp = int_dtype(device.config.inp_width)
-    if x.dtype != inp or w.dtype != int_dtype(device.config.wgt_width):
-        raise OpError(f"conv2d operands must be {inp.name}, not {x.dtype} and {w.dtype}")
-    op = compile_conv2d(device.config, x.shape, w.shape, stride=stride, padding=padding,
-                        bias=bias is not None, shift=shift, relu=relu, latency_hiding=latency_hiding)
-    return op.run(device, x=x, w=w, bias=bias)

@@ -22,7 +22,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig
 
 from ...backends.accel.intrin import gemm_intrin
-from ...backends.accel.layout import ceil_div, int_dtype, pack_matrix_a, pack_matrix_b, unpack_matrix
+from ...backends.accel.layout import ceil_div, pack_matrix_a, pack_matrix_b, unpack_matrix
 from ...pipeline import build
 from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, placeholder, reduce_axis, sum_
@@ -32,7 +32,7 @@ from .common import (
     store_entry_bytes,
 )
 
-__all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense", "run_dense"]
+__all__ = ["dense_te", "dense_schedule", "plan_dense", "compile_dense"]
 
 
 
@@ -146,16 +146,3 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
 
     return CompiledOp("dense", program, inputs, "out", pack, lambda t: unpack_matrix(t, m, n),
                       plan=dict(plan, mt=mt, kt=kt, nt=nt))
-
-
-def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, shift: int | None = None,
-              relu: bool = False, latency_hiding: bool = True):
-    """``A @ B`` (+ epilogue) on ``device``; returns (output, RunResult)."""
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise OpError(f"dense needs A (M, K) and B (K, N); got A{list(a.shape)} and B{list(b.shape)}")
-    inp = int_dtype(device.config.inp_width)
-    if a.dtype != inp or b.dtype != int_dtype(device.config.wgt_width):
-        raise OpError(f"dense operands must be {inp.name}, not {a.dtype} and {b.dtype}")
-    op = compile_dense(device.config, a.shape[0], a.shape[1], b.shape[1], bias=bias is not None,
-                       shift=shift, relu=relu, latency_hiding=latency_hiding)
-    return op.run(device, a=a, b=b, bias=bias)
