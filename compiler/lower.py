@@ -338,7 +338,7 @@ def lower_schedule(sch: Schedule, args: list[Tensor], name: str = "main", target
     for stage in reversed(_lowered(sch)):
         if stage.scope == "global" and stage.tensor.buffer not in params:
             body = Allocate(stage.tensor.buffer, body)
-    func = PrimFunc(name, params, body, {"target": getattr(target, "kind", None)})
+    func = PrimFunc(name, params, body)
     try:
         return verify(func, None if target is None else target.scopes)
     except VerifyError as exc:

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .ir import Buffer, BufferLoad, Const, Expr, ForKind, Min, Reduce, Var, map_expr, simplify, substitute, walk_expr
-from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, compute, tensor_of
+from .ir import Buffer, BufferLoad, Const, Expr, ForKind, Min, Reduce, Var, map_expr, simplify, substitute
+from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, buffers_read, compute, reduce_axes_of, tensor_of
 from .errors import CompileError
 
 __all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "ScheduleError", "split_extents"]
@@ -88,7 +88,7 @@ class Stage:
 
     @property
     def reduce_axes(self) -> list[IterVar]:
-        return list(self.body.axes) if isinstance(self.body, Reduce) else []
+        return reduce_axes_of(self.body)
 
     @property
     def root_axes(self) -> list[IterVar]:
@@ -98,11 +98,7 @@ class Stage:
 
     def input_buffers(self) -> list[Buffer]:
         """The buffers this stage reads, in first-read order."""
-        seen: list[Buffer] = []
-        if self.body is not None:
-            walk_expr(self.body, lambda e: seen.append(e.buffer)
-                      if isinstance(e, BufferLoad) and e.buffer not in seen else None)
-        return seen
+        return [] if self.body is None else buffers_read(self.body)
 
     def _check_leaf(self, iv: IterVar) -> int:
         if iv not in self.leaf:

@@ -20,7 +20,7 @@ name, a config) into a target.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gemforge.hw.config import AccelConfig, load_config
 
@@ -50,9 +50,6 @@ class Target:
         """The type a tensor of ``dtype`` is stored as in ``scope`` (default: itself)."""
         return dtype
 
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind}
-
 
 @dataclass(frozen=True)
 class AccelTarget(Target):
@@ -69,9 +66,6 @@ class AccelTarget(Target):
         # The accumulator holds every value at its own width; the output buffer
         # mirrors the low bits for narrower results.
         return f"int{self.config.acc_width}" if scope == "acc" else dtype
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config": self.config.name}
 
 
 @dataclass(frozen=True)
@@ -90,9 +84,6 @@ class CpuTarget(Target):
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise TargetError(f"cpu threads must be a non-negative integer (0: all cores), not {self.threads!r}")
 
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "cpu": self.cpu, "threads": self.threads or "one per core"}
-
 
 @dataclass(frozen=True)
 class GpuTarget(Target):
@@ -106,9 +97,6 @@ class GpuTarget(Target):
     def __post_init__(self) -> None:
         if self.arch not in GPU_ARCHS:
             raise TargetError(f"GPU architecture {self.arch!r} is not supported; choose one of {', '.join(GPU_ARCHS)}")
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "arch": self.arch}
 
 
 def target_of(spec: Target | AccelConfig | str | None) -> Target:

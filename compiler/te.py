@@ -35,7 +35,7 @@ __all__ = [
     "IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp",
     "placeholder", "compute", "reduce_axis", "sum_", "reduce_max", "reduce_min", "pad", "clip", "max_", "min_",
     "TeError",
-    "tensor_of",
+    "tensor_of", "reduce_axes_of", "buffers_read",
 ]
 
 # Which tensor owns a buffer: reads in bodies name buffers, schedules need tensors.
@@ -145,7 +145,7 @@ class ComputeOp(Operation):
 
     @property
     def reduce_axes(self) -> list[IterVar]:
-        return list(self.body.axes) if isinstance(self.body, Reduce) else []
+        return reduce_axes_of(self.body)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -153,13 +153,19 @@ class ComputeOp(Operation):
 
     def input_buffers(self) -> list[Buffer]:
         """The buffers this operation reads, in first-read order."""
-        seen: list[Buffer] = []
+        return buffers_read(self.body)
 
-        def visit(e: Expr) -> None:
-            if isinstance(e, BufferLoad) and e.buffer not in seen:
-                seen.append(e.buffer)
-        walk_expr(self.body, visit)
-        return seen
+
+def reduce_axes_of(body: Expr) -> list[IterVar]:
+    """The reduction axes of a compute body (none unless it is a `Reduce`)."""
+    return list(body.axes) if isinstance(body, Reduce) else []
+
+
+def buffers_read(body: Expr) -> list[Buffer]:
+    """The buffers ``body`` reads, in first-read order."""
+    seen: list[Buffer] = []
+    walk_expr(body, lambda e: seen.append(e.buffer) if isinstance(e, BufferLoad) and e.buffer not in seen else None)
+    return seen
 
 
 @dataclass(eq=False)
