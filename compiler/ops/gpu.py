@@ -19,7 +19,7 @@ from ..ir import BufferLoad
 from ..schedule import Schedule, create_schedule
 from ..te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from .common import Epilogue, out_size
-from .nn import ConvLayout, accumulator_dtype, round_up
+from .nn import ConvLayout, accumulator_dtype, round_up, window_pixel
 
 __all__ = ["dense", "conv2d", "schedule_elementwise", "schedule_pool", "TILE", "LARGE_TILE", "plan_tile"]
 
@@ -134,8 +134,8 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
         red = cg * taps
         op, pp, rp = round_up(o, bm), round_up(pixels, bn), round_up(red, bk)
         wpad = pad(w, (0, 0), (op - o, rp - red), "w.pad")
-        col = compute((n, rp, pp), lambda b, r, q: image(b, r // taps, (q // ow) * stride + (r // kw) % kh,
-                                                       (q % ow) * stride + r % kw), name="col")
+        col = compute((n, rp, pp), lambda b, r, q: image(b, r // taps, *window_pixel(q, r, ow, kh, kw, stride)),
+                      name="col")
         rr = reduce_axis(rp, "r")
         cc = compute((n, op, pp), lambda b, oc, q: sum_(wpad[oc, rr].astype(acc) * col[b, rr, q].astype(acc), [rr]),
                      name="c")

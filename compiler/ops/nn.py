@@ -37,7 +37,7 @@ from .common import Epilogue, OpError, out_size
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
-    "ELEMENTWISE_OPS",
+    "ELEMENTWISE_OPS", "window_pixel",
 ]
 
 #: Element-wise operators and their arity.
@@ -142,8 +142,7 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
             xp = tensors["xp"] = pad(x, (0, 0, padding, padding), (0, 0, padding, padding), "xp") if padding else x
             col = tensors["col"] = compute(
                 (n, groups, red, p_pad),
-                lambda b, g, r, q: xp[b, g * cg + r // taps, (q // ow) * stride + (r // kw) % kh,
-                                      (q % ow) * stride + r % kw],
+                lambda b, g, r, q: xp[(b, g * cg + r // taps, *window_pixel(q, r, ow, kh, kw, stride))],
                 name="col")
 
             def column(b, g, r, q):
@@ -167,6 +166,13 @@ class ConvLayout:
 
     method: str
     pitch: int
+
+
+def window_pixel(q, r, ow: int, kh: int, kw: int, stride: int) -> tuple[Expr, Expr]:
+    """(row, column) of the padded image that im2col entry (``r``, ``q``) reads: reduction
+    index ``r`` runs over (channel, kernel row, kernel column), output pixel ``q`` row-major
+    over an output ``ow`` wide."""
+    return (q // ow) * stride + (r // kw) % kh, (q % ow) * stride + r % kw
 
 
 def _read_padded(x: Tensor, b, ci, f: Expr, pitch: int, padding: int) -> Expr:
@@ -226,8 +232,7 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
         x4 = tensors["x4"] = compute(
             (n, groups, cg4 * taps, p_pad),
             lambda b, g, r4, q: _bytes_u8(lambda j: channel(
-                b, g, r4 // taps, j, (q // ow) * stride + (r4 // kw) % kh - padding,
-                (q % ow) * stride + r4 % kw - padding)), name="x4")
+                b, g, r4 // taps, j, *(v - padding for v in window_pixel(q, r4, ow, kh, kw, stride)))), name="x4")
 
         def operand(b, g, r4, q):
             return x4[b, g, r4, q]
