@@ -21,7 +21,7 @@ from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
-    ELEMENTWISE_OPS, accumulator_dtype, conv2d_method, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
+    ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
     elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te,
 )
 
@@ -180,7 +180,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
     elif _vnni(target, dtype):
         lanes = _lanes(target)
-        pitch = w + 2 * padding if stride == 1 else ow
+        pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=True).pitch
         mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes)
         t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
         s = create_schedule(t["out"])
@@ -194,7 +194,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": t["layout"].method}
     else:
         lanes = _lanes(target)
-        pitch = w + 2 * padding if conv2d_method((kh, kw), stride, padding) == "shifted" else ow
+        pitch = conv2d_layout(w, (kh, kw), stride, padding).pitch
         mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes)
         t = conv2d_te(shape, weight, stride, padding, groups, dtype, epi, panel=nb)
         s = create_schedule(t["out"])

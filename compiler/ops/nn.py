@@ -35,7 +35,7 @@ from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_ma
 from .common import Epilogue, OpError, out_size
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "window_pixel",
 ]
@@ -87,6 +87,14 @@ def dense_te(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, panel: int)
     return tensors
 
 
+@dataclass(frozen=True)
+class ConvLayout:
+    """Where conv2d's output pixels lie: row ``y`` starts at ``y · pitch``."""
+
+    method: str
+    pitch: int
+
+
 def conv2d_method(kernel: tuple[int, int], stride: int, padding: int) -> str:
     """How conv2d builds the right operand of its matrix product:
 
@@ -99,6 +107,18 @@ def conv2d_method(kernel: tuple[int, int], stride: int, padding: int) -> str:
     if stride == 1 and kernel == (1, 1) and padding == 0:
         return "direct"
     return "shifted" if stride == 1 else "im2col"
+
+
+def conv2d_layout(width: int, kernel: tuple[int, int], stride: int, padding: int, vnni: bool = False) -> ConvLayout:
+    """conv2d's method (`conv2d_method`; the VNNI path reads stride 1 shifted, all else
+    through im2col) and the pitch of its output rows: the padded input's width where
+    windows are read shifted in place, else the output's width."""
+    if vnni:
+        method = "vnni-shifted" if stride == 1 else "vnni-im2col"
+    else:
+        method = conv2d_method(kernel, stride, padding)
+    shifted = method in ("shifted", "vnni-shifted")
+    return ConvLayout(method, width + 2 * padding if shifted else out_size(width, kernel[1], stride, padding))
 
 
 def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
@@ -116,8 +136,8 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
     o, cg, kh, kw = weight
     acc = accumulator_dtype(dtype)
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
-    method = conv2d_method((kh, kw), stride, padding)
-    pitch = wd + 2 * padding if method == "shifted" else ow
+    layout = conv2d_layout(wd, (kh, kw), stride, padding)
+    method, pitch = layout.method, layout.pitch
     p_pad = round_up(oh * pitch, panel)
     og = o // groups
     taps = kh * kw
@@ -156,16 +176,8 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
         bias = tensors["bias"] = placeholder((o,), acc, "bias")
     tensors["out"] = compute((n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
                              name="out", dtype=epilogue.out_dtype(acc))
-    tensors["layout"] = ConvLayout(method, pitch)
+    tensors["layout"] = layout
     return tensors
-
-
-@dataclass(frozen=True)
-class ConvLayout:
-    """Where conv2d's output pixels lie: row ``y`` starts at ``y · pitch``."""
-
-    method: str
-    pitch: int
 
 
 def window_pixel(q, r, ow: int, kh: int, kw: int, stride: int) -> tuple[Expr, Expr]:
@@ -208,8 +220,8 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     taps = kh * kw
     cg4 = -(-cg // 4)
     og = o // groups
-    shifted = stride == 1
-    pitch = wd + 2 * padding if shifted else ow
+    layout = conv2d_layout(wd, (kh, kw), stride, padding, vnni=True)
+    shifted, pitch = layout.method == "vnni-shifted", layout.pitch
     p_pad = round_up(oh * pitch, panel)
     x = placeholder((n, c, h, wd), "int8", "x")
     w4 = placeholder((o, cg4 * taps), "int32", "w4")
@@ -246,7 +258,7 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     tensors["out"] = compute(
         (n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q] - corr[oc], bias[oc] if bias else None),
         name="out", dtype=epilogue.out_dtype("int32"))
-    tensors["layout"] = ConvLayout("vnni-shifted" if shifted else "vnni-im2col", pitch)
+    tensors["layout"] = layout
     return tensors
 
 
