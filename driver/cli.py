@@ -325,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
                    help="what to measure, comma-separated: fsim, rtl, cpu, gpu (default: fsim and cpu, rtl with an "
-                        "RTL --device, gpu where a GPU is present)")
+                        "RTL --device, gpu where a GPU is present); cpu's ResNet-18 convolutions are compared with "
+                        "ONNX Runtime, measured where it is installed (the dev extra)")
     p.add_argument("--merge", metavar="FILE",
                    help="also report the sections of an earlier run's JSON (-o) that this run did not measure, "
                         "e.g. GPU figures from a machine with a GPU")
