@@ -192,6 +192,46 @@ def cmd_compile_op(args: argparse.Namespace) -> None:
     _print_json(summary)
 
 
+def _profile_path(args: argparse.Namespace) -> str | None:
+    if args.profile is None:
+        return None
+    if args.profile:
+        return args.profile
+    base = args.output or args.model
+    return str(Path(base).with_suffix("")) + ".profile.png"
+
+
+def cmd_compile(args: argparse.Namespace) -> None:
+    from .model import compile_model
+    samples = _load_npy(args.calibrate, "calibration samples", None, None) if args.calibrate else None
+    if args.calibrate and not args.quantize:
+        raise UsageError("--calibrate goes with --quantize int8")
+    trace = (lambda text: print(text, file=sys.stderr)) if args.trace else None
+    report = lambda text: print(text, file=sys.stderr)  # noqa: E731 - the partition and memory plan
+    model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
+                          config=args.config if args.quantize else None, batch=args.batch, trace=trace,
+                          report=report)
+    model.save(args.output)
+    _print_json(model.summary())
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from .model import Model
+    from .profile import profile_table, profile_totals, save_profile_png
+    model = Model.load(args.model)
+    x = _load_npy(args.input, "input", None, None)
+    y = model.run(x, args.device)
+    if isinstance(y, dict):
+        raise UsageError(f"the model has {len(y)} outputs; gemforge run writes models with one output")
+    _save_npy(args.output, y)
+    if args.profile is not None:
+        print(profile_table(model.last_profile), file=sys.stderr)
+        path = _profile_path(args)
+        save_profile_png(model.last_profile, path, f"{Path(args.model).name} on {args.device}")
+        _print_json({"profile": [r.as_dict() for r in model.last_profile],
+                     "totals": profile_totals(model.last_profile), "png": path})
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
     if not run_demo(args.device):
@@ -310,6 +350,30 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--arch", choices=GPU_ARCHS, help="GPU architecture for --device gpu (default sm_80)")
         q.add_argument("--trace", action="store_true", help="print the IR after every compiler stage (stderr)")
         q.set_defaults(func=cmd_compile_op)
+
+    p = sub.add_parser("compile", help="compile an ONNX model into one .gfm file (float32, or int8 for the "
+                                       "accelerator)")
+    p.add_argument("model", help="ONNX model (opset 13 or newer)")
+    p.add_argument("-o", "--output", required=True, help="the compiled model, .gfm")
+    p.add_argument("--quantize", choices=["int8"], help="int8 with power-of-two scales (needs --calibrate)")
+    p.add_argument("--calibrate", metavar="SAMPLES.npy", help="sample inputs stacked on a new first axis")
+    p.add_argument("--config", default="default",
+                   help=config_help + "; with --quantize, the accelerator the int8 layers are compiled for")
+    p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic first input dimension takes "
+                                                         "(default 1; runs take any multiple)")
+    p.add_argument("--trace", action="store_true", help="print the graph after every pass on stderr")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled model (.gfm) on a device")
+    p.add_argument("model", help="compiled model, .gfm")
+    p.add_argument("--input", required=True, help="input .npy (float32, the ONNX model's layout)")
+    p.add_argument("-o", "--output", required=True, help="output .npy")
+    p.add_argument("--device", default="cpu", choices=["fsim", "verilator", "icarus", "cpu", "gpu"],
+                   help="where the network runs: cpu (default; every layer on the LLVM CPU back end) or gpu "
+                        "(float32), or an accelerator device for an int8 model (its other layers on the cpu)")
+    p.add_argument("--profile", nargs="?", const="", metavar="PNG",
+                   help="print a per-layer table and write a PNG of it (default: next to the output)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
     p.add_argument("--device", default="fsim", help=_DEVICE_HELP)

@@ -55,8 +55,12 @@ class LoadedProgram:
     arena: Buffer
     insn_buffer: Buffer
     insn_count: int
+    #: Tensors placed in caller-owned buffers instead of the arena.
+    bindings: dict[str, Buffer] = field(default_factory=dict)
 
     def tensor_buffer(self, name: str) -> Buffer:
+        if name in self.bindings:
+            return self.bindings[name]
         try:
             region = self.program.tensors[name]
         except KeyError:
@@ -171,18 +175,31 @@ class Device(ABC):
 
     # ------------------------------------------------------------------ programs
 
-    def load_program(self, program: Program) -> LoadedProgram:
-        """Place a program in DRAM: arena (micro-ops, constants) and instruction stream."""
+    def load_program(self, program: Program, bindings: dict[str, Buffer] | None = None) -> LoadedProgram:
+        """Place a program in DRAM: arena (micro-ops, constants) and instruction stream.
+
+        ``bindings`` places some of its tensors in buffers the caller owns instead of
+        the arena (a network's activations, planned once for all its layers)."""
         if program.config != self.config:
             raise ProgramError(f"program was built for config {program.config.name!r}, but this "
                                f"device is {self.config.name!r}; configs must match exactly")
+        bindings = dict(bindings or {})
+        for name, buf in bindings.items():
+            region = program.tensors.get(name)
+            if region is None or buf.nbytes < region.nbytes:
+                raise DeviceError(f"cannot bind tensor {name!r} of the program to a {buf.nbytes}-byte buffer"
+                                  + ("" if region is None else f"; it needs {region.nbytes} bytes"))
         align = arena_alignment(self.config)
         arena = self.alloc(max(program.arena_bytes, align), align=align)
-        insns = program.relocated(arena.address)
+        try:
+            insns = program.relocated(arena.address, {n: b.address for n, b in bindings.items()})
+        except ProgramError:
+            self.free(arena)
+            raise
         stream = encode_program(insns, self.config)
         insn_buffer = self.alloc(max(len(stream), self.config.insn_bytes), align=max(64, self.config.bus_bytes))
         self.write(insn_buffer, stream)
-        loaded = LoadedProgram(program, arena, insn_buffer, len(insns))
+        loaded = LoadedProgram(program, arena, insn_buffer, len(insns), bindings)
         if program.uops:
             self.write(arena, encode_uops(program.uops, self.config), offset=program.uop_offset)
         for name, data in program.constants.items():

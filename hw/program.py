@@ -120,16 +120,35 @@ class Program:
 
     # ------------------------------------------------------------------ relocation
 
-    def relocated(self, arena_base: int) -> list[Instruction]:
-        """The instructions with DRAM addresses moved to an arena at ``arena_base``."""
+    def relocated(self, arena_base: int, bindings: dict[str, int] | None = None) -> list[Instruction]:
+        """The instructions with DRAM addresses moved to an arena at ``arena_base``.
+
+        ``bindings`` maps tensor names to byte addresses outside the arena: a LOAD or
+        STORE that starts inside a bound tensor's region moves to the bound address
+        instead (how a network hands one layer's output to the next in place)."""
         align = arena_alignment(self.config)
         if arena_base % align:
             raise ProgramError(f"arena base {arena_base:#x} is not aligned to {align} bytes")
+        bound = []
+        for name, address in (bindings or {}).items():
+            if name not in self.tensors:
+                raise ProgramError(f"cannot bind {name!r}: the program has no such tensor; it has "
+                                   f"{', '.join(self.tensors) or 'none'}")
+            bound.append((self.tensors[name], address))
         out = []
         for insn in self.instructions:
             if isinstance(insn, (Load, Store)):
-                shift = arena_base // self.config.entry_bytes(insn.mem.buffer)
-                insn = dataclasses.replace(insn, dram_base=insn.dram_base + shift)
+                entry = self.config.entry_bytes(insn.mem.buffer)
+                start = insn.dram_base * entry
+                target = arena_base + start
+                for region, address in bound:
+                    if region.offset <= start < region.offset + region.nbytes:
+                        target = address + start - region.offset
+                        break
+                if target % entry:
+                    raise ProgramError(f"tensor bound at {target - start:#x} is not aligned to the "
+                                       f"{entry}-byte entries a {insn.mem.buffer} transfer moves")
+                insn = dataclasses.replace(insn, dram_base=target // entry)
             out.append(insn)
         return out
 

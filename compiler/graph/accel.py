@@ -1,0 +1,198 @@
+"""The int8 network's accelerator side: partitioning, layout packing and memory planning.
+
+**Partitioning rule.** A node runs on the accelerator when the accelerator computes
+it exactly in int8 and its operator compiles for the config: convolutions with one
+group and dense layers with constant weights, each with its bias, ReLU and
+requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
+bit for bit the CPU back end's). Everything else runs on the CPU back end: the
+accelerator's element-wise and pooling operators work on int32 accumulator
+tensors, so the int8 network's adds, pools, reshapes and softmax would need a
+widening copy it has no instruction for. A node the accelerator could take but
+cannot tile (buffers too small, padding above the DMA's pad field) stays on the
+CPU with the reason recorded. `partition` prints the split.
+
+**Layouts.** An accelerator node reads its data input packed into the config's
+blocks (NCHW{B}n{BI}c for convolutions, (M/B, K/BI, B, BI) tiles for dense
+layers, channels zero-padded to a whole block) and writes its output packed the
+same way with BO-wide blocks. When a consumer's packed input is the producer's
+packed output — same shape and type, so BI = BO — the tensor is handed over in
+device DRAM as it is; any other edge goes through the host (unpacked, then packed
+for the consumer).
+
+**Memory plan.** Every packed tensor gets a static offset in one activation
+arena in device DRAM: tensors whose lifetimes (first to last accelerator node
+touching them) do not overlap share space (greedy, largest first). Weights and
+biases travel inside each layer's program as its constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig
+from gemforge.hw.program import Program
+
+from ..backends.accel.layout import pack_matrix_a, pack_nchw, unpack_matrix, unpack_nchw
+from ..ops import accel as accel_ops
+from ..ops.common import OpError
+from .ir import Graph, Node
+
+__all__ = ["AccelLayer", "partition", "pack_layouts", "plan_memory", "plan_alignment"]
+
+
+@dataclass
+class AccelLayer:
+    """One accelerator node: its program (weights and bias as constants) and its data's layouts."""
+
+    kind: str                        # "conv2d" or "dense"
+    program: Program
+    data: str                        # the program's data-input tensor ("x" or "a")
+    data_shape: tuple[int, ...]      # host layout of the data (NCHW, or (M, K))
+    out_shape: tuple[int, ...]       # host layout of the output (NCHW, or (M, N))
+    plan: dict
+
+    @property
+    def packed_in(self) -> tuple[tuple[int, ...], str]:
+        region = self.program.tensors[self.data]
+        return region.shape, region.dtype
+
+    @property
+    def packed_out(self) -> tuple[tuple[int, ...], str]:
+        region = self.program.tensors["out"]
+        return region.shape, region.dtype
+
+    def pack(self, array: np.ndarray) -> np.ndarray:
+        """The host array of the data input → its packed device layout."""
+        config = self.program.config
+        if self.kind == "conv2d":
+            return pack_nchw(config, array)
+        return pack_matrix_a(config, array.reshape(self.data_shape))
+
+    def unpack(self, tiles: np.ndarray) -> np.ndarray:
+        """The packed output → the host layout."""
+        if self.kind == "conv2d":
+            return unpack_nchw(tiles, self.out_shape[0], self.out_shape[1])
+        return unpack_matrix(tiles, self.out_shape[0], self.out_shape[1])
+
+
+def _config_reason(config: AccelConfig) -> str | None:
+    if (config.inp_width, config.wgt_width, config.acc_width) != (8, 8, 32):
+        return (f"config {config.name!r} computes int{config.inp_width} × int{config.wgt_width} → "
+                f"int{config.acc_width}; the int8 network needs int8 × int8 → int32")
+    return None
+
+
+def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
+    """Compile an int8 conv2d/dense node for the accelerator (raises `OpError` if it cannot)."""
+    a = node.attrs
+    x_shape = tuple(graph.values[node.inputs[0]].shape)
+    w, bias = graph.constants[node.inputs[1]], graph.constants[node.inputs[2]]
+    if node.op == "conv2d":
+        if a["groups"] != 1:
+            raise OpError(f"the accelerator runs convolutions with one group, not {a['groups']}")
+        op = accel_ops.compile_conv2d(config, x_shape, w.shape, stride=a["stride"], padding=a["padding"],
+                                      bias=True, shift=a["shift"], relu=a["relu"])
+        packed = op.pack_inputs(x=np.zeros(x_shape, np.int8), w=w, bias=bias)
+        data, data_shape = "x", x_shape
+        out_shape = tuple(graph.values[node.output].shape)
+    else:
+        m, k = int(np.prod(x_shape[:-1])), x_shape[-1]
+        op = accel_ops.compile_dense(config, m, k, w.shape[1], bias=True, shift=a["shift"], relu=a["relu"])
+        packed = op.pack_inputs(a=np.zeros((m, k), np.int8), b=w, bias=bias)
+        data, data_shape, out_shape = "a", (m, k), (m, w.shape[1])
+    program = op.program
+    program.constants = {"w": packed["w"], "bias": packed["bias"]}
+    program.check()
+    return AccelLayer(node.op, program, data, data_shape, out_shape, dict(op.plan))
+
+
+def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, AccelLayer]:
+    """Place every node (``node.device``) and compile the accelerator's; returns their layers.
+    The split, with the reason for each CPU node the accelerator could have taken, goes to
+    ``graph.notes["partition"]`` (and ``report``, a print function)."""
+    layers: dict[str, AccelLayer] = {}
+    rows = []
+    blocked = _config_reason(config)
+    for node in graph.nodes:
+        node.device, reason = "cpu", ""
+        candidate = node.op in ("conv2d", "dense") and graph.values[node.inputs[0]].dtype == "int8"
+        if candidate and node.op == "dense" and not graph.is_constant(node.inputs[1]):
+            candidate, reason = False, "a product of two activations (the accelerator's weights are constants)"
+        if candidate and blocked:
+            candidate, reason = False, blocked
+        if candidate:
+            try:
+                layers[node.name] = _compile_layer(graph, node, config)
+                node.device = "accel"
+            except OpError as exc:
+                reason = str(exc)
+        rows.append({"node": node.name, "op": node.op, "device": node.device, "reason": reason})
+    graph.notes["partition"] = rows
+    graph.notes["partitioned"] = True
+    if report:
+        on_accel = sum(r["device"] == "accel" for r in rows)
+        report(f"partition: {on_accel} of {len(rows)} nodes on the accelerator ({config.name}), "
+               f"{len(rows) - on_accel} on the CPU")
+        for r in rows:
+            report(f"  {r['device']:5}  {r['op']:10} {r['node']}" + (f"  ({r['reason']})" if r["reason"] else ""))
+    return layers
+
+
+def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
+    """The device-resident tensors: each accelerator node's packed input and output,
+    one entry per (tensor, packed layout); an input whose packed layout is its
+    producer's output layout is the same entry (handed over in DRAM). Returns them in
+    first-use order with their lifetimes (indices into ``graph.nodes``)."""
+    tensors: dict[tuple, dict] = {}
+
+    def touch(name: str, layout, step: int, role: str) -> None:
+        shape, dtype = layout
+        key = (name, tuple(shape), dtype)
+        entry = tensors.setdefault(key, {"tensor": name, "shape": tuple(shape), "dtype": dtype,
+                                         "nbytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                                         "first": step, "last": step, "produced": False})
+        entry["last"] = max(entry["last"], step)
+        if role == "out":
+            entry["produced"] = True
+    for step, node in enumerate(graph.nodes):
+        if node.device == "accel":
+            layer = layers[node.name]
+            touch(node.inputs[0], layer.packed_in, step, "in")
+            touch(node.output, layer.packed_out, step, "out")
+    handovers = sum(1 for e in tensors.values() if e["produced"] and e["last"] > e["first"])
+    graph.notes["handovers"] = handovers
+    return list(tensors.values())
+
+
+def plan_alignment(config: AccelConfig) -> int:
+    """Tensor offsets in the activation arena are multiples of this: every entry size
+    and the bus width (so a bound tensor relocates by whole entries)."""
+    return max(config.bus_bytes, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out")))
+
+
+def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> dict:
+    """Static offsets for the device-resident ``tensors`` (from `pack_layouts`): tensors with
+    overlapping lifetimes never overlap in memory. Returns the plan: offsets, the arena's
+    peak size and the naive sum (every tensor its own buffer)."""
+    align = plan_alignment(config)
+    placed: list[dict] = []
+    for entry in sorted(tensors, key=lambda e: (-e["nbytes"], e["first"])):
+        size = -(-entry["nbytes"] // align) * align
+        busy = sorted((p["offset"], p["offset"] + p["size"]) for p in placed
+                      if p["first"] <= entry["last"] and entry["first"] <= p["last"])
+        offset = 0
+        for lo, hi in busy:
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
+        entry.update(offset=offset, size=size)
+        placed.append(entry)
+    peak = max((p["offset"] + p["size"] for p in placed), default=0)
+    naive = sum(p["size"] for p in placed)
+    plan = {"tensors": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in e.items()} for e in tensors],
+            "peak_bytes": peak, "naive_bytes": naive, "alignment": align}
+    graph.notes["memory"] = {"peak_bytes": peak, "naive_bytes": naive, "tensors": len(placed),
+                             "handovers": graph.notes.get("handovers", 0)}
+    return plan

@@ -1,0 +1,110 @@
+"""Compile a whole network: ONNX → graph passes → a `CompiledNetwork`.
+
+The pipeline, in order (``trace`` prints the graph after each stage):
+
+1. ``infer_shapes``, ``fold_constants``, ``fold_batch_norm``, ``fuse`` — the float graph;
+2. with ``quantize="int8"``: ``quantize`` (power-of-two scales calibrated on sample
+   inputs), then for an accelerator config ``partition``, ``pack_layouts`` and
+   ``plan_memory`` (`accel`).
+
+The result holds the graph, the accelerator layers' programs and the memory plan;
+the host layers are compiled for the device that runs them when the network runs
+(LLVM code is specific to the CPU it runs on).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from gemforge.hw.config import AccelConfig, load_config
+
+from .accel import AccelLayer, pack_layouts, partition, plan_memory
+from .ir import Graph, GraphError
+from .onnx_import import import_onnx
+from .passes import fold_batch_norm, fold_constants, fuse, infer_shapes
+from .quantize import calibrate, quantize
+
+__all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
+
+FLOAT_PASSES = (infer_shapes, fold_constants, fold_batch_norm, fuse)
+
+
+@dataclass
+class CompiledNetwork:
+    """A compiled network: ``graph`` (float32 or int8), its accelerator ``layers`` (by node
+    name) and the device-memory ``plan`` (int8 with a config), plus what the passes noted."""
+
+    graph: Graph
+    dtype: str                                   # "float32" or "int8"
+    config: AccelConfig | None = None
+    layers: dict[str, AccelLayer] = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
+    compile_seconds: float = 0.0
+
+
+def _samples(graph: Graph, calibration) -> dict[str, np.ndarray]:
+    if calibration is None:
+        raise GraphError("int8 quantization needs calibration samples (--calibrate SAMPLES.npy): sample inputs "
+                         "stacked on a new first axis")
+    if isinstance(calibration, dict):
+        return {k: np.asarray(v) for k, v in calibration.items()}
+    if len(graph.inputs) != 1:
+        raise GraphError(f"the model has {len(graph.inputs)} inputs; give calibration samples as a dict by name")
+    return {graph.inputs[0]: np.asarray(calibration)}
+
+
+def compile_network(model, *, quantize_to: str | None = None, calibration=None, config=None, batch: int = 1,
+                    input_shapes=None, trace: Callable[[str], None] | None = None,
+                    report: Callable[[str], None] | None = None) -> CompiledNetwork:
+    """Compile an ONNX model (path, bytes or ModelProto).
+
+    ``quantize_to="int8"`` builds the int8 network from ``calibration`` samples (an
+    array for a one-input model, else a dict by input name); with an accelerator
+    ``config`` (preset, file or `AccelConfig`) its layers are partitioned between the
+    accelerator and the CPU. Without quantization the network is float32 for the
+    host back ends."""
+    start = time.perf_counter()
+    if quantize_to not in (None, "int8"):
+        raise GraphError(f"quantization is to int8, not {quantize_to!r}")
+    if config is not None and quantize_to is None:
+        raise GraphError("a float32 network runs on the cpu (or gpu); compile with --quantize int8 to use the "
+                         "accelerator")
+    graph = import_onnx(model, batch=batch, input_shapes=input_shapes)
+
+    def stage(name: str, g: Graph) -> None:
+        if trace:
+            trace(f"== {name}\n{g.dump()}")
+    stage("import", graph)
+    for graph_pass in FLOAT_PASSES:
+        graph = graph_pass(graph)
+        stage(graph_pass.__name__, graph)
+    if quantize_to is None:
+        for node in graph.nodes:
+            node.device = "cpu"
+        return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start)
+    peaks = calibrate(graph, _samples(graph, calibration))
+    graph = quantize(graph, peaks)
+    stage("quantize", graph)
+    net = CompiledNetwork(graph, "int8")
+    if config is not None:
+        net.config = load_config(config)
+        net.layers = partition(graph, net.config, report)
+        stage("partition", graph)
+        tensors = pack_layouts(graph, net.layers)
+        stage("pack_layouts", graph)
+        net.plan = plan_memory(graph, tensors, net.config)
+        stage("plan_memory", graph)
+        if report:
+            m = graph.notes["memory"]
+            report(f"memory plan: {m['tensors']} packed tensors ({m['handovers']} handed over between "
+                   f"accelerator layers in DRAM), peak {m['peak_bytes']:,} bytes vs {m['naive_bytes']:,} "
+                   "without reuse")
+    else:
+        for node in graph.nodes:
+            node.device = "cpu"
+    net.compile_seconds = time.perf_counter() - start
+    return net

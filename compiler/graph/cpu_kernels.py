@@ -1,0 +1,193 @@
+"""Graph nodes as CPU (and GPU) kernels: each node compiled by the LLVM back end.
+
+`host_kernel` turns one node into a `HostKernel` — a compiled operator plus
+its constant operands packed once (weights in the kernel's layout) — whose
+``run(device, args)`` takes and returns numpy arrays in the graph's layouts.
+Convolutions, dense layers, element-wise operators, pooling and softmax are
+compiled by the operator library (`ops.host`); the int8 network's element-wise
+operators with their operand shifts and rounding are expressions built here.
+Reshapes, concats and the network's entry quantization and exit
+dequantization move or convert data and run in numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir import Cast, Const, Shr
+from ..ops import host
+from ..ops.common import CompiledOp
+from ..ops import cpu as cpu_schedules
+from ..pipeline import build
+from ..schedule import create_schedule
+from ..target import Target
+from ..te import clip, compute, placeholder
+from .evaluate import dequantize_array, quantize_array, rounding_shift
+from .ir import Graph, GraphError, Node
+
+__all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]
+
+#: Nodes that only move or convert data (numpy, no arithmetic kernel).
+DATA_MOVEMENT = ("reshape", "concat", "quantize", "dequantize")
+
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def quantized_elementwise(target: Target, op: str, shape, y_shape, lshift, shift: int, relu: bool) -> CompiledOp:
+    """int8 ``clip(((x << lx) ∘ (y << ly) + round) >> shift, lo, 127)`` with ``y``
+    broadcast to ``x`` (``∘`` is ``+`` or ``×``; ``op == "requantize"`` has no ``y``)."""
+    x = placeholder(tuple(shape), "int8", "x")
+    params = [x]
+    y = None
+    if op != "requantize":
+        y = placeholder(tuple(y_shape), "int8", "y")
+        params.append(y)
+        offset = len(shape) - len(y_shape)
+
+    def body(*idx):
+        value = x[idx].astype("int32")
+        if lshift[0]:
+            value = value * Const(1 << lshift[0])
+        if y is not None:
+            other = y[tuple(Const(0) if d == 1 else i for i, d in zip(idx[offset:], y_shape))].astype("int32")
+            if lshift[1]:
+                other = other * Const(1 << lshift[1])
+            value = value + other if op == "add" else value * other
+        if shift:
+            value = Shr(value + Const(1 << (shift - 1)), Const(shift))
+        return Cast("int8", clip(value, 0 if relu else -128, 127))
+    out = compute(tuple(shape), body, name="out", dtype="int8")
+    s = create_schedule(out)
+    cpu_schedules.schedule_elementwise(s, out)
+    kernel = build(s, target, params + [out], name=f"q{op}")
+    names = ["x", "y"][:len(params)]
+    return CompiledOp(f"q{op}", kernel, names, "out", lambda **a: a, lambda o: o)
+
+
+@dataclass
+class HostKernel:
+    """One node on a host target: ``op`` (None for data movement), ``prepare`` turning the
+    node's input arrays into the kernel's arguments (constants packed once, at compile
+    time) and ``finish`` turning its output back into the graph's layout."""
+
+    node: Node
+    op: CompiledOp | None = None
+    prepare: Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None = None
+    finish: Callable[[np.ndarray], np.ndarray] = lambda out: out
+
+    def run(self, device, args: list[np.ndarray]) -> tuple[np.ndarray, Any]:
+        """The node's output for ``args``, and the device's `RunResult` (None for data movement)."""
+        if self.op is None:
+            return _move(self.node, args), None
+        outputs, result = device.run_program(self.op.program, self.prepare(args), [self.op.output])
+        return np.ascontiguousarray(self.finish(self.op.unpack_output(outputs[self.op.output]))), result
+
+
+def _move(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    a = node.attrs
+    if node.op == "reshape":
+        return args[0].reshape(a["shape"])
+    if node.op == "concat":
+        return np.concatenate(args, axis=a["axis"])
+    if node.op == "quantize":
+        return quantize_array(args[0], a["exponent"])
+    if node.op == "dequantize":
+        return dequantize_array(args[0], a["exponent"])
+    raise GraphError(f"no data-movement rule for {node.op}")
+
+
+def _unary(node: Node, op: CompiledOp) -> HostKernel:
+    return HostKernel(node, op, lambda args: op.pack_inputs(x=np.ascontiguousarray(args[0])))
+
+
+def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
+    """Compile ``node`` of ``graph`` for a host ``target`` (cpu or gpu)."""
+    if node.op in DATA_MOVEMENT:
+        return HostKernel(node)
+    a = node.attrs
+    shapes = [tuple(graph.values[i].shape) for i in node.inputs]
+    out_shape = tuple(graph.values[node.output].shape)
+    dtype = graph.values[node.inputs[0]].dtype
+    const = [graph.constants.get(i) for i in node.inputs]
+    int8 = dtype == "int8"
+    shift = a.get("shift") if int8 else None
+    if node.op == "conv2d":
+        op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
+                                 groups=a["groups"], dtype=dtype, bias=len(shapes) > 2, shift=shift, relu=a["relu"])
+        return _with_weights(node, op, "x", "w", shapes[0], const, lambda out: out)
+    if node.op == "dense":
+        m = int(np.prod(shapes[0][:-1]))
+        k, n = shapes[1]
+        op = host.compile_dense(target, m, k, n, dtype=dtype, bias=len(shapes) > 2, shift=shift, relu=a["relu"])
+        return _with_weights(node, op, "a", "b", (m, k), const, lambda out: out.reshape(out_shape))
+    if node.op in ("add", "mul"):
+        return _binary(graph, node, target, shapes, out_shape, dtype)
+    if node.op == "requantize":
+        return _unary(node, quantized_elementwise(target, "requantize", shapes[0], None, (0, 0), a["shift"], False))
+    if node.op == "relu":
+        return _unary(node, host.compile_elementwise(target, "relu", shapes[0], dtype=dtype))
+    if node.op == "clip":
+        lo, hi = a["lo"], a["hi"]
+        if not int8:   # the kernel takes finite bounds; ±FLT_MAX clips nothing a float32 holds
+            lo, hi = max(lo, -_FLOAT_MAX), min(hi, _FLOAT_MAX)
+        return _unary(node, host.compile_elementwise(target, "clip", shapes[0], dtype=dtype, lo=lo, hi=hi))
+    if node.op in ("max_pool", "avg_pool"):
+        return _unary(node, host.compile_pool2d(target, node.op.split("_")[0], shapes[0], a["kernel"],
+                                                stride=a["stride"], padding=a["padding"], dtype=dtype,
+                                                count_include_pad=a.get("count_include_pad", False)))
+    if node.op == "softmax":
+        # The kernel normalizes the last axis: another axis is moved there and back.
+        axis = a["axis"]
+        moved = shapes[0][:axis] + shapes[0][axis + 1:] + (shapes[0][axis],)
+        op = host.compile_softmax(target, moved, dtype=dtype)
+        return HostKernel(node, op, lambda args: op.pack_inputs(x=np.ascontiguousarray(np.moveaxis(args[0], axis, -1))),
+                          lambda out: np.moveaxis(out.reshape(moved), -1, axis))
+    raise GraphError(f"node {node.name}: no CPU kernel for {node.op}")
+
+
+def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: str) -> HostKernel:
+    """add/mul: the kernel broadcasts its second operand, so the full-shape operand goes
+    first (both are broadcast in numpy when neither has the output's shape)."""
+    a = node.attrs
+    order = [0, 1]
+    if shapes[0] != out_shape and shapes[1] == out_shape:
+        order = [1, 0]
+    x_shape, y_shape = out_shape, shapes[order[1]]
+    if dtype == "int8":
+        lshift = tuple(a["lshift"][i] for i in order)
+        op = quantized_elementwise(target, node.op, x_shape, y_shape, lshift, a["shift"], a["relu"])
+    else:
+        op = host.compile_elementwise(target, node.op, x_shape, dtype=dtype, y_shape=y_shape, relu=a["relu"])
+    fixed = {param: np.ascontiguousarray(graph.constants[node.inputs[i]])
+             for i, param in zip(order, ("x", "y")) if node.inputs[i] in graph.constants}
+    if "x" in fixed:
+        fixed["x"] = np.ascontiguousarray(np.broadcast_to(fixed["x"], x_shape))
+
+    def prepare(args):
+        arrays = dict(fixed)
+        if "x" not in arrays:
+            arrays["x"] = np.ascontiguousarray(np.broadcast_to(args[order[0]], x_shape))
+        if "y" not in arrays:
+            arrays["y"] = np.ascontiguousarray(args[order[1]])
+        return arrays
+    return HostKernel(node, op, prepare)
+
+
+def _with_weights(node: Node, op: CompiledOp, data: str, weight: str, data_shape, const, finish) -> HostKernel:
+    """A conv/dense kernel with its weights and bias packed once at compile time (a
+    variable second operand, a product of two activations, is packed per run)."""
+    w, bias = const[1], const[2] if len(const) > 2 else None
+    if w is None:
+        def prepare_variable(args):
+            return op.pack_inputs(**{data: np.ascontiguousarray(args[0]).reshape(data_shape), weight: args[1],
+                                     "bias": bias})
+        return HostKernel(node, op, prepare_variable, finish)
+    packed = op.pack_inputs(**{data: np.zeros(data_shape, w.dtype), weight: w, "bias": bias})
+    data_layout = packed.pop(data).shape
+
+    def prepare(args):
+        return dict(packed, **{data: np.ascontiguousarray(args[0]).reshape(data_layout)})
+    return HostKernel(node, op, prepare, finish)

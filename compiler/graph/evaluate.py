@@ -1,0 +1,142 @@
+"""numpy semantics of every graph operator, float32 and int8: the graph's own reference.
+
+The graph passes use it to fold constants and to calibrate quantization (the
+float network on sample inputs); the tests use it as an independent check of
+the compiled network on every device (float: to tolerance; int8: exactly).
+Floats compute in float64 and round to float32 once; int8 operators compute in
+int64 with the accelerator's requantization: ``clip((acc + bias) >> shift, lo, 127)``
+(the rounding term is part of the bias), element-wise ``(x << lx) ∘ (y << ly)``
+shifted with rounding (halves up).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.common import out_size, reference_epilogue
+from ..ops.reference import conv2d_reference
+from .ir import Graph, GraphError, Node
+
+__all__ = ["evaluate", "evaluate_node", "quantize_array", "dequantize_array", "rounding_shift"]
+
+
+def quantize_array(x: np.ndarray, exponent: int) -> np.ndarray:
+    """float → int8 at scale 2**-exponent, rounding half to even, saturating."""
+    return np.clip(np.rint(x.astype(np.float64) * 2.0 ** exponent), -128, 127).astype(np.int8)
+
+
+def dequantize_array(q: np.ndarray, exponent: int) -> np.ndarray:
+    return (q.astype(np.float64) * 2.0 ** -exponent).astype(np.float32)
+
+
+def rounding_shift(value: np.ndarray, shift: int) -> np.ndarray:
+    """``value >> shift`` rounded to nearest, halves up (int64 in, int64 out)."""
+    return (value + (1 << (shift - 1))) >> shift if shift else value
+
+
+def _windows(x: np.ndarray, kernel, stride, padding, fill):
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, x.dtype)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    for i in range(kh):
+        for j in range(kw):
+            yield xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
+
+
+def _pool(node: Node, x: np.ndarray) -> np.ndarray:
+    a = node.attrs
+    if node.op == "max_pool":
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        out = None
+        for win in _windows(x, a["kernel"], a["stride"], a["padding"], fill):
+            out = win.copy() if out is None else np.maximum(out, win)
+        return out
+    floating = x.dtype.kind == "f"
+    work = np.float64 if floating else np.int64
+    total = sum(win.astype(work) for win in _windows(x, a["kernel"], a["stride"], a["padding"], 0))
+    if a["count_include_pad"]:
+        count = a["kernel"][0] * a["kernel"][1]
+    else:
+        ones = np.ones((1, 1) + x.shape[2:], np.int64)
+        count = sum(win for win in _windows(ones, a["kernel"], a["stride"], a["padding"], 0))
+    if floating:
+        return (total / count).astype(np.float32)
+    return ((total + count // 2) // count).astype(x.dtype)
+
+
+def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:
+    return np.clip(value, lo, 127).astype(np.int8)
+
+
+def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    """The output of ``node`` for input arrays ``args`` (numpy layouts)."""
+    a, op = node.attrs, node.op
+    x = args[0]
+    floating = x.dtype.kind == "f"
+    if op == "conv2d":
+        bias = args[2] if len(args) > 2 else None
+        if floating:
+            return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
+        return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
+                                groups=a["groups"])
+    if op == "dense":
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        if floating:
+            value = flat.astype(np.float64) @ args[1].astype(np.float64)
+            if len(args) > 2:
+                value = value + args[2].astype(np.float64)
+            out = (np.maximum(value, 0) if a["relu"] else value).astype(np.float32)
+        else:
+            acc = flat.astype(np.int64) @ args[1].astype(np.int64)
+            out = reference_epilogue(acc, args[2] if len(args) > 2 else None, a["shift"], a["relu"], 1)
+        return out.reshape(lead + (out.shape[-1],))
+    if op in ("add", "mul"):
+        y = args[1]
+        if floating:
+            value = x.astype(np.float64) + y if op == "add" else x.astype(np.float64) * y
+            return (np.maximum(value, 0) if a["relu"] else value).astype(np.float32)
+        lx, ly = a["lshift"]
+        xv, yv = x.astype(np.int64) << lx, y.astype(np.int64) << ly
+        value = xv + yv if op == "add" else xv * yv
+        return _int8(rounding_shift(value, a["shift"]), 0 if a["relu"] else -128)
+    if op == "relu":
+        return np.maximum(x, 0).astype(x.dtype)
+    if op == "clip":
+        return np.clip(x, a["lo"], a["hi"]).astype(x.dtype)
+    if op in ("max_pool", "avg_pool"):
+        return _pool(node, x)
+    if op == "reshape":
+        return x.reshape(a["shape"])
+    if op == "concat":
+        return np.concatenate(args, axis=a["axis"])
+    if op == "softmax":
+        v = x.astype(np.float64)
+        e = np.exp(v - v.max(axis=a["axis"], keepdims=True))
+        return (e / e.sum(axis=a["axis"], keepdims=True)).astype(np.float32)
+    if op == "batch_norm":
+        scale, shift, mean, var = (p.astype(np.float64) for p in args[1:5])
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        factor = scale / np.sqrt(var + a["epsilon"])
+        return ((x - mean.reshape(shape)) * factor.reshape(shape) + shift.reshape(shape)).astype(np.float32)
+    if op == "quantize":
+        return quantize_array(x, a["exponent"])
+    if op == "dequantize":
+        return dequantize_array(x, a["exponent"])
+    if op == "requantize":
+        return _int8(rounding_shift(x.astype(np.int64), a["shift"]))
+    raise GraphError(f"no semantics for graph operator {op!r}")
+
+
+def evaluate(graph: Graph, inputs: dict[str, np.ndarray], *, keep: bool = False) -> dict[str, np.ndarray]:
+    """Run ``graph`` in numpy; returns its outputs (every tensor with ``keep``)."""
+    env = dict(graph.constants)
+    for name in graph.inputs:
+        if name not in inputs:
+            raise GraphError(f"missing input {name!r}")
+        env[name] = inputs[name]
+    for node in graph.nodes:
+        env[node.output] = evaluate_node(node, [env[i] for i in node.inputs])
+    return env if keep else {name: env[name] for name in graph.outputs}

@@ -1,0 +1,156 @@
+"""The graph IR: a network as a list of operator nodes over named tensors.
+
+A `Graph` is what the ONNX front end produces and what every graph pass
+(`passes`) takes and returns. Nodes are in topological order; each node has
+one output. Tensors are `Value`s (shape, type and, in an int8 network, the
+power-of-two exponent of their scale: ``real = q · 2**-exponent``);
+`constants` holds the ones known at compile time (weights, folded results).
+
+Operators (``Node.op``) and their attributes:
+
+==================  =========================================================
+op                  attributes
+==================  =========================================================
+``conv2d``          inputs x, w (OIHW), [bias]; stride, padding, groups, relu;
+                    int8: shift (requantization into the output's scale)
+``dense``           inputs a (M, K), w (K, N), [bias]; relu; int8: shift
+``add``, ``mul``    inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
+                    x and y (``lshift``), shift (requantization)
+``relu``            —
+``clip``            lo, hi (float bounds; int8: quantized integer bounds)
+``max_pool``        kernel, stride, padding (pairs)
+``avg_pool``        kernel, stride, padding, count_include_pad, global
+``reshape``         shape (resolved), the data unchanged
+``concat``          axis
+``softmax``         axis (float32 only)
+``batch_norm``      inputs x, scale, bias, mean, var; epsilon
+``quantize``        float32 → int8 at the output's exponent (round half to even)
+``dequantize``      int8 → float32
+``requantize``      int8 → int8 at another exponent (rounded shift)
+==================  =========================================================
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CompileError
+
+__all__ = ["GraphError", "Value", "Node", "Graph", "OPS"]
+
+OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "concat",
+       "softmax", "batch_norm", "quantize", "dequantize", "requantize")
+
+
+class GraphError(CompileError):
+    """A model the graph compiler cannot take: malformed, or an unsupported operator or attribute."""
+
+
+@dataclass
+class Value:
+    """A tensor of the graph: its shape, type and (int8) scale exponent."""
+
+    name: str
+    shape: tuple[int, ...] | None = None
+    dtype: str = "float32"
+    exponent: int | None = None
+
+    def describe(self) -> str:
+        shape = "?" if self.shape is None else "x".join(str(d) for d in self.shape) or "scalar"
+        scale = f" · 2^-{self.exponent}" if self.exponent is not None else ""
+        return f"{self.dtype}[{shape}]{scale}"
+
+
+@dataclass
+class Node:
+    """One operator: ``op`` over the named ``inputs``, writing ``output``."""
+
+    op: str
+    name: str
+    inputs: list[str]
+    output: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    #: Where it runs once partitioned: "accel" or "cpu".
+    device: str = "cpu"
+
+    def describe(self) -> str:
+        attrs = ", ".join(f"{k}={v}" for k, v in sorted(self.attrs.items()) if v not in (None, False))
+        return f"{self.output} = {self.op}({', '.join(self.inputs)}{'; ' + attrs if attrs else ''})"
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order over `values`, some of them `constants`."""
+
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    values: dict[str, Value]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Facts the passes record for the report (the partition, the memory plan).
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def copy(self) -> Graph:
+        return Graph(list(self.inputs), list(self.outputs), [copy.deepcopy(n) for n in self.nodes],
+                     {k: copy.copy(v) for k, v in self.values.items()}, dict(self.constants),
+                     copy.deepcopy(self.notes))
+
+    def value(self, name: str) -> Value:
+        return self.values[name]
+
+    def producer(self) -> dict[str, Node]:
+        return {n.output: n for n in self.nodes}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {name: [] for name in self.values}
+        for node in self.nodes:
+            for name in node.inputs:
+                out.setdefault(name, []).append(node)
+        return out
+
+    def is_constant(self, name: str) -> bool:
+        return name in self.constants
+
+    def fresh_name(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.values:
+            name, i = f"{base}_{i}", i + 1
+        return name
+
+    def add_constant(self, base: str, array: np.ndarray, exponent: int | None = None) -> str:
+        name = self.fresh_name(base)
+        self.constants[name] = array
+        self.values[name] = Value(name, tuple(array.shape), array.dtype.name, exponent)
+        return name
+
+    def rename_uses(self, old: str, new: str) -> None:
+        """Every reader of ``old`` (nodes and graph outputs) reads ``new`` instead."""
+        for node in self.nodes:
+            node.inputs = [new if i == old else i for i in node.inputs]
+        self.outputs = [new if o == old else o for o in self.outputs]
+
+    def prune(self) -> None:
+        """Drop nodes and values nothing reads."""
+        live = set(self.outputs)
+        kept = []
+        for node in reversed(self.nodes):
+            if node.output in live:
+                kept.append(node)
+                live.update(node.inputs)
+        self.nodes = kept[::-1]
+        live.update(self.inputs)
+        self.values = {k: v for k, v in self.values.items() if k in live}
+        self.constants = {k: v for k, v in self.constants.items() if k in live}
+
+    def dump(self) -> str:
+        """The graph as text: inputs, one line per node with its output's type, outputs."""
+        lines = [f"inputs: {', '.join(f'{i}: {self.values[i].describe()}' for i in self.inputs)}"]
+        for node in self.nodes:
+            where = f"[{node.device}] " if self.notes.get("partitioned") else ""
+            lines.append(f"  {where}{node.describe()}  -> {self.values[node.output].describe()}")
+        lines.append(f"outputs: {', '.join(self.outputs)}")
+        return "\n".join(lines)

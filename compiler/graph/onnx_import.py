@@ -1,0 +1,353 @@
+"""The ONNX front end: an ONNX model (opset 13 and newer) → a `Graph`.
+
+Every ONNX node becomes one graph node (``Identity`` and inference-mode
+``Dropout`` become renames; ``Constant`` a constant) or a `GraphError` that
+names the node, its op type and what is supported: nothing is silently
+dropped. Attributes are checked here, where the ONNX names are known; shapes
+are left to the `infer_shapes` pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .ir import Graph, GraphError, Node, Value
+
+__all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
+
+#: The ONNX operators the front end takes.
+SUPPORTED_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool",
+                 "GlobalAveragePool", "Flatten", "Reshape", "BatchNormalization", "Concat", "Softmax",
+                 "Identity", "Dropout", "Constant")
+MIN_OPSET = 13
+
+_ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
+
+
+def load_onnx(source) -> onnx.ModelProto:
+    """An ONNX model from a path, bytes or a `ModelProto`, checked by onnx's checker."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    else:
+        try:
+            data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        except OSError as exc:
+            raise GraphError(f"cannot read model {source}: {exc.strerror}") from None
+        try:
+            model = onnx.load_from_string(bytes(data))
+        except Exception as exc:  # protobuf raises its own DecodeError
+            raise GraphError(f"model {source} is not an ONNX file ({type(exc).__name__}: {exc})") from None
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise GraphError(f"the ONNX model is invalid: {first}") from None
+    return model
+
+
+def model_digest(model: onnx.ModelProto) -> str:
+    """SHA-256 of the model's serialized bytes (recorded in compiled artefacts)."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, batch: int, input_shapes: dict[str, tuple[int, ...]]) -> None:
+        self.model = model
+        self.batch = batch
+        self.input_shapes = input_shapes
+        self.values: dict[str, Value] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        self.nodes: list[Node] = []
+        self.alias: dict[str, str] = {}   # Identity/Dropout outputs → their input
+        self.symbolic_batch = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def fail(self, node: onnx.NodeProto, what: str) -> GraphError:
+        return GraphError(f"node {node.name or '(unnamed)'} ({node.op_type}): {what}")
+
+    def name(self, onnx_name: str) -> str:
+        return self.alias.get(onnx_name, onnx_name)
+
+    def constant(self, node: onnx.NodeProto, onnx_name: str, what: str) -> np.ndarray:
+        name = self.name(onnx_name)
+        if name not in self.constants:
+            raise self.fail(node, f"{what} must be a constant (an initializer or a Constant node)")
+        return self.constants[name]
+
+    def add_constant(self, name: str, array: np.ndarray) -> None:
+        if array.dtype.kind == "f":
+            array = array.astype(np.float32)
+        self.constants[name] = array
+        self.values[name] = Value(name, tuple(array.shape), array.dtype.name)
+
+    def emit(self, op: str, node: onnx.NodeProto, inputs: list[str], output: str | None = None, **attrs) -> str:
+        output = output or node.output[0]
+        if output in self.values:
+            raise self.fail(node, f"output {output!r} is written twice")
+        self.values[output] = Value(output)
+        self.nodes.append(Node(op, node.name or output, [self.name(i) for i in inputs], output, attrs))
+        return output
+
+    # ------------------------------------------------------------------ the model
+
+    def run(self) -> Graph:
+        graph = self.model.graph
+        for init in graph.initializer:
+            self.add_constant(init.name, numpy_helper.to_array(init))
+        inputs = []
+        for vi in graph.input:
+            if vi.name in self.constants:
+                continue
+            inputs.append(vi.name)
+            self.values[vi.name] = self.graph_input(vi)
+        if not inputs:
+            raise GraphError("the model has no inputs (every graph input is an initializer)")
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                raise self.fail(node, f"operators of domain {node.domain!r} are not supported; "
+                                      f"supported: {', '.join(SUPPORTED_OPS)}")
+            handler = getattr(self, f"op_{node.op_type}", None)
+            if handler is None:
+                raise self.fail(node, f"operator {node.op_type} is not supported; supported: "
+                                      f"{', '.join(SUPPORTED_OPS)}")
+            for i in node.input:
+                if i and self.name(i) not in self.values:
+                    raise self.fail(node, f"input {i!r} is not produced by any earlier node")
+            handler(node, _attrs(node))
+        outputs = [self.name(o.name) for o in graph.output]
+        for o in outputs:
+            if o not in self.values:
+                raise GraphError(f"model output {o!r} is not produced by any node")
+            if o in self.constants:
+                raise GraphError(f"model output {o!r} is a constant; gemforge compiles outputs computed "
+                                 "from the inputs")
+        g = Graph(inputs, outputs, self.nodes, self.values, self.constants)
+        g.notes["symbolic_batch"] = self.symbolic_batch
+        g.prune()
+        return g
+
+    def graph_input(self, vi: onnx.ValueInfoProto) -> Value:
+        ttype = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or ttype.elem_type not in _ONNX_DTYPES:
+            raise GraphError(f"model input {vi.name!r} must be a float32 tensor")
+        if vi.name in self.input_shapes:
+            shape = tuple(int(d) for d in self.input_shapes[vi.name])
+        else:
+            shape = []
+            for axis, dim in enumerate(ttype.shape.dim):
+                if dim.HasField("dim_value") and dim.dim_value > 0:
+                    shape.append(int(dim.dim_value))
+                elif axis == 0:
+                    shape.append(self.batch)      # a symbolic batch: the compiled batch size
+                    self.symbolic_batch = True
+                else:
+                    raise GraphError(f"model input {vi.name!r} has a symbolic dimension {axis} "
+                                     f"({dim.dim_param or '?'}); give its shape explicitly")
+            shape = tuple(shape)
+        if any(d < 1 for d in shape):
+            raise GraphError(f"model input {vi.name!r} has a non-positive dimension: {list(shape)}")
+        return Value(vi.name, shape, "float32")
+
+    # ------------------------------------------------------------------ operators
+
+    def _pads_2d(self, node, attrs, kernel) -> tuple[int, int]:
+        """Symmetric (top = bottom, left = right) padding; auto_pad resolved for stride-1 windows."""
+        auto = attrs.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            strides = list(attrs.get("strides", [1, 1]))
+            if strides != [1, 1] or any(k % 2 == 0 for k in kernel):
+                raise self.fail(node, f"auto_pad={auto} is supported with stride 1 and odd kernels (symmetric "
+                                      "padding), not strides {strides} and kernel {kernel}")
+            return kernel[0] // 2, kernel[1] // 2
+        if auto not in ("NOTSET", "VALID"):
+            raise self.fail(node, f"auto_pad={auto} is not supported")
+        pads = list(attrs.get("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
+        if len(pads) != 4 or pads[0] != pads[2] or pads[1] != pads[3] or min(pads) < 0:
+            raise self.fail(node, f"pads {pads} are not supported; 2-D windows take symmetric padding "
+                                  "(top = bottom, left = right)")
+        return int(pads[0]), int(pads[1])
+
+    def _window(self, node, attrs, needs_kernel=True):
+        kernel = list(attrs.get("kernel_shape", []))
+        if len(kernel) != 2:
+            raise self.fail(node, f"2-D windows are supported (NCHW); kernel_shape is {kernel}")
+        strides = list(attrs.get("strides", [1, 1]))
+        dil = list(attrs.get("dilations", [1, 1]))
+        if len(strides) != 2 or min(strides) < 1:
+            raise self.fail(node, f"strides must be two positive integers, not {strides}")
+        if dil != [1, 1]:
+            raise self.fail(node, f"dilations {dil} are not supported (only 1)")
+        return tuple(int(k) for k in kernel), tuple(int(s) for s in strides), self._pads_2d(node, attrs, kernel)
+
+    def op_Conv(self, node, attrs):
+        w = self.constant(node, node.input[1], "the weight W")
+        if w.ndim != 4:
+            raise self.fail(node, f"2-D convolutions are supported (OIHW weights); W has shape {list(w.shape)}")
+        attrs.setdefault("kernel_shape", list(w.shape[2:]))
+        kernel, strides, pads = self._window(node, attrs)
+        if tuple(w.shape[2:]) != kernel:
+            raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(w.shape)}")
+        if strides[0] != strides[1] or pads[0] != pads[1]:
+            raise self.fail(node, f"strides {list(strides)} and pads {list(pads)} must be equal along height "
+                                  "and width")
+        inputs = [node.input[0], node.input[1]] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+        if len(inputs) == 3:
+            self.constant(node, inputs[2], "the bias B")
+        self.emit("conv2d", node, inputs, stride=strides[0], padding=pads[0], groups=int(attrs.get("group", 1)),
+                  relu=False)
+
+    def op_Gemm(self, node, attrs):
+        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+        a, b = node.input[0], node.input[1]
+        if trans_a:
+            if self.name(a) in self.constants:
+                a = self._const_like(node, "at", self.constants[self.name(a)].T)
+            else:
+                raise self.fail(node, "transA=1 is supported with a constant A only")
+        if self.name(b) in self.constants:
+            w = self.constants[self.name(b)]
+            w = (w.T if trans_b else w) * np.float32(alpha)
+            b = self._const_like(node, "w", w.astype(np.float32))
+        elif trans_b or alpha != 1.0:
+            raise self.fail(node, "a variable B is supported with transB=0 and alpha=1 only")
+        inputs = [a, b]
+        c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        if c is None or beta == 0.0:
+            self.emit("dense", node, inputs, relu=False)
+            return
+        columns = self.constants[self.name(b)].shape[1] if self.name(b) in self.constants else None
+        if self.name(c) in self.constants:
+            bias = self.constants[self.name(c)].astype(np.float32) * np.float32(beta)
+            if columns is not None and bias.size in (1, columns) and (bias.ndim < 2 or bias.shape[0] == 1):
+                # A per-column C is the dense operator's bias.
+                inputs.append(self._const_like(node, "bias", np.broadcast_to(bias.reshape(-1), (columns,)).copy()))
+                self.emit("dense", node, inputs, relu=False)
+                return
+            c = self._const_like(node, "c", bias)
+        elif beta != 1.0:
+            raise self.fail(node, "a variable C is supported with beta=1 only")
+        # A full-matrix (or variable) C: a separate, broadcasting Add.
+        product = self.emit("dense", node, inputs, output=node.output[0] + "/matmul", relu=False)
+        self.emit("add", node, [product, c], relu=False)
+
+    def _const_like(self, node, suffix: str, array: np.ndarray) -> str:
+        name = f"{node.output[0]}/{suffix}"
+        self.add_constant(name, array)
+        return name
+
+    def op_MatMul(self, node, attrs):
+        self.emit("dense", node, [node.input[0], node.input[1]], relu=False, matmul=True)
+
+    def op_Add(self, node, attrs):
+        self.emit("add", node, list(node.input[:2]), relu=False)
+
+    def op_Mul(self, node, attrs):
+        self.emit("mul", node, list(node.input[:2]), relu=False)
+
+    def op_Relu(self, node, attrs):
+        self.emit("relu", node, [node.input[0]])
+
+    def op_Clip(self, node, attrs):
+        bounds = []
+        for i, default in ((1, -np.inf), (2, np.inf)):
+            if len(node.input) > i and node.input[i]:
+                value = self.constant(node, node.input[i], "min and max")
+                if value.size != 1:
+                    raise self.fail(node, "min and max must be scalars")
+                bounds.append(float(value.reshape(-1)[0]))
+            else:
+                bounds.append(default)
+        if bounds[0] > bounds[1]:
+            raise self.fail(node, f"min {bounds[0]} exceeds max {bounds[1]}")
+        self.emit("clip", node, [node.input[0]], lo=bounds[0], hi=bounds[1])
+
+    def _pool(self, node, attrs, op, **extra):
+        if len(node.output) > 1 and node.output[1]:
+            raise self.fail(node, "the Indices output is not supported")
+        if int(attrs.get("storage_order", 0)):
+            raise self.fail(node, "storage_order=1 is not supported")
+        kernel, strides, pads = self._window(node, attrs)
+        self.emit(op, node, [node.input[0]], kernel=kernel, stride=strides, padding=pads,
+                  ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
+
+    def op_MaxPool(self, node, attrs):
+        self._pool(node, attrs, "max_pool")
+
+    def op_AveragePool(self, node, attrs):
+        self._pool(node, attrs, "avg_pool", count_include_pad=bool(attrs.get("count_include_pad", 0)))
+
+    def op_GlobalAveragePool(self, node, attrs):
+        self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), padding=(0, 0),
+                  ceil_mode=False, count_include_pad=False, global_pool=True)
+
+    def op_Flatten(self, node, attrs):
+        self.emit("reshape", node, [node.input[0]], flatten_axis=int(attrs.get("axis", 1)))
+
+    def op_Reshape(self, node, attrs):
+        shape = self.constant(node, node.input[1], "the target shape")
+        if shape.ndim != 1 or shape.dtype.kind not in "iu":
+            raise self.fail(node, "the target shape must be a 1-D integer tensor")
+        self.emit("reshape", node, [node.input[0]], target=tuple(int(d) for d in shape),
+                  allowzero=bool(attrs.get("allowzero", 0)))
+
+    def op_BatchNormalization(self, node, attrs):
+        if int(attrs.get("training_mode", 0)) or any(o for o in node.output[1:]):
+            raise self.fail(node, "training mode is not supported (inference only)")
+        for i, what in ((1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")):
+            self.constant(node, node.input[i], what)
+        self.emit("batch_norm", node, list(node.input[:5]), epsilon=float(attrs.get("epsilon", 1e-5)))
+
+    def op_Concat(self, node, attrs):
+        if "axis" not in attrs:
+            raise self.fail(node, "the axis attribute is required")
+        self.emit("concat", node, [i for i in node.input if i], axis=int(attrs["axis"]))
+
+    def op_Softmax(self, node, attrs):
+        self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
+
+    def op_Identity(self, node, attrs):
+        self.alias[node.output[0]] = self.name(node.input[0])
+
+    def op_Dropout(self, node, attrs):
+        if len(node.output) > 1 and node.output[1]:
+            raise self.fail(node, "the mask output is not supported (inference only)")
+        if len(node.input) > 2 and node.input[2]:
+            mode = self.constant(node, node.input[2], "training_mode")
+            if bool(mode.reshape(-1)[0]):
+                raise self.fail(node, "training mode is not supported (inference only)")
+        self.alias[node.output[0]] = self.name(node.input[0])
+
+    def op_Constant(self, node, attrs):
+        if "value" not in attrs:
+            raise self.fail(node, f"only the 'value' attribute is supported, not {sorted(attrs)}")
+        self.add_constant(node.output[0], numpy_helper.to_array(attrs["value"]))
+
+
+def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """The `Graph` of an ONNX model (path, bytes or `ModelProto`); a symbolic first input
+    dimension becomes ``batch``, other symbolic dimensions need ``input_shapes``."""
+    model = load_onnx(source)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    opset = opsets.get("", opsets.get("ai.onnx"))
+    if opset is None or opset < MIN_OPSET:
+        raise GraphError(f"the model uses ONNX opset {opset}; gemforge reads opset {MIN_OPSET} and newer "
+                         "(onnx.version_converter can upgrade it)")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise GraphError(f"batch must be a positive integer, not {batch!r}")
+    graph = _Importer(model, batch, dict(input_shapes or {})).run()
+    graph.notes["model_sha256"] = model_digest(model)
+    graph.notes["opset"] = opset
+    return graph

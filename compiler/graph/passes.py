@@ -1,0 +1,247 @@
+"""The graph passes, in the order the pipeline runs them (`float_pipeline`, `int8_pipeline`).
+
+Each pass is a plain function ``Graph → Graph`` (it may update the graph in
+place and return it); `run_passes` runs a list of them and, with ``trace``,
+prints the graph after each one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..ops.common import out_size
+from .evaluate import evaluate_node
+from .ir import Graph, GraphError, Node
+
+__all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
+
+GraphPass = Callable[[Graph], Graph]
+
+
+def _fail(node: Node, what: str) -> GraphError:
+    return GraphError(f"node {node.name} ({node.op}): {what}")
+
+
+def _window_out(node: Node, size: tuple[int, int]) -> tuple[int, int]:
+    a = node.attrs
+    out = []
+    for axis in range(2):
+        k, s, p = a["kernel"][axis], a["stride"][axis], a["padding"][axis]
+        if p >= k:
+            raise _fail(node, f"padding {p} must be smaller than the window ({k})")
+        n = out_size(size[axis], k, s, p)
+        if n < 1:
+            raise _fail(node, f"a {a['kernel'][0]}x{a['kernel'][1]} window does not fit a "
+                              f"{size[0]}x{size[1]} input with padding {a['padding']}")
+        if a.get("ceil_mode"):
+            ceil = -(-(size[axis] + 2 * p - k) // s) + 1
+            # ONNX drops a last window that would start in the right padding.
+            if (ceil - 1) * s >= size[axis] + p:
+                ceil -= 1
+            if ceil != n:
+                raise _fail(node, "ceil_mode=1 with a partial last window is not supported")
+        out.append(n)
+    return out[0], out[1]
+
+
+def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
+    """The output shape of ``node``, checking its inputs; resolves shape-dependent attributes."""
+    shapes = [graph.values[i].shape for i in node.inputs]
+    x = shapes[0]
+    a = node.attrs
+    op = node.op
+    if op == "conv2d":
+        w = shapes[1]
+        if len(x) != 4:
+            raise _fail(node, f"the input must be NCHW (4-D), not {list(x)}")
+        groups = a["groups"]
+        if groups < 1 or x[1] != w[1] * groups or w[0] % groups:
+            raise _fail(node, f"input channels {x[1]}, weight {list(w)} and group {groups} do not agree")
+        if len(shapes) > 2 and shapes[2] != (w[0],):
+            raise _fail(node, f"the bias must have shape [{w[0]}], not {list(shapes[2])}")
+        a_ = dict(kernel=w[2:], stride=(a["stride"],) * 2, padding=(a["padding"],) * 2)
+        oh, ow = _window_out(Node(op, node.name, [], "", a_), x[2:])
+        return (x[0], w[0], oh, ow)
+    if op == "dense":
+        w = shapes[1]
+        if len(w) != 2 or (not a.get("matmul") and len(x) != 2) or len(x) < 1 or x[-1] != w[0]:
+            raise _fail(node, f"cannot multiply {list(x)} by {list(w)}; supported: (…, K) @ (K, N)")
+        if len(x) != 2 and not graph.is_constant(node.inputs[1]):
+            raise _fail(node, "a product of two variable tensors must be 2-D")
+        if len(shapes) > 2 and shapes[2] != (w[1],):
+            raise _fail(node, f"the bias must have shape [{w[1]}], not {list(shapes[2])}")
+        return tuple(x[:-1]) + (w[1],)
+    if op in ("add", "mul"):
+        try:
+            return tuple(np.broadcast_shapes(x, shapes[1]))
+        except ValueError:
+            raise _fail(node, f"shapes {list(x)} and {list(shapes[1])} do not broadcast") from None
+    if op in ("relu", "clip", "quantize", "dequantize", "requantize"):
+        return tuple(x)
+    if op == "batch_norm":
+        if len(x) < 2 or any(s != (x[1],) for s in shapes[1:5]):
+            raise _fail(node, f"parameters must have shape [{x[1] if len(x) > 1 else '?'}]")
+        return tuple(x)
+    if op in ("max_pool", "avg_pool"):
+        if len(x) != 4:
+            raise _fail(node, f"the input must be NCHW (4-D), not {list(x)}")
+        if a.get("global_pool"):
+            a["kernel"] = (x[2], x[3])
+        oh, ow = _window_out(node, x[2:])
+        return (x[0], x[1], oh, ow)
+    if op == "reshape":
+        if "flatten_axis" in a:
+            axis = a["flatten_axis"] + (len(x) if a["flatten_axis"] < 0 else 0)
+            if not 0 <= axis <= len(x):
+                raise _fail(node, f"axis {a['flatten_axis']} is out of range for rank {len(x)}")
+            shape = (math.prod(x[:axis]), math.prod(x[axis:]))
+        else:
+            target = list(a["target"])
+            for i, d in enumerate(target):
+                if d == 0 and not a.get("allowzero"):
+                    if i >= len(x):
+                        raise _fail(node, f"target {list(a['target'])} copies dimension {i} of a rank-{len(x)} input")
+                    target[i] = x[i]
+            if target.count(-1) > 1 or any(d < -1 for d in target):
+                raise _fail(node, f"target shape {list(a['target'])} is invalid")
+            if -1 in target:
+                known = math.prod(d for d in target if d != -1)
+                if known == 0 or math.prod(x) % known:
+                    raise _fail(node, f"cannot reshape {list(x)} to {list(a['target'])}")
+                target[target.index(-1)] = math.prod(x) // known
+            shape = tuple(target)
+        if math.prod(shape) != math.prod(x):
+            raise _fail(node, f"cannot reshape {list(x)} ({math.prod(x)} elements) to {list(shape)}")
+        a["shape"] = tuple(int(d) for d in shape)
+        return a["shape"]
+    if op == "concat":
+        axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
+        if not 0 <= axis < len(x):
+            raise _fail(node, f"axis {a['axis']} is out of range for rank {len(x)}")
+        a["axis"] = axis
+        for s in shapes[1:]:
+            if len(s) != len(x) or any(d != e for i, (d, e) in enumerate(zip(s, x)) if i != axis):
+                raise _fail(node, f"inputs {[list(s) for s in shapes]} differ outside axis {axis}")
+        return tuple(x[:axis]) + (sum(s[axis] for s in shapes),) + tuple(x[axis + 1:])
+    if op == "softmax":
+        axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
+        if not 0 <= axis < len(x):
+            raise _fail(node, f"axis {a['axis']} is out of range for rank {len(x)}")
+        a["axis"] = axis
+        return tuple(x)
+    raise _fail(node, "no shape rule")
+
+
+def infer_shapes(graph: Graph) -> Graph:
+    """Every tensor's shape and type, checked node by node; shape-dependent attributes
+    (reshape targets, global pooling windows, negative axes) resolved."""
+    for node in graph.nodes:
+        for i in node.inputs:
+            if graph.values[i].shape is None:
+                raise _fail(node, f"input {i!r} has no known shape")
+        value = graph.values[node.output]
+        value.shape = _shape_of(graph, node)
+        if node.op in ("quantize", "requantize"):
+            value.dtype = "int8"
+        elif node.op == "dequantize":
+            value.dtype = "float32"
+        else:
+            value.dtype = graph.values[node.inputs[0]].dtype
+    return graph
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Nodes whose inputs are all constants are evaluated now (numpy) and become constants."""
+    kept = []
+    for node in graph.nodes:
+        if all(graph.is_constant(i) for i in node.inputs):
+            graph.constants[node.output] = evaluate_node(node, [graph.constants[i] for i in node.inputs])
+        else:
+            kept.append(node)
+    graph.nodes = kept
+    for o in graph.outputs:
+        if graph.is_constant(o):
+            raise GraphError(f"model output {o!r} does not depend on the inputs")
+    graph.prune()
+    return graph
+
+
+def _take_output(graph: Graph, node: Node, output: str, producer: dict[str, Node]) -> None:
+    """``node`` writes ``output`` (the name of the node folded into it) instead of its own
+    output, which nothing else reads: model outputs keep their ONNX names."""
+    shape = graph.values[output].shape
+    del graph.values[node.output], producer[node.output]
+    node.output = output
+    graph.values[output].shape = shape
+    producer[output] = node
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """``BatchNormalization`` after a convolution (whose output nothing else reads) is folded
+    into the convolution's weights and bias; any other becomes ``x · a + b`` with constant
+    per-channel ``a`` and ``b`` (a ``mul`` and an ``add``)."""
+    producer, consumers = graph.producer(), graph.consumers()
+    kept = []
+    for node in graph.nodes:
+        if node.op != "batch_norm":
+            kept.append(node)
+            continue
+        scale, shift, mean, var = (graph.constants[i].astype(np.float64) for i in node.inputs[1:5])
+        factor = scale / np.sqrt(var + node.attrs["epsilon"])
+        offset = shift - mean * factor
+        conv = producer.get(node.inputs[0])
+        if conv is not None and conv.op == "conv2d" and len(consumers[conv.output]) == 1 \
+                and conv.output not in graph.outputs and graph.is_constant(conv.inputs[1]):
+            w = graph.constants[conv.inputs[1]].astype(np.float64)
+            bias = graph.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 else 0.0
+            conv.inputs = [conv.inputs[0],
+                           graph.add_constant(f"{conv.name}/w_bn", (w * factor.reshape(-1, 1, 1, 1)).astype(np.float32)),
+                           graph.add_constant(f"{conv.name}/b_bn", (bias * factor + offset).astype(np.float32))]
+            _take_output(graph, conv, node.output, producer)
+            continue
+        rank = len(graph.values[node.inputs[0]].shape)
+        shape = (-1,) + (1,) * (rank - 2)
+        a = graph.add_constant(f"{node.name}/a", factor.reshape(shape).astype(np.float32))
+        b = graph.add_constant(f"{node.name}/b", offset.reshape(shape).astype(np.float32))
+        scaled = graph.fresh_name(f"{node.output}/scaled")
+        graph.values[scaled] = type(graph.values[node.output])(scaled, graph.values[node.output].shape)
+        kept.append(Node("mul", node.name + "/scale", [node.inputs[0], a], scaled, {"relu": False}))
+        kept.append(Node("add", node.name + "/shift", [scaled, b], node.output, {"relu": False}))
+    graph.nodes = kept
+    graph.prune()
+    return graph
+
+
+def fuse(graph: Graph) -> Graph:
+    """A ``Relu`` (or a ``Clip`` from 0 to ∞) after a convolution, a dense layer or an add
+    whose output nothing else reads joins it as the operator's fused ReLU: conv + bias +
+    ReLU, dense + bias + ReLU and the residual add + ReLU each run as one pass (on the
+    accelerator, with the requantization the int8 pipeline adds)."""
+    producer, consumers = graph.producer(), graph.consumers()
+    kept = []
+    for node in graph.nodes:
+        is_relu = node.op == "relu" or (node.op == "clip" and node.attrs["lo"] == 0 and node.attrs["hi"] == np.inf)
+        prev = producer.get(node.inputs[0])
+        if is_relu and prev is not None and prev.op in ("conv2d", "dense", "add") and not prev.attrs["relu"] \
+                and len(consumers[prev.output]) == 1 and prev.output not in graph.outputs:
+            prev.attrs["relu"] = True
+            _take_output(graph, prev, node.output, producer)
+            continue
+        kept.append(node)
+    graph.nodes = kept
+    graph.prune()
+    return graph
+
+
+def run_passes(graph: Graph, passes: list[GraphPass], trace: Callable[[str], None] | None = None) -> Graph:
+    """Run ``passes`` in order; ``trace`` receives the graph after each one."""
+    if trace:
+        trace(f"== import\n{graph.dump()}")
+    for graph_pass in passes:
+        graph = graph_pass(graph)
+        if trace:
+            trace(f"== {graph_pass.__name__}\n{graph.dump()}")
+    return graph

@@ -1,0 +1,194 @@
+"""int8 quantization with power-of-two scales, calibrated on sample inputs.
+
+Every int8 tensor ``q`` stands for ``q · 2**-e`` (per tensor, activations and
+weights alike), so requantizing from one scale to another is a shift — the
+accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
+
+- activations: ``e`` is the largest exponent at which the calibration maximum
+  ``|x|`` still fits 127 (``calibrate`` runs the float network on the samples);
+- a convolution or dense layer with input ``e_x`` and weights ``e_w``
+  accumulates at ``e_x + e_w`` in int32; its bias is quantized there, plus the
+  rounding term ``2**(s−1)``, and ``s = e_x + e_w − e_y`` (0–31) brings the sum to
+  the output's exponent: ``clip((acc + bias) >> s, lo, 127)``, ``lo = 0`` with ReLU;
+- an add shifts its operands left to the finer of their two scales, adds, and
+  shifts right with rounding into its output's (a residual add with its ReLU is
+  one pass); a multiply's product has exponent ``e_x + e_y``;
+- pooling, ReLU, clip and reshapes keep their input's scale; a concat takes the
+  coarsest of its inputs' scales (the others are requantized to it);
+- a softmax runs in float32 on its dequantized input; the network quantizes its
+  inputs at entry and dequantizes its outputs at exit, so it takes and returns
+  float32 like the ONNX model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .evaluate import evaluate, quantize_array
+from .ir import Graph, GraphError, Node, Value
+
+__all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT"]
+
+#: Largest left shift of an add operand: 127 · 2**23, twice, still fits int32.
+MAX_LSHIFT = 23
+_EXPONENT_RANGE = (-24, 30)
+
+
+def exponent_for(max_abs: float) -> int:
+    """The largest ``e`` with ``max_abs · 2**e ≤ 127`` (0 for an all-zero tensor)."""
+    if not np.isfinite(max_abs):
+        raise GraphError("calibration produced a non-finite value; check the model and the samples")
+    if max_abs <= 0:
+        return 0
+    e = math.floor(math.log2(127.0 / max_abs))
+    return int(min(max(e, _EXPONENT_RANGE[0]), _EXPONENT_RANGE[1]))
+
+
+def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
+    """The largest ``|value|`` of every tensor over the samples (each input's samples
+    stacked on a new first axis), from the float network in numpy."""
+    counts = {name: len(samples[name]) for name in graph.inputs if name in samples}
+    missing = [name for name in graph.inputs if name not in samples]
+    if missing:
+        raise GraphError(f"calibration samples are missing for input(s) {', '.join(missing)}")
+    if len(set(counts.values())) != 1 or not min(counts.values()):
+        raise GraphError(f"every input needs the same, positive number of calibration samples; got {counts}")
+    peaks: dict[str, float] = {}
+    for i in range(next(iter(counts.values()))):
+        inputs = {}
+        for name in graph.inputs:
+            sample = np.asarray(samples[name][i], dtype=np.float32)
+            if sample.shape != graph.values[name].shape:
+                raise GraphError(f"calibration sample {i} of input {name!r} has shape {list(sample.shape)}; "
+                                 f"the model takes {list(graph.values[name].shape)} (samples are stacked on a "
+                                 "new first axis)")
+            inputs[name] = sample
+        for name, array in evaluate(graph, inputs, keep=True).items():
+            if name not in graph.constants:
+                peaks[name] = max(peaks.get(name, 0.0), float(np.max(np.abs(array))) if array.size else 0.0)
+    return peaks
+
+
+def _quantized_constant(graph: Graph, name: str) -> tuple[str, int]:
+    array = graph.constants[name]
+    e = exponent_for(float(np.max(np.abs(array))) if array.size else 0.0)
+    return graph.add_constant(f"{name}/q", quantize_array(array, e), e), e
+
+
+def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
+    """Rewrite the float graph (after fusion) into its int8 network, using calibration ``peaks``."""
+    new_nodes: list[Node] = []
+    exponent: dict[str, int] = {}          # int8 tensors of the new graph → their exponents
+    rename: dict[str, str] = {}            # float tensor → its int8 version
+
+    def add_value(base: str, shape, dtype: str, e: int | None) -> str:
+        name = graph.fresh_name(base)
+        graph.values[name] = Value(name, shape, dtype, e)
+        return name
+
+    def int8_input(name: str) -> str:
+        """The int8 version of tensor ``name`` (quantizing a float one on first use)."""
+        if name in rename:
+            return rename[name]
+        if graph.is_constant(name):
+            q, e = _quantized_constant(graph, name)
+        else:
+            e = exponent_for(peaks.get(name, 0.0))
+            q = add_value(f"{name}/q", graph.values[name].shape, "int8", e)
+            new_nodes.append(Node("quantize", f"{name}/quantize", [name], q, {"exponent": e}))
+        exponent[q] = e
+        rename[name] = q
+        return q
+
+    def output_exponent(name: str, accumulated: int) -> tuple[int, int]:
+        """(shift, exponent) of an output calibrated at ``peaks[name]`` from ``accumulated``."""
+        shift = min(max(accumulated - exponent_for(peaks.get(name, 0.0)), 0), 31)
+        return shift, accumulated - shift
+
+    for node in graph.nodes:
+        op, out = node.op, node.output
+        shape = graph.values[out].shape
+        if op == "softmax":
+            x = node.inputs[0]
+            if x in rename:
+                f = add_value(f"{x}/float", graph.values[x].shape, "float32", None)
+                new_nodes.append(Node("dequantize", f"{x}/dequantize", [rename[x]], f,
+                                      {"exponent": exponent[rename[x]]}))
+                x = f
+            new_nodes.append(Node(op, node.name, [x], out, dict(node.attrs)))
+            continue
+        if op in ("conv2d", "dense"):
+            x = int8_input(node.inputs[0])
+            if graph.is_constant(node.inputs[1]):
+                w, ew = _quantized_constant(graph, node.inputs[1])
+            else:
+                w = int8_input(node.inputs[1])
+                ew = exponent[w]
+            acc = exponent[x] + ew
+            shift, e = output_exponent(out, acc)
+            channels = graph.values[node.inputs[1]].shape[0 if op == "conv2d" else 1]
+            bias = np.zeros(channels, np.float64)
+            if len(node.inputs) > 2:
+                bias = graph.constants[node.inputs[2]].astype(np.float64)
+            bias_q = np.rint(bias * 2.0 ** acc) + (1 << (shift - 1) if shift else 0)
+            if np.abs(bias_q).max(initial=0) >= 2 ** 31:
+                raise GraphError(f"node {node.name} ({op}): its bias does not fit int32 at the accumulator's "
+                                 f"scale 2^-{acc}")
+            b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
+            q = add_value(f"{out}/q", shape, "int8", e)
+            new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))
+        elif op in ("add", "mul"):
+            x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
+            ex, ey = exponent[x], exponent[y]
+            if op == "add":
+                acc = max(ex, ey)
+                lshift = (acc - ex, acc - ey)
+                if max(lshift) > MAX_LSHIFT:
+                    raise GraphError(f"node {node.name} (add): its operands' scales differ by 2^{max(lshift)}, "
+                                     f"more than the 2^{MAX_LSHIFT} an int32 sum allows")
+            else:
+                acc, lshift = ex + ey, (0, 0)
+            shift, e = output_exponent(out, acc)
+            q = add_value(f"{out}/q", shape, "int8", e)
+            new_nodes.append(Node(op, node.name, [x, y], q, dict(node.attrs, lshift=lshift, shift=shift)))
+        elif op == "concat":
+            parts = [int8_input(i) for i in node.inputs]
+            e = min(exponent[p] for p in parts)
+            aligned = []
+            for p in parts:
+                if exponent[p] != e:
+                    r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
+                    new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": exponent[p] - e}))
+                    exponent[r] = e
+                    p = r
+                aligned.append(p)
+            q = add_value(f"{out}/q", shape, "int8", e)
+            new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
+        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape"):
+            x = int8_input(node.inputs[0])
+            e = exponent[x]
+            attrs = dict(node.attrs)
+            if op == "clip":
+                attrs["lo"] = int(max(-128, min(127, math.ceil(node.attrs["lo"] * 2.0 ** e))))
+                attrs["hi"] = int(max(-128, min(127, math.floor(node.attrs["hi"] * 2.0 ** e))))
+                if attrs["lo"] > attrs["hi"]:
+                    attrs["hi"] = attrs["lo"]
+            q = add_value(f"{out}/q", shape, "int8", e)
+            new_nodes.append(Node(op, node.name, [x], q, attrs))
+        else:
+            raise GraphError(f"node {node.name}: {op} has no int8 form")
+        exponent[q] = e
+        rename[out] = q
+    # The outputs leave as float32 under their ONNX names.
+    for out in graph.outputs:
+        if out in rename:
+            new_nodes.append(Node("dequantize", f"{out}/dequantize", [rename[out]], out,
+                                  {"exponent": exponent[rename[out]]}))
+    graph.nodes = new_nodes
+    for name, e in exponent.items():
+        graph.values[name].exponent = e
+    graph.notes["quantized"] = "int8"
+    graph.prune()
+    return graph

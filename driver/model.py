@@ -1,0 +1,439 @@
+"""Whole networks: compile an ONNX model, save it as one ``.gfm`` file, run it on any device.
+
+``compile_model(model, quantize="int8", calibrate=samples, config="default")`` runs
+the graph compiler (`gemforge.compiler.graph`) and returns a `Model`;
+``model.save("net.gfm")`` writes the artefact, ``Model.load`` reads it, and
+``model.run(x, device=...)`` runs it:
+
+- ``cpu`` (and ``gpu`` for a float32 network): every node on the LLVM back end;
+  an int8 network computes exactly what the accelerator computes;
+- ``fsim``, ``verilator``, ``icarus`` (int8 networks compiled for a config): the
+  accelerator's layers run on that device, one program each, reading and writing
+  their packed tensors at the memory plan's offsets in one activation arena in
+  device DRAM (a layer's output is the next layer's input in place); the other
+  layers run on the CPU back end, with the tensor copied out of and back into
+  device DRAM around them.
+
+Inputs and outputs are the ONNX model's (float32, its layouts). A model compiled
+with a symbolic batch dimension runs any multiple of its compiled batch, in
+chunks.
+
+The artefact is a zip archive: ``manifest.json`` (format version, the input
+model's SHA-256, the config, the graph with its quantization, the partition and
+the memory plan), ``constants.npz`` (weights and biases of the host layers) and
+``programs/*.gfp`` (the accelerator layers' programs, weights included). The
+host layers' code is compiled when the model is first run on a host, for that
+host's CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gemforge import __version__
+from gemforge.compiler.graph.accel import AccelLayer
+from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
+from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
+from gemforge.compiler.graph.ir import Graph, GraphError, Node, Value
+from gemforge.compiler.target import target_of
+from gemforge.files import write_bytes_atomic
+from gemforge.hw.config import AccelConfig
+from gemforge.hw.program import Program, ProgramError
+
+from .device import Buffer, Device, DeviceError, open_device
+
+__all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+ACCEL_DEVICES = ("fsim", "verilator", "icarus")
+HOST_DEVICES = ("cpu", "gpu")
+_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift")
+
+
+class ModelError(GraphError):
+    """A compiled model cannot be saved, loaded or run as asked."""
+
+
+def compile_model(model, *, quantize: str | None = None, calibrate=None, config=None, batch: int = 1,
+                  input_shapes=None, trace=None, report=None) -> Model:
+    """Compile an ONNX model (path, bytes or `onnx.ModelProto`) into a `Model`.
+
+    ``quantize="int8"`` with ``calibrate`` (sample inputs stacked on a new first axis)
+    builds the int8 network; ``config`` (preset, file or `AccelConfig`) puts its layers
+    on that accelerator where it can run them. ``trace`` receives the graph after
+    every pass, ``report`` the partition and the memory plan."""
+    net = compile_network(model, quantize_to=quantize, calibration=calibrate, config=config, batch=batch,
+                          input_shapes=input_shapes, trace=trace, report=report)
+    return Model(net)
+
+
+@dataclass
+class LayerProfile:
+    """One node of a run: where it ran and what it cost."""
+
+    node: str
+    op: str
+    device: str
+    seconds: float
+    cycles: int | None = None
+    gemm_utilization: float | None = None
+    macs: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"node": self.node, "op": self.op, "device": self.device, "seconds": round(self.seconds, 6),
+               "macs": self.macs}
+        if self.cycles is not None:
+            out["cycles"] = self.cycles
+        if self.gemm_utilization is not None:
+            out["gemm_utilization"] = round(self.gemm_utilization, 4)
+        return out
+
+
+def _macs(graph: Graph, node: Node) -> int:
+    if node.op == "conv2d":
+        w = graph.values[node.inputs[1]].shape
+        out = graph.values[node.output].shape
+        return int(np.prod(out)) * w[1] * w[2] * w[3]
+    if node.op == "dense":
+        x = graph.values[node.inputs[0]].shape
+        return int(np.prod(x)) * graph.values[node.inputs[1]].shape[1]
+    return 0
+
+
+class Model:
+    """A compiled network, ready to save or run."""
+
+    def __init__(self, net: CompiledNetwork) -> None:
+        self.net = net
+        self._kernels: dict[str, dict[str, HostKernel]] = {}
+        self._cpu: Device | None = None
+        self.last_profile: list[LayerProfile] = []
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def graph(self) -> Graph:
+        return self.net.graph
+
+    @property
+    def dtype(self) -> str:
+        return self.net.dtype
+
+    @property
+    def config(self) -> AccelConfig | None:
+        return self.net.config
+
+    @property
+    def inputs(self) -> dict[str, tuple[int, ...]]:
+        return {name: self.graph.values[name].shape for name in self.graph.inputs}
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    def summary(self) -> dict[str, Any]:
+        g = self.graph
+        out = {"dtype": self.dtype, "config": self.config.name if self.config else None,
+               "inputs": {k: list(v) for k, v in self.inputs.items()}, "outputs": self.outputs,
+               "nodes": len(g.nodes), "accelerator_nodes": sum(n.device == "accel" for n in g.nodes),
+               "model_sha256": g.notes.get("model_sha256"), "compile_seconds": round(self.net.compile_seconds, 3)}
+        if "memory" in g.notes:
+            out["memory"] = g.notes["memory"]
+        return out
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, inputs, device: str | Device = "cpu", *, profile: bool = False,
+            progress: Callable[[int, int], None] | None = None, **device_options):
+        """Run the network on ``inputs`` (an array for a one-input model, else a dict by
+        name; float32 in the ONNX model's layout) on ``device`` (a name or an open
+        `Device`). Returns the output array (a dict by name for several outputs); the
+        per-node costs of the last chunk are in ``last_profile``."""
+        feeds = self._feeds(inputs)
+        chunks = self._chunks(feeds)
+        own, dev = self._open(device, device_options)
+        try:
+            results = []
+            for i, chunk in enumerate(chunks):
+                results.append(self._run_once(chunk, dev))
+                if progress:
+                    progress(i + 1, len(chunks))
+        finally:
+            if own:
+                dev.close()
+        outputs = {name: np.concatenate([r[name] for r in results]) if len(results) > 1 else results[0][name]
+                   for name in self.outputs}
+        return outputs[self.outputs[0]] if len(outputs) == 1 else outputs
+
+    def _feeds(self, inputs) -> dict[str, np.ndarray]:
+        if not isinstance(inputs, dict):
+            if len(self.graph.inputs) != 1:
+                raise ModelError(f"the model has inputs {', '.join(self.graph.inputs)}; pass a dict by name")
+            inputs = {self.graph.inputs[0]: inputs}
+        feeds = {}
+        for name, shape in self.inputs.items():
+            if name not in inputs:
+                raise ModelError(f"missing input {name!r} (the model takes {', '.join(self.inputs)})")
+            array = np.asarray(inputs[name])
+            if array.dtype.kind not in "fiu":
+                raise ModelError(f"input {name!r} must be numeric, not {array.dtype}")
+            feeds[name] = array.astype(np.float32, copy=False)
+        unknown = set(inputs) - set(self.inputs)
+        if unknown:
+            raise ModelError(f"unknown input(s) {', '.join(sorted(unknown))}; the model takes {', '.join(self.inputs)}")
+        return feeds
+
+    def _chunks(self, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        counts = set()
+        for name, shape in self.inputs.items():
+            array = feeds[name]
+            if array.shape == tuple(shape):
+                counts.add(1)
+            elif self.graph.notes.get("symbolic_batch") and array.ndim == len(shape) and \
+                    array.shape[1:] == tuple(shape[1:]) and array.shape[0] % shape[0] == 0 and array.shape[0]:
+                counts.add(array.shape[0] // shape[0])
+            else:
+                allowed = (f"{list(shape)}, or a multiple of its batch {shape[0]}"
+                           if self.graph.notes.get("symbolic_batch") else f"{list(shape)}")
+                raise ModelError(f"input {name!r} has shape {list(array.shape)}; the model was compiled for {allowed}")
+        if len(counts) != 1:
+            raise ModelError("the inputs hold different numbers of batches")
+        n = counts.pop()
+        return [{name: feeds[name][i * shape[0]:(i + 1) * shape[0]] if n > 1 else feeds[name]
+                 for name, shape in self.inputs.items()} for i in range(n)]
+
+    def _open(self, device, options) -> tuple[bool, Any]:
+        if not isinstance(device, str):
+            kind = getattr(device, "kind", None)
+            self._check_device(kind if kind in HOST_DEVICES else "accel", device)
+            return False, device
+        if device not in ACCEL_DEVICES + HOST_DEVICES:
+            raise ModelError(f"unknown device {device!r}; choose one of {', '.join(ACCEL_DEVICES + HOST_DEVICES)}")
+        self._check_device(device if device in HOST_DEVICES else "accel", None, device)
+        if device in ACCEL_DEVICES:
+            options.setdefault("sim_dram_bytes", self._sim_dram_bytes()) if device != "fsim" else None
+            return True, open_device(device, self.config, **options)
+        return True, open_device(device, **options)
+
+    def _check_device(self, kind: str, dev, name: str | None = None) -> None:
+        if kind == "accel":
+            if self.config is None:
+                raise ModelError(f"this {self.dtype} network was compiled without an accelerator config; run it on "
+                                 "the cpu" + (" or gpu" if self.dtype == "float32" else "") +
+                                 " (compile with --quantize int8 --config CFG for the accelerator)")
+            if dev is not None and dev.config != self.config:
+                raise ModelError(f"the device runs config {dev.config.name!r}; the model was compiled for "
+                                 f"{self.config.name!r}")
+        elif kind == "gpu" and self.dtype == "int8":
+            raise ModelError("int8 networks run on the cpu or the accelerator devices; the gpu runs float32 networks")
+
+    def _sim_dram_bytes(self) -> int:
+        programs = sum(layer.program.arena_bytes + len(layer.program.instructions) * layer.program.config.insn_bytes
+                       for layer in self.net.layers.values())
+        largest = max((layer.program.arena_bytes for layer in self.net.layers.values()), default=0)
+        need = self.net.plan.get("peak_bytes", 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)
+        return max(16 << 20, 1 << (need - 1).bit_length())
+
+    def host_kernels(self, target_kind: str) -> dict[str, HostKernel]:
+        """The host kernel of every node a ``target_kind`` run computes on the host (cached)."""
+        if target_kind not in self._kernels:
+            self._kernels[target_kind] = {}
+        return self._kernels[target_kind]
+
+    def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
+        kernels = self.host_kernels(target_kind)
+        if node.name not in kernels:
+            kernels[node.name] = host_kernel(self.graph, node, target_of(target_kind))
+        return kernels[node.name]
+
+    def _cpu_device(self):
+        if self._cpu is None:
+            self._cpu = open_device("cpu")
+        return self._cpu
+
+    def _run_once(self, feeds: dict[str, np.ndarray], dev) -> dict[str, np.ndarray]:
+        graph = self.graph
+        on_accel = not (getattr(dev, "kind", None) in HOST_DEVICES)
+        host_kind = dev.kind if not on_accel else "cpu"
+        host_dev = dev if not on_accel else self._cpu_device()
+        env: dict[str, np.ndarray] = dict(graph.constants)
+        env.update(feeds)
+        profile: list[LayerProfile] = []
+        arena = None
+        resident: dict[tuple, Buffer] = {}   # (tensor, packed shape, dtype) → its buffer, when valid
+        producer_layer: dict[str, tuple[AccelLayer, tuple]] = {}
+        slots: dict[tuple, dict] = {}
+        if on_accel:
+            slots = {(t["tensor"], tuple(t["shape"]), t["dtype"]): t for t in self.net.plan.get("tensors", [])}
+            if slots:
+                arena = dev.alloc(self.net.plan["peak_bytes"], align=max(4096, self.net.plan["alignment"]))
+        try:
+            for step, node in enumerate(graph.nodes):
+                start = time.perf_counter()
+                if on_accel and node.device == "accel":
+                    row = self._run_accel(step, node, dev, env, arena, slots, resident, producer_layer)
+                else:
+                    args = [self._host_value(name, env, dev, resident, producer_layer) for name in node.inputs]
+                    env[node.output], result = self._host_kernel(node, host_kind).run(host_dev, args)
+                    row = LayerProfile(node.name, node.op, host_kind if result is not None else "host (data)",
+                                       time.perf_counter() - start, macs=_macs(graph, node))
+                row.seconds = time.perf_counter() - start
+                profile.append(row)
+            outputs = {name: self._host_value(name, env, dev, resident, producer_layer) for name in graph.outputs}
+        finally:
+            if arena is not None:
+                dev.free(arena)
+        self.last_profile = profile
+        return outputs
+
+    def _host_value(self, name, env, dev, resident, producer_layer) -> np.ndarray:
+        """A tensor in host layout, copied out of device DRAM if only the device has it."""
+        if name not in env:
+            layer, key = producer_layer[name]
+            shape, dtype = layer.packed_out
+            env[name] = layer.unpack(dev.read(resident[key], dtype, shape))
+        return env[name]
+
+    def _host_readers(self) -> set[str]:
+        """Tensors some host node (or the caller, as an output) reads."""
+        readers = set(self.graph.outputs)
+        for node in self.graph.nodes:
+            if node.device != "accel":
+                readers.update(node.inputs)
+        return readers
+
+    def _run_accel(self, step, node, dev, env, arena, slots, resident, producer_layer) -> LayerProfile:
+        layer = self.net.layers[node.name]
+        (in_shape, in_dtype), (out_shape, out_dtype) = layer.packed_in, layer.packed_out
+        in_key = (node.inputs[0], tuple(in_shape), in_dtype)
+        out_key = (node.output, tuple(out_shape), out_dtype)
+
+        def buffer(key) -> Buffer:
+            slot = slots[key]
+            return Buffer(arena.address + slot["offset"], slot["nbytes"])
+        if in_key not in resident:
+            host = self._host_value(node.inputs[0], env, dev, resident, producer_layer)
+            buf = buffer(in_key)
+            dev.write(buf, layer.pack(host))
+            resident[in_key] = buf
+        out_buf = buffer(out_key)
+        loaded = dev.load_program(layer.program, {layer.data: resident[in_key], "out": out_buf})
+        try:
+            result = dev.run(loaded)
+        finally:
+            dev.unload_program(loaded)
+        # The plan reuses the space of tensors no later accelerator node reads.
+        for key in list(resident):
+            if slots[key]["last"] <= step:
+                del resident[key]
+        resident[out_key] = out_buf
+        producer_layer[node.output] = (layer, out_key)
+        if node.output in self._host_readers():
+            # Copied out now: a later layer may reuse the space before the host reads it.
+            env[node.output] = layer.unpack(dev.read(out_buf, out_dtype, out_shape))
+        row = LayerProfile(node.name, node.op, dev.kind, 0.0, cycles=result.cycles, macs=_macs(self.graph, node),
+                           counters=dict(result.counters))
+        hw = result.hw_counters
+        if result.cycles:
+            row.gemm_utilization = (hw.get("gemm_active", 0) - hw.get("gemm_reset", 0)) / result.cycles
+        return row
+
+    # ------------------------------------------------------------------ the artefact
+
+    def to_bytes(self) -> bytes:
+        g = self.graph
+        manifest = {
+            "format": "gemforge-model", "version": FORMAT_VERSION, "gemforge": __version__,
+            "dtype": self.dtype, "config": self.config.to_dict() if self.config else None,
+            "model_sha256": g.notes.get("model_sha256"),
+            "graph": {
+                "inputs": g.inputs, "outputs": g.outputs,
+                "values": {k: {"shape": list(v.shape), "dtype": v.dtype, "exponent": v.exponent}
+                           for k, v in g.values.items()},
+                "nodes": [{"op": n.op, "name": n.name, "inputs": n.inputs, "output": n.output,
+                           "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs.items()},
+                           "device": n.device} for n in g.nodes],
+                "notes": {k: v for k, v in g.notes.items()},
+            },
+            "layers": {name: {"kind": layer.kind, "data": layer.data, "data_shape": list(layer.data_shape),
+                              "out_shape": list(layer.out_shape), "plan": layer.plan,
+                              "program": f"programs/{i}.gfp"}
+                       for i, (name, layer) in enumerate(self.net.layers.items())},
+            "plan": self.net.plan, "compile_seconds": self.net.compile_seconds,
+        }
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
+            consts = io.BytesIO()
+            # Constants the accelerator programs carry (packed) need not be stored twice.
+            carried = {n.inputs[i] for n in g.nodes if n.device == "accel" for i in (1, 2)}
+            np.savez(consts, **{k: v for k, v in g.constants.items() if k not in carried})
+            z.writestr("constants.npz", consts.getvalue())
+            for i, layer in enumerate(self.net.layers.values()):
+                z.writestr(f"programs/{i}.gfp", layer.program.to_bytes())
+        return buffer.getvalue()
+
+    def save(self, path: str | Path) -> None:
+        """Write the artefact (atomically: an existing file is replaced only once the new one is complete)."""
+        write_bytes_atomic(path, self.to_bytes())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Model:
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelError(f"cannot read model {path}: {exc.strerror}") from None
+        return cls.from_bytes(data, source=str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "model") -> Model:
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                manifest = json.loads(z.read("manifest.json"))
+                if manifest.get("format") != "gemforge-model":
+                    raise ModelError(f"{source} is not a gemforge model")
+                if manifest.get("version") != FORMAT_VERSION:
+                    raise ModelError(f"{source} has format version {manifest.get('version')}; this gemforge reads "
+                                     f"{FORMAT_VERSION}")
+                with np.load(io.BytesIO(z.read("constants.npz"))) as npz:
+                    constants = {k: npz[k] for k in npz.files}
+                config = AccelConfig.from_dict(manifest["config"], source=f"{source} config") \
+                    if manifest["config"] else None
+                gj = manifest["graph"]
+                values = {k: Value(k, tuple(v["shape"]), v["dtype"], v["exponent"]) for k, v in gj["values"].items()}
+                nodes = [Node(n["op"], n["name"], list(n["inputs"]), n["output"],
+                              {k: tuple(v) if k in _TUPLE_ATTRS and isinstance(v, list) else v
+                               for k, v in n["attrs"].items()}, n["device"]) for n in gj["nodes"]]
+                graph = Graph(list(gj["inputs"]), list(gj["outputs"]), nodes, values, constants, dict(gj["notes"]))
+                layers = {}
+                for name, lj in manifest["layers"].items():
+                    program = Program.from_bytes(z.read(lj["program"]), source=f"{source}:{lj['program']}")
+                    layers[name] = AccelLayer(lj["kind"], program, lj["data"], tuple(lj["data_shape"]),
+                                              tuple(lj["out_shape"]), lj["plan"])
+        except ModelError:
+            raise
+        except (zipfile.BadZipFile, KeyError, ValueError, TypeError, ProgramError) as exc:
+            raise ModelError(f"{source} is not a valid gemforge model ({type(exc).__name__}: {exc})") from None
+        net = CompiledNetwork(graph, manifest["dtype"], config, layers, manifest["plan"],
+                              manifest.get("compile_seconds", 0.0))
+        return cls(net)
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"cannot store {type(value).__name__} in the manifest")

@@ -1,0 +1,179 @@
+"""The float32 network on the CPU back end against ONNX Runtime, one supported op at a time
+and as whole models (within 1e-4 relative), and the front end's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from gemforge.compiler.graph import GraphError
+from gemforge.compiler.graph.evaluate import evaluate
+from gemforge.driver.model import compile_model
+from onnx_models import model, ort_run, small_cnn
+
+pytest.importorskip("onnxruntime")
+
+
+def _check(m, feeds, rtol=1e-4):
+    expected = ort_run(m, feeds)
+    compiled = compile_model(m)
+    got = compiled.run(feeds if len(feeds) > 1 else next(iter(feeds.values())), "cpu")
+    got = [got] if not isinstance(got, dict) else [got[o] for o in compiled.outputs]
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape and g.dtype == np.float32
+        scale = max(float(np.abs(e).max()), 1e-6)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * scale)
+    # The graph's own numpy semantics agree too (the reference the int8 tests build on).
+    ref = evaluate(compiled.graph, {k: v.astype(np.float32) for k, v in feeds.items()})
+    for e, name in zip(expected, compiled.outputs):
+        np.testing.assert_allclose(ref[name], e, rtol=rtol, atol=rtol * max(float(np.abs(e).max()), 1e-6))
+
+
+def _unary(op, shape, rng, **attrs):
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", list(shape))], [("y", None)])
+    _check(m, {"x": rng.normal(size=shape).astype(np.float32)})
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("groups,stride,pad,kernel,bias", [
+    (1, 1, 1, 3, True), (1, 2, 0, 1, False), (2, 2, 1, 3, True), (4, 1, 2, 5, False), (1, 3, 1, 3, True)])
+def test_conv(seed, groups, stride, pad, kernel, bias):
+    rng = np.random.default_rng(seed)
+    n, c, h, w = 1 + seed % 2, 4 * groups, 7 + seed, 9 - seed
+    o = 2 * groups * (1 + seed)
+    init = {"w": rng.normal(size=(o, c // groups, kernel, kernel)).astype(np.float32)}
+    inputs = ["x", "w"]
+    if bias:
+        init["b"] = rng.normal(size=o).astype(np.float32)
+        inputs.append("b")
+    node = helper.make_node("Conv", inputs, ["y"], group=groups, strides=[stride, stride], pads=[pad] * 4)
+    m = model([node], [("x", [n, c, h, w])], [("y", None)], init)
+    _check(m, {"x": rng.normal(size=(n, c, h, w)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("trans_b,alpha,beta,c_shape", [
+    (0, 1.0, 1.0, (5,)), (1, 0.5, 2.0, (1, 5)), (1, 1.0, 1.0, (3, 5)), (0, 1.0, 0.0, None), (0, 2.0, 1.0, (1,))])
+def test_gemm(trans_b, alpha, beta, c_shape):
+    rng = np.random.default_rng(1)
+    b = rng.normal(size=(5, 4) if trans_b else (4, 5)).astype(np.float32)
+    init = {"b": b}
+    inputs = ["a", "b"]
+    if c_shape:
+        init["c"] = rng.normal(size=c_shape).astype(np.float32)
+        inputs.append("c")
+    node = helper.make_node("Gemm", inputs, ["y"], transB=trans_b, alpha=alpha, beta=beta)
+    _check(model([node], [("a", [3, 4])], [("y", None)], init), {"a": rng.normal(size=(3, 4)).astype(np.float32)})
+
+
+def test_matmul_constant_and_variable():
+    rng = np.random.default_rng(2)
+    m = model([helper.make_node("MatMul", ["a", "w"], ["y"])], [("a", [2, 3, 6])], [("y", None)],
+              {"w": rng.normal(size=(6, 7)).astype(np.float32)})
+    _check(m, {"a": rng.normal(size=(2, 3, 6)).astype(np.float32)})
+    m = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", [3, 6]), ("b", [6, 2])], [("y", None)])
+    _check(m, {"a": rng.normal(size=(3, 6)).astype(np.float32), "b": rng.normal(size=(6, 2)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("x_shape,y_shape", [
+    ((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (3, 1, 1)), ((1, 4), (3, 1)), ((5,), (2, 3, 5)), ((2, 1, 4), (4,))])
+def test_broadcasting_binary(op, x_shape, y_shape):
+    rng = np.random.default_rng(3)
+    m = model([helper.make_node(op, ["x", "y"], ["z"])], [("x", list(x_shape)), ("y", list(y_shape))], [("z", None)])
+    _check(m, {"x": rng.normal(size=x_shape).astype(np.float32), "y": rng.normal(size=y_shape).astype(np.float32)})
+
+
+def test_binary_with_constant_operand():
+    rng = np.random.default_rng(4)
+    m = model([helper.make_node("Mul", ["k", "x"], ["t"]), helper.make_node("Add", ["t", "b"], ["z"])],
+              [("x", [2, 3, 4])], [("z", None)],
+              {"k": rng.normal(size=(3, 1)).astype(np.float32), "b": rng.normal(size=(2, 3, 4)).astype(np.float32)})
+    _check(m, {"x": rng.normal(size=(2, 3, 4)).astype(np.float32)})
+
+
+def test_relu_clip_identity_dropout_softmax():
+    rng = np.random.default_rng(5)
+    _unary("Relu", (2, 3, 4), rng)
+    _unary("Identity", (3, 4), rng)
+    _unary("Softmax", (2, 7), rng)
+    _unary("Softmax", (2, 3, 4, 5), rng, axis=1)
+    m = model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [("x", [4, 6])], [("y", None)],
+              {"lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)})
+    _check(m, {"x": rng.normal(size=(4, 6)).astype(np.float32)})
+    m = model([helper.make_node("Clip", ["x", "", "hi"], ["y"]), helper.make_node("Dropout", ["y"], ["z"])],
+              [("x", [4, 6])], [("z", None)], {"hi": np.array(0.2, np.float32)})
+    _check(m, {"x": rng.normal(size=(4, 6)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 3], strides=[1, 2])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("GlobalAveragePool", {}),
+])
+def test_pooling(op, attrs):
+    _unary(op, (2, 3, 9, 8), np.random.default_rng(6), **attrs)
+
+
+def test_flatten_reshape_concat_batchnorm():
+    rng = np.random.default_rng(7)
+    _unary("Flatten", (2, 3, 4, 5), rng, axis=2)
+    m = model([helper.make_node("Reshape", ["x", "s"], ["y"])], [("x", [2, 3, 4])], [("y", None)],
+              {"s": np.array([0, -1], np.int64)})
+    _check(m, {"x": rng.normal(size=(2, 3, 4)).astype(np.float32)})
+    m = model([helper.make_node("Concat", ["x", "y", "x"], ["z"], axis=-1)], [("x", [2, 3]), ("y", [2, 4])],
+              [("z", None)])
+    _check(m, {"x": rng.normal(size=(2, 3)).astype(np.float32), "y": rng.normal(size=(2, 4)).astype(np.float32)})
+    init = {k: rng.uniform(0.5, 1.5, 3).astype(np.float32) for k in ("g", "b", "m", "v")}
+    for shape in ((2, 3, 4, 5), (4, 3)):   # BatchNorm without a convolution before it: x·a + b
+        m = model([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], epsilon=1e-3)],
+                  [("x", list(shape))], [("y", None)], init)
+        _check(m, {"x": rng.normal(size=shape).astype(np.float32)})
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_whole_model(seed):
+    rng = np.random.default_rng(seed)
+    m = small_cnn(rng, channels=8 + 8 * seed, image=8, batch=2, softmax=bool(seed))
+    _check(m, {"input": rng.normal(size=(2, 3, 8, 8)).astype(np.float32)})
+
+
+def test_resnet18_float_on_cpu():
+    from gemforge.models import build_resnet18
+    rng = np.random.default_rng(0)
+    m = build_resnet18(image=32, width=16, classes=10)
+    _check(m, {"input": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)})
+
+
+# ------------------------------------------------------------------------ refusals
+
+def _error(m, match, **options):
+    with pytest.raises(GraphError, match=match):
+        compile_model(m, **options)
+
+
+def test_unsupported_operator_is_named():
+    m = model([helper.make_node("Sigmoid", ["x"], ["y"], name="act7")], [("x", [2, 3])], [("y", None)])
+    _error(m, r"node act7 \(Sigmoid\): operator Sigmoid is not supported; supported: Conv, Gemm")
+
+
+def test_refusals():
+    x = [("x", [1, 2, 5, 5])]
+    w = {"w": np.ones((2, 2, 3, 3), np.float32)}
+    _error(model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], [("y", [1])], opset=11),
+           "opset 11; gemforge reads opset 13")
+    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 0, 0, 1], name="c")], x, [("y", [1])], w),
+           r"node c \(Conv\): pads \[1, 0, 0, 1\] are not supported")
+    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="c")], x, [("y", [1])], w),
+           "dilations")
+    _error(model([helper.make_node("Conv", ["x", "v"], ["y"], name="c")], x + [("v", [2, 2, 3, 3])], [("y", [1])]),
+           "weight W must be a constant")
+    _error(model([helper.make_node("Add", ["x", "z"], ["y"], name="a")], x + [("z", [3, 5])], [("y", [1])]),
+           "do not broadcast")
+    _error(model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, "H"])], [("y", [1])]), "symbolic dimension 1")
+    with pytest.raises(GraphError, match="not an ONNX file"):
+        compile_model(b"\x00garbage\xff" * 10)
+    with pytest.raises(GraphError, match="needs calibration samples"):
+        compile_model(model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], [("y", [1])]), quantize="int8")

@@ -1,0 +1,114 @@
+"""The int8 network: bit-identical on fsim, the CPU back end and the graph's numpy semantics,
+on several configs (hand-over in DRAM where BI = BO, through the host where not); the
+artefact's round trip; runs in batch chunks; refusals of the runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gemforge.compiler.graph.evaluate import evaluate
+from gemforge.driver.model import Model, ModelError, compile_model
+from gemforge.hw.config import PRESETS
+from onnx_models import small_cnn
+
+#: BI = BO (hand-over in DRAM) and BI ≠ BO (every edge through the host), batch lanes 1 and 2.
+CONFIGS = {
+    "default": PRESETS["default"],
+    "tiny": PRESETS["tiny"],
+    "wide_in": dataclasses.replace(PRESETS["tiny"], name="wide_in", block_in=8, inp_buffer_bytes=2048,
+                                   wgt_buffer_bytes=8192),
+    "batch2": dataclasses.replace(PRESETS["tiny"], name="batch2", batch=2, inp_buffer_bytes=2048,
+                                  acc_buffer_bytes=8192, out_buffer_bytes=2048),
+}
+
+
+def _compile(seed, config, *, channels=16, image=8, batch=2, samples=6, **options):
+    rng = np.random.default_rng(seed)
+    m = small_cnn(rng, channels=channels, image=image, batch="N", **options)
+    calib = rng.normal(size=(samples, batch, 3, image, image)).astype(np.float32)
+    return m, compile_model(m, quantize="int8", calibrate=calib, config=config, batch=batch), rng
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("seed", range(2))
+def test_int8_bit_identical_on_fsim_cpu_and_numpy(name, seed):
+    m, model, rng = _compile(seed, CONFIGS[name], channels=8 * (1 + seed), residual=bool(seed) or name == "tiny")
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    on_cpu = model.run(x, "cpu")
+    on_fsim = model.run(x, "fsim")
+    assert on_cpu.dtype == np.float32 and on_cpu.shape == (2, 10)
+    np.testing.assert_array_equal(on_fsim, on_cpu)
+    np.testing.assert_array_equal(evaluate(model.graph, {"input": x})["logits"], on_cpu)
+    placed = {n.name: n.device for n in model.graph.nodes}
+    assert placed["conv1"] == placed["conv2"] == placed["conv3"] == placed["fc"] == "accel"
+    assert placed["pool"] == "cpu"
+    memory = model.graph.notes["memory"]
+    assert memory["peak_bytes"] <= memory["naive_bytes"]
+    config = CONFIGS[name]
+    # conv1 → conv2 hands over in DRAM exactly when the packed layouts agree.
+    assert (memory["handovers"] > 0) == (config.block_in == config.block_out)
+
+
+def test_int8_is_close_to_float():
+    m, model, rng = _compile(3, "default", channels=16, samples=12)
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    float_out = compile_model(m, batch=2).run(x, "cpu")
+    err = np.abs(model.run(x, "fsim") - float_out).max()
+    assert err < 0.15 * np.abs(float_out).max()
+
+
+def test_artefact_round_trip_and_batch_chunks(tmp_path):
+    m, model, rng = _compile(4, "tiny", softmax=True)
+    path = tmp_path / "net.gfm"
+    model.save(path)
+    loaded = Model.load(path)
+    x = rng.normal(size=(6, 3, 8, 8)).astype(np.float32)     # three chunks of the compiled batch 2
+    y = loaded.run(x, "fsim")
+    assert y.shape == (6, 10)
+    np.testing.assert_allclose(y.sum(axis=1), 1, rtol=1e-5)
+    np.testing.assert_array_equal(y[2:4], model.run(x[2:4], "fsim"))
+    np.testing.assert_array_equal(y, model.run(x, "cpu"))
+    assert loaded.summary()["model_sha256"] == model.summary()["model_sha256"] is not None
+
+
+def test_runtime_refusals(tmp_path):
+    m, model, rng = _compile(5, "tiny")
+    with pytest.raises(ModelError, match=r"compiled for \[2, 3, 8, 8\], or a multiple of its batch 2"):
+        model.run(np.zeros((3, 3, 8, 8), np.float32), "fsim")
+    with pytest.raises(ModelError, match="unknown device 'tpu'"):
+        model.run(np.zeros((2, 3, 8, 8), np.float32), "tpu")
+    with pytest.raises(ModelError, match="the gpu runs float32 networks"):
+        model.run(np.zeros((2, 3, 8, 8), np.float32), "gpu")
+    floating = compile_model(m, batch=2)
+    with pytest.raises(ModelError, match="compiled without an accelerator config"):
+        floating.run(np.zeros((2, 3, 8, 8), np.float32), "fsim")
+    bad = tmp_path / "bad.gfm"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(ModelError, match="not a valid gemforge model"):
+        Model.load(bad)
+    with pytest.raises(ModelError, match="cannot read model"):
+        Model.load(tmp_path / "missing.gfm")
+
+
+def test_layer_the_accelerator_cannot_tile_stays_on_cpu():
+    # A 2-entry input buffer cannot hold one row of a 3x3 window: conv1 runs on the CPU, and says why.
+    small = dataclasses.replace(PRESETS["tiny"], name="small", inp_buffer_bytes=PRESETS["tiny"].inp_entry_bytes * 2)
+    m, model, rng = _compile(6, small)
+    rows = {r["node"]: r for r in model.graph.notes["partition"]}
+    assert rows["conv1"]["device"] == "cpu" and "cannot be tiled" in rows["conv1"]["reason"]
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
+
+
+@pytest.mark.skipif(not __import__("gemforge.sim.cosim.harness", fromlist=["x"]).simulator_available("verilator"),
+                    reason="Verilator is not installed")
+def test_int8_network_on_verilator_equals_fsim():
+    m, model, rng = _compile(7, "tiny", channels=8, image=6)
+    x = rng.normal(size=(2, 3, 6, 6)).astype(np.float32)
+    on_rtl = model.run(x, "verilator")
+    accel = [r for r in model.last_profile if r.cycles is not None]
+    np.testing.assert_array_equal(on_rtl, model.run(x, "fsim"))
+    assert len(accel) == 4 and all(0 < r.gemm_utilization <= 1 for r in accel)
