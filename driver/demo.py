@@ -1,5 +1,8 @@
 """`gemforge demo`: the kit end to end on embedded defaults.
 
+0. A trained network end to end (`demo_network`): Verilog for `default`, the
+   digits CNN compiled to int8 for it and run on fsim, Verilator and the CPU,
+   accuracy and a per-layer profile.
 1. For each preset: compile a dense layer with a fused requantizing epilogue
    (bias, shift, ReLU), show a few of its instructions, run it on the chosen
    device, compare with numpy, and report the counters.
@@ -38,6 +41,9 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
         console.width = max(console.width, 110)  # logs and CI: keep table rows unwrapped
     if device_kind in ("cpu", "gpu"):
         return _demo_llvm(console)
+    from .demo_network import demo_network
+    network_ok = demo_network(console, device_kind)
+    console.print("[bold]5. single operators on every preset[/bold]")
     m, k, n = DEMO_SHAPE
     rng = np.random.default_rng(2026)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
@@ -70,7 +76,7 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
     console.print(table)
     verdict = "[green]every result equals numpy[/green]" if all_ok else "[red]results differ from numpy[/red]"
     console.print(f"{len(PRESETS)} configs: {verdict}\n")
-    return _demo_conv2d(device_kind, console) and all_ok
+    return _demo_conv2d(device_kind, console) and all_ok and network_ok
 
 
 CONV_SHAPES = ((1, 64, 28, 28), (64, 64, 3, 3))  # NCHW input, OIHW weight; padding 1

@@ -1,0 +1,81 @@
+"""ResNet-18 (torchvision's topology) as an ONNX graph with random weights.
+
+The benchmarks and tests need a realistic, full-size network without downloading
+one: the layer shapes, not the trained weights, decide the compiler's and the
+accelerator's work. The weights are seeded, so a given build is reproducible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["build_resnet18"]
+
+
+class _Builder:
+    """Collects nodes and initializers; each layer returns its output's name."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def param(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+        return name
+
+    def conv_bn(self, x: str, name: str, cin: int, cout: int, k: int, stride: int) -> str:
+        # He-normal keeps the activations' scale steady through the ReLUs.
+        w = self.rng.normal(0.0, np.sqrt(2.0 / (cin * k * k)), (cout, cin, k, k))
+        self.nodes.append(helper.make_node(
+            "Conv", [x, self.param(f"{name}.weight", w)], [f"{name}.conv"], name=name,
+            kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4))
+        bn = [self.param(f"{name}.bn.{p}", v) for p, v in (
+            ("scale", self.rng.uniform(0.5, 1.5, cout)), ("bias", self.rng.normal(0.0, 0.1, cout)),
+            ("mean", self.rng.normal(0.0, 0.1, cout)), ("var", self.rng.uniform(0.5, 1.5, cout)))]
+        self.nodes.append(helper.make_node(
+            "BatchNormalization", [f"{name}.conv", *bn], [f"{name}.bn"], name=f"{name}.bn", epsilon=1e-5))
+        return f"{name}.bn"
+
+    def op(self, op: str, inputs: list[str], name: str, **attrs: object) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
+        return name
+
+    def basic_block(self, x: str, name: str, cin: int, cout: int, stride: int) -> str:
+        y = self.op("Relu", [self.conv_bn(x, f"{name}.conv1", cin, cout, 3, stride)], f"{name}.relu1")
+        y = self.conv_bn(y, f"{name}.conv2", cout, cout, 3, 1)
+        skip = self.conv_bn(x, f"{name}.downsample", cin, cout, 1, stride) if stride != 1 or cin != cout else x
+        return self.op("Relu", [self.op("Add", [y, skip], f"{name}.add")], f"{name}.relu2")
+
+
+def build_resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64,
+                   seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18 for ``[batch, 3, image, image]`` float32 ``input``, giving ``[batch, classes]``
+    ``logits``; ``width`` is the first stage's channel count (64 in the paper)."""
+    b = _Builder(np.random.default_rng(seed))
+    x = b.op("Relu", [b.conv_bn("input", "conv1", 3, width, 7, 2)], "relu")
+    x = b.op("MaxPool", [x], "maxpool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = width
+    for stage in range(4):
+        cout = width << stage
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            x = b.basic_block(x, f"layer{stage + 1}.{block}", cin, cout, stride)
+            cin = cout
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x], "avgpool")], "flatten", axis=1)
+    # Random BN statistics do not normalize, so each residual block grows the activations:
+    # the pooled features come out at an RMS of roughly 15-120 (more for larger images).
+    # Classifier weights 50 times smaller than the usual 1/sqrt(fan-in) bring the logits back to O(1).
+    fc_w = b.param("fc.weight", b.rng.normal(0.0, 0.02 / np.sqrt(cin), (classes, cin)))
+    fc_b = b.param("fc.bias", b.rng.normal(0.0, 0.01, classes))
+    b.nodes.append(helper.make_node("Gemm", [x, fc_w, fc_b], ["logits"], name="fc", transB=1))
+    graph = helper.make_graph(
+        b.nodes, "resnet18",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, image, image])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
+                              producer_name="gemforge.models")
+    onnx.checker.check_model(model)
+    return model
