@@ -20,7 +20,7 @@ chunks.
 
 The artefact is a zip archive: ``manifest.json`` (format version, the input
 model's SHA-256, the config, the graph with its quantization, the partition and
-the memory plan), ``constants.npz`` (weights and biases of the host layers) and
+the memory plan), ``constants.npz`` (weights and biases in the host layout) and
 ``programs/*.gfp`` (the accelerator layers' programs, weights included). The
 host layers' code is compiled when the model is first run on a host, for that
 host's CPU.
@@ -374,9 +374,9 @@ class Model:
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
             consts = io.BytesIO()
-            # Constants the accelerator programs carry (packed) need not be stored twice.
-            carried = {n.inputs[i] for n in g.nodes if n.device == "accel" for i in (1, 2)}
-            np.savez(consts, **{k: v for k, v in g.constants.items() if k not in carried})
+            # Every constant, including the weights the accelerator programs carry packed:
+            # `--device cpu` runs an int8 artefact's every layer on the host.
+            np.savez(consts, **g.constants)
             z.writestr("constants.npz", consts.getvalue())
             for i, layer in enumerate(self.net.layers.values()):
                 z.writestr(f"programs/{i}.gfp", layer.program.to_bytes())

@@ -1,0 +1,91 @@
+"""Real networks: the digits CNN's int8 accuracy against its float accuracy, ResNet-18 on
+fsim and the CPU (whole, on Verilator, in the slow tier), and the compile/run commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gemforge.driver.cli import main
+from gemforge.driver.model import Model, compile_model
+from gemforge.models import build_resnet18, digits
+
+
+def test_digits_int8_accuracy_within_one_point_of_float():
+    x_train, _, x_test, y_test = digits.load_split()
+    float_acc = digits.accuracy(compile_model(digits.MODEL_PATH, batch=len(x_test)).run(x_test, "cpu"), y_test)
+    model = compile_model(digits.MODEL_PATH, quantize="int8", calibrate=x_train[:150].reshape(10, 15, 1, 8, 8),
+                          config="default", batch=15)
+    logits = model.run(x_test, "fsim")
+    int8_acc = digits.accuracy(logits, y_test)
+    assert float_acc > 0.95
+    assert abs(int8_acc - float_acc) <= 0.01
+    np.testing.assert_array_equal(model.run(x_test, "cpu"), logits)
+
+
+def test_resnet18_int8_on_fsim_and_cpu():
+    rng = np.random.default_rng(0)
+    m = build_resnet18(image=64, width=16, classes=10)
+    calib = rng.normal(size=(2, 1, 3, 64, 64)).astype(np.float32)
+    model = compile_model(m, quantize="int8", calibrate=calib, config="default")
+    placed = [n for n in model.graph.nodes if n.op == "conv2d"]
+    assert len(placed) == 20 and all(n.device == "accel" for n in placed)
+    memory = model.graph.notes["memory"]
+    assert memory["handovers"] >= 8 and memory["peak_bytes"] < memory["naive_bytes"]
+    x = rng.normal(size=(1, 3, 64, 64)).astype(np.float32)
+    np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
+
+
+@pytest.mark.slow
+def test_resnet18_whole_on_verilator():
+    from gemforge.sim.cosim.harness import simulator_available
+    if not simulator_available("verilator"):
+        pytest.skip("Verilator is not installed")
+    rng = np.random.default_rng(1)
+    m = build_resnet18()
+    model = compile_model(m, quantize="int8", calibrate=rng.normal(size=(1, 1, 3, 224, 224)).astype(np.float32),
+                          config="default")
+    x = rng.normal(size=(1, 3, 224, 224)).astype(np.float32)
+    on_rtl = model.run(x, "verilator")
+    cycles = sum(r.cycles for r in model.last_profile if r.cycles)
+    np.testing.assert_array_equal(on_rtl, model.run(x, "fsim"))
+    assert 6_000_000 < cycles < 12_000_000
+
+
+def test_compile_and_run_commands(tmp_path, capsys):
+    x_train, _, x_test, y_test = digits.load_split()
+    np.save(tmp_path / "calib.npy", x_train[:40].reshape(4, 10, 1, 8, 8))
+    np.save(tmp_path / "x.npy", x_test[:20])
+    gfm = tmp_path / "digits.gfm"
+    assert main(["compile", str(digits.MODEL_PATH), "--quantize", "int8", "--calibrate", str(tmp_path / "calib.npy"),
+                 "--config", "tiny", "--batch", "10", "-o", str(gfm), "--trace"]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["dtype"] == "int8" and summary["config"] == "tiny" and summary["accelerator_nodes"] == 3
+    for stage in ("== infer_shapes", "== fold_constants", "== fold_batch_norm", "== fuse", "== quantize",
+                  "== partition", "== pack_layouts", "== plan_memory", "memory plan:"):
+        assert stage in err
+    for device in ("fsim", "cpu"):
+        assert main(["run", str(gfm), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / f"{device}.npy"),
+                     "--device", device, "--profile"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (tmp_path / f"{device}.profile.png").read_bytes()[:4] == b"\x89PNG"
+        assert [r["device"] for r in report["profile"] if r["op"] == "conv2d"] == [device] * 2
+    np.testing.assert_array_equal(np.load(tmp_path / "fsim.npy"), np.load(tmp_path / "cpu.npy"))
+    assert np.load(tmp_path / "cpu.npy").shape == (20, 10)
+    # The float32 artefact, and the errors a user gets.
+    assert main(["compile", str(digits.MODEL_PATH), "-o", str(tmp_path / "f.gfm")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "f.gfm"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                 "--device", "fsim"]) == 2
+    assert "compiled without an accelerator config" in capsys.readouterr().err
+    assert main(["compile", str(digits.MODEL_PATH), "--quantize", "int8", "-o", str(tmp_path / "q.gfm")]) == 2
+    assert "needs calibration samples" in capsys.readouterr().err
+    (tmp_path / "bad.onnx").write_bytes(b"not onnx")
+    assert main(["compile", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "b.gfm")]) == 2
+    assert "is not an ONNX file" in capsys.readouterr().err
+    assert main(["run", str(gfm), "--input", str(tmp_path / "calib.npy"), "-o", str(tmp_path / "y.npy")]) == 2
+    assert "the model was compiled for [10, 1, 8, 8], or a multiple of its batch 10" in capsys.readouterr().err
+    assert Model.load(gfm).summary()["model_sha256"] == summary["model_sha256"]
