@@ -178,7 +178,7 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
     GPU back ends against numpy, ONNX Runtime and the device's peak."""
     if sections is None:
         from gemforge.compiler.backends.gpu import cuda
-        sections = ("fsim", "cpu") + (("rtl",) if device not in (None, "fsim") else ()) + \
+        sections = ("fsim", "cpu", "network") + (("rtl",) if device not in (None, "fsim") else ()) + \
             (("gpu",) if cuda.available() else ())
     results: dict[str, Any] = {}
     if "fsim" in sections:
@@ -194,6 +194,9 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
     if "cpu" in sections:
         from .bench_llvm import bench_cpu
         results["cpu"] = bench_cpu(quick)
+    if "network" in sections:
+        from .bench_network import bench_networks
+        results["network"] = bench_networks(config, device, quick)
     if "gpu" in sections:
         from .bench_llvm import bench_gpu
         results["gpu"] = bench_gpu(1024 if quick else 4096)

@@ -234,7 +234,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
-    if not run_demo(args.device):
+    if not run_demo(args.device, out_dir=Path(args.output_dir)):
         raise UsageError("the demo's results differ from numpy")
 
 
@@ -244,7 +244,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
     sections = tuple(args.sections.split(",")) if args.sections else None
-    known = ("fsim", "rtl", "cpu", "gpu")
+    known = ("fsim", "rtl", "cpu", "network", "gpu")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
     results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
@@ -377,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
     p.add_argument("--device", default="fsim", help=_DEVICE_HELP)
+    p.add_argument("-o", "--output-dir", default="build/demo",
+                   help="where the Verilog and the profile plot go (default: build/demo)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="measure performance against in-run baselines; prints JSON")
@@ -388,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
-                   help="what to measure, comma-separated: fsim, rtl, cpu, gpu (default: fsim and cpu, rtl with an "
+                   help="what to measure, comma-separated: fsim, rtl, cpu, network, gpu (default: fsim, cpu and "
+                        "network (the digits CNN and ResNet-18 compiled whole; on an RTL --device too), rtl with an "
                         "RTL --device, gpu where a GPU is present); cpu's ResNet-18 convolutions are compared with "
                         "ONNX Runtime, measured where it is installed (the dev extra)")
     p.add_argument("--merge", metavar="FILE",

@@ -35,14 +35,14 @@ DEMO_SHAPE = (96, 200, 72)  # deliberately not block multiples
 DEMO_SHIFT = 9
 
 
-def run_demo(device_kind: str = "fsim", console: Console | None = None) -> bool:
+def run_demo(device_kind: str = "fsim", console: Console | None = None, out_dir=None) -> bool:
     console = console or Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)  # logs and CI: keep table rows unwrapped
     if device_kind in ("cpu", "gpu"):
         return _demo_llvm(console)
-    from .demo_network import demo_network
-    network_ok = demo_network(console, device_kind)
+    from .demo_network import DEMO_DIR, demo_network
+    network_ok = demo_network(console, device_kind, out_dir or DEMO_DIR)
     console.print("[bold]5. single operators on every preset[/bold]")
     m, k, n = DEMO_SHAPE
     rng = np.random.default_rng(2026)

@@ -48,7 +48,7 @@ from gemforge.files import write_bytes_atomic
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.program import Program, ProgramError
 
-from .device import Buffer, Device, DeviceError, open_device
+from .device import Buffer, Device, open_device
 
 __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
 
@@ -186,6 +186,8 @@ class Model:
             array = np.asarray(inputs[name])
             if array.dtype.kind not in "fiu":
                 raise ModelError(f"input {name!r} must be numeric, not {array.dtype}")
+            if self.dtype == "int8" and array.size and not np.isfinite(array).all():
+                raise ModelError(f"input {name!r} holds NaN or infinite values, which int8 cannot represent")
             feeds[name] = array.astype(np.float32, copy=False)
         unknown = set(inputs) - set(self.inputs)
         if unknown:
@@ -220,7 +222,8 @@ class Model:
             raise ModelError(f"unknown device {device!r}; choose one of {', '.join(ACCEL_DEVICES + HOST_DEVICES)}")
         self._check_device(device if device in HOST_DEVICES else "accel", None, device)
         if device in ACCEL_DEVICES:
-            options.setdefault("sim_dram_bytes", self._sim_dram_bytes()) if device != "fsim" else None
+            if device != "fsim":   # the simulated DRAM window holds the arena and one layer's program
+                options.setdefault("sim_dram_bytes", self._sim_dram_bytes())
             return True, open_device(device, self.config, **options)
         return True, open_device(device, **options)
 
@@ -243,14 +246,9 @@ class Model:
         need = self.net.plan.get("peak_bytes", 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)
         return max(16 << 20, 1 << (need - 1).bit_length())
 
-    def host_kernels(self, target_kind: str) -> dict[str, HostKernel]:
-        """The host kernel of every node a ``target_kind`` run computes on the host (cached)."""
-        if target_kind not in self._kernels:
-            self._kernels[target_kind] = {}
-        return self._kernels[target_kind]
-
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
-        kernels = self.host_kernels(target_kind)
+        """``node`` compiled for a host target (once per model and target)."""
+        kernels = self._kernels.setdefault(target_kind, {})
         if node.name not in kernels:
             kernels[node.name] = host_kernel(self.graph, node, target_of(target_kind))
         return kernels[node.name]

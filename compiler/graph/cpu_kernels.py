@@ -25,7 +25,7 @@ from ..pipeline import build
 from ..schedule import create_schedule
 from ..target import Target
 from ..te import clip, compute, placeholder
-from .evaluate import dequantize_array, quantize_array, rounding_shift
+from .evaluate import dequantize_array, quantize_array
 from .ir import Graph, GraphError, Node
 
 __all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]

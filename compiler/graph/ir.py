@@ -32,7 +32,6 @@ op                  attributes
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,14 +93,6 @@ class Graph:
     #: Facts the passes record for the report (the partition, the memory plan).
     notes: dict[str, Any] = field(default_factory=dict)
 
-    def copy(self) -> Graph:
-        return Graph(list(self.inputs), list(self.outputs), [copy.deepcopy(n) for n in self.nodes],
-                     {k: copy.copy(v) for k, v in self.values.items()}, dict(self.constants),
-                     copy.deepcopy(self.notes))
-
-    def value(self, name: str) -> Value:
-        return self.values[name]
-
     def producer(self) -> dict[str, Node]:
         return {n.output: n for n in self.nodes}
 
@@ -127,12 +118,6 @@ class Graph:
         self.values[name] = Value(name, tuple(array.shape), array.dtype.name, exponent)
         return name
 
-    def rename_uses(self, old: str, new: str) -> None:
-        """Every reader of ``old`` (nodes and graph outputs) reads ``new`` instead."""
-        for node in self.nodes:
-            node.inputs = [new if i == old else i for i in node.inputs]
-        self.outputs = [new if o == old else o for o in self.outputs]
-
     def prune(self) -> None:
         """Drop nodes and values nothing reads."""
         live = set(self.outputs)
@@ -153,4 +138,8 @@ class Graph:
             where = f"[{node.device}] " if self.notes.get("partitioned") else ""
             lines.append(f"  {where}{node.describe()}  -> {self.values[node.output].describe()}")
         lines.append(f"outputs: {', '.join(self.outputs)}")
+        if "memory" in self.notes:
+            m = self.notes["memory"]
+            lines.append(f"device memory: {m['tensors']} packed tensors, peak {m['peak_bytes']:,} bytes "
+                         f"(naive {m['naive_bytes']:,}), {m['handovers']} handed over in DRAM")
         return "\n".join(lines)

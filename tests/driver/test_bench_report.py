@@ -95,3 +95,22 @@ def test_cpu_section_says_why_the_convolutions_were_not_measured():
            "resnet18_convs_skipped": "ONNX Runtime, their baseline, is not installed (pip install 'gemforge[dev]')"}
     text = render_markdown({"cpu": cpu, "wall_seconds": 1.0}, "gemforge bench")
     assert "ResNet-18 convolutions not measured: ONNX Runtime" in text and "| gemforge (tile 8×32) | **50.0**" in text
+
+
+def test_network_section_renders_every_figure():
+    cpu = {"gemforge_seconds": 0.05, "onnxruntime_seconds": 0.055, "time_ratio": 1.1, "threads": 2}
+    layers = [{"node": "conv1", "op": "conv2d", "cycles": 3_000_000, "gemm_utilization": 0.7, "macs": 118_013_952},
+              {"node": "fc", "op": "dense", "cycles": 60_000, "gemm_utilization": 0.03, "macs": 512_000}]
+    network = {
+        "digits": {"test_images": 450, "float32_accuracy": 0.9889, "int8_accuracy": 0.9844,
+                   "int8_compile_seconds": 0.5, "int8_fsim_seconds": 2.0, "cpu_float32": cpu},
+        "resnet18": {"int8_compile_seconds": 3.5, "int8_fsim_seconds": 5.0, "nodes": 34, "accelerator_nodes": 21,
+                     "memory": {"peak_bytes": 1_605_632, "naive_bytes": 4_216_320, "tensors": 31, "handovers": 8},
+                     "cpu_float32": cpu,
+                     "rtl": {"device": "verilator", "config": "default", "wall_seconds": 80.0, "cycles": 3_060_000,
+                             "gemm_utilization": 0.69, "layers": layers}},
+    }
+    text = render_markdown({"network": network}, "gemforge bench")
+    for figure in ("## Whole networks from ONNX", "int8 accuracy **98.4%** vs float32 98.9%", "**1.1**",
+                   "compile **3.5 s**", "1,605,632 bytes peak vs 4,216,320", "**3,060,000 cycles**", "| fc | dense |"):
+        assert figure in text

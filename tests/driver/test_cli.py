@@ -216,9 +216,11 @@ def test_bench_quick_prints_ratio(capsys):
     assert result["uops_per_second"] > 0 and result["time_ratio_vs_numpy"] > 0
 
 
-def test_demo_runs(capsys):
-    assert main(["demo"]) == 0
-    assert "every result equals numpy" in capsys.readouterr().out
+def test_demo_runs(tmp_path, capsys):
+    assert main(["demo", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "every result equals numpy" in out and "int8 accuracy" in out
+    assert (tmp_path / "digits_profile.png").exists() and (tmp_path / "rtl" / "gemforge_top.v").exists()
 
 
 def test_unwritable_output_is_one_line(tmp_path, capsys):

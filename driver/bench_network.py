@@ -1,0 +1,109 @@
+"""Whole-network benchmarks: compile time, fsim time, the float32 network on the CPU back end
+against ONNX Runtime (same threads, alternating rounds), the int8 digits CNN's accuracy, and
+with an RTL device ResNet-18's cycles and GEMM-core utilization layer by layer."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+
+import numpy as np
+import onnx
+
+from gemforge.hw.config import AccelConfig
+
+from .bench_llvm import _ort_session, cores
+from .model import compile_model
+from .profile import profile_totals
+
+__all__ = ["bench_networks"]
+
+
+def _timed(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
+    """The float32 network on the CPU back end and in ONNX Runtime, alternating rounds, best of each."""
+    model = compile_model(onnx_model, batch=x.shape[0])
+    out = model.run(x, "cpu")                       # JIT-compiles every layer once
+    row: dict[str, Any] = {"gemforge_seconds": None}
+    if importlib.util.find_spec("onnxruntime") is None:
+        row["gemforge_seconds"] = round(_timed(lambda: model.run(x, "cpu"), repeats), 6)
+        row["onnxruntime"] = "not installed (the dev extra)"
+        return row
+    session = _ort_session(onnx_model)
+    feed = {session.get_inputs()[0].name: x}
+    reference = session.run(None, feed)[0]
+    scale = float(np.abs(reference).max()) or 1.0
+    if not np.allclose(out, reference, rtol=1e-4, atol=1e-4 * scale):
+        raise AssertionError("the float32 network differs from ONNX Runtime; the benchmark is void")
+    ours, theirs = float("inf"), float("inf")
+    for _ in range(repeats):
+        ours = min(ours, _timed(lambda: model.run(x, "cpu"), 1))
+        theirs = min(theirs, _timed(lambda: session.run(None, feed), 1))
+    row.update(gemforge_seconds=round(ours, 6), onnxruntime_seconds=round(theirs, 6),
+               time_ratio=round(theirs / ours, 3), threads=cores())
+    return row
+
+
+def bench_networks(config: AccelConfig, device: str | None = None, quick: bool = False) -> dict[str, Any]:
+    from gemforge.models import build_resnet18, digits
+    results: dict[str, Any] = {}
+    repeats = 3 if quick else 10
+
+    # The digits CNN: accuracy of the int8 network on fsim against the float network.
+    x_train, _, x_test, y_test = digits.load_split()
+    start = time.perf_counter()
+    int8 = compile_model(digits.MODEL_PATH, quantize="int8", calibrate=x_train[:len(x_test)][None], config=config,
+                         batch=len(x_test))
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    logits = int8.run(x_test, "fsim")
+    fsim_s = time.perf_counter() - start
+    if not np.array_equal(logits, int8.run(x_test, "cpu")):
+        raise AssertionError("the int8 digits network differs between fsim and the CPU; the benchmark is void")
+    float_logits = compile_model(digits.MODEL_PATH, batch=len(x_test)).run(x_test, "cpu")
+    results["digits"] = {
+        "test_images": len(x_test), "float32_accuracy": round(digits.accuracy(float_logits, y_test), 4),
+        "int8_accuracy": round(digits.accuracy(logits, y_test), 4), "int8_compile_seconds": round(compile_s, 3),
+        "int8_fsim_seconds": round(fsim_s, 3),
+        "cpu_float32": _cpu_vs_ort(onnx.load(str(digits.MODEL_PATH)), x_test, repeats),
+    }
+    if quick:
+        return results
+
+    # ResNet-18 (random weights, the standard topology), batch 1, 224x224.
+    rng = np.random.default_rng(0)
+    resnet = build_resnet18()
+    x = rng.normal(size=(1, 3, 224, 224)).astype(np.float32)
+    start = time.perf_counter()
+    model = compile_model(resnet, quantize="int8", calibrate=x[None], config=config)
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    on_fsim = model.run(x, "fsim")
+    fsim_s = time.perf_counter() - start
+    row: dict[str, Any] = {"int8_compile_seconds": round(compile_s, 3), "int8_fsim_seconds": round(fsim_s, 3),
+                           "nodes": len(model.graph.nodes),
+                           "accelerator_nodes": sum(n.device == "accel" for n in model.graph.nodes),
+                           "memory": model.graph.notes["memory"],
+                           "cpu_float32": _cpu_vs_ort(resnet, x, repeats)}
+    if device not in (None, "fsim"):
+        start = time.perf_counter()
+        on_rtl = model.run(x, device)
+        wall = time.perf_counter() - start
+        if not np.array_equal(on_rtl, on_fsim):
+            raise AssertionError(f"ResNet-18 differs between {device} and fsim; the benchmark is void")
+        layers = [r.as_dict() for r in model.last_profile if r.cycles is not None]
+        totals = profile_totals(model.last_profile)
+        row["rtl"] = {"device": device, "config": config.name, "wall_seconds": round(wall, 1),
+                      "cycles": totals["cycles"], "gemm_utilization": totals["gemm_utilization"],
+                      "layers": layers}
+    results["resnet18"] = row
+    return results
