@@ -298,7 +298,7 @@ class Model:
         if name not in env:
             layer, key = producer_layer[name]
             shape, dtype = layer.packed_out
-            env[name] = layer.unpack(dev.read(resident[key], dtype, shape))
+            env[name] = layer.unpack(dev.read(resident[key], dtype, shape)).reshape(self.graph.values[name].shape)
         return env[name]
 
     def _host_readers(self) -> set[str]:
@@ -337,7 +337,8 @@ class Model:
         producer_layer[node.output] = (layer, out_key)
         if node.output in self._host_readers():
             # Copied out now: a later layer may reuse the space before the host reads it.
-            env[node.output] = layer.unpack(dev.read(out_buf, out_dtype, out_shape))
+            env[node.output] = layer.unpack(dev.read(out_buf, out_dtype, out_shape)).reshape(
+                self.graph.values[node.output].shape)   # a dense layer's (M, N) as the graph's (…, N)
         row = LayerProfile(node.name, node.op, dev.kind, 0.0, cycles=result.cycles, macs=_macs(self.graph, node),
                            counters=dict(result.counters))
         hw = result.hw_counters

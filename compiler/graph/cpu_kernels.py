@@ -36,6 +36,12 @@ DATA_MOVEMENT = ("reshape", "concat", "quantize", "dequantize")
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
+def _contiguous(array) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (numpy's ascontiguousarray makes them 1-d)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
 def quantized_elementwise(target: Target, op: str, shape, y_shape, lshift, shift: int, relu: bool) -> CompiledOp:
     """int8 ``clip(((x << lx) ∘ (y << ly) + round) >> shift, lo, 127)`` with ``y``
     broadcast to ``x`` (``∘`` is ``+`` or ``×``; ``op == "requantize"`` has no ``y``)."""
@@ -83,7 +89,7 @@ class HostKernel:
         if self.op is None:
             return _move(self.node, args), None
         outputs, result = device.run_program(self.op.program, self.prepare(args), [self.op.output])
-        return np.ascontiguousarray(self.finish(self.op.unpack_output(outputs[self.op.output]))), result
+        return _contiguous(self.finish(self.op.unpack_output(outputs[self.op.output]))), result
 
 
 def _move(node: Node, args: list[np.ndarray]) -> np.ndarray:
@@ -100,7 +106,7 @@ def _move(node: Node, args: list[np.ndarray]) -> np.ndarray:
 
 
 def _unary(node: Node, op: CompiledOp) -> HostKernel:
-    return HostKernel(node, op, lambda args: op.pack_inputs(x=np.ascontiguousarray(args[0])))
+    return HostKernel(node, op, lambda args: op.pack_inputs(x=_contiguous(args[0])))
 
 
 def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
@@ -143,7 +149,7 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         axis = a["axis"]
         moved = shapes[0][:axis] + shapes[0][axis + 1:] + (shapes[0][axis],)
         op = host.compile_softmax(target, moved, dtype=dtype)
-        return HostKernel(node, op, lambda args: op.pack_inputs(x=np.ascontiguousarray(np.moveaxis(args[0], axis, -1))),
+        return HostKernel(node, op, lambda args: op.pack_inputs(x=_contiguous(np.moveaxis(args[0], axis, -1))),
                           lambda out: np.moveaxis(out.reshape(moved), -1, axis))
     raise GraphError(f"node {node.name}: no CPU kernel for {node.op}")
 
@@ -161,17 +167,17 @@ def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: 
         op = quantized_elementwise(target, node.op, x_shape, y_shape, lshift, a["shift"], a["relu"])
     else:
         op = host.compile_elementwise(target, node.op, x_shape, dtype=dtype, y_shape=y_shape, relu=a["relu"])
-    fixed = {param: np.ascontiguousarray(graph.constants[node.inputs[i]])
+    fixed = {param: _contiguous(graph.constants[node.inputs[i]])
              for i, param in zip(order, ("x", "y")) if node.inputs[i] in graph.constants}
     if "x" in fixed:
-        fixed["x"] = np.ascontiguousarray(np.broadcast_to(fixed["x"], x_shape))
+        fixed["x"] = _contiguous(np.broadcast_to(fixed["x"], x_shape))
 
     def prepare(args):
         arrays = dict(fixed)
         if "x" not in arrays:
-            arrays["x"] = np.ascontiguousarray(np.broadcast_to(args[order[0]], x_shape))
+            arrays["x"] = _contiguous(np.broadcast_to(args[order[0]], x_shape))
         if "y" not in arrays:
-            arrays["y"] = np.ascontiguousarray(args[order[1]])
+            arrays["y"] = _contiguous(args[order[1]])
         return arrays
     return HostKernel(node, op, prepare)
 
@@ -182,12 +188,12 @@ def _with_weights(node: Node, op: CompiledOp, data: str, weight: str, data_shape
     w, bias = const[1], const[2] if len(const) > 2 else None
     if w is None:
         def prepare_variable(args):
-            return op.pack_inputs(**{data: np.ascontiguousarray(args[0]).reshape(data_shape), weight: args[1],
+            return op.pack_inputs(**{data: _contiguous(args[0]).reshape(data_shape), weight: args[1],
                                      "bias": bias})
         return HostKernel(node, op, prepare_variable, finish)
     packed = op.pack_inputs(**{data: np.zeros(data_shape, w.dtype), weight: w, "bias": bias})
     data_layout = packed.pop(data).shape
 
     def prepare(args):
-        return dict(packed, **{data: np.ascontiguousarray(args[0]).reshape(data_layout)})
+        return dict(packed, **{data: _contiguous(args[0]).reshape(data_layout)})
     return HostKernel(node, op, prepare, finish)

@@ -171,10 +171,11 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             e = exponent[x]
             attrs = dict(node.attrs)
             if op == "clip":
-                attrs["lo"] = int(max(-128, min(127, math.ceil(node.attrs["lo"] * 2.0 ** e))))
-                attrs["hi"] = int(max(-128, min(127, math.floor(node.attrs["hi"] * 2.0 ** e))))
-                if attrs["lo"] > attrs["hi"]:
-                    attrs["hi"] = attrs["lo"]
+                # Bounds on the int8 grid, rounded inwards; an infinite bound clips nothing.
+                lo, hi = node.attrs["lo"] * 2.0 ** e, node.attrs["hi"] * 2.0 ** e
+                attrs["lo"] = -128 if lo <= -128 else min(127, math.ceil(lo))
+                attrs["hi"] = 127 if hi >= 127 else max(-128, math.floor(hi))
+                attrs["hi"] = max(attrs["hi"], attrs["lo"])
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x], q, attrs))
         else:

@@ -112,3 +112,40 @@ def test_int8_network_on_verilator_equals_fsim():
     accel = [r for r in model.last_profile if r.cycles is not None]
     np.testing.assert_array_equal(on_rtl, model.run(x, "fsim"))
     assert len(accel) == 4 and all(0 < r.gemm_utilization <= 1 for r in accel)
+
+
+def _edge_models(rng):
+    from onnx import helper
+    from onnx_models import model
+    w = rng.normal(size=(3, 4)).astype(np.float32)
+    c = helper.make_tensor("v", 1, [3], [1.0, 2.0, 3.0])
+    yield model([helper.make_node("Add", ["x", "s"], ["y"])], [("x", [2, 3])], [("y", None)],
+                {"s": np.array(0.5, np.float32)}), (2, 3)                      # a 0-d constant
+    yield model([helper.make_node("Mul", ["s", "x"], ["y"])], [("x", [2, 3])], [("y", None)],
+                {"s": np.array([2.0], np.float32)}), (2, 3)
+    yield model([helper.make_node("Clip", ["x"], ["y"])], [("x", [2, 3])], [("y", None)]), (2, 3)  # no bounds
+    yield model([helper.make_node("Clip", ["x", "lo"], ["y"])], [("x", [2, 3])], [("y", None)],
+                {"lo": np.array(-0.2, np.float32)}), (2, 3)
+    yield model([helper.make_node("Constant", [], ["c"], value=c), helper.make_node("Add", ["x", "c"], ["y"])],
+                [("x", [2, 3])], [("y", None)]), (2, 3)
+    yield model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [3])], [("y", None)], {"w": w}), (3,)
+    yield model([helper.make_node("Add", ["x", "x"], ["y"])], [("x", [2, 3])], [("y", None)]), (2, 3)
+    yield model([helper.make_node("Concat", ["x", "c"], ["y"], axis=0)], [("x", [2, 3])], [("y", None)],
+                {"c": np.ones((1, 3), np.float32)}), (2, 3)
+    yield model([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Add", ["y", "x"], ["z"])],
+                [("x", [2, 3])], [("z", None)]), (2, 3)
+
+
+def test_edge_cases_float_and_int8():
+    """0-d and 1-d tensors, unbounded clips, Constant nodes, x + x, constants in a concat: the
+    float network equals ONNX Runtime, the int8 one runs identically on fsim and the CPU."""
+    from onnx_models import ort_run
+    rng = np.random.default_rng(8)
+    for m, shape in _edge_models(rng):
+        x = rng.normal(size=shape).astype(np.float32)
+        expected = ort_run(m, {"x": x})[0]
+        np.testing.assert_allclose(compile_model(m).run(x, "cpu"), expected, rtol=1e-6, atol=1e-6)
+        q = compile_model(m, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+        on_fsim = q.run(x, "fsim")
+        np.testing.assert_array_equal(on_fsim, q.run(x, "cpu"))
+        assert np.abs(on_fsim - expected).max() <= 0.05 * max(1.0, float(np.abs(expected).max()))
