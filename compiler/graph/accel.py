@@ -78,9 +78,11 @@ class AccelLayer:
 
 
 def _config_reason(config: AccelConfig) -> str | None:
-    if (config.inp_width, config.wgt_width, config.acc_width) != (8, 8, 32):
+    widths = (config.inp_width, config.wgt_width, config.acc_width, config.out_width)
+    if widths != (8, 8, 32, 8):
         return (f"config {config.name!r} computes int{config.inp_width} × int{config.wgt_width} → "
-                f"int{config.acc_width}; the int8 network needs int8 × int8 → int32")
+                f"int{config.acc_width} with int{config.out_width} outputs; the int8 network needs "
+                "int8 × int8 → int32 → int8")
     return None
 
 
@@ -103,7 +105,8 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
         packed = op.pack_inputs(a=np.zeros((m, k), np.int8), b=w, bias=bias)
         data, data_shape, out_shape = "a", (m, k), (m, w.shape[1])
     program = op.program
-    program.constants = {"w": packed["w"], "bias": packed["bias"]}
+    # The weights join the compiler's own constants (e.g. zero rows the DMA reads for padding).
+    program.constants = {**program.constants, "w": packed["w"], "bias": packed["bias"]}
     program.check()
     return AccelLayer(node.op, program, data, data_shape, out_shape, dict(op.plan))
 

@@ -8,10 +8,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gemforge.compiler.graph.evaluate import evaluate
 from gemforge.driver.model import Model, ModelError, compile_model
-from gemforge.hw.config import PRESETS
+from gemforge.hw.config import PRESETS, AccelConfig
 from onnx_models import small_cnn
 
 #: BI = BO (hand-over in DRAM) and BI ≠ BO (every edge through the host), batch lanes 1 and 2.
@@ -149,3 +151,47 @@ def test_edge_cases_float_and_int8():
         on_fsim = q.run(x, "fsim")
         np.testing.assert_array_equal(on_fsim, q.run(x, "cpu"))
         assert np.abs(on_fsim - expected).max() <= 0.05 * max(1.0, float(np.abs(expected).max()))
+
+
+@st.composite
+def int8_configs(draw) -> AccelConfig:
+    """Random valid int8 configs: block shapes, buffer depths, bus width and queue depths."""
+    batch, block_in, block_out = (1 << draw(st.integers(0, 3)) for _ in range(3))
+    depth = {b: 1 << draw(st.integers(6, 11)) for b in ("inp", "wgt", "acc")}
+    return AccelConfig(
+        name="random", batch=batch, block_in=block_in, block_out=block_out,
+        inp_buffer_bytes=depth["inp"] * batch * block_in, wgt_buffer_bytes=depth["wgt"] * block_out * block_in,
+        acc_buffer_bytes=depth["acc"] * batch * block_out * 4, out_buffer_bytes=depth["acc"] * batch * block_out,
+        uop_buffer_bytes=(1 << draw(st.integers(9, 13))) * 8, bus_width=draw(st.sampled_from((64, 128, 256))),
+        cmd_queue_depth=1 << draw(st.integers(2, 9)), token_queue_depth=1 << draw(st.integers(2, 9)))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=int8_configs(), seed=st.integers(0, 1 << 16), batch=st.integers(1, 3), image=st.integers(4, 9))
+def test_random_configs_and_shapes(config, seed, batch, image):
+    """Any valid config, any small shape: fsim and the CPU agree bit for bit (the layers the
+    config cannot tile stay on the CPU, each with its reason)."""
+    rng = np.random.default_rng(seed)
+    m = small_cnn(rng, channels=int(rng.integers(3, 13)), image=image, batch="N", classes=int(rng.integers(2, 12)))
+    calib = rng.normal(size=(2, batch, 3, image, image)).astype(np.float32)
+    model = compile_model(m, quantize="int8", calibrate=calib, config=config, batch=batch)
+    assert all(r["reason"] for r in model.graph.notes["partition"]
+               if r["device"] == "cpu" and r["op"] in ("conv2d", "dense"))
+    x = rng.normal(size=(batch, 3, image, image)).astype(np.float32)
+    np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
+
+
+def test_layer_programs_keep_the_compilers_own_constants():
+    """Found by `test_random_configs_and_shapes`: a conv2d that loads zero rows from a constant
+    of its program (kernel rows chunked with padding) lost that constant when the network put
+    its weights in, and read whatever a reused arena slot held."""
+    config = AccelConfig(name="random", batch=8, block_in=1, block_out=4, inp_buffer_bytes=512,
+                         wgt_buffer_bytes=4096, acc_buffer_bytes=8192, out_buffer_bytes=2048, uop_buffer_bytes=4096,
+                         bus_width=128, cmd_queue_depth=8, token_queue_depth=4)
+    rng = np.random.default_rng(1109)
+    m = small_cnn(rng, channels=int(rng.integers(3, 13)), image=5, batch="N", classes=int(rng.integers(2, 12)))
+    model = compile_model(m, quantize="int8", calibrate=rng.normal(size=(2, 2, 3, 5, 5)).astype(np.float32),
+                          config=config, batch=2)
+    assert any(name.startswith("zeros") for layer in model.net.layers.values() for name in layer.program.constants)
+    x = rng.normal(size=(2, 3, 5, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
