@@ -215,15 +215,32 @@ def cmd_compile(args: argparse.Namespace) -> None:
     _print_json(model.summary())
 
 
+def _load_inputs(path: str, names: list[str]):
+    """One .npy array (a one-input model), or a .npz archive of arrays by input name."""
+    if not path.endswith(".npz"):
+        return _load_npy(path, "input", None, None)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise UsageError(f"input file {path} does not exist") from None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"input file {path} is not a readable .npz archive ({exc})") from None
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from .model import Model
     from .profile import profile_table, profile_totals, save_profile_png
     model = Model.load(args.model)
-    x = _load_npy(args.input, "input", None, None)
-    y = model.run(x, args.device)
+    y = model.run(_load_inputs(args.input, list(model.inputs)), args.device)
     if isinstance(y, dict):
-        raise UsageError(f"the model has {len(y)} outputs; gemforge run writes models with one output")
-    _save_npy(args.output, y)
+        if not args.output.endswith(".npz"):
+            raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
+        buffer = io.BytesIO()
+        np.savez(buffer, **y)
+        write_bytes_atomic(args.output, buffer.getvalue())
+    else:
+        _save_npy(args.output, y)
     if args.profile is not None:
         print(profile_table(model.last_profile), file=sys.stderr)
         path = _profile_path(args)
@@ -366,8 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a compiled model (.gfm) on a device")
     p.add_argument("model", help="compiled model, .gfm")
-    p.add_argument("--input", required=True, help="input .npy (float32, the ONNX model's layout)")
-    p.add_argument("-o", "--output", required=True, help="output .npy")
+    p.add_argument("--input", required=True, help="input .npy (float32, the ONNX model's layout), or a .npz of "
+                                                   "arrays by input name for a model with several inputs")
+    p.add_argument("-o", "--output", required=True, help="output .npy, or .npz for a model with several outputs")
     p.add_argument("--device", default="cpu", choices=["fsim", "verilator", "icarus", "cpu", "gpu"],
                    help="where the network runs: cpu (default; every layer on the LLVM CPU back end) or gpu "
                         "(float32), or an accelerator device for an int8 model (its other layers on the cpu)")

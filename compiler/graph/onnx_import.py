@@ -348,6 +348,9 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
     graph = _Importer(model, batch, dict(input_shapes or {})).run()
+    if batch != 1 and not graph.notes["symbolic_batch"]:
+        raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the model's inputs have "
+                         f"fixed shapes ({', '.join(f'{i}: {list(graph.values[i].shape)}' for i in graph.inputs)})")
     graph.notes["model_sha256"] = model_digest(model)
     graph.notes["opset"] = opset
     return graph

@@ -89,3 +89,24 @@ def test_compile_and_run_commands(tmp_path, capsys):
     assert main(["run", str(gfm), "--input", str(tmp_path / "calib.npy"), "-o", str(tmp_path / "y.npy")]) == 2
     assert "the model was compiled for [10, 1, 8, 8], or a multiple of its batch 10" in capsys.readouterr().err
     assert Model.load(gfm).summary()["model_sha256"] == summary["model_sha256"]
+
+
+def test_run_command_with_several_inputs_and_outputs(tmp_path, capsys):
+    from onnx import helper
+    from onnx_models import model, ort_run
+    m = model([helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["a", "b"], ["p"])],
+              [("a", [2, 3]), ("b", [3])], [("s", None), ("p", None)])
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(2, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.gfm")]) == 0
+    assert main(["run", str(tmp_path / "m.gfm"), "--input", str(tmp_path / "in.npz"), "-o", str(tmp_path / "y.npy")]) == 2
+    assert "give -o a .npz file" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "m.gfm"), "--input", str(tmp_path / "in.npz"), "-o", str(tmp_path / "y.npz")]) == 0
+    s, p = ort_run(m, {"a": a, "b": b})
+    with np.load(tmp_path / "y.npz") as out:
+        np.testing.assert_allclose(out["s"], s, rtol=1e-6)
+        np.testing.assert_allclose(out["p"], p, rtol=1e-6)
+    assert main(["compile", str(tmp_path / "m.onnx"), "--batch", "4", "-o", str(tmp_path / "m4.gfm")]) == 2
+    assert "applies to a symbolic first input dimension" in capsys.readouterr().err
