@@ -58,6 +58,9 @@ def save_profile_png(rows, path: str | Path, title: str = "per-layer profile") -
             color=[colors.get(r.device, "#c44e52") for r in shown][::-1])
     ax.set_xlabel("wall time (ms)")
     ax.set_title(title)
+    from matplotlib.patches import Patch
+    where = sorted({r.device for r in shown})
+    ax.legend(handles=[Patch(color=colors.get(d, "#c44e52"), label=d) for d in where], fontsize=8, loc="lower right")
     if by_cycles:
         ax2 = axes[0][1]
         ax2.barh(names, [r.cycles or 0 for r in shown][::-1], color="#c44e52")
