@@ -203,7 +203,7 @@ def _profile_path(args: argparse.Namespace) -> str | None:
 
 def cmd_compile(args: argparse.Namespace) -> None:
     from .model import compile_model
-    samples = _load_npy(args.calibrate, "calibration samples", None, None) if args.calibrate else None
+    samples = _load_inputs(args.calibrate, "calibration samples") if args.calibrate else None
     if args.calibrate and not args.quantize:
         raise UsageError("--calibrate goes with --quantize int8")
     trace = (lambda text: print(text, file=sys.stderr)) if args.trace else None
@@ -215,24 +215,24 @@ def cmd_compile(args: argparse.Namespace) -> None:
     _print_json(model.summary())
 
 
-def _load_inputs(path: str, names: list[str]):
+def _load_inputs(path: str, what: str = "input"):
     """One .npy array (a one-input model), or a .npz archive of arrays by input name."""
     if not path.endswith(".npz"):
-        return _load_npy(path, "input", None, None)
+        return _load_npy(path, what, None, None)
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
     except FileNotFoundError:
-        raise UsageError(f"input file {path} does not exist") from None
+        raise UsageError(f"{what} file {path} does not exist") from None
     except (ValueError, OSError) as exc:
-        raise UsageError(f"input file {path} is not a readable .npz archive ({exc})") from None
+        raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc})") from None
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     from .model import Model
     from .profile import profile_table, profile_totals, save_profile_png
     model = Model.load(args.model)
-    y = model.run(_load_inputs(args.input, list(model.inputs)), args.device)
+    y = model.run(_load_inputs(args.input), args.device)
     if isinstance(y, dict):
         if not args.output.endswith(".npz"):
             raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
@@ -373,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="ONNX model (opset 13 or newer)")
     p.add_argument("-o", "--output", required=True, help="the compiled model, .gfm")
     p.add_argument("--quantize", choices=["int8"], help="int8 with power-of-two scales (needs --calibrate)")
-    p.add_argument("--calibrate", metavar="SAMPLES.npy", help="sample inputs stacked on a new first axis")
+    p.add_argument("--calibrate", metavar="SAMPLES.npy",
+                   help="sample inputs stacked on a new first axis (a .npz of such arrays by input name for a model "
+                        "with several inputs)")
     p.add_argument("--config", default="default",
                    help=config_help + "; with --quantize, the accelerator the int8 layers are compiled for")
     p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic first input dimension takes "

@@ -32,6 +32,7 @@ import io
 import json
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -42,7 +43,8 @@ from gemforge import __version__
 from gemforge.compiler.graph.accel import AccelLayer
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
-from gemforge.compiler.graph.ir import Graph, GraphError, Node, Value
+from gemforge.compiler.graph.ir import OPS, Graph, GraphError, Node, Value
+from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
 from gemforge.files import write_bytes_atomic
 from gemforge.hw.config import AccelConfig
@@ -117,6 +119,7 @@ class Model:
         self._kernels: dict[str, dict[str, HostKernel]] = {}
         self._cpu: Device | None = None
         self.last_profile: list[LayerProfile] = []
+        self._readers: set[str] | None = None
 
     # ------------------------------------------------------------------ facts
 
@@ -186,9 +189,12 @@ class Model:
             array = np.asarray(inputs[name])
             if array.dtype.kind not in "fiu":
                 raise ModelError(f"input {name!r} must be numeric, not {array.dtype}")
+            with np.errstate(over="ignore"):     # a float64 beyond float32's range becomes inf, refused below
+                array = array.astype(np.float32, copy=False)
             if self.dtype == "int8" and array.size and not np.isfinite(array).all():
-                raise ModelError(f"input {name!r} holds NaN or infinite values, which int8 cannot represent")
-            feeds[name] = array.astype(np.float32, copy=False)
+                raise ModelError(f"input {name!r} holds NaN or infinite values (as float32), which int8 cannot "
+                                 "represent")
+            feeds[name] = array
         unknown = set(inputs) - set(self.inputs)
         if unknown:
             raise ModelError(f"unknown input(s) {', '.join(sorted(unknown))}; the model takes {', '.join(self.inputs)}")
@@ -216,6 +222,9 @@ class Model:
     def _open(self, device, options) -> tuple[bool, Any]:
         if not isinstance(device, str):
             kind = getattr(device, "kind", None)
+            if kind is None or not hasattr(device, "run_program"):
+                raise ModelError(f"device must be a name ({', '.join(ACCEL_DEVICES + HOST_DEVICES)}) or an open "
+                                 f"device, not {device!r}")
             self._check_device(kind if kind in HOST_DEVICES else "accel", device)
             return False, device
         if device not in ACCEL_DEVICES + HOST_DEVICES:
@@ -302,12 +311,19 @@ class Model:
         return env[name]
 
     def _host_readers(self) -> set[str]:
-        """Tensors some host node (or the caller, as an output) reads."""
-        readers = set(self.graph.outputs)
-        for node in self.graph.nodes:
-            if node.device != "accel":
-                readers.update(node.inputs)
-        return readers
+        """Accelerator outputs the host needs: those a host node or the caller reads, and
+        those a later accelerator node reads in another packed layout (through the host)."""
+        if self._readers is None:
+            readers = set(self.graph.outputs)
+            layers = self.net.layers
+            produced = {n.output: layers[n.name].packed_out for n in self.graph.nodes if n.device == "accel"}
+            for node in self.graph.nodes:
+                if node.device != "accel":
+                    readers.update(node.inputs)
+                elif node.inputs[0] in produced and produced[node.inputs[0]] != layers[node.name].packed_in:
+                    readers.add(node.inputs[0])
+            self._readers = readers
+        return self._readers
 
     def _run_accel(self, step, node, dev, env, arena, slots, resident, producer_layer) -> LayerProfile:
         layer = self.net.layers[node.name]
@@ -399,17 +415,19 @@ class Model:
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
                 manifest = json.loads(z.read("manifest.json"))
-                if manifest.get("format") != "gemforge-model":
+                if not isinstance(manifest, dict) or manifest.get("format") != "gemforge-model":
                     raise ModelError(f"{source} is not a gemforge model")
                 if manifest.get("version") != FORMAT_VERSION:
                     raise ModelError(f"{source} has format version {manifest.get('version')}; this gemforge reads "
                                      f"{FORMAT_VERSION}")
-                with np.load(io.BytesIO(z.read("constants.npz"))) as npz:
+                with np.load(io.BytesIO(z.read("constants.npz")), allow_pickle=False) as npz:
                     constants = {k: npz[k] for k in npz.files}
                 config = AccelConfig.from_dict(manifest["config"], source=f"{source} config") \
                     if manifest["config"] else None
                 gj = manifest["graph"]
-                values = {k: Value(k, tuple(v["shape"]), v["dtype"], v["exponent"]) for k, v in gj["values"].items()}
+                values = {k: Value(k, tuple(int(d) for d in v["shape"]), str(v["dtype"]),
+                                   None if v["exponent"] is None else int(v["exponent"]))
+                          for k, v in gj["values"].items()}
                 nodes = [Node(n["op"], n["name"], list(n["inputs"]), n["output"],
                               {k: tuple(v) if k in _TUPLE_ATTRS and isinstance(v, list) else v
                                for k, v in n["attrs"].items()}, n["device"]) for n in gj["nodes"]]
@@ -419,13 +437,48 @@ class Model:
                     program = Program.from_bytes(z.read(lj["program"]), source=f"{source}:{lj['program']}")
                     layers[name] = AccelLayer(lj["kind"], program, lj["data"], tuple(lj["data_shape"]),
                                               tuple(lj["out_shape"]), lj["plan"])
+                net = CompiledNetwork(graph, str(manifest["dtype"]), config, layers, dict(manifest["plan"]),
+                                      float(manifest.get("compile_seconds", 0.0)))
+                try:
+                    _check_network(net)
+                except ModelError as exc:
+                    raise ModelError(f"{source} is not a valid gemforge model ({exc})") from None
         except ModelError:
             raise
-        except (zipfile.BadZipFile, KeyError, ValueError, TypeError, ProgramError) as exc:
+        except (zipfile.BadZipFile, zlib.error, KeyError, IndexError, ValueError, TypeError, AttributeError,
+                GraphError, ProgramError) as exc:
             raise ModelError(f"{source} is not a valid gemforge model ({type(exc).__name__}: {exc})") from None
-        net = CompiledNetwork(graph, manifest["dtype"], config, layers, manifest["plan"],
-                              manifest.get("compile_seconds", 0.0))
         return cls(net)
+
+
+def _check_network(net: CompiledNetwork) -> None:
+    """A loaded network is consistent before anything runs: known operators and devices,
+    every tensor defined, shapes that shape inference reproduces, a layer for every
+    accelerator node and a memory plan that holds its tensors."""
+    g = net.graph
+    if net.dtype not in ("float32", "int8"):
+        raise ModelError(f"unknown network type {net.dtype!r}")
+    defined = set(g.inputs) | set(g.constants)
+    stored = {k: v.shape for k, v in g.values.items()}
+    for node in g.nodes:
+        if node.op not in OPS or node.device not in ("cpu", "accel"):
+            raise ModelError(f"node {node.name!r} has an unknown operator {node.op!r} or device {node.device!r}")
+        missing = [i for i in node.inputs if i not in defined or i not in g.values]
+        if missing or node.output not in g.values:
+            raise ModelError(f"node {node.name!r} reads undefined tensors {missing or [node.output]}")
+        if node.device == "accel":
+            layer = net.layers.get(node.name)
+            if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
+                raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
+        defined.add(node.output)
+    if any(o not in defined for o in g.outputs) or any(c.shape != g.values[k].shape for k, c in g.constants.items()):
+        raise ModelError("the graph's outputs or constants do not match its tensors")
+    infer_shapes(g)
+    if any(g.values[k].shape != shape for k, shape in stored.items()):
+        raise ModelError("the stored tensor shapes disagree with the graph's operators")
+    peak = net.plan.get("peak_bytes", 0)
+    if any(not 0 <= t["offset"] <= t["offset"] + t["nbytes"] <= peak for t in net.plan.get("tensors", [])):
+        raise ModelError("the memory plan places a tensor outside its arena")
 
 
 def _json_default(value):

@@ -31,7 +31,7 @@ from .ir import Graph, GraphError, Node
 __all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]
 
 #: Nodes that only move or convert data (numpy, no arithmetic kernel).
-DATA_MOVEMENT = ("reshape", "concat", "quantize", "dequantize")
+DATA_MOVEMENT = ("reshape", "identity", "concat", "quantize", "dequantize")
 
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -96,6 +96,8 @@ def _move(node: Node, args: list[np.ndarray]) -> np.ndarray:
     a = node.attrs
     if node.op == "reshape":
         return args[0].reshape(a["shape"])
+    if node.op == "identity":
+        return args[0].copy()
     if node.op == "concat":
         return np.concatenate(args, axis=a["axis"])
     if node.op == "quantize":

@@ -21,6 +21,7 @@ op                  attributes
 ``max_pool``        kernel, stride, padding (pairs)
 ``avg_pool``        kernel, stride, padding, count_include_pad, global
 ``reshape``         shape (resolved), the data unchanged
+``identity``        — (a copy under a model output's ONNX name)
 ``concat``          axis
 ``softmax``         axis (float32 only)
 ``batch_norm``      inputs x, scale, bias, mean, var; epsilon
@@ -41,7 +42,7 @@ from ..errors import CompileError
 
 __all__ = ["GraphError", "Value", "Node", "Graph", "OPS"]
 
-OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "concat",
+OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "identity", "concat",
        "softmax", "batch_norm", "quantize", "dequantize", "requantize")
 
 
@@ -60,7 +61,7 @@ class Value:
 
     def describe(self) -> str:
         shape = "?" if self.shape is None else "x".join(str(d) for d in self.shape) or "scalar"
-        scale = f" · 2^-{self.exponent}" if self.exponent is not None else ""
+        scale = f" · 2^{-self.exponent}" if self.exponent is not None else ""
         return f"{self.dtype}[{shape}]{scale}"
 
 
@@ -77,7 +78,7 @@ class Node:
     device: str = "cpu"
 
     def describe(self) -> str:
-        attrs = ", ".join(f"{k}={v}" for k, v in sorted(self.attrs.items()) if v not in (None, False))
+        attrs = ", ".join(f"{k}={v}" for k, v in sorted(self.attrs.items()) if v is not None and v is not False)
         return f"{self.output} = {self.op}({', '.join(self.inputs)}{'; ' + attrs if attrs else ''})"
 
 

@@ -33,22 +33,34 @@ _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 def load_onnx(source) -> onnx.ModelProto:
     """An ONNX model from a path, bytes or a `ModelProto`, checked by onnx's checker."""
     if isinstance(source, onnx.ModelProto):
-        model = source
+        model, check = source, source
+    elif isinstance(source, (bytes, bytearray)):
+        model = check = _parse(bytes(source), "the model")
     else:
+        # From a path, so that tensors stored as external data next to it resolve.
+        path = Path(source)
+        if not path.is_file():
+            raise GraphError(f"cannot read model {source}: no such file")
         try:
-            data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+            model = onnx.load(str(path))
         except OSError as exc:
-            raise GraphError(f"cannot read model {source}: {exc.strerror}") from None
-        try:
-            model = onnx.load_from_string(bytes(data))
-        except Exception as exc:  # protobuf raises its own DecodeError
+            raise GraphError(f"cannot read model {source}: {exc.strerror or exc}") from None
+        except Exception as exc:  # protobuf's DecodeError and onnx's own
             raise GraphError(f"model {source} is not an ONNX file ({type(exc).__name__}: {exc})") from None
+        check = str(path)
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
+        onnx.checker.check_model(check)
+    except (onnx.checker.ValidationError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise GraphError(f"the ONNX model is invalid: {first}") from None
     return model
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    try:
+        return onnx.load_from_string(data)
+    except Exception as exc:  # protobuf raises its own DecodeError
+        raise GraphError(f"{what} is not an ONNX file ({type(exc).__name__}: {exc})") from None
 
 
 def model_digest(model: onnx.ModelProto) -> str:
@@ -70,6 +82,7 @@ class _Importer:
         self.nodes: list[Node] = []
         self.alias: dict[str, str] = {}   # Identity/Dropout outputs → their input
         self.symbolic_batch = False
+        self.node_names: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
 
@@ -96,7 +109,12 @@ class _Importer:
         if output in self.values:
             raise self.fail(node, f"output {output!r} is written twice")
         self.values[output] = Value(output)
-        self.nodes.append(Node(op, node.name or output, [self.name(i) for i in inputs], output, attrs))
+        # Node names key kernels and layers: a duplicate (ONNX allows them) gets a suffix.
+        name, i = node.name or output, 1
+        while name in self.node_names:
+            name, i = f"{node.name or output}#{i}", i + 1
+        self.node_names.add(name)
+        self.nodes.append(Node(op, name, [self.name(i) for i in inputs], output, attrs))
         return output
 
     # ------------------------------------------------------------------ the model
@@ -125,13 +143,25 @@ class _Importer:
                 if i and self.name(i) not in self.values:
                     raise self.fail(node, f"input {i!r} is not produced by any earlier node")
             handler(node, _attrs(node))
-        outputs = [self.name(o.name) for o in graph.output]
-        for o in outputs:
+        outputs = []
+        for out in graph.output:
+            o = self.name(out.name)
             if o not in self.values:
-                raise GraphError(f"model output {o!r} is not produced by any node")
+                raise GraphError(f"model output {out.name!r} is not produced by any node")
             if o in self.constants:
-                raise GraphError(f"model output {o!r} is a constant; gemforge compiles outputs computed "
+                raise GraphError(f"model output {out.name!r} is a constant; gemforge compiles outputs computed "
                                  "from the inputs")
+            if o != out.name or o in outputs:
+                # An output that Identity/Dropout renamed (or a second output of one tensor)
+                # keeps its ONNX name: an explicit copy writes it.
+                if out.name in self.values:
+                    raise GraphError(f"model output {out.name!r} is also the name of another tensor")
+                self.values[out.name] = Value(out.name)
+                name = f"{out.name}/identity"
+                self.node_names.add(name)
+                self.nodes.append(Node("identity", name, [o], out.name, {}))
+                o = out.name
+            outputs.append(o)
         g = Graph(inputs, outputs, self.nodes, self.values, self.constants)
         g.notes["symbolic_batch"] = self.symbolic_batch
         g.prune()
@@ -169,7 +199,7 @@ class _Importer:
             strides = list(attrs.get("strides", [1, 1]))
             if strides != [1, 1] or any(k % 2 == 0 for k in kernel):
                 raise self.fail(node, f"auto_pad={auto} is supported with stride 1 and odd kernels (symmetric "
-                                      "padding), not strides {strides} and kernel {kernel}")
+                                      f"padding), not strides {strides} and kernel {kernel}")
             return kernel[0] // 2, kernel[1] // 2
         if auto not in ("NOTSET", "VALID"):
             raise self.fail(node, f"auto_pad={auto} is not supported")

@@ -79,7 +79,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             return tuple(np.broadcast_shapes(x, shapes[1]))
         except ValueError:
             raise _fail(node, f"shapes {list(x)} and {list(shapes[1])} do not broadcast") from None
-    if op in ("relu", "clip", "quantize", "dequantize", "requantize"):
+    if op in ("relu", "clip", "identity", "quantize", "dequantize", "requantize"):
         return tuple(x)
     if op == "batch_norm":
         if len(x) < 2 or any(s != (x[1],) for s in shapes[1:5]):

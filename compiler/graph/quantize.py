@@ -50,6 +50,10 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
     """The largest ``|value|`` of every tensor over the samples (each input's samples
     stacked on a new first axis), from the float network in numpy."""
     counts = {name: len(samples[name]) for name in graph.inputs if name in samples}
+    unknown = sorted(set(samples) - set(graph.inputs))
+    if unknown:
+        raise GraphError(f"calibration samples for unknown input(s) {', '.join(unknown)}; the model takes "
+                         f"{', '.join(graph.inputs)}")
     missing = [name for name in graph.inputs if name not in samples]
     if missing:
         raise GraphError(f"calibration samples are missing for input(s) {', '.join(missing)}")
@@ -59,7 +63,13 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
     for i in range(next(iter(counts.values()))):
         inputs = {}
         for name in graph.inputs:
-            sample = np.asarray(samples[name][i], dtype=np.float32)
+            try:
+                sample = np.asarray(samples[name][i], dtype=np.float32)
+            except (TypeError, ValueError):
+                raise GraphError(f"calibration samples of input {name!r} must be numeric, not "
+                                 f"{np.asarray(samples[name]).dtype}") from None
+            if not np.isfinite(sample).all():
+                raise GraphError(f"calibration sample {i} of input {name!r} holds NaN or infinite values")
             if sample.shape != graph.values[name].shape:
                 raise GraphError(f"calibration sample {i} of input {name!r} has shape {list(sample.shape)}; "
                                  f"the model takes {list(graph.values[name].shape)} (samples are stacked on a "
@@ -160,13 +170,15 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             for p in parts:
                 if exponent[p] != e:
                     r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
-                    new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": exponent[p] - e}))
+                    # Any shift from 9 on rounds every int8 value to 0; 15 keeps the int32 kernel exact.
+                    shift = min(exponent[p] - e, 15)
+                    new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": shift}))
                     exponent[r] = e
                     p = r
                 aligned.append(p)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
-        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape"):
+        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "identity"):
             x = int8_input(node.inputs[0])
             e = exponent[x]
             attrs = dict(node.attrs)

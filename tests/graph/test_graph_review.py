@@ -1,0 +1,153 @@
+"""Regression tests for what an adversarial review of the graph compiler found."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from gemforge.compiler.graph import GraphError
+from gemforge.compiler.graph.evaluate import evaluate
+from gemforge.driver.cli import main
+from gemforge.driver.model import Model, ModelError, compile_model
+from onnx_models import model, ort_run, small_cnn
+
+N = helper.make_node
+
+
+def test_accelerator_output_read_later_in_another_layout():
+    """conv c0's packed output is read again, after another accelerator layer, by a dense
+    layer that needs the matrix layout: it goes through the host, not a dead arena slot."""
+    rng = np.random.default_rng(19)
+    init = {"w0": rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32),
+            "w1": rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32),
+            "m": rng.normal(0, 0.5, (4, 4)).astype(np.float32)}
+    m = model([N("Conv", ["x", "w0"], ["c0"], pads=[1] * 4), N("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
+               N("MatMul", ["c0", "m"], ["d"]), N("Add", ["d", "c1"], ["y"])], [("x", [1, 4, 4, 4])], [("y", None)],
+              init)
+    x = rng.normal(size=(1, 4, 4, 4)).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")
+    assert [n.device for n in q.graph.nodes if n.op in ("conv2d", "dense")] == ["accel"] * 3
+    np.testing.assert_array_equal(q.run(x, "fsim"), q.run(x, "cpu"))
+
+
+def test_duplicate_and_colliding_node_names():
+    rng = np.random.default_rng(16)
+    w = {"w": rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "v": rng.normal(size=(4, 4, 1, 1)).astype(np.float32)}
+    m = model([N("Conv", ["x", "w"], ["a"], pads=[1] * 4, name="conv"), N("Conv", ["a", "v"], ["y"], name="conv")],
+              [("x", [1, 4, 5, 5])], [("y", None)], w)
+    x = rng.normal(size=(1, 4, 5, 5)).astype(np.float32)
+    unique = onnx.ModelProto()
+    unique.CopyFrom(m)
+    unique.graph.node[1].name = "conv_2"      # ONNX Runtime refuses the duplicate; the checker does not
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(unique, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    # A node named "b" writes a; an unnamed node writes b.
+    m = model([N("Relu", ["x"], ["a"], name="b"), N("MaxPool", ["a"], ["y"], kernel_shape=[2, 2])],
+              [("x", [1, 4, 5, 5])], [("y", None)])
+    m.graph.node[1].output[0] = "b"
+    m.graph.output[0].name = "b"
+    assert compile_model(m).run(x, "cpu").shape == ort_run(m, {"x": x})[0].shape == (1, 4, 4, 4)
+
+
+def test_outputs_keep_their_onnx_names():
+    m = model([N("Relu", ["x"], ["r"]), N("Identity", ["r"], ["y"]), N("Relu", ["x"], ["z0"]),
+               N("Dropout", ["z0"], ["z"])], [("x", [2, 3])], [("y", [2, 3]), ("z", [2, 3])])
+    x = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+    for compiled in (compile_model(m), compile_model(m, quantize="int8", calibrate=x[None], config="tiny")):
+        assert compiled.outputs == ["y", "z"]
+        out = compiled.run(x, "cpu")
+        assert set(out) == {"y", "z"} and np.allclose(out["y"], np.maximum(x, 0), atol=0.02)
+    # Two outputs of one tensor are two outputs.
+    m = model([N("Relu", ["x"], ["r"]), N("Identity", ["r"], ["y"])], [("x", [2, 3])], [("y", [2, 3]), ("r", [2, 3])])
+    out = compile_model(m).run(x, "cpu")
+    assert set(out) == {"y", "r"} and np.array_equal(out["y"], out["r"])
+
+
+def test_calibration_refuses_non_finite_unknown_and_non_numeric_samples():
+    m = small_cnn(np.random.default_rng(1), channels=4, image=6, batch=1)
+    bad = np.zeros((2, 1, 3, 6, 6), np.float32)
+    bad[1, 0, 0, 0, 0] = np.nan
+    for calibrate, match in ((bad, "NaN or infinite"), ({"input": bad[:1], "other": bad[:1]}, "unknown input"),
+                             (np.array([["a"]]), "must be numeric")):
+        with pytest.raises(GraphError, match=match):
+            compile_model(m, quantize="int8", calibrate=calibrate, config="tiny")
+
+
+def test_concat_of_scales_far_apart_stays_exact():
+    rng = np.random.default_rng(10)
+    m = model([N("Concat", ["x", "y"], ["z"], axis=1)], [("x", [2, 3]), ("y", [2, 3])], [("z", None)])
+    x, y = (rng.normal(size=(2, 3)) * 1e-8).astype(np.float32), (rng.normal(size=(2, 3)) * 1e4).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate={"x": x[None], "y": y[None]}, config="tiny")
+    feeds = {"x": np.full((2, 3), 1e-7, np.float32), "y": y}
+    np.testing.assert_array_equal(q.run(feeds, "cpu"), evaluate(q.graph, feeds)["z"])
+
+
+def _rezip(data: bytes, edit) -> bytes:
+    src = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for item in src.namelist():
+            content = src.read(item)
+            if item == "manifest.json":
+                content = json.dumps(edit(json.loads(content))).encode()
+            z.writestr(item, content)
+    return out.getvalue()
+
+
+def test_corrupt_artefacts_are_refused(tmp_path):
+    rng = np.random.default_rng(2)
+    m = small_cnn(rng, channels=4, image=6, batch=1)
+    data = compile_model(m, quantize="int8", calibrate=rng.normal(size=(1, 1, 3, 6, 6)).astype(np.float32),
+                         config="tiny").to_bytes()
+
+    def node_edit(key, value, index=1):
+        def edit(manifest):
+            manifest["graph"]["nodes"][index][key] = value
+            return manifest
+        return edit
+    edits = [lambda mf: [mf], lambda mf: {k: v for k, v in mf.items() if k != "dtype"},
+             node_edit("inputs", ["nowhere"]), node_edit("op", "frobnicate"), node_edit("attrs", {}),
+             node_edit("device", "accel", index=0), lambda mf: {**mf, "plan": {**mf["plan"], "peak_bytes": 1}}]
+    for i, edit in enumerate(edits):
+        with pytest.raises(ModelError, match="not a valid gemforge model|is not a gemforge model"):
+            Model.from_bytes(_rezip(data, edit), source=f"edit{i}")
+    flipped = bytearray(data)
+    start = data.index(b"PK\x03\x04", 4)      # inside the first member's compressed bytes
+    flipped[start - 40:start - 30] = b"\xff" * 10
+    with pytest.raises(ModelError):
+        Model.from_bytes(bytes(flipped))
+    (tmp_path / "bad.gfm").write_bytes(_rezip(data, node_edit("op", "frobnicate")))
+    assert main(["run", str(tmp_path / "bad.gfm"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy")]) == 2
+
+
+def test_external_data_and_multi_input_calibration_from_the_cli(tmp_path, capsys):
+    rng = np.random.default_rng(22)
+    w = rng.normal(size=(8, 4)).astype(np.float32)
+    m = model([N("MatMul", ["a", "w"], ["p"]), N("Add", ["p", "b"], ["y"])], [("a", [2, 8]), ("b", [2, 4])],
+              [("y", None)], {"w": w})
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.bin",
+                    size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    a, b = rng.normal(size=(2, 8)).astype(np.float32), rng.normal(size=(2, 4)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", a=np.stack([a, -a]), b=np.stack([b, -b]))
+    assert main(["compile", str(path), "--quantize", "int8", "--calibrate", str(tmp_path / "calib.npz"),
+                 "--config", "tiny", "-o", str(tmp_path / "q.gfm")]) == 0
+    capsys.readouterr()
+    np.savez(tmp_path / "x.npz", a=a, b=b)
+    assert main(["run", str(tmp_path / "q.gfm"), "--input", str(tmp_path / "x.npz"), "-o", str(tmp_path / "y.npy"),
+                 "--device", "fsim"]) == 0
+    expected = a @ w + b
+    assert np.abs(np.load(tmp_path / "y.npy") - expected).max() < 0.1 * np.abs(expected).max()
+
+
+def test_device_argument_must_be_a_device():
+    m = compile_model(model([N("Relu", ["x"], ["y"])], [("x", [2])], [("y", None)]))
+    for bad in (None, 5):
+        with pytest.raises(ModelError, match="device must be a name"):
+            m.run(np.zeros(2, np.float32), bad)
