@@ -208,8 +208,11 @@ def cmd_compile(args: argparse.Namespace) -> None:
         raise UsageError("--calibrate goes with --quantize int8")
     trace = (lambda text: print(text, file=sys.stderr)) if args.trace else None
     report = lambda text: print(text, file=sys.stderr)  # noqa: E731 - the partition and memory plan
+    if args.config is not None and not args.quantize:
+        raise UsageError("--config chooses the accelerator of an int8 network; a float32 network (no --quantize) "
+                         "runs on the cpu or gpu")
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
-                          config=args.config if args.quantize else None, batch=args.batch, trace=trace,
+                          config=(args.config or "default") if args.quantize else None, batch=args.batch, trace=trace,
                           report=report)
     model.save(args.output)
     _print_json(model.summary())
@@ -376,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", metavar="SAMPLES.npy",
                    help="sample inputs stacked on a new first axis (a .npz of such arrays by input name for a model "
                         "with several inputs)")
-    p.add_argument("--config", default="default",
-                   help=config_help + "; with --quantize, the accelerator the int8 layers are compiled for")
+    p.add_argument("--config", help="with --quantize, the accelerator the int8 layers are compiled for: preset "
+                                    f"({', '.join(PRESETS)}) or a .toml/.json config file (default: default)")
     p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic first input dimension takes "
                                                          "(default 1; runs take any multiple)")
     p.add_argument("--trace", action="store_true", help="print the graph after every pass on stderr")

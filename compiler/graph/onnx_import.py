@@ -176,8 +176,8 @@ class _Importer:
         else:
             shape = []
             for axis, dim in enumerate(ttype.shape.dim):
-                if dim.HasField("dim_value") and dim.dim_value > 0:
-                    shape.append(int(dim.dim_value))
+                if dim.HasField("dim_value"):
+                    shape.append(int(dim.dim_value))     # a fixed 0 is refused below
                 elif axis == 0:
                     shape.append(self.batch)      # a symbolic batch: the compiled batch size
                     self.symbolic_batch = True

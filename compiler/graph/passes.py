@@ -25,12 +25,14 @@ def _fail(node: Node, what: str) -> GraphError:
     return GraphError(f"node {node.name} ({node.op}): {what}")
 
 
-def _window_out(node: Node, size: tuple[int, int]) -> tuple[int, int]:
+def _window_out(node: Node, size: tuple[int, int], pooling: bool = True) -> tuple[int, int]:
+    """Output size of a 2-D window; a pooling window must be wider than its padding
+    (a convolution may be padded more: its outer pixels see zeros times weights)."""
     a = node.attrs
     out = []
     for axis in range(2):
         k, s, p = a["kernel"][axis], a["stride"][axis], a["padding"][axis]
-        if p >= k:
+        if pooling and p >= k:
             raise _fail(node, f"padding {p} must be smaller than the window ({k})")
         n = out_size(size[axis], k, s, p)
         if n < 1:
@@ -50,6 +52,10 @@ def _window_out(node: Node, size: tuple[int, int]) -> tuple[int, int]:
 def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
     """The output shape of ``node``, checking its inputs; resolves shape-dependent attributes."""
     shapes = [graph.values[i].shape for i in node.inputs]
+    dtypes = {graph.values[i].dtype for i in node.inputs[:2]} if node.op in ("add", "mul", "dense") else \
+        {graph.values[i].dtype for i in node.inputs} if node.op == "concat" else set()
+    if len(dtypes) > 1:
+        raise _fail(node, f"its inputs have different types ({', '.join(sorted(dtypes))}); ONNX needs one")
     x = shapes[0]
     a = node.attrs
     op = node.op
@@ -63,7 +69,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
         if len(shapes) > 2 and shapes[2] != (w[0],):
             raise _fail(node, f"the bias must have shape [{w[0]}], not {list(shapes[2])}")
         a_ = dict(kernel=w[2:], stride=(a["stride"],) * 2, padding=(a["padding"],) * 2)
-        oh, ow = _window_out(Node(op, node.name, [], "", a_), x[2:])
+        oh, ow = _window_out(Node(op, node.name, [], "", a_), x[2:], pooling=False)
         return (x[0], w[0], oh, ow)
     if op == "dense":
         w = shapes[1]

@@ -151,3 +151,23 @@ def test_device_argument_must_be_a_device():
     for bad in (None, 5):
         with pytest.raises(ModelError, match="device must be a name"):
             m.run(np.zeros(2, np.float32), bad)
+
+
+def test_conv_padded_beyond_its_kernel_and_input_checks(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    m = model([N("Conv", ["x", "w"], ["y"], pads=[2] * 4)], [("x", [1, 3, 4, 4])], [("y", None)],
+              {"w": rng.normal(size=(4, 3, 1, 1)).astype(np.float32)})
+    x = rng.normal(size=(1, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")   # the accelerator refuses: CPU
+    assert [r["device"] for r in q.graph.notes["partition"] if r["op"] == "conv2d"] == ["cpu"]
+    np.testing.assert_array_equal(q.run(x, "fsim"), q.run(x, "cpu"))
+    with pytest.raises(GraphError, match="non-positive dimension"):
+        compile_model(model([N("Relu", ["x"], ["y"])], [("x", [0, 3])], [("y", [0, 3])]))
+    mixed = model([N("Constant", [], ["c"], value=helper.make_tensor("v", onnx.TensorProto.INT64, [2], [1, 2])),
+                   N("Add", ["x", "c"], ["y"])], [("x", [2])], [("y", [2])])
+    with pytest.raises(GraphError, match="different types"):
+        compile_model(mixed)
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    assert main(["compile", str(tmp_path / "m.onnx"), "--config", "tiny", "-o", str(tmp_path / "m.gfm")]) == 2
+    assert "--config chooses the accelerator of an int8 network" in capsys.readouterr().err
