@@ -11,7 +11,18 @@ __all__ = ["write_bytes_atomic", "write_text_atomic"]
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it. Only a regular
+    file is ever replaced: a symlink is followed (its target is written), a device or a
+    pipe (``/dev/null``, ``/dev/stdout``) is written through, a directory is refused."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.is_dir():
+        raise IsADirectoryError(21, "is a directory, not a file to write", str(path))
+    if path.exists() and not path.is_file():
+        with open(path, "wb") as handle:     # a character device or FIFO: nothing to replace
+            handle.write(data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

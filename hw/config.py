@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import cached_property
@@ -133,8 +134,9 @@ class AccelConfig:
     # ------------------------------------------------------------------ validation
 
     def _validate(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"name must be a non-empty string, not {self.name!r}")
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ConfigError(f"name must be 1–64 letters, digits, '_', '-' or '.', starting with a letter or "
+                              f"digit, not {self.name!r}")
         for field in dataclasses.fields(self):
             if field.name in ("name", "clock_mhz"):
                 continue
@@ -387,12 +389,32 @@ class AccelConfig:
                 raise ConfigError(f"config file {path} must end in .toml or .json")
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
-        return cls.from_dict(data, source=f"config file {path}")
+        return cls.from_file_dict(data, source=f"config file {path}")
+
+    @classmethod
+    def from_file_dict(cls, data: Any, *, source: str) -> AccelConfig:
+        """A config written by a person: every field given, or ``base = "PRESET"`` naming the
+        preset that supplies the fields left out (never an implicit default)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must be a table of fields, not {type(data).__name__}")
+        data = dict(data)
+        base = data.pop("base", None)
+        if base is not None:
+            if base not in PRESETS:
+                raise ConfigError(f"{source}: base must name a preset ({', '.join(PRESETS)}), not {base!r}")
+            data = {**PRESETS[base].to_dict(), **data}
+        known = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(known - set(data))
+        if missing and not set(data) - known:    # unknown fields are reported first, by from_dict
+            raise ConfigError(f"{source} lacks field(s) {', '.join(missing)}; give every field, or "
+                              f"base = \"PRESET\" ({', '.join(PRESETS)}) to take the rest from a preset")
+        return cls.from_dict(data, source=source)
 
     def replace(self, **changes: Any) -> AccelConfig:
         return dataclasses.replace(self, **changes)
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
 
 

@@ -168,7 +168,8 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
         raise CosimError(f"dram_bytes must be a positive multiple of {config.bus_bytes}, not {dram_bytes}")
     key = hashlib.sha256(json.dumps([config.to_dict(), _sources_digest(), simulator, dram_bytes],
                                     sort_keys=True).encode()).hexdigest()[:16]
-    build_dir = cache_root() / "rtl" / f"{config.name}-{simulator}-{key}"
+    # Named by the hash alone: a config's name is the user's string, never part of a path.
+    build_dir = cache_root() / "rtl" / f"{simulator}-{key}"
     result = Build(config, simulator, build_dir, dram_bytes)
     stamp = build_dir / "BUILT"
     if stamp.exists():

@@ -154,7 +154,7 @@ def test_missing_and_garbage_files(tmp_path, capsys):
 def test_bad_config_and_device(tmp_path, capsys):
     code, _, err = run(capsys, "info", "--config", "huge")
     assert code == 2 and "unknown config 'huge'" in err
-    (tmp_path / "bad.toml").write_text("batch = 3\n")
+    (tmp_path / "bad.toml").write_text('base = "tiny"\nbatch = 3\n')
     code, _, err = run(capsys, "info", "--config", tmp_path / "bad.toml")
     assert code == 2 and "batch must be a power of two" in err
     np.save(tmp_path / "a.npy", np.zeros((2, 2), np.int8))

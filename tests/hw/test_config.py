@@ -21,7 +21,26 @@ def refused(match: str, **changes) -> None:
 # ---------------------------------------------------------------------------- refusals
 
 def test_empty_name_refused():
-    refused(r"name must be a non-empty string, not ''", name="")
+    refused(r"name must be 1–64 letters, digits, '_', '-' or '.'.*not ''", name="")
+
+
+@pytest.mark.parametrize("name", ["../../x", "has space", "-x", "x" * 65, "a/b"])
+def test_names_that_could_reach_a_path_or_a_tool_are_refused(name):
+    refused(r"name must be 1–64 letters", name=name)
+
+
+def test_config_file_must_be_complete_or_name_its_base(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\nbatch = 1\n')
+    with pytest.raises(ConfigError, match=r"lacks field\(s\) acc_buffer_bytes, .*base = \"PRESET\""):
+        load_config(path)
+    path.write_text('base = "tiny"\nname = "mine"\nbatch = 2\ninp_buffer_bytes = 2048\nacc_buffer_bytes = 8192\n'
+                    'out_buffer_bytes = 2048\n')
+    config = load_config(path)
+    assert (config.name, config.batch, config.block_out) == ("mine", 2, PRESETS["tiny"].block_out)
+    path.write_text('base = "huge"\n')
+    with pytest.raises(ConfigError, match="base must name a preset"):
+        load_config(path)
 
 
 def test_non_integer_field_refused():
@@ -145,7 +164,7 @@ def test_missing_file_refused(tmp_path):
 
 def test_invalid_value_in_file_refused(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"batch": 3}))
+    path.write_text(json.dumps({"base": "default", "batch": 3}))
     with pytest.raises(ConfigError, match=r"batch must be a power of two"):
         AccelConfig.load(path)
 
@@ -185,10 +204,10 @@ def test_save_load_round_trip_custom(tmp_path, suffix):
     assert AccelConfig.load(path) == config
 
 
-def test_partial_file_takes_defaults(tmp_path):
+def test_partial_file_takes_the_preset_it_names(tmp_path):
     path = tmp_path / "partial.toml"
-    path.write_text('name = "p"\nbus_width = 128\n')
-    assert AccelConfig.load(path) == AccelConfig(name="p", bus_width=128)
+    path.write_text('base = "default"\nname = "p"\nbus_width = 128\n')
+    assert AccelConfig.load(path) == PRESETS["default"].replace(name="p", bus_width=128)
 
 
 def test_load_config_by_name():
