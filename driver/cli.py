@@ -99,7 +99,7 @@ def cmd_asm(args: argparse.Namespace) -> None:
         text = Path(args.source).read_text()
     except OSError as exc:
         raise UsageError(f"cannot read {args.source}: {exc.strerror}") from None
-    program = assemble(text, _config(args))
+    program = assemble(text, _config(args), runnable=True)
     program.save(args.output)
 
 

@@ -29,8 +29,12 @@ Directives describe the rest of a `Program`:
   the end of the last micro-op or tensor, whichever is further);
 * ``.tensor NAME offset=N shape=AxBxC dtype=D`` adds a tensor region
   (``shape=()`` for a 0-d tensor);
-* ``.config NAME`` is informational: the disassembler writes it, the
-  assembler ignores it (the caller chooses the config).
+* ``.config NAME`` names the config the text was written for: the
+  disassembler writes it, the assembler refuses a text whose ``.config``
+  differs from the config it assembles for.
+
+A program to run (``assemble(..., runnable=True)``, what ``gemforge asm``
+does) ends with ``finish``, its only FINISH instruction.
 
 Every syntax table here (mnemonics, field names, defaults, flags, order) is
 derived from the instruction dataclasses and `isa.fields_of`, and every range
@@ -61,6 +65,7 @@ from .isa import (
     DEP_FLAGS,
     INSTRUCTION_TYPES,
     AluOp,
+    Finish,
     Instruction,
     IsaError,
     MemType,
@@ -226,6 +231,7 @@ class _Parsed:
     arena_bytes: int | None = None
     tensors: dict[str, tuple[int, TensorRegion]] = dataclasses.field(default_factory=dict)  # name -> (line, region)
     directive_lines: dict[str, int] = dataclasses.field(default_factory=dict)
+    instruction_lines: list[int] = dataclasses.field(default_factory=list)
 
 
 def _parse_instruction(tokens: list[str], line: int, config: AccelConfig) -> Instruction:
@@ -337,6 +343,7 @@ def _parse(text: str, config: AccelConfig) -> _Parsed:
         head = tokens[0].lower()
         if not head.startswith("."):
             parsed.instructions.append(_parse_instruction(tokens, line, config))
+            parsed.instruction_lines.append(line)
         elif head == ".uop":
             parsed.uops.append(_parse_uop(tokens, line, config))
         elif head == ".tensor":
@@ -362,6 +369,9 @@ def _parse(text: str, config: AccelConfig) -> _Parsed:
         elif head == ".config":
             if len(tokens) != 2:
                 raise AsmError(f"line {line}: .config takes exactly one name")
+            if tokens[1] != config.name:
+                raise AsmError(f"line {line}: the program says .config {tokens[1]}, but it is being assembled for "
+                               f"config {config.name!r}; pass --config {tokens[1]} or fix the directive")
         else:
             raise AsmError(f"line {line}: unknown directive {tokens[0]!r}; expected one of "
                            ".config, .uop, .uop_offset, .arena_bytes, .tensor")
@@ -378,7 +388,7 @@ def assemble_instructions(text: str, config: AccelConfig | str | None) -> list[I
     return _parse(text, load_config(config)).instructions
 
 
-def assemble(text: str, config: AccelConfig | str | None) -> Program:
+def assemble(text: str, config: AccelConfig | str | None, *, runnable: bool = False) -> Program:
     """Assemble ``text`` into a `Program` for ``config`` (an `AccelConfig` or a preset name).
 
     Raises
@@ -388,6 +398,8 @@ def assemble(text: str, config: AccelConfig | str | None) -> Program:
         not fit an explicit ``.arena_bytes``."""
     config = load_config(config)
     parsed = _parse(text, config)
+    if runnable:
+        _check_runnable(parsed)
     uop_end = parsed.uop_offset + len(parsed.uops) * config.uop_entry_bytes
     tensor_ends = [region.offset + region.nbytes for _, region in parsed.tensors.values()]
     arena = parsed.arena_bytes
@@ -406,6 +418,20 @@ def assemble(text: str, config: AccelConfig | str | None) -> Program:
                            f"{len(parsed.uops)} micro-ops ending at byte {uop_end}")
     return Program(config, parsed.instructions, parsed.uops, parsed.uop_offset, arena,
                    {name: region for name, (_, region) in parsed.tensors.items()})
+
+
+def _check_runnable(parsed: _Parsed) -> None:
+    """A program to run ends with FINISH, its only one: the accelerator runs until FINISH
+    retires, so a program without it never finishes and one with it earlier stops early."""
+    finishes = [line for insn, line in zip(parsed.instructions, parsed.instruction_lines) if isinstance(insn, Finish)]
+    if not parsed.instructions:
+        raise AsmError("the program has no instructions; a program ends with finish")
+    if not isinstance(parsed.instructions[-1], Finish):
+        raise AsmError(f"line {parsed.instruction_lines[-1]}: the program must end with finish "
+                       "(the accelerator runs until FINISH retires)")
+    if len(finishes) > 1:
+        raise AsmError(f"line {finishes[0]}: finish before the end of the program (only the last instruction "
+                       "may be finish)")
 
 
 # ---------------------------------------------------------------------------- disassembling

@@ -333,3 +333,18 @@ def test_gpu_device_targets_the_newest_supported_arch_at_or_below_its_own(monkey
             GpuDevice()
     else:
         assert GpuDevice().target.arch == chosen
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "the program has no instructions"),
+    ("; nothing\n", "the program has no instructions"),
+    ("gemm reset uop_bgn=0 uop_end=1 iter_out=1 iter_in=1\n", "line 1: the program must end with finish"),
+    ("finish\ngemm reset uop_bgn=0 uop_end=1 iter_out=1 iter_in=1\nfinish\n", "line 1: finish before the end"),
+    (".config default\nfinish\n", "line 1: the program says .config default, but it is being assembled for config "
+                                  "'tiny'"),
+])
+def test_asm_refuses_programs_that_cannot_run(tmp_path, capsys, text, message):
+    source = tmp_path / "p.s"
+    source.write_text(text)
+    code, _, err = run(capsys, "asm", source, "-o", tmp_path / "p.gfp", "--config", "tiny")
+    assert code == 2 and message in err and not (tmp_path / "p.gfp").exists()
