@@ -181,6 +181,11 @@ class AccelConfig:
                     f"{field} ({size}) holds {size // entry} entries, more than the "
                     f"{MAX_BUFFER_DEPTH} an instruction's SRAM address field can index; "
                     f"use at most {MAX_BUFFER_DEPTH * entry} bytes")
+        total = sum(getattr(self, f"{b}_buffer_bytes") for b in ("inp", "wgt", "acc", "out", "uop"))
+        if total > MAX_ONCHIP_BYTES:
+            raise ConfigError(
+                f"the on-chip buffers add up to {total:,} bytes, more than the {MAX_ONCHIP_BYTES:,} "
+                "(64 MiB) gemforge models; FPGA block RAM is a few MiB")
         if self.out_depth != self.acc_depth:
             raise ConfigError(
                 f"out_buffer_bytes ({self.out_buffer_bytes}) must give the output buffer as many "
@@ -414,6 +419,9 @@ class AccelConfig:
         return dataclasses.replace(self, **changes)
 
 
+#: Upper bound on the sum of the on-chip buffers: far above any FPGA's block RAM, low enough
+#: that the simulators' buffer arrays always fit in memory.
+MAX_ONCHIP_BYTES = 64 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
 

@@ -179,11 +179,19 @@ class Program:
             version, hlen = struct.unpack_from("<II", data, 8)
             if version != FORMAT_VERSION:
                 raise ProgramError(f"{source} has format version {version}; this gemforge reads {FORMAT_VERSION}")
+            if len(data) < 16 + hlen:
+                raise ProgramError(f"{source} is truncated: its header needs {hlen} bytes, "
+                                   f"{max(0, len(data) - 16)} follow")
             header = json.loads(data[16:16 + hlen])
             config = AccelConfig.from_dict(header["config"], source=f"{source} config")
             pos = 16 + hlen
             insn_len = header["n_insns"] * config.insn_bytes
             uop_len = header["n_uops"] * config.uop_entry_bytes
+            consts = sum(int(item["nbytes"]) for item in header["constants"])
+            expected = pos + insn_len + uop_len + consts
+            if len(data) < expected:
+                raise ProgramError(f"{source} is truncated: {len(data)} bytes of the {expected} its header "
+                                   "describes")
             insns = decode_program(data[pos:pos + insn_len], config)
             pos += insn_len
             uops = decode_uops(data[pos:pos + uop_len], config)
@@ -201,11 +209,12 @@ class Program:
                 raise ProgramError(f"{source} has {len(data) - pos} unexpected trailing bytes")
             return cls(config, insns, uops, header["uop_offset"], header["arena_bytes"], tensors, constants)
         except (KeyError, TypeError, ValueError, struct.error) as exc:
-            if isinstance(exc, (ProgramError, ConfigError, IsaError)):
-                if isinstance(exc, ProgramError):
-                    raise
-                raise ProgramError(f"{source} is malformed: {exc}") from None
-            raise ProgramError(f"{source} is malformed: {exc!r}") from None
+            if isinstance(exc, ProgramError):
+                raise
+            text = str(exc) if isinstance(exc, (ConfigError, IsaError)) else repr(exc)
+            if len(text) > 300:       # e.g. a JSON error quoting a whole corrupted header
+                text = text[:300] + " …"
+            raise ProgramError(f"{source} is malformed: {text}") from None
 
     def save(self, path: str | Path) -> None:
         write_bytes_atomic(path, self.to_bytes())

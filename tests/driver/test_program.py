@@ -51,3 +51,16 @@ def test_layout_is_checked():
         Program(config, [Finish()], tensors={"x": TensorRegion("x", 8, (4,), "int32")}, arena_bytes=16)
     with pytest.raises(ProgramError, match="not a multiple"):
         Program(config, [Finish()], [Uop(0, 0, 0)], uop_offset=2, arena_bytes=64)
+
+
+def test_truncated_and_corrupt_program_files_say_so():
+    from gemforge.compiler import compile_dense
+    from gemforge.hw.config import PRESETS
+    from gemforge.hw.program import Program, ProgramError
+    data = compile_dense(PRESETS["tiny"], 8, 8, 8).program.to_bytes()
+    with pytest.raises(ProgramError, match=r"is truncated: \d+ bytes of the \d+ its header describes"):
+        Program.from_bytes(data[:-4])
+    corrupt = data[:16] + b"{" * (len(data) - 16)
+    with pytest.raises(ProgramError) as info:
+        Program.from_bytes(corrupt)
+    assert len(str(info.value)) < 400

@@ -266,3 +266,9 @@ def test_derived_consistent_on_random_configs(config):
 def test_entry_bytes_unknown_buffer():
     with pytest.raises(KeyError, match="unknown buffer 'foo'"):
         PRESETS["tiny"].entry_bytes("foo")
+
+
+def test_huge_config_refused_before_anything_allocates():
+    with pytest.raises(ConfigError, match=r"on-chip buffers add up to .* more than the 67,108,864"):
+        AccelConfig(name="huge", batch=256, block_in=256, block_out=256, inp_buffer_bytes=1 << 30,
+                    wgt_buffer_bytes=1 << 30, acc_buffer_bytes=1 << 30, out_buffer_bytes=1 << 28)
