@@ -155,12 +155,13 @@ class Model:
 
     # ------------------------------------------------------------------ running
 
-    def run(self, inputs, device: str | Device = "cpu", *, profile: bool = False,
-            progress: Callable[[int, int], None] | None = None, **device_options):
+    def run(self, inputs, device: str | Device = "cpu", *, progress: Callable[[int, int], None] | None = None,
+            **device_options):
         """Run the network on ``inputs`` (an array for a one-input model, else a dict by
         name; float32 in the ONNX model's layout) on ``device`` (a name or an open
-        `Device`). Returns the output array (a dict by name for several outputs); the
-        per-node costs of the last chunk are in ``last_profile``."""
+        `Device`, opened with ``device_options``). Returns the output array (a dict by name
+        for several outputs); the per-node costs of the last chunk are in ``last_profile``;
+        ``progress(done, total)`` is called after each batch chunk."""
         feeds = self._feeds(inputs)
         chunks = self._chunks(feeds)
         own, dev = self._open(device, device_options)
