@@ -139,9 +139,11 @@ def _target_for(args: argparse.Namespace, device=None):
 
 
 def cmd_run_op(args: argparse.Namespace) -> None:
-    from .operators import compile_operator, load_inputs
+    from .operators import check_accumulator_range, compile_operator, load_inputs
     config = None if args.device in _HOST_DEVICES else _config(args)
     arrays = load_inputs(args, _load_npy, config)
+    if config is not None:
+        check_accumulator_range(args, arrays, config)
     dtype = arrays[next(iter(arrays))].dtype.name
     shapes = {k: v.shape for k, v in arrays.items() if k != "bias"}
     with open_device(args.device, config) as device:

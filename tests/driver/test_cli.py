@@ -348,3 +348,24 @@ def test_asm_refuses_programs_that_cannot_run(tmp_path, capsys, text, message):
     source.write_text(text)
     code, _, err = run(capsys, "asm", source, "-o", tmp_path / "p.gfp", "--config", "tiny")
     assert code == 2 and message in err and not (tmp_path / "p.gfp").exists()
+
+
+def test_results_beyond_a_16_bit_accumulator_are_refused_not_wrapped(tmp_path, capsys):
+    config = tmp_path / "acc16.toml"
+    config.write_text('base = "tiny"\nname = "acc16"\nacc_width = 16\nout_buffer_bytes = 2048\n')
+    big = np.full((4, 64), 100, np.int8)
+    np.save(tmp_path / "a.npy", big)
+    np.save(tmp_path / "b.npy", np.full((64, 4), 100, np.int8))
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "-o",
+                       tmp_path / "c.npy", "--config", config)
+    assert code == 2 and "reach 640000, beyond the int16 accumulator of config 'acc16'" in err
+    small = np.ones((4, 8), np.int8)
+    np.save(tmp_path / "a.npy", small)
+    np.save(tmp_path / "b.npy", small.T.copy())
+    code, _, _ = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "-o",
+                     tmp_path / "c.npy", "--config", config)
+    assert code == 0 and (np.load(tmp_path / "c.npy") == 8).all()
+    np.save(tmp_path / "bias.npy", np.full(4, 40000, np.int32))
+    code, _, err = run(capsys, "run-op", "dense", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "--bias",
+                       tmp_path / "bias.npy", "-o", tmp_path / "c.npy", "--config", config)
+    assert code == 2 and "the bias holds values up to 40000, beyond the int16 accumulator" in err
