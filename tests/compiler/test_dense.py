@@ -118,3 +118,14 @@ def test_dense_large_shapes(config, rng):
     for lh in (True, False):
         out, _ = run_dense(device_for(config), a, b, bias, shift=8, relu=True, latency_hiding=lh)
         np.testing.assert_array_equal(out, dense_reference(a, b, bias, 8, True))
+
+
+def test_dimensions_beyond_one_dma_row_are_refused_in_user_terms():
+    from gemforge.compiler.ops.accel import compile_dense as compile_accel_dense
+    from gemforge.compiler.ops.common import OpError
+    from gemforge.hw.config import PRESETS
+    tiny = PRESETS["tiny"]
+    with pytest.raises(OpError, match=r"K = 262144 .* rows of at most 65535 \(K and N up to 262140"):
+        compile_accel_dense(tiny, 1, 65536 * tiny.block_in, 4)
+    with pytest.raises(OpError, match=r"N = 262144"):
+        compile_accel_dense(tiny, 1, 4, 65536 * tiny.block_out)

@@ -132,6 +132,11 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
     epi = Epilogue(bias, shift, relu)
     c = config
     mt, kt, nt = ceil_div(m, c.batch), ceil_div(k, c.block_in), ceil_div(n, c.block_out)
+    if max(kt, nt) > c.max_dma_size:
+        # A row of A's tiles (kt) and of the output's (nt) is one DMA row: its stride field bounds them.
+        raise OpError(f"dense with K = {k} and N = {n} needs rows of {kt} and {nt} tiles; config {c.name!r} "
+                      f"moves rows of at most {c.max_dma_size} (K and N up to {c.max_dma_size * c.block_in} and "
+                      f"{c.max_dma_size * c.block_out})")
     plan = plan_with_fallback(lambda threads: plan_dense(c, mt, kt, nt, threads=threads, epilogue=epi),
                               latency_hiding)
     tensors = dense_te(c, mt, kt, nt, epi)
