@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.common import out_size, reference_epilogue
-from ..ops.reference import conv2d_reference
+from ..ops.common import reference_epilogue
+from ..ops.reference import avg_pool2d_reference, conv2d_reference, max_pool2d_reference
 from .ir import Graph, GraphError, Node
 
 __all__ = ["evaluate", "evaluate_node", "quantize_array", "dequantize_array", "rounding_shift"]
@@ -34,36 +34,11 @@ def rounding_shift(value: np.ndarray, shift: int) -> np.ndarray:
     return (value + (1 << (shift - 1))) >> shift if shift else value
 
 
-def _windows(x: np.ndarray, kernel, stride, padding, fill):
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, x.dtype)
-    xp[:, :, ph:ph + h, pw:pw + w] = x
-    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
-    for i in range(kh):
-        for j in range(kw):
-            yield xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
-
-
 def _pool(node: Node, x: np.ndarray) -> np.ndarray:
     a = node.attrs
     if node.op == "max_pool":
-        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        out = None
-        for win in _windows(x, a["kernel"], a["stride"], a["padding"], fill):
-            out = win.copy() if out is None else np.maximum(out, win)
-        return out
-    floating = x.dtype.kind == "f"
-    work = np.float64 if floating else np.int64
-    total = sum(win.astype(work) for win in _windows(x, a["kernel"], a["stride"], a["padding"], 0))
-    if a["count_include_pad"]:
-        count = a["kernel"][0] * a["kernel"][1]
-    else:
-        ones = np.ones((1, 1) + x.shape[2:], np.int64)
-        count = sum(win for win in _windows(ones, a["kernel"], a["stride"], a["padding"], 0))
-    if floating:
-        return (total / count).astype(np.float32)
-    return ((total + count // 2) // count).astype(x.dtype)
+        return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"])
+    return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], count_include_pad=a["count_include_pad"])
 
 
 def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:

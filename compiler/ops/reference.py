@@ -62,20 +62,28 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, p
     return reference_epilogue(acc, bias, shift, relu, channel_axis=1)
 
 
-def _windows(x: np.ndarray, kernel: int, stride: int, padding: int, fill):
+def _pair(value) -> tuple[int, int]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def _windows(x: np.ndarray, kernel, stride, padding, fill):
+    """Every tap of the (kh, kw) window over ``x`` padded with ``fill``: one strided view each
+    (``kernel``, ``stride`` and ``padding`` are ints or (height, width) pairs)."""
     n, c, h, w = x.shape
-    xp = np.full((n, c, h + 2 * padding, w + 2 * padding), fill, x.dtype)
-    xp[:, :, padding:padding + h, padding:padding + w] = x
-    oh, ow = out_size(h, kernel, stride, padding), out_size(w, kernel, stride, padding)
-    for i in range(kernel):
-        for j in range(kernel):
-            yield xp[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride]
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, x.dtype)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    for i in range(kh):
+        for j in range(kw):
+            yield xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
 
 
-def max_pool2d_reference(x: np.ndarray, kernel: int, stride: int | None = None, padding: int = 0, *,
+def max_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *,
                          zero_padding: bool = False) -> np.ndarray:
-    """Max over ``kernel × kernel`` windows. Padding never wins (ONNX's MaxPool), unless
-    ``zero_padding`` (the accelerator's `compile_max_pool2d`: padding reads 0)."""
+    """Max over ``kernel`` windows (an int or a (height, width) pair, as ``stride`` and
+    ``padding``). Padding never wins (ONNX's MaxPool), unless ``zero_padding`` (the
+    accelerator's `compile_max_pool2d`: padding reads 0)."""
     stride = kernel if stride is None else stride
     if zero_padding:
         fill = 0
@@ -87,9 +95,10 @@ def max_pool2d_reference(x: np.ndarray, kernel: int, stride: int | None = None, 
     return out
 
 
-def avg_pool2d_reference(x: np.ndarray, kernel: int, stride: int | None = None, padding: int = 0, *,
+def avg_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *,
                          count_include_pad: bool = False) -> np.ndarray:
-    """Mean over ``kernel × kernel`` windows (padding counted only with ``count_include_pad``).
+    """Mean over ``kernel`` windows (ints or pairs, as for max pooling; padding counted
+    only with ``count_include_pad``).
 
     Integers round to nearest with halves up: ``floor((sum + count/2) / count)``."""
     stride = kernel if stride is None else stride
@@ -98,7 +107,8 @@ def avg_pool2d_reference(x: np.ndarray, kernel: int, stride: int | None = None, 
     total = sum(win.astype(np.float64 if x.dtype.kind == "f" else np.int64)
                 for win in _windows(x, kernel, stride, padding, 0))
     if count_include_pad:
-        count = np.full_like(total, kernel * kernel) if x.dtype.kind == "f" else kernel * kernel
+        taps = _pair(kernel)[0] * _pair(kernel)[1]
+        count = np.full_like(total, taps) if x.dtype.kind == "f" else taps
     else:
         count = sum(win for win in _windows(ones, kernel, stride, padding, 0))
     if x.dtype.kind == "f":
