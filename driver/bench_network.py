@@ -13,20 +13,12 @@ import onnx
 
 from gemforge.hw.config import AccelConfig
 
-from .bench_llvm import _ort_session, cores
+from .bench import _best_of
+from .bench_llvm import _ort_session, best_interleaved, cores
 from .model import compile_model
 from .profile import profile_totals
 
 __all__ = ["bench_networks"]
-
-
-def _timed(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
@@ -35,7 +27,7 @@ def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
     out = model.run(x, "cpu")                       # JIT-compiles every layer once
     row: dict[str, Any] = {"gemforge_seconds": None}
     if importlib.util.find_spec("onnxruntime") is None:
-        row["gemforge_seconds"] = round(_timed(lambda: model.run(x, "cpu"), repeats), 6)
+        row["gemforge_seconds"] = round(_best_of(repeats, lambda: model.run(x, "cpu"))[0], 6)
         row["onnxruntime"] = "not installed (the dev extra)"
         return row
     session = _ort_session(onnx_model)
@@ -44,10 +36,9 @@ def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
     scale = float(np.abs(reference).max()) or 1.0
     if not np.allclose(out, reference, rtol=1e-4, atol=1e-4 * scale):
         raise AssertionError("the float32 network differs from ONNX Runtime; the benchmark is void")
-    ours, theirs = float("inf"), float("inf")
-    for _ in range(repeats):
-        ours = min(ours, _timed(lambda: model.run(x, "cpu"), 1))
-        theirs = min(theirs, _timed(lambda: session.run(None, feed), 1))
+    best = best_interleaved({"ours": lambda: model.run(x, "cpu"), "ort": lambda: session.run(None, feed)},
+                            rounds=repeats, repeats=1)
+    ours, theirs = best["ours"], best["ort"]
     row.update(gemforge_seconds=round(ours, 6), onnxruntime_seconds=round(theirs, 6),
                time_ratio=round(theirs / ours, 3), threads=cores())
     return row
