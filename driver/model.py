@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge import __version__
-from gemforge.compiler.graph.accel import AccelLayer
+from gemforge.compiler.graph.accel import AccelLayer, slot_key
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import OPS, Graph, GraphError, Node, Value
@@ -278,38 +278,29 @@ class Model:
         profile: list[LayerProfile] = []
         arena = None
         resident: dict[tuple, Buffer] = {}   # (tensor, packed shape, dtype) → its buffer, when valid
-        producer_layer: dict[str, tuple[AccelLayer, tuple]] = {}
         slots: dict[tuple, dict] = {}
         if on_accel:
-            slots = {(t["tensor"], tuple(t["shape"]), t["dtype"]): t for t in self.net.plan.get("tensors", [])}
+            slots = {slot_key(t["tensor"], (t["shape"], t["dtype"])): t for t in self.net.plan.get("tensors", [])}
             if slots:
                 arena = dev.alloc(self.net.plan["peak_bytes"], align=max(4096, self.net.plan["alignment"]))
         try:
             for step, node in enumerate(graph.nodes):
                 start = time.perf_counter()
                 if on_accel and node.device == "accel":
-                    row = self._run_accel(step, node, dev, env, arena, slots, resident, producer_layer)
+                    row = self._run_accel(step, node, dev, env, arena, slots, resident)
                 else:
-                    args = [self._host_value(name, env, dev, resident, producer_layer) for name in node.inputs]
+                    args = [env[name] for name in node.inputs]
                     env[node.output], result = self._host_kernel(node, host_kind).run(host_dev, args)
                     row = LayerProfile(node.name, node.op, host_kind if result is not None else "host (data)",
-                                       time.perf_counter() - start, macs=_macs(graph, node))
+                                       0.0, macs=_macs(graph, node))
                 row.seconds = time.perf_counter() - start
                 profile.append(row)
-            outputs = {name: self._host_value(name, env, dev, resident, producer_layer) for name in graph.outputs}
+            outputs = {name: env[name] for name in graph.outputs}
         finally:
             if arena is not None:
                 dev.free(arena)
         self.last_profile = profile
         return outputs
-
-    def _host_value(self, name, env, dev, resident, producer_layer) -> np.ndarray:
-        """A tensor in host layout, copied out of device DRAM if only the device has it."""
-        if name not in env:
-            layer, key = producer_layer[name]
-            shape, dtype = layer.packed_out
-            env[name] = layer.unpack(dev.read(resident[key], dtype, shape)).reshape(self.graph.values[name].shape)
-        return env[name]
 
     def _host_readers(self) -> set[str]:
         """Accelerator outputs the host needs: those a host node or the caller reads, and
@@ -326,17 +317,17 @@ class Model:
             self._readers = readers
         return self._readers
 
-    def _run_accel(self, step, node, dev, env, arena, slots, resident, producer_layer) -> LayerProfile:
+    def _run_accel(self, step, node, dev, env, arena, slots, resident) -> LayerProfile:
         layer = self.net.layers[node.name]
-        (in_shape, in_dtype), (out_shape, out_dtype) = layer.packed_in, layer.packed_out
-        in_key = (node.inputs[0], tuple(in_shape), in_dtype)
-        out_key = (node.output, tuple(out_shape), out_dtype)
+        out_shape, out_dtype = layer.packed_out
+        in_key = slot_key(node.inputs[0], layer.packed_in)
+        out_key = slot_key(node.output, layer.packed_out)
 
         def buffer(key) -> Buffer:
             slot = slots[key]
             return Buffer(arena.address + slot["offset"], slot["nbytes"])
         if in_key not in resident:
-            host = self._host_value(node.inputs[0], env, dev, resident, producer_layer)
+            host = env[node.inputs[0]]     # on the host: `_host_readers` copied it out if a layer made it
             buf = buffer(in_key)
             dev.write(buf, layer.pack(host))
             resident[in_key] = buf
@@ -351,7 +342,6 @@ class Model:
             if slots[key]["last"] <= step:
                 del resident[key]
         resident[out_key] = out_buf
-        producer_layer[node.output] = (layer, out_key)
         if node.output in self._host_readers():
             # Copied out now: a later layer may reuse the space before the host reads it.
             env[node.output] = layer.unpack(dev.read(out_buf, out_dtype, out_shape)).reshape(

@@ -39,7 +39,14 @@ from ..ops import accel as accel_ops
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "partition", "pack_layouts", "plan_memory", "plan_alignment"]
+__all__ = ["AccelLayer", "partition", "pack_layouts", "plan_memory", "plan_alignment", "slot_key"]
+
+
+def slot_key(tensor: str, layout) -> tuple:
+    """The memory plan's key of ``tensor`` in a packed ``layout`` ((shape, dtype)): one
+    slot per tensor and layout, shared by a producer and the consumers that read it in place."""
+    shape, dtype = layout
+    return tensor, tuple(shape), dtype
 
 
 @dataclass
@@ -151,9 +158,9 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
     tensors: dict[tuple, dict] = {}
 
     def touch(name: str, layout, step: int, role: str) -> None:
-        shape, dtype = layout
-        key = (name, tuple(shape), dtype)
-        entry = tensors.setdefault(key, {"tensor": name, "shape": tuple(shape), "dtype": dtype,
+        key = slot_key(name, layout)
+        _, shape, dtype = key
+        entry = tensors.setdefault(key, {"tensor": name, "shape": shape, "dtype": dtype,
                                          "nbytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
                                          "first": step, "last": step, "produced": False})
         entry["last"] = max(entry["last"], step)
