@@ -37,9 +37,8 @@ _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
 def _contiguous(array) -> np.ndarray:
-    """C-contiguous, keeping 0-d arrays 0-d (numpy's ascontiguousarray makes them 1-d)."""
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    """C-contiguous; unlike ``np.ascontiguousarray``, ``np.require`` keeps a 0-d array 0-d."""
+    return np.require(array, requirements="C")
 
 
 def quantized_elementwise(target: Target, op: str, shape, y_shape, lshift, shift: int, relu: bool) -> CompiledOp:

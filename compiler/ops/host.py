@@ -57,7 +57,7 @@ def _array(value: Any, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndar
         raise OpError(f"{name} must be {dtype}, not {value.dtype}")
     if tuple(value.shape) != tuple(shape):
         raise OpError(f"{name} must have shape {list(shape)}, not {list(value.shape)}")
-    return np.ascontiguousarray(value)
+    return np.require(value, requirements="C")   # keeps a 0-d array 0-d (ascontiguousarray would not)
 
 
 def _bias(bias, epilogue: Epilogue, dtype: str, count: int, padded: int, op: str) -> dict[str, np.ndarray]:
