@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Union
 
@@ -284,6 +285,12 @@ class Uop:
 
 def fields_of(config: AccelConfig, opcode: Opcode) -> list[Field]:
     """The fields of an instruction kind, in encoding order (bit 0 upwards)."""
+    return list(_fields_of(config, Opcode(opcode)))
+
+
+@functools.lru_cache(maxsize=256)
+def _fields_of(config: AccelConfig, opcode: Opcode) -> tuple[Field, ...]:
+    # Cached: encode, decode and validate ask for every instruction, and configs are frozen.
     header = [Field("opcode", OPCODE_BITS, doc="instruction kind")] + [
         Field(flag, 1, doc=_DEP_DOCS[flag]) for flag in DEP_FLAGS]
     uop_range = [
@@ -324,7 +331,7 @@ def fields_of(config: AccelConfig, opcode: Opcode) -> list[Field]:
         body = []
     else:  # pragma: no cover - Opcode is closed
         raise AssertionError(opcode)
-    return header + body
+    return tuple(header + body)
 
 
 _DEP_DOCS = {

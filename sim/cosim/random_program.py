@@ -14,7 +14,8 @@ as a compiler's double-buffered schedule lets them:
 
 Everything is random within the ISA's rules and the buffers' bounds: shapes,
 strides, paddings, loop factors, micro-ops, ALU ops and operands. Stores write
-to a DRAM area no load reads, so the engines never race on DRAM.
+to a DRAM area no load reads, so the engines never race on DRAM. Tile and loop
+sizes shrink to fit any valid config, down to one-entry buffers.
 
 With ``uop_heavy`` every round's compute also reloads random 2-D spans of the
 micro-op table (rows of up to the whole table, starting and ending anywhere in a
@@ -33,12 +34,23 @@ from gemforge.hw.isa import (
     Alu, AluOp, Finish, Gemm, Instruction, Load, MemType, Store, Uop, encode_program, encode_uops,
 )
 
-__all__ = ["RandomProgram", "random_program", "AREA_BYTES", "AREAS"]
+__all__ = ["RandomProgram", "random_program", "area_bytes", "data_bytes", "AREAS"]
 
-#: Bytes of each DRAM area the program uses.
-AREA_BYTES = 16 * 1024
 #: Areas in the data region, in order.
 AREAS = ("inp", "wgt", "acc", "uop", "out")
+
+
+def area_bytes(config: AccelConfig) -> int:
+    """Bytes of each DRAM area: room for 128 of the config's largest entries (so a tile's
+    rows always fit somewhere in it), in whole 4 KiB pages. Small, because every program
+    of a regression moves its data region into and out of the simulator."""
+    largest = max(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out", "uop"))
+    return -(-128 * largest // 4096) * 4096
+
+
+def data_bytes(config: AccelConfig) -> int:
+    """Bytes of a random program's data region (its areas, in `AREAS` order)."""
+    return len(AREAS) * area_bytes(config)
 
 
 @dataclass
@@ -46,7 +58,7 @@ class RandomProgram:
     """A program laid out at byte ``base``: ``data`` (the areas) then the instruction stream."""
 
     instructions: list[Instruction]
-    data: np.ndarray          # bytes of the data region (len(AREAS) * AREA_BYTES)
+    data: np.ndarray          # bytes of the data region (`data_bytes`)
     insn_bytes: bytes
     base: int
 
@@ -68,22 +80,36 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
     """A random valid program whose data region starts at byte ``base`` (aligned to 4096)."""
     assert base % 4096 == 0
     c = config
-    area = {name: base + i * AREA_BYTES for i, name in enumerate(AREAS)}
-    data = rng.integers(0, 256, len(AREAS) * AREA_BYTES, dtype=np.uint8)
+    area_size = area_bytes(c)
+    area = {name: base + i * area_size for i, name in enumerate(AREAS)}
+    data = rng.integers(0, 256, len(AREAS) * area_size, dtype=np.uint8)
 
-    # Micro-ops: indices leave room for every loop offset the program can add.
+    # Micro-ops: indices leave room for every loop offset the program can add; loops
+    # shrink until that room exists in the smallest buffer.
+    smallest = min(c.inp_depth, c.wgt_depth, c.acc_depth)
+    while max_loop > 1 and 2 * (max_loop - 1) * max_loop >= smallest:
+        max_loop -= 1
     margin = 2 * (max_loop - 1) * max_loop
-    n_uops = min(c.uop_depth, AREA_BYTES // c.uop_entry_bytes, 32)
+    n_uops = min(c.uop_depth, area_size // c.uop_entry_bytes, 32)
     uops = [Uop(dst=int(rng.integers(0, c.acc_depth - margin)),
                 src=int(rng.integers(0, min(c.inp_depth, c.acc_depth) - margin)),
                 wgt=int(rng.integers(0, c.wgt_depth - margin))) for _ in range(n_uops)]
     uop_bytes = np.frombuffer(encode_uops(uops, c), np.uint8)
     off = area["uop"] - base
     data[off:off + uop_bytes.size] = uop_bytes
-    data[off + uop_bytes.size:off + AREA_BYTES] = 0
+    data[off + uop_bytes.size:off + area_size] = 0
+
+    def tile(depth: int, padded: bool) -> tuple[int, int, tuple[int, ...]]:
+        """(y, x, pads) of a tile whose padded size fits ``depth`` entries."""
+        for _ in range(8):
+            y, x = int(rng.integers(1, max_tile + 1)), int(rng.integers(1, max_tile + 1))
+            pads = tuple(int(p) for p in rng.integers(0, 3, 4)) if padded else (0, 0, 0, 0)
+            if (pads[0] + y + pads[1]) * (pads[2] + x + pads[3]) <= depth:
+                return y, x, pads
+        return 1, 1, (0, 0, 0, 0)
 
     def dram_rows(buffer: str, area_name: str, y: int, x: int, stride: int) -> int:
-        entries = AREA_BYTES // c.entry_bytes(buffer)
+        entries = area_size // c.entry_bytes(buffer)
         span = (y - 1) * stride + x
         first = area[area_name] // c.entry_bytes(buffer)
         return first + int(rng.integers(0, entries - span + 1))
@@ -91,11 +117,10 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
     def load(mem: MemType, **deps) -> Load:
         """A LOAD into inp, wgt or acc."""
         buffer = mem.buffer
-        y, x = int(rng.integers(1, max_tile + 1)), int(rng.integers(1, max_tile + 1))
-        stride = x + int(rng.integers(0, 3))
-        pads = tuple(int(p) for p in rng.integers(0, 3, 4))
-        rows, pitch = pads[0] + y + pads[1], pads[2] + x + pads[3]
         depth = c.depth(buffer)
+        y, x, pads = tile(depth, padded=True)
+        stride = x + int(rng.integers(0, 3))
+        rows, pitch = pads[0] + y + pads[1], pads[2] + x + pads[3]
         sram = int(rng.integers(0, depth - rows * pitch + 1))
         dram = dram_rows(buffer, buffer, y, x, stride)
         return Load(mem=mem, sram_base=sram, dram_base=dram, y_size=y, x_size=x, x_stride=stride,
@@ -112,7 +137,7 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
 
     def uop_reload() -> Load:
         """A LOAD of random rows of the micro-op area (the table, then zeros) into the table."""
-        window = min(AREA_BYTES // c.uop_entry_bytes, 4 * n_uops + 8)    # DRAM entries to read from
+        window = min(area_size // c.uop_entry_bytes, 4 * n_uops + 8)    # DRAM entries to read from
         y = int(rng.integers(1, min(3, n_uops) + 1))
         x = int(rng.integers(1, n_uops // y + 1))
         stride = int(rng.integers(0, min(2 * x + 1, (window - x) // max(1, y - 1)) + 1))
@@ -133,7 +158,7 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
 
     def store(**deps) -> Store:
         mem = MemType.ACC if rng.random() < 0.4 else MemType.OUT
-        y, x = int(rng.integers(1, max_tile + 1)), int(rng.integers(1, max_tile + 1))
+        y, x, _ = tile(c.depth(mem.buffer), padded=False)
         stride = x + int(rng.integers(0, 3))
         sram = int(rng.integers(0, c.depth(mem.buffer) - y * x + 1))
         return Store(mem=mem, sram_base=sram, dram_base=dram_rows(mem.buffer, "out", y, x, stride),

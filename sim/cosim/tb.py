@@ -1,18 +1,23 @@
-"""cocotb testbench: runs one program on the generated accelerator.
+"""cocotb testbench: runs a batch of programs on the generated accelerator.
 
 Loaded by the simulator (through `gemforge.sim.cosim.harness`), never imported
-by users. The job file named by ``$GEMFORGE_COSIM_JOB`` says what to run; the
+by users. The job file named by ``$GEMFORGE_COSIM_JOB`` lists the programs; the
 DRAM contents come in and go out through the Verilog DRAM model's hex files,
 so Python only touches the simulation to poke registers and to poll status
-every `poll_cycles` cycles (no per-cycle callbacks).
+every `poll_cycles` cycles (no per-cycle callbacks). Before each program the
+accelerator and the DRAM model are reset and the model reloads its input file,
+so every program starts from the state a fresh simulation would have.
 
-Result (JSON, ``job["result"]``): ``status`` ("done", "hang", "timeout" or
-"error"), ``cycles``, ``counters`` (every counter of the register map),
-``debug`` (the debug registers, decoded), ``oob`` and ``wall_s``.
+Results: one JSON line per program, appended to ``job["results"]`` as each
+finishes: ``status`` ("done", "hang", "timeout" or "error"), ``cycles``,
+``counters`` (the register map's counters, or those ``job["counters"]`` names),
+``debug`` (the debug registers, decoded, when the program did not finish),
+``oob`` and ``wall_s``.
 """
 
 import json
 import os
+import shutil
 import time
 
 import cocotb
@@ -68,36 +73,87 @@ async def read_debug(regs):
 
 
 @cocotb.test()
-async def run_program(dut):
+async def run_programs(dut):
     with open(os.environ["GEMFORGE_COSIM_JOB"]) as f:
         job = json.load(f)
-    result = {"status": "error"}
-    try:
-        result = await _run(dut, job)
-    finally:
-        with open(job["result"], "w") as f:
-            json.dump(result, f)
-
-
-async def _run(dut, job):
     # cocotb's clock is driven from C++ (GPI), not from Python coroutines.
-    dut.rst.value = 1
     Clock(dut.clk, PERIOD_NS, unit="ns").start(start_high=False)
     dut.dump.value = 0
+    dut.reload.value = 0
     regs = Registers(dut)
+    with open(job["results"], "a") as results:
+        for k, program in enumerate(job["programs"]):
+            result = {"status": "error", "message": "the testbench failed"}
+            try:
+                await _reset_and_reload(dut, job, program)
+                if k == 0:
+                    ident = await regs.read("ID")
+                    if ident != ID_MAGIC:
+                        result = {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}"}
+                        return
+                await regs.write("IRQ_ENABLE", 1)
+                if k and job["clear"]:
+                    # Memories survive reset: zero the buffers as a fresh simulation has
+                    # them (START zeroes the counters, so the program's own are unaffected).
+                    status, _ = await _start_and_wait(dut, regs, job["clear"], job)
+                    if status != "done":
+                        result = {"status": status, "message": "the buffer-clearing program did not finish"}
+                        continue
+                result = await _run(dut, regs, program, job)
+                await _dump(dut)
+                shutil.move(job["dram_out"], program["dram_out"])
+            finally:
+                results.write(json.dumps(result) + "\n")
+                results.flush()
+
+
+async def _reset(dut):
+    dut.rst.value = 1
     for _ in range(4):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
     await RisingEdge(dut.clk)
 
-    ident = await regs.read("ID")
-    if ident != ID_MAGIC:
-        return {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}"}
-    await regs.write("INSN_ADDR", job["insn_addr"])
-    await regs.write("INSN_COUNT", job["insn_count"])
-    await regs.write("IRQ_ENABLE", 1)
+
+async def _reset_and_reload(dut, job, program):
+    """Reset the accelerator and the DRAM model, then load the program's DRAM window."""
+    shutil.copyfile(program["dram_in"], job["dram_in"])
+    await _reset(dut)
+    dut.reload.value = 1
+    await RisingEdge(dut.clk)
+    while not int(dut.reloaded.value):
+        await RisingEdge(dut.clk)
+    dut.reload.value = 0
+    await RisingEdge(dut.clk)
+
+
+async def _dump(dut):
+    dut.dump.value = 1
+    while not int(dut.dumped.value):
+        await RisingEdge(dut.clk)
+    dut.dump.value = 0
+
+
+async def _run(dut, regs, program, job):
+    """Run one program; its result (status, the counters, the debug state if it did not finish)."""
+    status, wall = await _start_and_wait(dut, regs, program, job)
+    # Each register read costs Python time: a regression names the counters it checks.
+    names = job.get("counters") or [name for name, _ in COUNTERS]
+    counters = {name: await regs.read_counter(name) for name in dict.fromkeys(["cycles", *names])}
+    result = {"status": status, "cycles": counters["cycles"], "counters": counters,
+              "oob": bool(int(dut.oob.value)), "wall_s": wall}
+    if status != "done":
+        result["debug"] = await read_debug(regs)
+    return result
+
+
+async def _start_and_wait(dut, regs, program, job):
+    """START the program and wait for DONE (the IRQ) or the watchdog: (status, seconds)."""
+    await regs.write("INSN_ADDR", program["insn_addr"])
+    await regs.write("INSN_COUNT", program["insn_count"])
     t0 = time.perf_counter()
     await regs.write("CTRL", 1)
+    await RisingEdge(dut.clk)        # DONE of an earlier program clears the cycle after START
 
     poll = job["poll_cycles"]
     status = "done"
@@ -124,12 +180,4 @@ async def _run(dut, job):
         if cycles >= job["max_cycles"]:
             status = "timeout"
             break
-    wall = time.perf_counter() - t0
-
-    counters = {name: await regs.read_counter(name) for name, _ in COUNTERS}
-    debug = await read_debug(regs)
-    dut.dump.value = 1
-    while not int(dut.dumped.value):
-        await RisingEdge(dut.clk)
-    return {"status": status, "cycles": counters["cycles"], "counters": counters, "debug": debug,
-            "oob": bool(int(dut.oob.value)), "wall_s": wall}
+    return status, time.perf_counter() - t0

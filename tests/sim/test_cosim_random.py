@@ -17,7 +17,7 @@ from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Finish, Gemm, Store, encode_program
 from gemforge.sim.cosim import harness
 from gemforge.driver.rtl_device import RtlHangError
-from gemforge.sim.cosim.random_program import AREA_BYTES, AREAS, random_program
+from gemforge.sim.cosim.random_program import data_bytes, random_program
 
 NON_SQUARE = AccelConfig(
     name="nonsquare", batch=2, block_in=8, block_out=16,
@@ -45,7 +45,7 @@ def run_both(config, seed, simulator="verilator", stall=0, **program_options):
     rng = np.random.default_rng(seed)
     fsim = open_device("fsim", config, dram_bytes=DRAM)
     rtl = open_device(simulator, config, dram_bytes=DRAM, stall=stall, seed=seed + 1)
-    size = len(AREAS) * AREA_BYTES + 64 * 1024
+    size = data_bytes(config) + 64 * 1024
     buf_f, buf_r = fsim.alloc(size, align=4096), rtl.alloc(size, align=4096)
     assert buf_f == buf_r
     program = random_program(config, rng, buf_f.address, **program_options)
