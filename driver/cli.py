@@ -39,10 +39,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that report a user mistake (imported lazily: optional parts)."""
     from gemforge.compiler.errors import CompileError
     from gemforge.hw.asm import AsmError
+    from gemforge.sim.cosim.harness import CosimError
     from gemforge.sim.fsim import FsimError
+    from gemforge.sim.regress import RegressError
     from .operators import OperatorUsageError
     return (UsageError, ConfigError, IsaError, ProgramError, DeviceError, FsimError,
-            AsmError, CompileError, OperatorUsageError)
+            AsmError, CompileError, OperatorUsageError, RegressError, CosimError)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -400,6 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print a per-layer table and write a PNG of it (default: next to the output)")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("regress", help="co-simulation regression: random programs on the RTL against fsim, "
+                                       "mismatches located, shrunk and saved with a replay command")
+    from .regression import add_arguments, cmd_regress
+    add_arguments(p, "preset or .toml/.json config file")
+    p.set_defaults(func=cmd_regress)
+
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
     p.add_argument("--device", default="fsim", help=_DEVICE_HELP)
     p.add_argument("-o", "--output-dir", default="build/demo",
@@ -467,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except _user_errors() as exc:
         print(f"gemforge: error: {exc}", file=sys.stderr)
         return 2
@@ -481,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"gemforge: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,7 +43,7 @@ from gemforge.hw.isa import (
 )
 
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "TOKEN_QUEUES",
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "TOKEN_QUEUES", "TOKEN_POPS", "TOKEN_PUSHES",
     "COUNTER_NAMES",
 ]
 
@@ -64,12 +64,12 @@ class OutOfBoundsError(FsimError):
 TOKEN_QUEUES = ("load->compute", "compute->load", "compute->store", "store->compute")
 
 # Which token queue each dependency flag of each engine uses.
-_POPS = {
+TOKEN_POPS = {
     Engine.LOAD: {"pop_next": "compute->load"},
     Engine.COMPUTE: {"pop_prev": "load->compute", "pop_next": "store->compute"},
     Engine.STORE: {"pop_prev": "compute->store"},
 }
-_PUSHES = {
+TOKEN_PUSHES = {
     Engine.LOAD: {"push_next": "load->compute"},
     Engine.COMPUTE: {"push_prev": "compute->load", "push_next": "compute->store"},
     Engine.STORE: {"push_prev": "store->compute"},
@@ -210,7 +210,7 @@ class Fsim:
                     if not try_pushes(state) or not state.queue:
                         break
                     head = state.queue[0]
-                    pops = [q for flag, q in _POPS[engine].items() if getattr(head.insn, flag)]
+                    pops = [q for flag, q in TOKEN_POPS[engine].items() if getattr(head.insn, flag)]
                     if any(tokens[q] == 0 for q in pops):
                         break
                     # FINISH waits until the other engines have done all they can, so
@@ -222,7 +222,7 @@ class Fsim:
                     state.queue.popleft()
                     self.execute(head.insn, head.index)
                     state.last = head
-                    state.pending_pushes = [q for flag, q in _PUSHES[engine].items()
+                    state.pending_pushes = [q for flag, q in TOKEN_PUSHES[engine].items()
                                             if getattr(head.insn, flag)]
                     progress = True
                     if isinstance(head.insn, Finish):
@@ -256,7 +256,7 @@ class Fsim:
                         f"cannot push to full queue {state.pending_pushes[0]}")
             elif state.queue:
                 head = state.queue[0]
-                pops = [f"{flag} ({q})" for flag, q in _POPS[engine].items() if getattr(head.insn, flag)]
+                pops = [f"{flag} ({q})" for flag, q in TOKEN_POPS[engine].items() if getattr(head.insn, flag)]
                 wait = f", waiting on {', '.join(pops)}" if pops else ""
                 what = f"next instruction {head.index} ({mnemonic(head.insn)}){wait}; {len(state.queue)} queued"
             else:

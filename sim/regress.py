@@ -45,11 +45,11 @@ from gemforge.hw.program import Program, TensorRegion, arena_alignment
 
 from .cosim import harness
 from .cosim.random_program import random_program
-from .fsim import Fsim, FsimError
-from .trace import Divergence, TracingFsim, locate_divergence, retire_cycles
+from .fsim import TOKEN_POPS, TOKEN_PUSHES, Fsim, FsimError
+from .trace import Divergence, TracingFsim, find_race, locate_divergence, retire_cycles
 
 __all__ = ["Case", "CaseResult", "Report", "RegressError", "random_case", "random_config", "case_from_program",
-           "run_cases", "regress", "investigate", "shrink", "STALLS"]
+           "run_cases", "regress", "investigate", "shrink", "describe_failure", "race_in", "STALLS"]
 
 #: AXI back-pressure levels (the DRAM model withholds each handshake with probability
 #: stall/256), cycled through by case seed: a third of the cases run without stalls.
@@ -177,8 +177,9 @@ def _stored_bytes(case: Case) -> int:
                for i in case.program.instructions if isinstance(i, Store))
 
 
-def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict) -> str | None:
-    """Why the RTL's run differs from fsim's (one sentence), or None when it matches."""
+def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict, base: int) -> str | None:
+    """Why the RTL's run differs from fsim's (one sentence), or None when it matches;
+    ``base`` is the DRAM address of the windows' first byte."""
     status = result.get("status")
     if status != "done":
         detail = result.get("message") or json.dumps(result.get("debug", {}), sort_keys=True)
@@ -187,7 +188,7 @@ def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict) -> 
         return "the RTL accessed DRAM outside the program's window"
     if not np.array_equal(expected, got):
         diff = np.flatnonzero(expected != got)
-        return f"{diff.size} DRAM byte(s) differ, the first at window offset {diff[0]:#x}"
+        return f"{diff.size} DRAM byte(s) differ, the first at {base + diff[0]:#x}"
     counters = result.get("counters", {})
     count = len(case.program.instructions)
     if counters.get("insns_retired") != count:
@@ -230,7 +231,7 @@ def run_cases(built: harness.Build, cases: list[Case], *, progress: Callable[[in
     outs = harness.run_batch(built, programs, base, stall=stall, seed=seed, progress=progress, waves=waves,
                              retire_trace=retire_trace, watchdog_cycles=watchdog_cycles,
                              counters=list(CHECKED_COUNTERS))
-    return [CaseResult(case, compare(case, exp, got, result), result.get("cycles"))
+    return [CaseResult(case, compare(case, exp, got, result, base), result.get("cycles"))
             for case, exp, (got, result) in zip(cases, expected, outs)]
 
 
@@ -369,47 +370,92 @@ def _simplifications(insn: Instruction) -> list[Instruction]:
     return out
 
 
+def _token_links(insns: list[Instruction]) -> list[tuple[int, str, int, str]]:
+    """Every dependency as ``(pusher, push flag, popper, pop flag)``: the k-th push to a
+    token queue is consumed by the k-th pop from it."""
+    pushes: dict[str, list[tuple[int, str]]] = {}
+    pops: dict[str, list[tuple[int, str]]] = {}
+    for i, insn in enumerate(insns):
+        engine = engine_of(insn)
+        for flag, queue in TOKEN_PUSHES[engine].items():
+            if getattr(insn, flag):
+                pushes.setdefault(queue, []).append((i, flag))
+        for flag, queue in TOKEN_POPS[engine].items():
+            if getattr(insn, flag):
+                pops.setdefault(queue, []).append((i, flag))
+    return [(i, pf, j, qf) for queue, pushed in pushes.items()
+            for (i, pf), (j, qf) in zip(pushed, pops.get(queue, []))]
+
+
+def _without(insns: list[Instruction], drop: set[int], links) -> list[Instruction]:
+    """``insns`` without the instructions in ``drop`` and without their dependencies: the
+    other end of each token they push or pop is cleared too, so the tokens still balance."""
+    out = list(insns)
+    for i, push_flag, j, pop_flag in links:
+        if i in drop and j not in drop:
+            out[j] = dataclasses.replace(out[j], **{pop_flag: False})
+        elif j in drop and i not in drop:
+            out[i] = dataclasses.replace(out[i], **{push_flag: False})
+    return [insn for k, insn in enumerate(out) if k not in drop]
+
+
 def _candidates(insns: list[Instruction]) -> list[list[Instruction]]:
     """Smaller programs, largest reductions first: runs of instructions removed (halves,
-    quarters, ... down to one), then single instructions simplified."""
+    quarters, ... down to one; each both with its dependencies moved to neighbours and
+    with them removed), then single dependencies removed, then single instructions
+    simplified. Validity (`_valid`) is checked by the caller."""
+    links = _token_links(insns)
     out = []
     body = len(insns) - 1                 # FINISH stays
     chunk = max(1, body // 2)
     while True:
         for start in range(0, body, chunk):
+            drop = set(range(start, min(start + chunk, body)))
+            out.append(_without(insns, drop, links))
             current = list(insns)
-            ok = True
-            for drop in reversed(range(start, min(start + chunk, body))):
-                current = _transfer_flags(current, drop)
+            for k in sorted(drop, reverse=True):
+                current = _transfer_flags(current, k)
                 if current is None:
-                    ok = False
                     break
-            if ok and len(current) < len(insns):
+            else:
                 out.append(current)
         if chunk == 1:
             break
         chunk = max(1, chunk // 2)
+    for i, push_flag, j, pop_flag in links:
+        current = list(insns)
+        current[i] = dataclasses.replace(current[i], **{push_flag: False})
+        current[j] = dataclasses.replace(current[j], **{pop_flag: False})
+        out.append(current)
     for i, insn in enumerate(insns[:-1]):
         for smaller in _simplifications(insn):
             out.append(insns[:i] + [smaller] + insns[i + 1:])
     return out
 
 
-def _size(case: Case) -> tuple[int, int]:
-    work = 0
+def _size(case: Case) -> tuple[int, int, int]:
+    """What shrinking minimizes, in order: instructions, work (micro-ops and entries
+    moved), then dependency flags, padding and resets."""
+    work = extras = 0
     for insn in case.program.instructions:
+        extras += sum(getattr(insn, flag) for flag in DEP_FLAGS)
         if isinstance(insn, (Gemm, Alu)):
             work += insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            extras += int(isinstance(insn, Gemm) and insn.reset)
         elif isinstance(insn, (Load, Store)):
             work += insn.y_size * insn.x_size
-    return len(case.program.instructions), work
+            if isinstance(insn, Load):
+                extras += insn.y_pad0 + insn.y_pad1 + insn.x_pad0 + insn.x_pad1
+    return len(case.program.instructions), work, extras
 
 
 def shrink(built: harness.Build, case: Case, *, max_rounds: int = 40, max_seconds: float = 300.0,
            batch: int = 200, on_round: Callable[[int, Case], None] | None = None) -> Case:
     """The smallest program found that still fails: greedy, each round runs every valid
-    smaller candidate (fsim accepts it) in one simulator process and keeps the smallest
-    that still fails, until none does, ``max_rounds`` or ``max_seconds``."""
+    smaller candidate in one simulator process and keeps the smallest that still fails,
+    until none does, ``max_rounds`` or ``max_seconds``. A candidate is valid when fsim
+    runs it and it has no data race (`find_race`): a racy program may legitimately
+    differ between fsim and the RTL, so it would shrink towards a false reproducer."""
     t0 = time.perf_counter()
     data = case.program.constants["data"]
     for round_ in range(max_rounds):
@@ -417,16 +463,15 @@ def shrink(built: harness.Build, case: Case, *, max_rounds: int = 40, max_second
             break
         candidates = []
         seen = set()
+        current = _size(case)
         for insns in _candidates(case.program.instructions):
             key = encode_program(insns, case.config)
             if key in seen:
                 continue
             seen.add(key)
             candidate = case_from_instructions(case.config, insns, data, seed=case.seed, stall=case.stall)
-            try:
-                fsim_reference(candidate, _window_bytes([candidate]))
-            except FsimError:
-                continue              # not a valid program (tokens unbalanced, out of bounds)
+            if _size(candidate) >= current or not _valid(candidate):
+                continue
             candidates.append(candidate)
             if len(candidates) >= batch:
                 break
@@ -441,10 +486,19 @@ def shrink(built: harness.Build, case: Case, *, max_rounds: int = 40, max_second
     return case
 
 
+def _valid(case: Case) -> bool:
+    """fsim runs the case and it has no data race."""
+    try:
+        _, trace = fsim_reference(case, _window_bytes([case]), tracing=True)
+    except FsimError:
+        return False                  # tokens unbalanced, out of bounds, ...
+    return find_race(trace, case.program.instructions) is None
+
+
 # ---------------------------------------------------------------------------- investigating a mismatch
 
 def investigate(built: harness.Build, case: Case, out_dir: Path, *, shrink_it: bool = True,
-                waves_suffix: str = ".fst", on_step: Callable[[str], None] | None = None) -> dict:
+                on_step: Callable[[str], None] | None = None) -> dict:
     """Locate, shrink and save a failing case under ``out_dir``. Returns a summary with the
     reproducer's paths, the replay command and the localization text."""
     step = on_step or (lambda message: None)
@@ -457,9 +511,13 @@ def investigate(built: harness.Build, case: Case, out_dir: Path, *, shrink_it: b
             f"  round {r + 1}: {len(c.program.instructions)} instructions still fail"))
     step("locating the first divergence")
     text, mismatch = describe_failure(built, case, out_dir / "retire_trace.txt")
+    if mismatch is None:
+        mismatch = "no mismatch when run alone (it failed after other programs in one simulation)"
+        case = original
     program_path = out_dir / "repro.gfp"
     write_bytes_atomic(program_path, case.program.to_bytes())
     write_text_atomic(out_dir / "config.toml", case.config.to_toml())
+    waves_suffix = harness.WAVE_FORMATS[built.simulator][0]
     waves = out_dir / f"failing{waves_suffix}"
     try:
         step(f"writing the waveform {waves.name}")
@@ -492,17 +550,19 @@ def investigate(built: harness.Build, case: Case, out_dir: Path, *, shrink_it: b
     return summary
 
 
-def describe_failure(built: harness.Build, case: Case, retire_trace: Path) -> tuple[str, str]:
-    """Run ``case`` once more with the RTL's retire trace on and fsim tracing; returns
-    (where it first diverges, the one-sentence mismatch)."""
+def describe_failure(built: harness.Build, case: Case, retire_trace: Path,
+                     waves: Path | None = None) -> tuple[str, str | None]:
+    """Run ``case`` once more with the RTL's retire trace (and ``waves``) on and fsim
+    tracing; returns (where it first diverges, the one-sentence mismatch), or
+    ("...", None) when it matches."""
     window = _window_bytes([case])
     expected, trace = fsim_reference(case, window, tracing=True)
     base, image, insn_addr, count = _image(case, window)
     got, result = harness.run(built, image, base, insn_addr, count, stall=case.stall, seed=(case.seed or 0) + 1,
-                              watchdog_cycles=100_000, retire_trace=retire_trace)
-    mismatch = compare(case, expected, got, result)
+                              watchdog_cycles=100_000, retire_trace=retire_trace, waves=waves)
+    mismatch = compare(case, expected, got, result, base)
     if mismatch is None:
-        return "The case passed when run again on its own.", "no mismatch when run alone"
+        return "The RTL matches fsim.", None
     insns = case.program.relocated(base)
     retired = retire_cycles(insns, harness.read_retire_trace(retire_trace)) if retire_trace.exists() else None
     if np.array_equal(expected, got):
@@ -515,3 +575,15 @@ def describe_failure(built: harness.Build, case: Case, retire_trace: Path) -> tu
     divergence: Divergence = locate_divergence(trace, expected, got, offset=base)
     buffer = trace.stores[divergence.store].buffer if divergence.store is not None else None
     return divergence.describe(insns, retired, buffer), mismatch
+
+
+def race_in(case: Case) -> str | None:
+    """A sentence naming a data race in the case's program, or None (see `find_race`)."""
+    _, trace = fsim_reference(case, _window_bytes([case]), tracing=True)
+    race = find_race(trace, case.program.instructions)
+    if race is None:
+        return None
+    a, b, where = race
+    insns = case.program.instructions
+    return (f"instructions {a} ({mnemonic(insns[a])}) and {b} ({mnemonic(insns[b])}) touch the same "
+            f"{where} entries with no dependency token ordering them")

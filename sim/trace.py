@@ -2,8 +2,12 @@
 
 `TracingFsim` runs a program exactly as `Fsim` does and records who wrote what:
 for every on-chip buffer entry the instruction that last wrote it, for every
-DRAM byte the STORE that last wrote it, and for each STORE the instructions
-whose results it wrote out. `locate_divergence` turns a DRAM difference between
+DRAM byte the STORE that last wrote it, for each STORE the instructions whose
+results it wrote out, and for each instruction the entries it read and wrote.
+`find_race` uses the last with the program's dependency tokens: two instructions
+of different engines that touch the same entry (one writing) must be ordered by
+tokens, or the hardware may run them either way round and legitimately differ
+from fsim. `locate_divergence` turns a DRAM difference between
 fsim and the RTL into the first STORE (in program order) that wrote a differing
 byte and the instructions that produced what it stored; with the RTL's retire
 trace (`gemforge.sim.cosim.harness.read_retire_trace`) it adds the cycle each
@@ -16,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemforge.hw.isa import Instruction, Load, MemType, Store, engine_of, mnemonic
+from gemforge.hw.isa import Alu, Engine, Gemm, Instruction, Load, MemType, Store, engine_of, mnemonic
 
-from .fsim import Fsim
+from .fsim import TOKEN_POPS, TOKEN_PUSHES, Fsim
 
-__all__ = ["TracingFsim", "StoreRecord", "Divergence", "locate_divergence", "retire_cycles"]
+__all__ = ["TracingFsim", "StoreRecord", "Divergence", "locate_divergence", "retire_cycles", "find_race"]
 
 
 @dataclass
@@ -46,24 +50,54 @@ class TracingFsim(Fsim):
         self.stores: dict[int, StoreRecord] = {}
         #: Instruction indices in the order fsim executed them.
         self.order: list[int] = []
+        #: Per instruction: {(buffer or "dram", "r" or "w"): sorted unique entry/byte indices}.
+        self.accesses: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self._current = -1
 
     def execute(self, insn: Instruction, index: int = 0) -> None:
         self._current = index
         self.order.append(index)
+        self.accesses[index] = {}
         super().execute(insn, index)
+
+    def _touch(self, where: str, mode: str, indices) -> None:
+        key = (where, mode)
+        new = np.unique(np.asarray(indices, np.int64).reshape(-1))
+        old = self.accesses[self._current].get(key)
+        self.accesses[self._current][key] = new if old is None else np.union1d(old, new)
+
+    def _dram_bytes(self, insn: Load | Store) -> np.ndarray:
+        entry = self.config.entry_bytes(insn.mem.buffer)
+        rows = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * entry
+        return (rows[:, None] + np.arange(insn.x_size * entry, dtype=np.int64)[None, :]).reshape(-1)
+
+    def _loop_indices(self, insn, index):
+        indices = super()._loop_indices(insn, index)
+        # A resetting GEMM only writes its destinations.
+        reads = ("acc",) if isinstance(insn, Alu) else () if insn.reset else ("inp", "wgt")
+        for buffer, idx in zip(reads, indices[1:]):
+            self._touch(buffer, "r", idx)
+        if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset):
+            self._touch("acc", "r", indices[0])    # accumulate / operate in place
+        self._touch("uop", "r", np.arange(insn.uop_bgn, insn.uop_end))
+        return indices
 
     def _write_acc(self, indices, values) -> None:
         super()._write_acc(indices, values)
         self.writer["acc"][indices] = self._current
         self.writer["out"][indices] = self._current
+        entries = np.arange(self.config.acc_depth)[indices]
+        self._touch("acc", "w", entries)
+        self._touch("out", "w", entries)
 
     def _load(self, insn: Load, index: int) -> None:
         super()._load(insn, index)
+        self._touch("dram", "r", self._dram_bytes(insn))
         if insn.mem != MemType.ACC:            # accumulator loads go through _write_acc
             rows = insn.y_pad0 + insn.y_size + insn.y_pad1
             pitch = insn.x_pad0 + insn.x_size + insn.x_pad1
             self.writer[insn.mem.buffer][insn.sram_base:insn.sram_base + rows * pitch] = index
+            self._touch(insn.mem.buffer, "w", np.arange(insn.sram_base, insn.sram_base + rows * pitch))
 
     def _store(self, insn: Store, index: int) -> None:
         super()._store(insn, index)
@@ -77,6 +111,8 @@ class TracingFsim(Fsim):
             self.dram_writer[start:start + insn.x_size * entry] = index
         writers = self.writer[buffer][insn.sram_base:insn.sram_base + count].copy()
         self.stores[index] = StoreRecord(index, buffer, insn.sram_base, rows, writers)
+        self._touch(buffer, "r", np.arange(insn.sram_base, insn.sram_base + count))
+        self._touch("dram", "w", self._dram_bytes(insn))
 
 
 @dataclass
@@ -174,3 +210,55 @@ def retire_cycles(instructions: list[Instruction], trace: list[tuple[int, str]])
         cycles = per_engine.get(engine, [])
         out.append(cycles[k] if k < len(cycles) else None)
     return out
+
+
+def find_race(trace: TracingFsim, instructions: list[Instruction]) -> tuple[int, int, str] | None:
+    """Two instructions of different engines that touch the same entry (one of them
+    writing) without a chain of dependency tokens ordering them: ``(first, second,
+    where)``, or None when the program is race-free.
+
+    Happens-before comes from vector clocks: each engine runs its instructions in
+    order, and the k-th pop of a token queue waits for the k-th push to it."""
+    engines = list(Engine)
+    slot = {e: i for i, e in enumerate(engines)}
+    clock = {e: np.zeros(len(engines), np.int64) for e in engines}
+    queues: dict[str, list[np.ndarray]] = {}
+    popped: dict[str, int] = {}
+    stamp: dict[int, np.ndarray] = {}
+    # Program order per engine is execution order per engine; visit in fsim's order so
+    # every pop finds its push.
+    for index in trace.order:
+        insn = instructions[index]
+        engine = engine_of(insn)
+        vc = clock[engine].copy()
+        for flag, queue in TOKEN_POPS[engine].items():
+            if getattr(insn, flag):
+                k = popped.get(queue, 0)
+                popped[queue] = k + 1
+                vc = np.maximum(vc, queues[queue][k])
+        vc[slot[engine]] += 1
+        clock[engine] = vc
+        stamp[index] = vc
+        for flag, queue in TOKEN_PUSHES[engine].items():
+            if getattr(insn, flag):
+                queues.setdefault(queue, []).append(vc.copy())
+
+    def before(a: int, b: int) -> bool:
+        e = slot[engine_of(instructions[a])]
+        return stamp[a][e] <= stamp[b][e]
+
+    indices = sorted(trace.accesses)
+    for n, a in enumerate(indices):
+        for b in indices[n + 1:]:
+            if engine_of(instructions[a]) == engine_of(instructions[b]):
+                continue
+            if before(a, b) or before(b, a):
+                continue
+            for (where, mode), entries in trace.accesses[a].items():
+                for other_mode in ("r", "w"):
+                    if mode == "r" and other_mode == "r":
+                        continue
+                    other = trace.accesses[b].get((where, other_mode))
+                    if other is not None and np.intersect1d(entries, other, assume_unique=True).size:
+                        return a, b, where
+    return None

@@ -48,9 +48,10 @@ _HERE = Path(__file__).resolve().parent
 _HW = _HERE.parent.parent / "hw"
 _ID_BITS = 3
 #: Waveform formats by file suffix. Verilator needs a build with tracing compiled in (cached
-#: separately, it runs slower); Icarus dumps from any build, in FST only (cocotb's runner
-#: passes vvp ``-fst`` whenever waves are on).
-WAVE_FORMATS = {"verilator": (".fst", ".vcd"), "icarus": (".fst",)}
+#: separately, it runs slower), and writes VCD: its FST writer needs the lz4 headers, which
+#: the PyPI wheel lacks. Icarus dumps from any build, in FST only (cocotb's runner passes
+#: vvp ``-fst`` whenever waves are on).
+WAVE_FORMATS = {"verilator": (".vcd",), "icarus": (".fst",)}
 #: The engines whose retirements the retire trace records: the instance names of the
 #: top's engines, which are `gemforge.hw.isa.Engine`'s values.
 _TRACED_ENGINES = ("load", "compute", "store")
@@ -211,8 +212,8 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
           waves: str = "", variant: str = "") -> Build:
     """Compile (or find in the cache) the co-simulation of ``config``.
 
-    ``waves`` (".fst" or ".vcd") asks for a Verilator build that can write that waveform
-    (Icarus builds write FST without one). ``variant`` names a gateware that differs from
+    ``waves`` (".vcd") asks for a Verilator build that can write waveforms (Icarus
+    builds write FST without one). ``variant`` names a gateware that differs from
     the sources on disk (a test's injected mutation): it keys a separate cache entry."""
     if simulator not in SIMULATORS:
         raise CosimError(f"unknown simulator {simulator!r}; choose one of {', '.join(SIMULATORS)}")
@@ -249,8 +250,6 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
         saved_makeflags = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = f"{saved_makeflags or ''} CFG_CXXFLAGS_PCH_I=-include".strip()
         args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3"] if simulator == "verilator" else list(ICARUS_BUILD_ARGS)
-        if traced == ".fst":
-            args.append("--trace-fst")
         try:
             runner.build(sources=[src / "gemforge_top.v", src / DRAM_MODEL_FILE, src / f"{TB_TOP}.v"],
                          hdl_toplevel=TB_TOP, build_dir=build_dir / "sim", build_args=args,
