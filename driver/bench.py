@@ -170,15 +170,44 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
     return report
 
 
+def bench_regress(configs: list[AccelConfig], device: str, quick: bool = False) -> dict[str, Any]:
+    """Co-simulation regression throughput (`gemforge regress`): random programs per second
+    checked on the RTL against fsim, batched in one simulator process (one job, and one per
+    CPU), against the baseline of one simulator process per program (builds excluded)."""
+    import os
+
+    from gemforge.sim import regress
+    from gemforge.sim.cosim import harness
+
+    jobs = os.cpu_count() or 1
+    rows = []
+    for config in configs:
+        harness.build(config, device)
+        count = 60 if quick else 400
+        single = regress.regress([config], count, 0, device, jobs=1, batch=100)
+        parallel = regress.regress([config], count, 0, device, jobs=jobs, batch=100)
+        baseline = regress.regress([config], 6 if quick else 20, 0, device, jobs=1, batch=1)
+        for report in (single, parallel, baseline):
+            if report.mismatches:
+                raise RuntimeError(f"regression benchmark: {len(report.mismatches)} mismatch(es) on {config.name}")
+        rows.append({"config": config.name, "programs": count, "jobs": jobs,
+                     "programs_per_s_one_job": round(single.programs_per_second, 1),
+                     "programs_per_s": round(parallel.programs_per_second, 1),
+                     "baseline_programs_per_s": round(baseline.programs_per_second, 2),
+                     "speedup_one_job": round(single.programs_per_second / baseline.programs_per_second, 1),
+                     "cycles_per_program": round(parallel.cycles / parallel.programs)})
+    return {"device": device, "configs": rows}
+
+
 def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,
                    core_configs: list[AccelConfig] = (), sections: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The figures of ``sections`` (default: ``fsim`` and ``cpu``, ``rtl`` with an RTL
-    ``device``, ``gpu`` where a GPU is present): fsim's speed; the accelerator's core rates
+    """The figures of ``sections`` (default: ``fsim``, ``cpu`` and ``network``, ``rtl`` and
+    ``regress`` with an RTL ``device``, ``gpu`` where a GPU is present): fsim's speed; the accelerator's core rates
     (of ``config`` and of each of ``core_configs``) and utilization on RTL; the LLVM CPU and
     GPU back ends against numpy, ONNX Runtime and the device's peak."""
     if sections is None:
         from gemforge.compiler.backends.gpu import cuda
-        sections = ("fsim", "cpu", "network") + (("rtl",) if device not in (None, "fsim") else ()) + \
+        sections = ("fsim", "cpu", "network") + (("rtl", "regress") if device not in (None, "fsim") else ()) + \
             (("gpu",) if cuda.available() else ())
     results: dict[str, Any] = {}
     if "fsim" in sections:
@@ -191,6 +220,10 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
         if others:
             results["rtl_core_other_configs"] = {c.name: measure(c, simulator=device) for c in others}
         results["utilization"] = bench_utilization(config, device, RESNET18_LAYERS[:2] if quick else None)
+    if "regress" in sections and device is not None and device != "fsim":
+        from gemforge.hw.config import PRESETS
+        configs = [PRESETS["tiny"]] + ([config] if config.name != "tiny" else [])
+        results["regress"] = bench_regress(configs, device, quick)
     if "cpu" in sections:
         from .bench_llvm import bench_cpu
         results["cpu"] = bench_cpu(quick)

@@ -119,6 +119,8 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     util = results.get("utilization")
     if util:
         out += _utilization_section(util)
+    if results.get("regress"):
+        out += _regress_section(results["regress"])
     if results.get("cpu"):
         out += _cpu_section(results["cpu"])
     if results.get("network"):
@@ -181,6 +183,23 @@ def _network_section(net: dict[str, Any]) -> list[str]:
                     for x in layers]
     out.append("")
     return out
+
+
+def _regress_section(reg: dict[str, Any]) -> list[str]:
+    rows = [f"| `{r['config']}` | {r['programs']} | {r['cycles_per_program']:,} | {r['programs_per_s_one_job']} | "
+            f"{r['programs_per_s']} ({r['jobs']} jobs) | {r['baseline_programs_per_s']} | {r['speedup_one_job']}× |"
+            for r in reg["configs"]]
+    return [
+        f"## Co-simulation regression ({reg['device']})", "",
+        "`gemforge regress`: random valid programs run on the RTL and on fsim, DRAM compared bit for bit",
+        "(builds excluded; every program must match). The simulator runs a batch of 100 programs per",
+        "process, resetting the accelerator, reloading the DRAM model and zeroing the buffers between",
+        "them; the baseline starts one simulator process per program. Aim (issue 10): ≥ 50 programs/s",
+        "on `tiny`.", "",
+        "| config | programs | cycles / program | programs / s, 1 job | programs / s | baseline: one process "
+        "per program | batching speedup, 1 job |",
+        "| --- | --- | --- | --- | --- | --- | --- |", *rows, "",
+    ]
 
 
 def _fsim_section(fs: dict[str, Any]) -> list[str]:

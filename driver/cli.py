@@ -148,7 +148,13 @@ def cmd_run_op(args: argparse.Namespace) -> None:
         check_accumulator_range(args, arrays, config)
     dtype = arrays[next(iter(arrays))].dtype.name
     shapes = {k: v.shape for k, v in arrays.items() if k != "bias"}
-    with open_device(args.device, config) as device:
+    options = {}
+    if args.waves:
+        if args.device not in ("verilator", "icarus"):
+            raise UsageError(f"--waves records an RTL simulation: use it with --device verilator or icarus, "
+                             f"not {args.device}")
+        options["waves"] = args.waves
+    with open_device(args.device, config, **options) as device:
         target = _target_for(args, device)
         op = compile_operator(args, target, shapes, dtype, "bias" in arrays)
         output, result = op.run(device, **arrays)
@@ -268,7 +274,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
     sections = tuple(args.sections.split(",")) if args.sections else None
-    known = ("fsim", "rtl", "cpu", "network", "gpu")
+    known = ("fsim", "rtl", "regress", "cpu", "network", "gpu")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
     results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
@@ -355,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
         _common_operator_options(q, config_help)
         q.add_argument("--device", default="fsim", help=_DEVICE_HELP)
         q.add_argument("--stats", action="store_true", help="print the plan and the run's counters as JSON")
+        q.add_argument("--waves", metavar="FILE",
+                       help="on verilator or icarus: write the run's waveform (.vcd on verilator, .fst on icarus)")
         q.set_defaults(func=cmd_run_op)
 
     p = sub.add_parser("compile-op", help="compile one operator: a program file for the accelerator, "
@@ -423,9 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
-                   help="what to measure, comma-separated: fsim, rtl, cpu, network, gpu (default: fsim, cpu and "
-                        "network (the digits CNN and ResNet-18 compiled whole; on an RTL --device too), rtl with an "
-                        "RTL --device, gpu where a GPU is present); cpu's ResNet-18 convolutions are compared with "
+                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, gpu (default: fsim, "
+                        "cpu and network (the digits CNN and ResNet-18 compiled whole; on an RTL --device too), rtl "
+                        "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
+                        "is present); cpu's ResNet-18 convolutions are compared with "
                         "ONNX Runtime, measured where it is installed (the dev extra)")
     p.add_argument("--merge", metavar="FILE",
                    help="also report the sections of an earlier run's JSON (-o) that this run did not measure, "

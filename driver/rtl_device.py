@@ -10,12 +10,15 @@ as for every device), ``sim_dram_bytes`` (size of the simulated DRAM window;
 default 16 MiB on Verilator, 2 MiB on Icarus), ``stall`` (0–255: probability
 /256 that each AXI channel withholds its handshake in a cycle, for protocol
 tests), ``seed``, ``watchdog_cycles`` (a run with no progress for that many
-cycles fails with the debug state) and ``max_cycles``.
+cycles fails with the debug state), ``max_cycles`` and ``waves`` (a file: each
+run writes its waveform there, VCD on Verilator, FST on Icarus; Verilator then
+uses a separately cached build with tracing, which runs slower).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from gemforge.hw.config import AccelConfig
 from gemforge.sim.cosim import harness
@@ -38,10 +41,18 @@ class RtlDevice(Device):
 
     def __init__(self, config: AccelConfig, dram_bytes: int = DEFAULT_DRAM_BYTES, *,
                  sim_dram_bytes: int | None = None, stall: int = 0, seed: int = 1,
-                 watchdog_cycles: int = 200_000, max_cycles: int = 1 << 40) -> None:
+                 watchdog_cycles: int = 200_000, max_cycles: int = 1 << 40, waves: str | Path | None = None) -> None:
         super().__init__(config, dram_bytes)
         if not 0 <= stall <= 255:
             raise DeviceError(f"stall must be between 0 and 255 (probability in 256ths), not {stall}")
+        self.waves = Path(waves) if waves is not None else None
+        if self.waves is not None:
+            formats = harness.WAVE_FORMATS[self.simulator]
+            if self.waves.suffix not in formats:
+                raise DeviceError(f"{self.simulator} writes waveforms as {' or '.join(formats)}; name the "
+                                  f"waveform file accordingly, not {self.waves.name}")
+            if self.waves.is_dir():
+                raise DeviceError(f"waveform file {self.waves} is a directory")
         self.stall = stall
         self.seed = seed
         self.watchdog_cycles = watchdog_cycles
@@ -53,7 +64,8 @@ class RtlDevice(Device):
         """Compile the simulation now (otherwise the first run does); cached on disk per config."""
         if self._build is None:
             try:
-                self._build = harness.build(self.config, self.simulator, self.sim_dram_bytes)
+                self._build = harness.build(self.config, self.simulator, self.sim_dram_bytes,
+                                            waves=self.waves.suffix if self.waves else "")
             except harness.CosimError as exc:
                 raise DeviceError(str(exc)) from None
         return self._build
@@ -75,7 +87,7 @@ class RtlDevice(Device):
         try:
             image, result = harness.run(built, self.dram[lo:hi], lo, insn_address, insn_count,
                                         stall=self.stall, seed=self.seed, max_cycles=self.max_cycles,
-                                        watchdog_cycles=self.watchdog_cycles)
+                                        watchdog_cycles=self.watchdog_cycles, waves=self.waves)
         except harness.CosimError as exc:
             raise DeviceError(str(exc)) from None
         status = result.get("status")

@@ -4,22 +4,56 @@ write leaves the previous file in place."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["write_bytes_atomic", "write_text_atomic"]
+__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic"]
+
+
+def _target(path: str | Path) -> tuple[Path, bool]:
+    """The file to write for ``path`` and whether it is a regular file's place (else a
+    device or pipe to write through). A symlink is followed; a directory is refused."""
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.is_dir():
+        raise IsADirectoryError(21, "is a directory, not a file to write", str(path))
+    return path, not (path.exists() and not path.is_file())
+
+
+def move_atomic(source: str | Path, path: str | Path) -> None:
+    """Move the finished file ``source`` to ``path`` under the rules of `write_bytes_atomic`
+    (for outputs a tool writes itself, such as a simulator's waveform)."""
+    path, regular = _target(path)
+    if not regular:
+        with open(source, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.unlink(source)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        shutil.move(source, tmp)       # a rename on one file system, else a copy
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file renamed over it. Only a regular
     file is ever replaced: a symlink is followed (its target is written), a device or a
     pipe (``/dev/null``, ``/dev/stdout``) is written through, a directory is refused."""
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
-    if path.is_dir():
-        raise IsADirectoryError(21, "is a directory, not a file to write", str(path))
-    if path.exists() and not path.is_file():
+    path, regular = _target(path)
+    if not regular:
         with open(path, "wb") as handle:     # a character device or FIFO: nothing to replace
             handle.write(data)
         return

@@ -32,6 +32,7 @@ import numpy as np
 from amaranth.hdl import Shape
 from amaranth.lib import wiring
 
+from gemforge.files import move_atomic
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.gateware.axi import ADDR_BITS, Axi4Signature, AxiLiteSignature
 from gemforge.hw.isa import encode_program
@@ -262,6 +263,11 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
                 os.environ.pop("MAKEFLAGS", None)
             else:
                 os.environ["MAKEFLAGS"] = saved_makeflags
+        if simulator == "verilator":
+            # Only the executable runs; the precompiled headers alone are ~150 MB.
+            for junk in (build_dir / "sim").glob("*"):
+                if junk.suffix in (".gch", ".o", ".a", ".d"):
+                    junk.unlink(missing_ok=True)
         stamp.write_text("ok\n")
     _prune_cache(keep=CACHE_KEEP_BUILDS)
     return result
@@ -279,8 +285,9 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
 #: The generated top and the DRAM model are plain Verilog-2005.
 ICARUS_BUILD_ARGS = ["-g2005"]
 
-#: Builds kept in the cache (each 50-200 MB); the least recently used go first.
-CACHE_KEEP_BUILDS = 12
+#: Builds kept in the cache (each a few MB once the compiler's intermediate files are
+#: deleted); the least recently used go first.
+CACHE_KEEP_BUILDS = 32
 
 
 def _prune_cache(keep: int) -> None:
@@ -436,14 +443,20 @@ def run_batch(built: Build, programs: list[BatchProgram], base: int, *, stall: i
             plusargs.append(f"+retire_trace={Path(retire_trace).resolve()}")
         test_args = []
         if waves is not None:
+            # Written in the run directory, moved into place when the run is over.
+            scratch_waves = rundir / f"waves{Path(waves).suffix}"
             if built.simulator == "verilator":
-                test_args = ["--trace-file", str(Path(waves).resolve())]
+                test_args = ["--trace-file", str(scratch_waves)]
             else:
-                plusargs.append(f"+waves={Path(waves).resolve()}")
+                plusargs.append(f"+waves={scratch_waves}")
         env = {"GEMFORGE_COSIM_JOB": str(rundir / "job.json"), "COCOTB_RESOLVE_X": "ZEROS"}
         if "GEMFORGE_COSIM_LOG" in os.environ:     # e.g. DEBUG, for the simulator's log
             env["COCOTB_LOG_LEVEL"] = os.environ["GEMFORGE_COSIM_LOG"]
         _simulate(built, rundir, plusargs, test_args, env, waves is not None, progress, len(programs))
+        if waves is not None:
+            if not scratch_waves.exists():
+                raise CosimError(f"{built.simulator} wrote no waveform; see {rundir / 'sim.log'}")
+            move_atomic(scratch_waves, waves)
         lines = (rundir / "results.jsonl").read_text().splitlines() if (rundir / "results.jsonl").exists() else []
         results = [json.loads(line) for line in lines]
         if len(results) != len(programs):

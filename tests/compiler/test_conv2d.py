@@ -126,8 +126,43 @@ def test_bad_arguments_are_refused():
         compile_conv2d(c, (1, 3, 8, 8), (4, 3, 3, 3), stride=0)
     with pytest.raises(OpError, match="does not fit"):
         compile_conv2d(c, (1, 3, 2, 2), (4, 3, 5, 5))
-    with pytest.raises(OpError, match="cannot be tiled"):
-        compile_conv2d(CRAMPED, (1, 4, 2, 100), (4, 4, 1, 80))
+    # One accumulator entry cannot hold an output pixel and its bias.
+    one_acc = PRESETS["tiny"].replace(name="one_acc", acc_buffer_bytes=PRESETS["tiny"].acc_entry_bytes,
+                                      out_buffer_bytes=PRESETS["tiny"].out_entry_bytes)
+    with pytest.raises(OpError, match="cannot be tiled for config 'one_acc': even one kernel tap"):
+        compile_conv2d(one_acc, (1, 3, 8, 8), (4, 3, 3, 3), padding=1, bias=True, shift=4)
+
+
+#: Input and weight buffers of 4 entries: not even one row of a 5- or 7-wide kernel fits.
+TINY_BUFFERS = PRESETS["tiny"].replace(name="tiny_buffers", inp_buffer_bytes=4 * PRESETS["tiny"].inp_entry_bytes,
+                                       wgt_buffer_bytes=4 * PRESETS["tiny"].wgt_entry_bytes)
+
+
+@settings(max_examples=12, deadline=None)
+@given(k=st.sampled_from([(5, 5), (7, 7), (1, 7), (7, 1), (3, 6)]), stride=st.integers(1, 3),
+       pad=st.integers(0, 2), size=st.integers(7, 12), cin=st.integers(1, 5), cout=st.integers(1, 5),
+       bias=st.booleans(), seed=st.integers(0, 1000))
+def test_kernel_columns_are_chunked_when_a_kernel_row_does_not_fit(k, stride, pad, size, cin, cout, bias, seed):
+    """Issue 10: such configs were refused ("cannot be tiled"); now kernel rows and columns are
+    both split into chunks, equal to numpy."""
+    kh, kw = k
+    pad = min(pad, kh - 1, kw - 1)
+    rng = np.random.default_rng(seed)
+    x, w = int8(rng, (1, cin, size, size + 1)), int8(rng, (cout, cin, kh, kw))
+    b = rng.integers(-1000, 1000, cout).astype(np.int32) if bias else None
+    op = compile_conv2d(TINY_BUFFERS, x.shape, w.shape, stride=stride, padding=pad, bias=bias)
+    assert op.plan.get("tkw", kw) * op.plan["tkh"] * op.plan["threads"] <= TINY_BUFFERS.wgt_depth
+    out, _ = op.run(device_for(TINY_BUFFERS), x=x, w=w, **({"bias": b} if bias else {}))
+    np.testing.assert_array_equal(out, conv2d_reference(x, w, b, stride, pad))
+
+
+def test_kernel_wider_than_the_input_buffer_on_a_cramped_config():
+    rng = np.random.default_rng(4)
+    x, w = int8(rng, (1, 4, 2, 100)), int8(rng, (4, 4, 1, 80))
+    op = compile_conv2d(CRAMPED, x.shape, w.shape)
+    assert op.plan.get("tkw", 80) < 80
+    out, _ = op.run(device_for(CRAMPED), x=x, w=w)
+    np.testing.assert_array_equal(out, conv2d_reference(x, w, None, 1, 0))
 
 
 @pytest.mark.slow

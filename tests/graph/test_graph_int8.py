@@ -96,8 +96,10 @@ def test_runtime_refusals(tmp_path):
 
 
 def test_layer_the_accelerator_cannot_tile_stays_on_cpu():
-    # A 2-entry input buffer cannot hold one row of a 3x3 window: conv1 runs on the CPU, and says why.
-    small = dataclasses.replace(PRESETS["tiny"], name="small", inp_buffer_bytes=PRESETS["tiny"].inp_entry_bytes * 2)
+    # One accumulator entry cannot hold an output pixel and its bias: conv1 runs on the CPU, and says why.
+    tiny = PRESETS["tiny"]
+    small = dataclasses.replace(tiny, name="small", acc_buffer_bytes=tiny.acc_entry_bytes,
+                                out_buffer_bytes=tiny.out_entry_bytes)
     m, model, rng = _compile(6, small)
     rows = {r["node"]: r for r in model.graph.notes["partition"]}
     assert rows["conv1"]["device"] == "cpu" and "cannot be tiled" in rows["conv1"]["reason"]

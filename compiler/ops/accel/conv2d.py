@@ -10,10 +10,11 @@ Data NCHW{B}n{BI}c ``(N/B, C/BI, H, W, B, BI)``, weights OIHW{BO}o{BI}i
 Default schedule: output tiles of ``toc`` channel blocks × ``toh`` rows ×
 ``tow`` columns, the tile loops fused and split into ``V`` virtual threads
 (2 with latency hiding, 1 if double buffering does not fit the buffers);
-the reduction over input-channel blocks in chunks of ``tic`` and kernel rows
-in chunks of ``tkh`` (small buffers), with the input window
-(``(toh−1)·s + tkh`` rows × ``(tow−1)·s + KW`` columns, zero padding added by
-the DMA at the borders) and the weight chunk loaded per chunk; the
+the reduction over input-channel blocks in chunks of ``tic``, kernel rows
+in chunks of ``tkh`` and, when not even one kernel row fits the buffers,
+kernel columns in chunks of ``tkw``, with the input window
+(``(toh−1)·s + tkh`` rows × ``(tow−1)·s + tkw`` columns, zero padding added
+by the DMA at the borders) and the weight chunk loaded per chunk; the
 pad stage is inlined into the input copy so that no padded tensor ever
 exists in DRAM. `plan_conv2d` picks the tiles for any config and shape.
 """
@@ -73,48 +74,64 @@ def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tupl
 
 def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
                 epilogue: Epilogue) -> dict[str, int]:
-    """Tiles ``toc, toh, tow, tic, tkh`` (blocks / rows / columns / kernel rows) for the default
-    schedule, minimizing the run time `TilingCost.cycles` estimates.
+    """Tiles ``toc, toh, tow, tic, tkh, tkw`` (blocks / rows / columns / kernel rows / kernel
+    columns) for the default schedule, minimizing the run time `TilingCost.cycles`
+    estimates. Kernel columns are split only when whole kernel rows do not fit.
 
     Without padding, a stride above the kernel's extent along an axis (a 1×1
     kernel, or one kernel row per chunk) makes the input window strided: the
     DMA copies only the pixels read (`lower.Region`), one LOAD per window row
     when the columns are strided."""
+    kw = kernel[3]
+    for tkw in reversed(divisors(kw)):
+        plan = _plan_conv2d(config, data, kernel, stride, padding, threads, epilogue, tkw)
+        if plan is not None:
+            return plan
+    c = config
+    raise OpError(f"conv2d with a {kernel[2]}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
+                  f"kernel tap of one channel block needs more input, weight or accumulator buffer than it has")
+
+
+def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, threads: int,
+                 epilogue: Epilogue, tkw: int) -> dict[str, int] | None:
+    """The best plan with kernel-column chunks of ``tkw``, or None when none fits."""
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
     oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
-    cols_strided = stride > 1 and padding == 0 and kw == 1
+    cols_strided = stride > 1 and padding == 0 and tkw == 1
     store_bytes = store_entry_bytes(epilogue, c)
     best = None
     for tkh in reversed(divisors(kh)):
         rows_strided = stride > 1 and padding == 0 and tkh == 1
         for tow in reversed(divisors(ow)):
-            win_w = tow if cols_strided else (tow - 1) * stride + kw
+            win_w = tow if cols_strided else (tow - 1) * stride + tkw
             for toh in divisors(oh):
                 win_h = toh if rows_strided else (toh - 1) * stride + tkh
                 if threads * win_h * win_w > c.inp_depth:
                     break
                 for tic in divisors(cb):
-                    if threads * tic * win_h * win_w > c.inp_depth or threads * tic * tkh * kw > c.wgt_depth:
+                    if threads * tic * win_h * win_w > c.inp_depth or threads * tic * tkh * tkw > c.wgt_depth:
                         break
                     for toc in divisors(ob):
                         pixels = toh * tow
-                        if threads * toc * tic * tkh * kw > c.wgt_depth or \
+                        if threads * toc * tic * tkh * tkw > c.wgt_depth or \
                                 threads * (toc * pixels + (toc if epilogue.bias else 0)) > c.acc_depth:
                             break
                         if max(toc, toh, tow) > c.max_loop_iterations:
                             continue
                         work = TilingCost(
                             tiles=nb * (ob // toc) * (oh // toh) * (ow // tow),
-                            chunks=(cb // tic) * (kh // tkh),
+                            chunks=(cb // tic) * (kh // tkh) * (kw // tkw),
                             chunk_read_bytes=tic * win_h * win_w * c.inp_entry_bytes
-                            + toc * tic * tkh * kw * c.wgt_entry_bytes,
+                            + toc * tic * tkh * tkw * c.wgt_entry_bytes,
                             # Input: a LOAD per channel block (per window row when the
                             # columns are strided); weights: one, or one per output
-                            # block when the kernel rows are chunked.
-                            chunk_loads=tic * (win_h if cols_strided else 1) + (1 if tkh == kh else toc),
-                            chunk_uops=toc * pixels * tic * tkh * kw,
+                            # block when the kernel rows are chunked, per channel
+                            # block too when the columns are.
+                            chunk_loads=tic * (win_h if cols_strided else 1)
+                            + (1 if tkh == kh and tkw == kw else toc * (1 if tkw == kw else tic)),
+                            chunk_uops=toc * pixels * tic * tkh * tkw,
                             tile_uops=toc * pixels * (1 + epilogue_alu_ops(epilogue)),
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
                             tile_store_bytes=toc * pixels * store_bytes,
@@ -123,10 +140,12 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                         if best is None or cost < best[0]:
                             best = (cost, toc, toh, tow, tic, tkh, order)
     if best is None:
-        raise OpError(f"conv2d with a {kh}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
-                      f"output row of one channel block needs more input or weight buffer than it has")
-    return {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads,
+        return None
+    plan = {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads,
             "order": best[6]}
+    if tkw != kw:
+        plan["tkw"] = tkw
+    return plan
 
 
 def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
@@ -157,10 +176,16 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
     cn, coc, cy, cx, cb, co, ic, kh, kw, ki = sc.leaf
     ico, ici = sc.split(ic, plan["tic"])
     kho, khi = sc.split(kh, plan.get("tkh", tensors["w"].shape[2]))
-    sc.reorder(ico, kho, cn, coc, cy, cx, ici, khi, kw, cb, co, ki)
+    if "tkw" in plan:            # kernel columns chunked too: buffers smaller than a kernel row
+        kwo, kwi = sc.split(kw, plan["tkw"])
+        sc.reorder(ico, kho, kwo, cn, coc, cy, cx, ici, khi, kwi, cb, co, ki)
+        chunk = kwo
+    else:
+        sc.reorder(ico, kho, cn, coc, cy, cx, ici, khi, kw, cb, co, ki)
+        chunk = kho
     sc.tensorize(cb, gemm_intrin(config))
     for t in (x_inp, w_wgt):
-        s[t].compute_at(sc, kho)
+        s[t].compute_at(sc, chunk)
         s[t].pragma(s[t].leaf[0], "dma_copy")
     return s
 
