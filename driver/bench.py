@@ -7,6 +7,7 @@ records the latest figures with the command that made them.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -196,7 +197,34 @@ def bench_regress(configs: list[AccelConfig], device: str, quick: bool = False) 
                      "baseline_programs_per_s": round(baseline.programs_per_second, 2),
                      "speedup_one_job": round(single.programs_per_second / baseline.programs_per_second, 1),
                      "cycles_per_program": round(parallel.cycles / parallel.programs)})
-    return {"device": device, "configs": rows}
+    return {"device": device, "configs": rows, "mutant": _bench_mutant(configs[0], device, 40 if quick else 100)}
+
+
+def _bench_mutant(config: AccelConfig, device: str, count: int) -> dict[str, Any]:
+    """Seconds to report the injected bug (`sim.mutants`) in a regression of ``count``
+    programs, and to locate and shrink its first mismatch (builds excluded)."""
+    import tempfile
+
+    from gemforge.sim import regress
+    from gemforge.sim.cosim import harness
+    from gemforge.sim.mutants import applied
+
+    with applied("alu-min-unsigned") as mutant:
+        built = harness.build(config, device, variant=mutant.variant)
+        harness.build(config, device, waves=harness.WAVE_FORMATS[device][0], variant=mutant.variant)
+        t0 = time.perf_counter()
+        report = regress.regress([config], count, 0, device, jobs=1, batch=100, variant=mutant.variant)
+        detect = time.perf_counter() - t0
+        if not report.mismatches:
+            raise RuntimeError(f"the {mutant.name} mutant went unnoticed in {count} programs")
+        with tempfile.TemporaryDirectory() as scratch:
+            t1 = time.perf_counter()
+            summary = regress.investigate(built, report.mismatches[0].case, Path(scratch))
+            shrink = time.perf_counter() - t1
+    return {"mutant": mutant.name, "config": config.name, "programs": count,
+            "failing_programs": len(report.mismatches), "detect_s": round(detect, 1),
+            "investigate_s": round(shrink, 1), "original_instructions": summary["instructions"]["original"],
+            "reproducer_instructions": summary["instructions"]["reproducer"]}
 
 
 def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,

@@ -199,6 +199,12 @@ def _regress_section(reg: dict[str, Any]) -> list[str]:
         "| config | programs | cycles / program | programs / s, 1 job | programs / s | baseline: one process "
         "per program | batching speedup, 1 job |",
         "| --- | --- | --- | --- | --- | --- | --- |", *rows, "",
+        *([] if not reg.get("mutant") else [
+            f"Injected bug (`gemforge regress --mutant {reg['mutant']['mutant']}`, `{reg['mutant']['config']}`): "
+            f"{reg['mutant']['failing_programs']} of {reg['mutant']['programs']} programs fail, reported after "
+            f"{reg['mutant']['detect_s']} s; locating the first and shrinking it from "
+            f"{reg['mutant']['original_instructions']} to {reg['mutant']['reproducer_instructions']} instructions "
+            f"(with its waveform) takes {reg['mutant']['investigate_s']} s.", ""]),
     ]
 
 

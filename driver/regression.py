@@ -4,12 +4,14 @@ Runs random programs on the RTL and fsim (`gemforge.sim.regress`) with a
 progress bar on stderr and a JSON summary on stdout; exit status 1 when any
 program differs. Each mismatch (up to ``--investigate``) is located, shrunk and
 saved under ``-o`` with a waveform and a replay command; ``--replay FILE``
-runs one saved (or any) program file the same way.
+runs one saved (or any) program file the same way; ``--mutant NAME`` runs
+against deliberately broken gateware (`gemforge.sim.mutants`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +24,7 @@ from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.program import Program
 from gemforge.sim import regress
 from gemforge.sim.cosim import harness
+from gemforge.sim.mutants import MUTANTS, applied
 
 __all__ = ["add_arguments", "cmd_regress"]
 
@@ -50,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser, config_help: str) -> None:
                    help="with --replay: AXI back-pressure, 0-255 (the replay command of a saved mismatch sets it)")
     p.add_argument("--waves", metavar="FILE",
                    help="with --replay or --count 1: write the run's waveform (.vcd on verilator, .fst on icarus)")
+    p.add_argument("--mutant", choices=sorted(MUTANTS),
+                   help="run against deliberately broken gateware (it must fail): "
+                        + "; ".join(f"{m.name}: {m.description}" for m in MUTANTS.values()))
 
 
 def _configs(args: argparse.Namespace) -> list[AccelConfig]:
@@ -79,8 +85,12 @@ def _say(message: str) -> None:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    if args.replay:
-        return _replay(args)
+    with applied(args.mutant) if args.mutant else contextlib.nullcontext() as mutant:
+        variant = mutant.variant if mutant else ""
+        return _replay(args, variant) if args.replay else _regress(args, variant)
+
+
+def _regress(args: argparse.Namespace, variant: str) -> int:
     for name in ("count", "jobs", "batch"):
         if getattr(args, name) < 1:
             raise regress.RegressError(f"--{name} must be at least 1, not {getattr(args, name)}")
@@ -103,19 +113,19 @@ def cmd_regress(args: argparse.Namespace) -> int:
                   console=console, transient=False) as progress:
         task = progress.add_task(f"building {len(configs)} config(s)", total=args.count)
         report = regress.regress(
-            configs, args.count, args.seed, args.device, jobs=args.jobs, batch=args.batch,
+            configs, args.count, args.seed, args.device, jobs=args.jobs, batch=args.batch, variant=variant,
             on_build=lambda c: progress.update(task, description=f"building {c.name} ({args.device})"),
             on_progress=lambda n: progress.update(task, completed=n, description="programs"))
         progress.update(task, completed=report.programs, description="programs")
     if waves is not None:
         case = regress.random_case(configs[0], args.seed)
-        built = harness.build(configs[0], args.device, waves=waves.suffix)
+        built = harness.build(configs[0], args.device, waves=waves.suffix, variant=variant)
         regress.run_cases(built, [case], waves=waves)
         _say(f"waveform of {case.label}: {waves}")
     for failed in report.mismatches[:args.investigate]:
         out = Path(args.output_dir) / f"{failed.case.config.name}-seed{failed.case.seed}"
         _say(f"MISMATCH {failed.case.label}: {failed.mismatch}")
-        built = harness.build(failed.case.config, args.device)
+        built = harness.build(failed.case.config, args.device, variant=variant)
         summary = regress.investigate(built, failed.case, out, shrink_it=not args.no_shrink, on_step=_say)
         report.investigations.append(summary)
         _say(summary["divergence"])
@@ -127,7 +137,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
     return 1 if report.mismatches else 0
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _replay(args: argparse.Namespace, variant: str) -> int:
     path = Path(args.replay)
     try:
         data = path.read_bytes()
@@ -144,7 +154,7 @@ def _replay(args: argparse.Namespace) -> int:
     if race:
         _say(f"warning: {race}; fsim and the RTL may legitimately differ")
     _say(f"building {program.config.name} ({args.device})")
-    built = harness.build(program.config, args.device, waves=waves.suffix if waves else "")
+    built = harness.build(program.config, args.device, waves=waves.suffix if waves else "", variant=variant)
     with tempfile.TemporaryDirectory(prefix="gemforge-replay-") as scratch:
         text, mismatch = regress.describe_failure(built, case, Path(scratch) / "retire_trace.txt", waves=waves)
     result = {"program": str(path), "config": program.config.name, "device": args.device, "stall": args.stall,

@@ -94,11 +94,14 @@ async def run_programs(dut):
                 await regs.write("IRQ_ENABLE", 1)
                 if k and job["clear"]:
                     # Memories survive reset: zero the buffers as a fresh simulation has
-                    # them (START zeroes the counters, so the program's own are unaffected).
+                    # them, then reset again so the program starts as in a fresh one
+                    # (the DRAM model's random stalls restart from their seed too).
                     status, _ = await _start_and_wait(dut, regs, job["clear"], job)
                     if status != "done":
                         result = {"status": status, "message": "the buffer-clearing program did not finish"}
                         continue
+                    await _reset(dut)
+                    await regs.write("IRQ_ENABLE", 1)
                 result = await _run(dut, regs, program, job)
                 await _dump(dut)
                 shutil.move(job["dram_out"], program["dram_out"])

@@ -1,9 +1,9 @@
 """`gemforge regress`: batched co-simulation, race checking, localization and shrinking.
 
-The machinery is tested against a deliberately broken gateware: a mutant ALU whose MIN
-compares unsigned (built as a separate cache variant), which random programs must catch,
-the trace must localize to the ALU MIN, and the shrinker must cut down to a handful of
-instructions. The slow tier runs 10,000 programs over presets and random configs.
+The machinery is tested against deliberately broken gateware (`gemforge.sim.mutants`): an
+ALU whose MIN compares unsigned (built as a separate cache variant), which random programs
+must catch, the trace must localize to the ALU MIN, and the shrinker must cut down to a
+handful of instructions; also through the command line. The slow tier runs 10,000 programs over presets and random configs.
 """
 
 from __future__ import annotations
@@ -13,20 +13,17 @@ import json
 
 import numpy as np
 import pytest
-from amaranth import Cat, Module, Mux
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
-from gemforge.hw.gateware import compute as compute_module
-from gemforge.hw.gateware.alu import TensorAlu
-from gemforge.hw.gateware.gemm import lanes
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from gemforge.hw.program import Program
 from gemforge.sim import regress
 from gemforge.sim.cosim import harness
 from gemforge.sim.fsim import Fsim
+from gemforge.sim.mutants import applied
 from gemforge.sim.trace import find_race, retire_cycles
 from strategies import accel_configs
 
@@ -37,29 +34,11 @@ needs_icarus = pytest.mark.skipif(not harness.simulator_available("icarus"),
 TINY = PRESETS["tiny"]
 
 
-class MinComparesUnsigned(TensorAlu):
-    """The injected bug: ALU MIN compares its operands as unsigned numbers."""
-
-    def elaborate(self, platform):
-        m = Module()
-        c = self._config
-        m.submodules.correct = correct = TensorAlu(c)
-        m.d.comb += [correct.op.eq(self.op), correct.a.eq(self.a), correct.b.eq(self.b),
-                     self.result.eq(correct.result)]
-        n, w = c.batch * c.block_out, c.acc_width
-        with m.If(self.op == AluOp.MIN):
-            m.d.comb += self.result.eq(Cat(*(Mux(a < b, a, b)
-                                             for a, b in zip(lanes(self.a, n, w), lanes(self.b, n, w)))))
-        return m
-
-
-MUTANT = "mutant-alu-min-unsigned"
-
-
 @pytest.fixture
-def mutant_gateware(monkeypatch):
-    """Generated Verilog uses the mutant ALU while the fixture is active."""
-    monkeypatch.setattr(compute_module, "TensorAlu", MinComparesUnsigned)
+def mutant_gateware():
+    """Generated Verilog uses the mutant ALU (MIN compares unsigned) while the fixture is active."""
+    with applied("alu-min-unsigned") as mutant:
+        yield mutant
 
 
 # ---------------------------------------------------------------------------- without a simulator
@@ -160,10 +139,10 @@ def test_regress_presets_and_a_random_config():
 
 @needs_verilator
 def test_mutant_is_caught_located_and_shrunk(mutant_gateware, tmp_path, capsys):
-    report = regress.regress([TINY], 24, 0, "verilator", jobs=2, variant=MUTANT)
+    report = regress.regress([TINY], 24, 0, "verilator", jobs=2, variant=mutant_gateware.variant)
     assert report.mismatches, "the broken ALU went unnoticed"
     failed = report.mismatches[0]
-    built = harness.build(TINY, "verilator", variant=MUTANT)
+    built = harness.build(TINY, "verilator", variant=mutant_gateware.variant)
     summary = regress.investigate(built, failed.case, tmp_path / "case")
     # Located: the first diverging store's bytes came from an ALU MIN.
     assert "First diverging instruction" in summary["divergence"]
@@ -182,6 +161,19 @@ def test_mutant_is_caught_located_and_shrunk(mutant_gateware, tmp_path, capsys):
     # The replay command on the real gateware: exit status 0, JSON on stdout.
     assert main(summary["replay"].split()[1:]) == 0
     assert json.loads(capsys.readouterr().out)["mismatch"] is None
+
+
+@needs_verilator
+def test_regress_command_fails_on_a_mutant_and_saves_the_reproducer(tmp_path, capsys):
+    out = tmp_path / "failures"
+    assert main(["regress", "--mutant", "alu-min-unsigned", "--config", "tiny", "--count", "12", "--jobs", "1",
+                 "--no-shrink", "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["mismatches"] > 0 and summary["investigations"][0]["replay"].startswith("gemforge regress")
+    assert "FAIL: 12 programs" in captured.err and "MISMATCH tiny seed" in captured.err
+    (case_dir,) = out.iterdir()
+    assert {"repro.gfp", "config.toml", "README.md", "summary.json", "failing.vcd"} <= {p.name for p in case_dir.iterdir()}
 
 
 @needs_verilator
