@@ -76,14 +76,16 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
                 epilogue: Epilogue) -> dict[str, int]:
     """Tiles ``toc, toh, tow, tic, tkh, tkw`` (blocks / rows / columns / kernel rows / kernel
     columns) for the default schedule, minimizing the run time `TilingCost.cycles`
-    estimates. Kernel columns are split only when whole kernel rows do not fit.
+    estimates. Kernel columns are split only when whole kernel rows do not fit, on one thread.
 
     Without padding, a stride above the kernel's extent along an axis (a 1×1
     kernel, or one kernel row per chunk) makes the input window strided: the
     DMA copies only the pixels read (`lower.Region`), one LOAD per window row
     when the columns are strided."""
     kw = kernel[3]
-    for tkw in reversed(divisors(kw)):
+    # Split kernel columns only as the last resort: after whole rows with double buffering
+    # and with one thread (`plan_with_fallback` asks for two threads first) have failed.
+    for tkw in reversed(divisors(kw)) if threads == 1 else [kw]:
         plan = _plan_conv2d(config, data, kernel, stride, padding, threads, epilogue, tkw)
         if plan is not None:
             return plan
