@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 __all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic"]
 
@@ -22,20 +24,16 @@ def _target(path: str | Path) -> tuple[Path, bool]:
     return path, not (path.exists() and not path.is_file())
 
 
-def move_atomic(source: str | Path, path: str | Path) -> None:
-    """Move the finished file ``source`` to ``path`` under the rules of `write_bytes_atomic`
-    (for outputs a tool writes itself, such as a simulator's waveform)."""
-    path, regular = _target(path)
-    if not regular:
-        with open(source, "rb") as src, open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.unlink(source)
-        return
+@contextmanager
+def _replacing(path: Path) -> Iterator[str]:
+    """A temporary file next to the regular-file place ``path``: the block fills it, then
+    it is renamed over ``path`` (removed instead if the block fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        shutil.move(source, tmp)       # a rename on one file system, else a copy
+        yield tmp
+        # mkstemp makes the file private (0600); give it the usual permissions.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -46,6 +44,19 @@ def move_atomic(source: str | Path, path: str | Path) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def move_atomic(source: str | Path, path: str | Path) -> None:
+    """Move the finished file ``source`` to ``path`` under the rules of `write_bytes_atomic`
+    (for outputs a tool writes itself, such as a simulator's waveform)."""
+    path, regular = _target(path)
+    if not regular:
+        with open(source, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.unlink(source)
+        return
+    with _replacing(path) as tmp:
+        shutil.move(source, tmp)       # a rename on one file system, else a copy
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -57,24 +68,11 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         with open(path, "wb") as handle:     # a character device or FIFO: nothing to replace
             handle.write(data)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes the file private (0600); give it the usual permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
+    with _replacing(path) as tmp:
+        with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

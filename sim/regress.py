@@ -164,9 +164,11 @@ def _image(case: Case, window: int) -> tuple[int, np.ndarray, int, int]:
     return base, image, base + case.program.constants["data"].size, len(insns)
 
 
-def fsim_reference(case: Case, window: int, tracing: bool = False) -> tuple[np.ndarray, Fsim]:
-    """Run the case on fsim: the window afterwards, and the simulator (its counters, its trace)."""
-    base, image, insn_addr, count = _image(case, window)
+def fsim_reference(case: Case, window: int, tracing: bool = False,
+                   laid_out: tuple[int, np.ndarray, int, int] | None = None) -> tuple[np.ndarray, Fsim]:
+    """Run the case on fsim: the window afterwards, and the simulator (its counters, its trace).
+    ``laid_out`` is the case's `_image` when the caller has it already."""
+    base, image, insn_addr, count = laid_out or _image(case, window)
     dram = np.zeros(base + window, np.uint8)
     dram[base:] = image
     sim = (TracingFsim if tracing else Fsim)(case.config, dram)
@@ -222,9 +224,10 @@ def run_cases(built: harness.Build, cases: list[Case], *, progress: Callable[[in
     window = _window_bytes(cases)
     expected, programs = [], []
     for case in cases:
-        base, image, insn_addr, count = _image(case, window)
+        laid_out = _image(case, window)
+        base, image, insn_addr, count = laid_out
         try:
-            expected.append(fsim_reference(case, window)[0])
+            expected.append(fsim_reference(case, window, laid_out=laid_out)[0])
         except FsimError as exc:
             raise RegressError(f"{case.label}: fsim rejects the program ({exc})") from None
         programs.append(harness.BatchProgram(image, insn_addr, count))
