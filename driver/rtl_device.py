@@ -21,15 +21,26 @@ import json
 from pathlib import Path
 
 from gemforge.hw.config import AccelConfig
+from gemforge.hw.regmap import FAULT_DOCS, Fault
 from gemforge.sim.cosim import harness
 
 from .device import DEFAULT_DRAM_BYTES, Device, DeviceError, RunResult
 
-__all__ = ["RtlDevice", "VerilatorDevice", "IcarusDevice", "RtlHangError"]
+__all__ = ["RtlDevice", "VerilatorDevice", "IcarusDevice", "RtlHangError", "RtlFaultError"]
 
 
 class RtlHangError(DeviceError):
     """The RTL stopped making progress (deadlock or protocol hang); the message holds the debug state."""
+
+
+class RtlFaultError(DeviceError):
+    """The accelerator ended the program with ERROR: ``fault`` is the `Fault` it reported
+    (the same one fsim raises for the program), ``info`` the ERROR_INFO register."""
+
+    def __init__(self, message: str, fault: Fault | None, info: int):
+        super().__init__(message)
+        self.fault = fault
+        self.info = info
 
 
 class RtlDevice(Device):
@@ -98,6 +109,13 @@ class RtlDevice(Device):
         if status == "timeout":
             raise DeviceError(f"{self.simulator}: run exceeded {self.max_cycles} cycles; "
                               f"debug state: {json.dumps(result['debug'])}")
+        if status == "fault":
+            name = result.get("fault", "")
+            fault = Fault[name] if name in Fault.__members__ else None
+            why = FAULT_DOCS[fault] if fault is not None else name
+            raise RtlFaultError(f"{self.simulator}: the accelerator ended the program with fault {name} "
+                                f"({why}; ERROR_INFO = {result.get('fault_info', 0):#x})",
+                                fault, result.get("fault_info", 0))
         if status != "done":
             raise DeviceError(f"{self.simulator}: testbench error: {result.get('message', result)}")
         if result["oob"]:

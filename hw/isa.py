@@ -10,7 +10,8 @@ words with unknown opcodes or non-zero unused bits, so ``encode(decode(w)) ==
 w`` for every word it accepts.
 
 Execution rules every backend follows (fsim checks them and reports a
-violation as an error naming the instruction):
+violation as an error naming the instruction; the hardware ends the program
+with the same `gemforge.hw.regmap.Fault` code in its ERROR register):
 
 * Integers are two's complement; accumulator arithmetic wraps at
   ``acc_width`` bits, never saturates.
@@ -19,7 +20,8 @@ violation as an error naming the instruction):
 * ``y_size``, ``x_size``, ``iter_out`` and ``iter_in`` are at least 1 and a
   micro-op range is non-empty; zero is an error, not a no-op.
 * Every SRAM and DRAM entry an instruction touches lies inside its buffer or
-  the DRAM; behaviour outside is undefined in hardware and an error in fsim.
+  the DRAM: outside a buffer is a BUFFER_RANGE fault; outside the DRAM, a bus
+  error response from the memory system (BUS_ERROR).
 * Fetch dispatches instructions in program order into per-engine command
   queues of ``cmd_queue_depth`` entries and stalls while the next
   instruction's queue is full.

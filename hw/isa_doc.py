@@ -137,7 +137,9 @@ def _dependencies(config: AccelConfig) -> str:
         f"A program ends with one `{isa.Opcode.FINISH.name}`, its last instruction (see above). "
         "When it retires, every other engine must be idle and every token queue empty, so each "
         "queue's pushes and pops must balance: an unbalanced program is wrong even if it computes "
-        "the right result, and the simulator reports the queue state instead of hanging.",
+        "the right result. Neither the simulator nor the hardware hangs on one: fsim raises an error "
+        "with the queue state, the hardware ends the program with a fault code (`TOKEN_IMBALANCE`, "
+        "`DEADLOCK` or `NO_FINISH`; see the register map's fault table).",
     ])
 
 

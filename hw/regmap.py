@@ -6,16 +6,25 @@ two consecutive registers (``_LO`` then ``_HI``). The gateware's register file
 and the C header are all produced from `REGISTERS` below, so an offset exists
 in exactly one place.
 
-Counters run only while the accelerator is busy (from START until DONE) and
-are cleared by START.
+Counters run only while the accelerator is busy (from START until the program
+ends) and are cleared by START.
+
+A program ends either with DONE (FINISH retired, every engine idle, every token
+queue empty) or with ERROR and a `Fault` code in the ERROR register: the
+accelerator detects the fault, stops issuing bus requests, waits for the ones
+in flight to complete, resets its engines and queues (not the registers, the
+counters or the buffers' contents) and is idle again. The host's ABORT takes the
+same path, so any program, however broken, ends without the reset pin.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 __all__ = [
     "Register", "REGISTERS", "COUNTERS", "ENGINE_STATES", "REG_BYTES", "ID_MAGIC",
+    "Fault", "FAULT_DOCS", "DEADLOCK_CYCLES", "CTRL_BITS", "STATUS_BITS", "ERROR_INFO_WRITE",
     "by_name", "to_markdown", "to_c_header",
 ]
 
@@ -23,6 +32,65 @@ __all__ = [
 REG_BYTES = 4
 #: Value of the read-only ID register ("GFG1"), so a driver can check it talks to gemforge.
 ID_MAGIC = 0x47464731
+
+
+#: Bits of CTRL (written) and STATUS (read), by name.
+CTRL_BITS: dict[str, int] = {"START": 0, "ABORT": 1}
+STATUS_BITS: dict[str, int] = {"BUSY": 0, "DONE": 1, "ERROR": 2, "ABORTING": 3}
+
+#: A program is deadlocked when, for this many consecutive cycles, no engine made
+#: progress (no instruction dispatched, started or retired, no token pushed or popped,
+#: no buffer written, no micro-op issued) while no bus request or response was pending.
+DEADLOCK_CYCLES = 1024
+
+
+class Fault(enum.IntEnum):
+    """Why a program ended with ERROR: the code in ERROR[7:0].
+
+    The functional simulator raises the same fault for the same program
+    (`gemforge.sim.fsim.FsimError.fault`), so a fault seen on the hardware can be
+    reproduced and explained in fsim."""
+
+    NONE = 0
+    ABORTED = 1
+    EMPTY_PROGRAM = 2
+    MISALIGNED_PROGRAM = 3
+    INVALID_INSTRUCTION = 4
+    BUFFER_RANGE = 5
+    FINISH_NOT_LAST = 6
+    NO_FINISH = 7
+    DEADLOCK = 8
+    TOKEN_IMBALANCE = 9
+    BUS_ERROR = 10
+
+
+#: One line per fault: its cause, and what ERROR_INFO holds for it.
+FAULT_DOCS: dict[Fault, str] = {
+    Fault.NONE: "no fault",
+    Fault.ABORTED: "the host wrote CTRL.ABORT while the accelerator was busy",
+    Fault.EMPTY_PROGRAM: "START with INSN_COUNT = 0 (a program needs at least FINISH)",
+    Fault.MISALIGNED_PROGRAM: "START with an INSN_ADDR that is not a multiple of the instruction size",
+    Fault.INVALID_INSTRUCTION: "an instruction word does not decode (unknown opcode, buffer or ALU op, "
+                               "non-zero bits above its fields, a dependency flag its engine lacks, "
+                               "padding on a micro-op LOAD, an immediate without use_imm) or has a zero "
+                               "DMA size or loop count; ERROR_INFO: the instruction's index",
+    Fault.BUFFER_RANGE: "an instruction addresses entries beyond an on-chip buffer (a LOAD's or STORE's "
+                        "tile, a micro-op range, or a micro-op's index plus its loop offsets); "
+                        "ERROR_INFO: the instruction's index for LOAD, STORE and micro-op ranges "
+                        "(checked at dispatch), all ones for micro-op indices (checked as they run)",
+    Fault.FINISH_NOT_LAST: "FINISH is not the last of the INSN_COUNT instructions; ERROR_INFO: its index",
+    Fault.NO_FINISH: "every instruction ran but none was FINISH",
+    Fault.DEADLOCK: f"no engine could make progress for {DEADLOCK_CYCLES} cycles with no bus transfer "
+                    "pending: an instruction waits for a dependency token that is never pushed, or "
+                    "pushes into a full token queue",
+    Fault.TOKEN_IMBALANCE: "FINISH retired but tokens were left in a queue, or instructions that "
+                           "can never run were left behind",
+    Fault.BUS_ERROR: "a DRAM read or write response was SLVERR or DECERR; ERROR_INFO: the AXI ID "
+                     "in bits 2:0, bit 8 set for a write",
+}
+
+#: ERROR_INFO bit marking a write response (for `Fault.BUS_ERROR`).
+ERROR_INFO_WRITE = 1 << 8
 
 
 @dataclass(frozen=True)
@@ -91,9 +159,17 @@ ENGINE_STATES: dict[str, int] = {
 def _build() -> list[Register]:
     regs = [
         Register("ID", 0x00, "ro", f"identification, reads {ID_MAGIC:#010x} ('GFG1')"),
-        Register("CTRL", 0x04, "wo", "bit 0: START (clears DONE and the counters, starts fetching)"),
-        Register("STATUS", 0x08, "ro", "bit 0: BUSY, bit 1: DONE (sticky until the next START)"),
-        Register("IRQ_ENABLE", 0x0C, "rw", "bit 0: drive the interrupt line while DONE is set"),
+        Register("CTRL", 0x04, "wo",
+                 "bit 0: START (when idle: clears DONE, ERROR and the counters, starts fetching; "
+                 "ignored while BUSY); bit 1: ABORT (while BUSY: ends the program with fault ABORTED; "
+                 "ignored when idle)"),
+        Register("STATUS", 0x08, "ro",
+                 "bit 0: BUSY; bit 1: DONE (the program completed); bit 2: ERROR (the program ended "
+                 "with a fault, see ERROR); bit 3: ABORTING (a fault or ABORT is draining the bus). "
+                 "DONE and ERROR are sticky until the next START"),
+        Register("IRQ_ENABLE", 0x0C, "rw",
+                 "bit 0: drive the interrupt line (level, active high) while DONE or ERROR is set; "
+                 "START clears both, and writing 0 here lowers the line"),
         Register("INSN_ADDR", 0x10, "rw", "byte address of the first instruction (aligned to the instruction size)"),
         Register("INSN_COUNT", 0x14, "rw", "number of instructions to fetch"),
         Register("DEBUG_STATE", 0x18, "ro",
@@ -104,6 +180,10 @@ def _build() -> list[Register]:
         Register("DEBUG_TOKENS_A", 0x20, "ro", "token counts: [15:0] load->compute, [31:16] compute->load"),
         Register("DEBUG_TOKENS_B", 0x24, "ro", "token counts: [15:0] compute->store, [31:16] store->compute"),
         Register("DEBUG_FETCHED", 0x28, "ro", "instructions fetched so far"),
+        Register("ERROR", 0x2C, "ro",
+                 "bits 7:0: the fault code of the last program that ended with ERROR ("
+                 + ", ".join(f"{f.value} {f.name}" for f in Fault) + "); cleared by START"),
+        Register("ERROR_INFO", 0x30, "ro", "detail of the fault (see the fault table); cleared by START"),
     ]
     offset = 0x40
     for name, doc in COUNTERS:
@@ -139,6 +219,13 @@ def to_markdown(title: str = "gemforge register map") -> str:
              "| offset | name | access | description |", "| --- | --- | --- | --- |"]
     for reg in REGISTERS:
         lines.append(f"| `{reg.offset:#06x}` | `{reg.name}` | {reg.access} | {reg.doc} |")
+    lines += ["", "## Faults", "",
+              "A program that cannot complete ends with STATUS.ERROR and a code in ERROR; the "
+              "accelerator drains the bus, resets its engines and is idle again (registers, counters "
+              "and buffer contents are kept).", "",
+              "| code | fault | cause |", "| --- | --- | --- |"]
+    for fault in Fault:
+        lines.append(f"| {fault.value} | `{fault.name}` | {FAULT_DOCS[fault]} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -148,9 +235,11 @@ def to_c_header(guard: str = "GEMFORGE_REGS_H") -> str:
     lines = ["/* gemforge register map: generated from gemforge.hw.regmap, do not edit. */",
              f"#ifndef {guard}", f"#define {guard}", "",
              f"#define GEMFORGE_ID_MAGIC 0x{ID_MAGIC:08x}u",
-             "#define GEMFORGE_CTRL_START (1u << 0)",
-             "#define GEMFORGE_STATUS_BUSY (1u << 0)",
-             "#define GEMFORGE_STATUS_DONE (1u << 1)", ""]
+             *(f"#define GEMFORGE_CTRL_{name} (1u << {bit})" for name, bit in CTRL_BITS.items()),
+             *(f"#define GEMFORGE_STATUS_{name} (1u << {bit})" for name, bit in STATUS_BITS.items()),
+             f"#define GEMFORGE_DEADLOCK_CYCLES {DEADLOCK_CYCLES}u",
+             f"#define GEMFORGE_ERROR_INFO_WRITE 0x{ERROR_INFO_WRITE:x}u",
+             *(f"#define GEMFORGE_FAULT_{f.name} {f.value}u" for f in Fault), ""]
     for reg in REGISTERS:
         lines.append(f"/* {reg.doc} ({reg.access}) */")
         lines.append(f"#define GEMFORGE_REG_{reg.name} 0x{reg.offset:04x}u")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
+from gemforge.hw.regmap import Fault
 from gemforge.hw.isa import (
     DEP_FLAGS,
     Alu,
@@ -49,15 +50,29 @@ __all__ = [
 
 
 class FsimError(RuntimeError):
-    """A program did something the ISA does not allow (reported, never a hang)."""
+    """A program did something the ISA does not allow (reported, never a hang).
+
+    ``fault`` is the `Fault` the hardware reports for the same program in its
+    ERROR register (`gemforge.hw.regmap`)."""
+
+    default_fault = Fault.INVALID_INSTRUCTION
+
+    def __init__(self, message: str, fault: Fault | None = None):
+        super().__init__(message)
+        self.fault = self.default_fault if fault is None else fault
 
 
 class DeadlockError(FsimError):
     """No engine can make progress, or the program ended with work or tokens left over."""
 
+    default_fault = Fault.DEADLOCK
+
 
 class OutOfBoundsError(FsimError):
-    """An instruction addressed SRAM or DRAM outside its bounds."""
+    """An instruction addressed SRAM or DRAM outside its bounds (SRAM: `Fault.BUFFER_RANGE`;
+    DRAM: `Fault.BUS_ERROR`, as the memory answers such an access with an error response)."""
+
+    default_fault = Fault.BUFFER_RANGE
 
 
 #: The four dependency-token queues, named source→destination.
@@ -164,11 +179,14 @@ class Fsim:
         c = self.config
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         if insn_count < 1:
-            raise FsimError("a program needs at least one instruction (FINISH)")
+            raise FsimError("a program needs at least one instruction (FINISH)", Fault.EMPTY_PROGRAM)
+        if insn_address % c.insn_bytes:
+            raise FsimError(f"the instruction address {insn_address:#x} is not a multiple of the "
+                            f"{c.insn_bytes}-byte instruction size", Fault.MISALIGNED_PROGRAM)
         end = insn_address + insn_count * c.insn_bytes
         if insn_address < 0 or end > self.dram.size:
             raise OutOfBoundsError(f"instruction stream bytes {insn_address:#x}..{end:#x} lie outside "
-                                   f"the {self.dram.size}-byte DRAM")
+                                   f"the {self.dram.size}-byte DRAM", Fault.BUS_ERROR)
         stream = self.dram[insn_address:end].tobytes()
 
         def fetch(index: int) -> Instruction:
@@ -232,18 +250,21 @@ class Fsim:
                 if finished:
                     break
             if not progress and not finished:
+                if pc == insn_count and not any(st.queue or st.pending_pushes for st in engines.values()):
+                    raise DeadlockError(f"every one of the {insn_count} instructions ran but none was FINISH",
+                                        Fault.NO_FINISH)
                 raise DeadlockError(self._report(
                     "deadlock: no engine can make progress", engines, tokens, pc, insn_count))
         finish_index = engines[Engine.COMPUTE].last.index
         if finish_index != insn_count - 1:
             raise FsimError(f"FINISH is instruction {finish_index} but must be the last one "
-                            f"(instruction {insn_count - 1})")
+                            f"(instruction {insn_count - 1})", Fault.FINISH_NOT_LAST)
         leftovers = pc < insn_count or any(s.queue or s.pending_pushes for s in engines.values()) \
             or any(tokens.values())
         if leftovers:
             raise DeadlockError(self._report(
                 f"program ended unbalanced: FINISH (instruction {finish_index}) "
-                "retired with work or tokens left over", engines, tokens, pc, insn_count))
+                "retired with work or tokens left over", engines, tokens, pc, insn_count), Fault.TOKEN_IMBALANCE)
         return dict(self.counters)
 
     @staticmethod
@@ -305,7 +326,8 @@ class Fsim:
         if last * entry > self.dram.size:
             raise OutOfBoundsError(
                 f"{self._where(insn, index)}: DRAM bytes up to {last * entry:#x} lie outside the "
-                f"{self.dram.size:#x}-byte DRAM (dram_base={insn.dram_base} entries of {entry} bytes)")
+                f"{self.dram.size:#x}-byte DRAM (dram_base={insn.dram_base} entries of {entry} bytes)",
+                Fault.BUS_ERROR)
         return rows[:, None] + np.arange(insn.x_size, dtype=np.int64)[None, :]
 
     def _dram_view(self, buffer: str) -> np.ndarray:

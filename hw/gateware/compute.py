@@ -69,6 +69,8 @@ class ComputeEngine(wiring.Component):
         mirrored into the output buffer.
     finish : Out(1)
         Pulses when FINISH retires.
+    index_fault : Out(1)
+        A micro-op's index plus its loop offsets lies beyond its buffer (`Fault.BUFFER_RANGE`).
     gemm_active, alu_active : Out(1)
         A GEMM / ALU micro-op enters the pipeline this cycle.
     gemm_reset : Out(1)
@@ -92,7 +94,7 @@ class ComputeEngine(wiring.Component):
             "acc_wr": Out(GroupWriteSignature(acc_w, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "out_wr": Out(GroupWriteSignature(c.out_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
-            "retire": Out(1), "finish": Out(1),
+            "retire": Out(1), "finish": Out(1), "index_fault": Out(1),
             "gemm_active": Out(1), "gemm_reset": Out(1), "alu_active": Out(1),
         })
 
@@ -176,6 +178,12 @@ class ComputeEngine(wiring.Component):
         uop = data.View(uop_layout(c), uop_rd.data[0][:uop_layout(c).size])
         s1_dst = Signal(acc_bits)
         s1_src_acc = Signal(acc_bits)
+        # Indices beyond a buffer would wrap in the address bits: report them instead
+        # (`Fault.BUFFER_RANGE`, as fsim does); the whole sums are compared.
+        full = {k: getattr(uop, k) + s1_off[k] for k in factors}
+        beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
+                     (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
+        m.d.comb += self.index_fault.eq(s1_valid & beyond)
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
@@ -238,13 +246,12 @@ class ComputeEngine(wiring.Component):
                 m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
                 with m.Switch(header.opcode):
                     with m.Case(Opcode.GEMM, Opcode.ALU):
-                        with m.If((iter_out == 0) | (iter_in == 0) | (uop_bgn >= uop_end)):
-                            m.next = "PUSH"
-                        with m.Else():
-                            m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(uop_bgn)]
-                            for k in factors:
-                                m.d.sync += [base[k].eq(0), off[k].eq(0)]
-                            m.next = "RUN"
+                        # Loops are never empty: fetch dispatches no zero count or empty
+                        # micro-op range (`InsnChecker`).
+                        m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(uop_bgn)]
+                        for k in factors:
+                            m.d.sync += [base[k].eq(0), off[k].eq(0)]
+                        m.next = "RUN"
                     with m.Case(Opcode.LOAD):
                         m.next = "LAUNCH"
                     with m.Default():        # FINISH

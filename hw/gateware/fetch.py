@@ -5,22 +5,29 @@ channels are held only for a chunk) into a local queue that always has room
 for the chunk, so reading never waits on dispatch. Dispatch takes the head of
 that queue to the load, compute or store command queue in program order and
 stalls while the target queue is full.
+
+Every instruction passes `InsnChecker` first: one that would fault is not
+dispatched; fetch holds it and reports the fault and its index instead.
 """
 
 from amaranth import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import MemType, Opcode
+from ..isa import Opcode
+from ..regmap import Fault
 from .axi import AxiReadSignature
 from .dma import DmaReader
 from .engine import STATE_BITS, insn_layout
+from .insn_check import FAULT_BITS, LOAD_ENGINE_MEMS, InsnChecker, one_of
 from ..regmap import ENGINE_STATES
 
 __all__ = ["FetchEngine", "CHUNK"]
 
 #: Instructions per read request.
 CHUNK = 16
+#: Destinations of a dispatched instruction (its command queue).
+TO_LOAD, TO_COMPUTE, TO_STORE = range(3)
 
 
 class FetchEngine(wiring.Component):
@@ -36,6 +43,9 @@ class FetchEngine(wiring.Component):
         Instructions remain to be read or dispatched.
     fetched : Out(32)
         Instructions dispatched since ``start``.
+    fault : Out(FAULT_BITS)
+        The head instruction's `Fault` (`Fault.NONE` while there is none): it is not
+        dispatched. Its index is ``fetched``.
     """
 
     def __init__(self, config):
@@ -48,7 +58,7 @@ class FetchEngine(wiring.Component):
             "compute": Out(stream.Signature(c.insn_bits)),
             "store": Out(stream.Signature(c.insn_bits)),
             "busy": Out(1), "mem_stall": Out(1), "queue_stall": Out(1),
-            "state": Out(STATE_BITS), "fetched": Out(32),
+            "state": Out(STATE_BITS), "fetched": Out(32), "fault": Out(FAULT_BITS),
         })
 
     def elaborate(self, platform):
@@ -57,11 +67,17 @@ class FetchEngine(wiring.Component):
         # One instruction per cycle: dispatch takes no more, so wider groups would buy nothing.
         m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes, lanes=1)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
-        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=c.insn_bits, depth=2 * CHUNK)
+        # Each queue entry carries its instruction's check result and destination, worked out
+        # in a register stage before the queue, so neither the check's multiplier nor the
+        # decode lies on the dispatch path.
+        entry = data.StructLayout({"word": c.insn_bits, "fault": FAULT_BITS, "to": range(3)})
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size, depth=2 * CHUNK)
 
         next_entry = Signal(32)      # entry index of the next chunk
         to_read = Signal(32)         # instructions not yet requested
         to_dispatch = Signal(32)
+        total = Signal(32)           # the program's instruction count
+        arrived = Signal(32)         # instructions read so far (to know the last one)
         requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
         insn_log = c.insn_bytes.bit_length() - 1
 
@@ -70,28 +86,41 @@ class FetchEngine(wiring.Component):
             reader.cmd.p.base.eq(next_entry), reader.cmd.p.y_size.eq(1),
             reader.cmd.p.x_size.eq(chunk), reader.cmd.p.x_stride.eq(0),
             reader.cmd.valid.eq((to_read != 0) & (queue.level + requested <= CHUNK)),
-            queue.w_data.eq(reader.out.p.entries[0]), queue.w_en.eq(reader.out.valid),
-            reader.out.ready.eq(queue.w_rdy),
+            reader.out.ready.eq(1),      # requests never exceed the queue's free room
         ]
         req_fire = reader.cmd.valid & reader.cmd.ready
         got = reader.out.valid & reader.out.ready
-        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - got)
+
+        m.submodules.check = check = InsnChecker(c)
+        word = reader.out.p.entries[0]
+        header = data.View(insn_layout(c, Opcode.FINISH), word[:insn_layout(c, Opcode.FINISH).size])
+        ld_l = insn_layout(c, Opcode.LOAD)
+        mem = data.View(ld_l, word[:ld_l.size]).mem
+        staged = Signal(entry)
+        staged_valid = Signal()
+        m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total)]
+        m.d.sync += staged_valid.eq(got)
+        with m.If(got):
+            m.d.sync += [
+                staged.word.eq(word), staged.fault.eq(check.fault), arrived.eq(arrived + 1),
+                staged.to.eq(Mux((header.opcode == Opcode.LOAD) & one_of(mem, LOAD_ENGINE_MEMS), TO_LOAD,
+                                 Mux(header.opcode == Opcode.STORE, TO_STORE, TO_COMPUTE))),
+            ]
+        m.d.comb += [queue.w_data.eq(staged), queue.w_en.eq(staged_valid)]
+        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - staged_valid)
         with m.If(req_fire):
             m.d.sync += [next_entry.eq(next_entry + chunk), to_read.eq(to_read - chunk)]
 
         # Dispatch.
-        header = data.View(insn_layout(c, Opcode.FINISH), queue.r_data[:insn_layout(c, Opcode.FINISH).size])
-        ld_l = insn_layout(c, Opcode.LOAD)
-        mem = data.View(ld_l, queue.r_data[:ld_l.size]).mem
-        to_load = (header.opcode == Opcode.LOAD) & ((mem == MemType.INP) | (mem == MemType.WGT))
-        to_store = header.opcode == Opcode.STORE
-        to_compute = ~to_load & ~to_store
+        head = data.View(entry, queue.r_data)
+        m.d.comb += self.fault.eq(Mux(queue.r_rdy, head.fault, Fault.NONE))
+        head_ok = queue.r_rdy & (head.fault == Fault.NONE)
         for port in (self.load, self.compute, self.store):
-            m.d.comb += port.payload.eq(queue.r_data)
+            m.d.comb += port.payload.eq(head.word)
         m.d.comb += [
-            self.load.valid.eq(queue.r_rdy & to_load),
-            self.store.valid.eq(queue.r_rdy & to_store),
-            self.compute.valid.eq(queue.r_rdy & to_compute),
+            self.load.valid.eq(head_ok & (head.to == TO_LOAD)),
+            self.store.valid.eq(head_ok & (head.to == TO_STORE)),
+            self.compute.valid.eq(head_ok & (head.to == TO_COMPUTE)),
             queue.r_en.eq((self.load.valid & self.load.ready) | (self.store.valid & self.store.ready) |
                           (self.compute.valid & self.compute.ready)),
         ]
@@ -100,7 +129,7 @@ class FetchEngine(wiring.Component):
 
         with m.If(self.start):
             m.d.sync += [next_entry.eq(self.address >> insn_log), to_read.eq(self.count),
-                         to_dispatch.eq(self.count), self.fetched.eq(0)]
+                         to_dispatch.eq(self.count), self.fetched.eq(0), arrived.eq(0), total.eq(self.count)]
 
         m.d.comb += [
             self.busy.eq(to_dispatch != 0),

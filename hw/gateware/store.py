@@ -142,38 +142,31 @@ class StoreEngine(wiring.Component):
                 with m.If(queue.r_en & queue.r_rdy):
                     m.d.comb += self.bytes_written.eq(writer.inp.p.count * buffers[name][1])
 
-        # A STORE without data completes at launch (source 2: `PendingPushes` counts it a cycle later).
-        empty_done = Signal()
         seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push)})
         pushes = PendingPushes(m, {"prev": (self.prev_pop, self.prev_push)},
-                               [writers["out"].done, writers["acc"].done, empty_done])
+                               [writers["out"].done, writers["acc"].done])
         exec_state = ENGINE_STATES["exec"]
         with m.FSM():
             seq.idle_state()
             seq.pop_state("LAUNCH")
             with m.State("LAUNCH"):
                 m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
-                with m.If((insn.y_size == 0) | (insn.x_size == 0)):
-                    with m.If(pushes.ready):
-                        pushes.add(m, seq.header, C(2, 2))
-                        m.d.comb += empty_done.eq(1)
-                        m.next = "IDLE"
-                with m.Else():
-                    # The reads of the previous STORE are issued; a change of buffer also
-                    # waits for the previous owner's last write response.
-                    owner_busy = Mux(use_acc, writers["acc"].busy, writers["out"].busy)
-                    switch_ok = (insn_acc == use_acc) | ~owner_busy
-                    for name, writer in writers.items():
-                        with m.If(insn_acc if name == "acc" else ~insn_acc):
-                            launch_ok = ~reading & pushes.ready & switch_ok
-                            m.d.comb += writer.cmd.valid.eq(launch_ok)
-                            with m.If(writer.cmd.ready & launch_ok):
-                                m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
-                                             use_acc.eq(insn_acc)]
-                                for walk in walks.values():
-                                    walk.start(insn_cmd)
-                                pushes.add(m, seq.header, insn_acc)
-                                m.next = "IDLE"
+                # (Fetch dispatches no STORE with a zero size: `InsnChecker`.)
+                # The reads of the previous STORE are issued; a change of buffer also
+                # waits for the previous owner's last write response.
+                owner_busy = Mux(use_acc, writers["acc"].busy, writers["out"].busy)
+                switch_ok = (insn_acc == use_acc) | ~owner_busy
+                for name, writer in writers.items():
+                    with m.If(insn_acc if name == "acc" else ~insn_acc):
+                        launch_ok = ~reading & pushes.ready & switch_ok
+                        m.d.comb += writer.cmd.valid.eq(launch_ok)
+                        with m.If(writer.cmd.ready & launch_ok):
+                            m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
+                                         use_acc.eq(insn_acc)]
+                            for walk in walks.values():
+                                walk.start(insn_cmd)
+                            pushes.add(m, seq.header, insn_acc)
+                            m.next = "IDLE"
 
         state, busy, token_stall = pushes.engine_status(m, seq)
         m.d.comb += [

@@ -22,12 +22,16 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import AccelConfig
-from ..regmap import COUNTERS, ID_MAGIC, REGISTERS
+from amaranth.utils import exact_log2
+
+from ..regmap import (COUNTERS, CTRL_BITS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, STATUS_BITS,
+                      Fault)
 from .arbiter import ReadArbiter
-from .axi import BURST_INCR, Axi4Signature, AxiLiteSignature
+from .axi import BURST_INCR, RESP_OKAY, Axi4Signature, AxiLiteSignature
 from .banked import BankedMemory, buffer_lanes
 from .compute import ComputeEngine
 from .fetch import FetchEngine
+from .insn_check import FAULT_BITS
 from .load import LoadEngine
 from .regfile import RegisterFile
 from .store import StoreEngine
@@ -73,17 +77,26 @@ class Accelerator(wiring.Component):
         m.submodules.regs = regs = self._regfile
         wiring.connect(m, wiring.flipped(self.s_axil), regs.bus)
 
-        m.submodules.fetch = fetch = FetchEngine(c)
-        m.submodules.load = load = LoadEngine(c)
-        m.submodules.compute = compute = ComputeEngine(c)
-        m.submodules.store = store = StoreEngine(c)
+        # Driven by "control and faults" below: the end of a fault's drain, and the drain itself.
+        soft_reset = Signal()
+        aborting = Signal()
+        ar_held, aw_held = Signal(), Signal()     # a request presented and not yet accepted
+        block_ar = aborting & ~ar_held
+        block_aw = aborting & ~aw_held
+
+        def resettable(elaboratable):
+            return ResetInserter(soft_reset)(elaboratable)
+
+        fetch, load, compute, store = FetchEngine(c), LoadEngine(c), ComputeEngine(c), StoreEngine(c)
+        for name, engine in (("fetch", fetch), ("load", load), ("compute", compute), ("store", store)):
+            m.submodules[name] = resettable(engine)
         engines = {"load": load, "compute": compute, "store": store}
 
         # ---------------------------------------------------------------- command queues
         queues = {}
         for name, engine in engines.items():
             q = queues[name] = fifo.SyncFIFOBuffered(width=c.insn_bits, depth=c.cmd_queue_depth)
-            m.submodules[f"{name}_cmdq"] = q
+            m.submodules[f"{name}_cmdq"] = resettable(q)
             src = getattr(fetch, name)
             m.d.comb += [q.w_data.eq(src.payload), q.w_en.eq(src.valid), src.ready.eq(q.w_rdy),
                          engine.cmd.payload.eq(q.r_data), engine.cmd.valid.eq(q.r_rdy),
@@ -93,7 +106,7 @@ class Accelerator(wiring.Component):
         tokens = {}
         for name, pusher, popper in TOKEN_QUEUES:
             tq = tokens[name] = TokenQueue(c.token_queue_depth)
-            m.submodules[f"tokens_{name}"] = tq
+            m.submodules[f"tokens_{name}"] = resettable(tq)
             # The pusher's side towards the popper: load→compute is load's "next".
             push_dir = "next" if (pusher, popper) in (("load", "compute"), ("compute", "store")) else "prev"
             pop_dir = "prev" if push_dir == "next" else "next"
@@ -128,7 +141,8 @@ class Accelerator(wiring.Component):
         ]
 
         # ---------------------------------------------------------------- AXI master
-        m.submodules.arbiter = arbiter = ReadArbiter(c.bus_width, len(READ_CLIENTS))
+        arbiter = ReadArbiter(c.bus_width, len(READ_CLIENTS))
+        m.submodules.arbiter = resettable(arbiter)
         for client, bus in zip(arbiter.clients, (fetch.bus, load.inp_bus, load.wgt_bus,
                                                  compute.acc_bus, compute.uop_bus)):
             wiring.connect(m, bus, client)
@@ -136,34 +150,107 @@ class Accelerator(wiring.Component):
         size = c.bus_bytes.bit_length() - 1
         m.d.comb += [
             axi.araddr.eq(arbiter.bus.araddr), axi.arlen.eq(arbiter.bus.arlen), axi.arsize.eq(size),
-            axi.arburst.eq(BURST_INCR), axi.arid.eq(arbiter.grant_id), axi.arvalid.eq(arbiter.bus.arvalid),
-            arbiter.bus.arready.eq(axi.arready),
+            axi.arburst.eq(BURST_INCR), axi.arid.eq(arbiter.grant_id),
+            axi.arvalid.eq(arbiter.bus.arvalid & ~block_ar), arbiter.bus.arready.eq(axi.arready & ~block_ar),
             arbiter.bus.rdata.eq(axi.rdata), arbiter.bus.rlast.eq(axi.rlast),
-            arbiter.bus.rvalid.eq(axi.rvalid), axi.rready.eq(arbiter.bus.rready),
+            arbiter.bus.rvalid.eq(axi.rvalid), axi.rready.eq(arbiter.bus.rready | aborting),
             axi.awaddr.eq(store.bus.awaddr), axi.awlen.eq(store.bus.awlen), axi.awsize.eq(size),
-            axi.awburst.eq(BURST_INCR), axi.awid.eq(0), axi.awvalid.eq(store.bus.awvalid),
-            store.bus.awready.eq(axi.awready),
+            axi.awburst.eq(BURST_INCR), axi.awid.eq(0),
+            axi.awvalid.eq(store.bus.awvalid & ~block_aw), store.bus.awready.eq(axi.awready & ~block_aw),
             axi.wdata.eq(store.bus.wdata), axi.wstrb.eq(store.bus.wstrb), axi.wlast.eq(store.bus.wlast),
             axi.wvalid.eq(store.bus.wvalid), store.bus.wready.eq(axi.wready),
             store.bus.bresp.eq(axi.bresp), store.bus.bvalid.eq(axi.bvalid), axi.bready.eq(store.bus.bready),
         ]
 
-        # ---------------------------------------------------------------- control
-        busy = Signal()
-        done = Signal()
+        # ---------------------------------------------------------------- control and faults
+        # START (when idle) begins a program; it ends with DONE, or with ERROR and a fault
+        # code. A fault (or ABORT) first drains the bus: no new AR/AW is issued (one
+        # already presented stays valid until accepted, as AXI requires), R beats are
+        # taken, and the transactions in flight complete; then one cycle of `soft_reset`
+        # returns the engines and queues to their reset state (registers, counters and
+        # buffer contents are kept), so the accelerator is idle again.
+        busy, done, error = Signal(), Signal(), Signal()
         finished = Signal()
-        start = regs.ctrl_stb & regs.ctrl[0] & ~busy
+        fault_code = Signal(FAULT_BITS)
+        fault_info = Signal(32)
+        start_req = regs.ctrl_stb & regs.ctrl[CTRL_BITS["START"]] & ~busy
+        abort_req = regs.ctrl_stb & regs.ctrl[CTRL_BITS["ABORT"]] & busy & ~aborting
+        misaligned = regs.insn_addr[:exact_log2(c.insn_bytes)] != 0 if c.insn_bytes > 1 else Const(0)
+        start_fault = Mux(regs.insn_count == 0, Fault.EMPTY_PROGRAM,
+                          Mux(misaligned, Fault.MISALIGNED_PROGRAM, Fault.NONE))
+        start = start_req & (start_fault == Fault.NONE)
         m.d.comb += [fetch.start.eq(start), fetch.address.eq(regs.insn_addr), fetch.count.eq(regs.insn_count)]
-        all_idle = ~fetch.busy & ~load.busy & ~compute.busy & ~store.busy & \
-            ~queues["load"].r_rdy & ~queues["compute"].r_rdy & ~queues["store"].r_rdy
-        with m.If(start):
-            m.d.sync += [busy.eq(1), done.eq(0), finished.eq(0)]
+        queues_empty = ~queues["load"].r_rdy & ~queues["compute"].r_rdy & ~queues["store"].r_rdy
+        all_idle = ~fetch.busy & ~load.busy & ~compute.busy & ~store.busy & queues_empty
+        tokens_left = Const(0)
+        for tq in tokens.values():
+            tokens_left = tokens_left | (tq.count != 0)
+
+        # Bus transactions in flight, and the drain's gating of new requests.
+        reads_out, writes_out = Signal(16), Signal(16)
+        ar_fire = axi.arvalid & axi.arready
+        r_last = axi.rvalid & axi.rready & axi.rlast
+        aw_fire = axi.awvalid & axi.awready
+        b_fire = axi.bvalid & axi.bready
+        m.d.sync += [reads_out.eq(reads_out + ar_fire - r_last), writes_out.eq(writes_out + aw_fire - b_fire),
+                     ar_held.eq(axi.arvalid & ~axi.arready), aw_held.eq(axi.awvalid & ~axi.awready)]
+        bus_quiet = (reads_out == 0) & (writes_out == 0) & ~axi.arvalid & ~axi.awvalid
+        bus_pending = ~bus_quiet | axi.rvalid | axi.wvalid | axi.bvalid
+
+        # Faults seen this cycle, most specific first.
+        read_error = axi.rvalid & axi.rready & (axi.rresp != RESP_OKAY)
+        write_error = b_fire & (axi.bresp != RESP_OKAY)
+        watchdog = Signal(range(DEADLOCK_CYCLES + 1))
+        progress = Const(0)
+        for name, q in queues.items():
+            progress = progress | (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy)
+        for tq in tokens.values():
+            progress = progress | tq.push | tq.pop
+        for signal in (load.retire, compute.retire, store.retire, compute.gemm_active, compute.alu_active,
+                       load.inp_wr.en, load.wgt_wr.en, compute.acc_wr.en, bus_pending):
+            progress = progress | signal
+        progressed = Signal()        # registered: keeps the engines' handshakes off the counter's path
+        m.d.sync += progressed.eq(progress)
+        with m.If(~busy | aborting | progressed):
+            m.d.sync += watchdog.eq(0)
+        with m.Elif(watchdog != DEADLOCK_CYCLES):
+            m.d.sync += watchdog.eq(watchdog + 1)
+        stuck = watchdog == DEADLOCK_CYCLES
+        nothing_left = ~fetch.busy & queues_empty & ~load.busy & ~compute.busy & ~store.busy
+        fault = Signal(FAULT_BITS)
+        info = Signal(32)
+        with m.If(fetch.fault != Fault.NONE):
+            m.d.comb += [fault.eq(fetch.fault), info.eq(fetch.fetched)]
+        with m.Elif(compute.index_fault):
+            m.d.comb += [fault.eq(Fault.BUFFER_RANGE), info.eq(0xFFFF_FFFF)]
+        with m.Elif(read_error):
+            m.d.comb += [fault.eq(Fault.BUS_ERROR), info.eq(axi.rid)]
+        with m.Elif(write_error):
+            m.d.comb += [fault.eq(Fault.BUS_ERROR), info.eq(ERROR_INFO_WRITE | axi.bid)]
+        with m.Elif(abort_req):
+            m.d.comb += fault.eq(Fault.ABORTED)
+        with m.Elif(stuck):
+            m.d.comb += fault.eq(Mux(finished, Fault.TOKEN_IMBALANCE,
+                                     Mux(nothing_left, Fault.NO_FINISH, Fault.DEADLOCK)))
+        with m.Elif(finished & all_idle & tokens_left):
+            m.d.comb += fault.eq(Fault.TOKEN_IMBALANCE)
+
+        with m.If(start_req):
+            m.d.sync += [busy.eq(start), done.eq(0), error.eq(~start), finished.eq(0),
+                         fault_code.eq(start_fault), fault_info.eq(0)]
+        with m.Elif(busy & aborting):
+            with m.If(bus_quiet):
+                m.d.comb += soft_reset.eq(1)
+                m.d.sync += [busy.eq(0), aborting.eq(0), error.eq(1)]
         with m.Elif(busy):
-            with m.If(compute.finish):
-                m.d.sync += finished.eq(1)
-            with m.If(finished & all_idle):
-                m.d.sync += [busy.eq(0), done.eq(1)]
-        m.d.comb += self.irq.eq(done & regs.irq_enable[0])
+            with m.If(fault != Fault.NONE):
+                m.d.sync += [aborting.eq(1), fault_code.eq(fault), fault_info.eq(info)]
+            with m.Else():
+                with m.If(compute.finish):
+                    m.d.sync += finished.eq(1)
+                with m.If(finished & all_idle):
+                    m.d.sync += [busy.eq(0), done.eq(1)]
+        m.d.comb += self.irq.eq((done | error) & regs.irq_enable[0])
 
         # ---------------------------------------------------------------- counters
         events = {
@@ -195,7 +282,9 @@ class Accelerator(wiring.Component):
 
         m.d.comb += [
             regs.id.eq(ID_MAGIC),
-            regs.status.eq(Cat(busy, done)),
+            regs.status.eq(Cat(*(dict(BUSY=busy, DONE=done, ERROR=error, ABORTING=aborting)[name]
+                                 for name in sorted(STATUS_BITS, key=STATUS_BITS.get)))),
+            regs.error.eq(fault_code), regs.error_info.eq(fault_info),
             regs.debug_state.eq(Cat(fetch.state, load.state, compute.state, store.state, finished)),
             regs.debug_cmdq.eq(Cat(sat(queues["load"].level, 10)[:10], sat(queues["compute"].level, 10)[:10],
                                    sat(queues["store"].level, 10)[:10])),

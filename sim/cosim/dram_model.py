@@ -17,8 +17,10 @@ DRAM_MODEL_VERILOG = r"""// gemforge co-simulation DRAM: an AXI4 slave memory in
 // written to +dram_out=<file> ($writememh, words 0..+dram_words-1) on the
 // first cycle `dump` is high (then `dumped` rises). Reset re-arms both, so
 // one simulation runs many programs: the testbench replaces the input file,
-// reloads, runs, dumps, and resets. Accesses outside the window set `oob`
-// and read 0.
+// reloads, runs, dumps, and resets. Accesses outside the window set `oob`,
+// read 0 and are answered SLVERR (a read beat's RRESP; a write burst's BRESP
+// when any of its beats fell outside), as a real interconnect answers an
+// unmapped address with an error.
 //
 // Backpressure and latency: with +stall=<0..255>, each of ARREADY, RVALID,
 // AWREADY, WREADY and BVALID is withheld in a cycle with probability
@@ -170,18 +172,20 @@ module gemforge_dram #(
     reg                 w_started;   // w_addr holds the head burst's next address
     wire [ADDR_BITS-1:0] w_cur = w_started ? w_addr : awq_addr[awq_rp[QBITS-1:0]];
     reg [ID_BITS-1:0]   bq_id [0:QDEPTH-1];
+    reg                 bq_err [0:QDEPTH-1];
+    reg                 w_bad;       // a beat of the current burst fell outside the window
     reg [QBITS:0] bq_wp, bq_rp;
     wire [QBITS:0] bq_count = bq_wp - bq_rp;   // modulo 2^(QBITS+1)
     wire bq_full = bq_count == QDEPTH;
     assign wready = !rst && !awq_empty && !bq_full && !stall_w;
     assign bvalid = (bq_wp != bq_rp) && !stall_b;
     assign bid = bq_id[bq_rp[QBITS-1:0]];
-    assign bresp = 2'b00;
+    assign bresp = bq_err[bq_rp[QBITS-1:0]] ? 2'b10 : 2'b00;
 
     integer i;
     always @(posedge clk) begin
         if (rst) begin
-            awq_wp <= 0; awq_rp <= 0; w_started <= 0; bq_wp <= 0; bq_rp <= 0;
+            awq_wp <= 0; awq_rp <= 0; w_started <= 0; bq_wp <= 0; bq_rp <= 0; w_bad <= 0;
         end else begin
             if (awvalid && awready) begin
                 awq_addr[awq_wp[QBITS-1:0]] <= awaddr;
@@ -194,11 +198,14 @@ module gemforge_dram #(
                         if (wstrb[i]) mem[word_index(w_cur)][i*8 +: 8] <= wdata[i*8 +: 8];
                 end else begin
                     oob <= 1;
+                    w_bad <= 1;
                 end
                 if (wlast) begin
                     w_started <= 0;
                     awq_rp <= awq_rp + 1;
                     bq_id[bq_wp[QBITS-1:0]] <= awq_id[awq_rp[QBITS-1:0]];
+                    bq_err[bq_wp[QBITS-1:0]] <= w_bad || !in_window(w_cur);
+                    w_bad <= 0;
                     bq_wp <= bq_wp + 1;
                 end else begin
                     w_started <= 1;

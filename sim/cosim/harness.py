@@ -40,7 +40,7 @@ from gemforge.hw.regmap import REGISTERS
 
 from .dram_model import DRAM_MODEL_FILE, DRAM_MODEL_VERILOG
 
-__all__ = ["SIMULATORS", "WAVE_FORMATS", "CosimError", "Build", "BatchProgram", "build", "run", "run_batch",
+__all__ = ["SIMULATORS", "WAVE_FORMATS", "CosimError", "Build", "BatchProgram", "build", "run", "run_batch", "run_sequence",
            "cache_root", "simulator_available", "read_retire_trace"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -470,6 +470,47 @@ def run_batch(built: Build, programs: list[BatchProgram], base: int, *, stall: i
             else:
                 out.append((program.image.copy(), result))
         return out
+    finally:
+        if not (keep or os.environ.get("GEMFORGE_COSIM_KEEP")):
+            shutil.rmtree(rundir, ignore_errors=True)
+
+
+def run_sequence(built: Build, image: np.ndarray, base: int, runs: list[dict], *, stall: int = 0,
+                 seed: int = 1, max_cycles: int = 1 << 40, watchdog_cycles: int = 200_000,
+                 poll_cycles: int = 2_000, keep: bool = False) -> tuple[np.ndarray, list[dict]]:
+    """Run several programs from one DRAM image back to back, with no reset in between,
+    as a host does (a fault must leave the accelerator ready for the next program).
+
+    ``runs``: dicts of ``insn_addr``, ``insn_count`` and optionally ``abort_after`` (write
+    CTRL.ABORT that many cycles after START). Returns the window after the last run and
+    one testbench result per run (see `gemforge.sim.cosim.tb`)."""
+    config = built.config
+    if image.size > built.dram_bytes:
+        raise CosimError(f"the DRAM window ({image.size} bytes) is larger than the simulated DRAM "
+                         f"({built.dram_bytes} bytes)")
+    runs_dir = cache_root() / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    rundir = Path(tempfile.mkdtemp(prefix="seq-", dir=runs_dir))
+    try:
+        write_hex(rundir / "in.hex", image, config.bus_bytes)
+        sequence = [{"insn_addr": r["insn_addr"], "insn_count": r["insn_count"],
+                     "abort_after": r.get("abort_after")} for r in runs]
+        sequence[0]["dram_in"] = str(rundir / "in.hex")
+        sequence[-1]["dram_out"] = str(rundir / "out.hex")
+        job = {"sequence": sequence, "dram_in": str(rundir / "dram_in.hex"),
+               "dram_out": str(rundir / "dram_out.hex"), "poll_cycles": poll_cycles,
+               "watchdog_cycles": watchdog_cycles, "max_cycles": max_cycles, "counters": None,
+               "results": str(rundir / "results.jsonl")}
+        (rundir / "job.json").write_text(json.dumps(job))
+        plusargs = [f"+dram_in={rundir / 'dram_in.hex'}", f"+dram_out={rundir / 'dram_out.hex'}",
+                    f"+dram_base={base:x}", f"+dram_words={image.size // config.bus_bytes}",
+                    f"+stall={stall}", f"+seed={seed}"]
+        env = {"GEMFORGE_COSIM_JOB": str(rundir / "job.json"), "COCOTB_RESOLVE_X": "ZEROS"}
+        _simulate(built, rundir, plusargs, [], env, False, None, len(runs))
+        lines = (rundir / "results.jsonl").read_text().splitlines() if (rundir / "results.jsonl").exists() else []
+        if len(lines) != len(runs) or not (rundir / "out.hex").exists():
+            raise CosimError(f"the testbench finished {len(lines)} of {len(runs)} runs; see {rundir / 'sim.log'}")
+        return read_hex(rundir / "out.hex", config.bus_bytes, image.size), [json.loads(x) for x in lines]
     finally:
         if not (keep or os.environ.get("GEMFORGE_COSIM_KEEP")):
             shutil.rmtree(rundir, ignore_errors=True)

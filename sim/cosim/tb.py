@@ -9,7 +9,9 @@ accelerator and the DRAM model are reset and the model reloads its input file,
 so every program starts from the state a fresh simulation would have.
 
 Results: one JSON line per program, appended to ``job["results"]`` as each
-finishes: ``status`` ("done", "hang", "timeout" or "error"), ``cycles``,
+finishes: ``status`` ("done", "fault", "hang", "timeout" or "error"), ``fault`` and
+``fault_info`` (the ERROR and ERROR_INFO registers, for "fault": the `Fault`
+name and its detail), ``cycles``,
 ``counters`` (the register map's counters, or those ``job["counters"]`` names),
 ``debug`` (the debug registers, decoded, when the program did not finish),
 ``oob`` and ``wall_s``.
@@ -25,7 +27,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import First, RisingEdge, Timer
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from gemforge.hw.regmap import COUNTERS, ENGINE_STATES, ID_MAGIC, by_name
+from gemforge.hw.regmap import COUNTERS, CTRL_BITS, ENGINE_STATES, ID_MAGIC, STATUS_BITS, Fault, by_name
 
 PERIOD_NS = 10
 
@@ -81,6 +83,9 @@ async def run_programs(dut):
     dut.dump.value = 0
     dut.reload.value = 0
     regs = Registers(dut)
+    if job.get("sequence"):
+        await _run_sequence(dut, regs, job)
+        return
     with open(job["results"], "a") as results:
         for k, program in enumerate(job["programs"]):
             result = {"status": "error", "message": "the testbench failed"}
@@ -108,6 +113,30 @@ async def run_programs(dut):
             finally:
                 results.write(json.dumps(result) + "\n")
                 results.flush()
+
+
+async def _run_sequence(dut, regs, job):
+    """Run ``job["sequence"]`` back to back on one DRAM image with no reset in between, as
+    a host does: each entry's program starts when the previous one has ended (DONE or
+    ERROR); an entry with ``abort_after`` writes CTRL.ABORT that many cycles after START.
+    The DRAM is dumped once, after the last."""
+    with open(job["results"], "a") as results:
+        await _reset_and_reload(dut, job, job["sequence"][0])
+        await regs.write("IRQ_ENABLE", 1)
+        for entry in job["sequence"]:
+            if entry.get("abort_after") is not None:
+                await regs.write("INSN_ADDR", entry["insn_addr"])
+                await regs.write("INSN_COUNT", entry["insn_count"])
+                await regs.write("CTRL", 1 << CTRL_BITS["START"])
+                for _ in range(entry["abort_after"]):
+                    await RisingEdge(dut.clk)
+                await regs.write("CTRL", 1 << CTRL_BITS["ABORT"])
+                entry = {**entry, "insn_count": None}      # already started
+            result = await _run(dut, regs, entry, job)
+            results.write(json.dumps(result) + "\n")
+            results.flush()
+        await _dump(dut)
+        shutil.move(job["dram_out"], job["sequence"][-1]["dram_out"])
 
 
 async def _reset(dut):
@@ -145,18 +174,23 @@ async def _run(dut, regs, program, job):
     counters = {name: await regs.read_counter(name) for name in dict.fromkeys(["cycles", *names])}
     result = {"status": status, "cycles": counters["cycles"], "counters": counters,
               "oob": bool(int(dut.oob.value)), "wall_s": wall}
+    if status == "fault":
+        code = await regs.read("ERROR")
+        result["fault"] = Fault(code).name if code in Fault._value2member_map_ else f"unknown code {code}"
+        result["fault_info"] = await regs.read("ERROR_INFO")
     if status != "done":
         result["debug"] = await read_debug(regs)
     return result
 
 
 async def _start_and_wait(dut, regs, program, job):
-    """START the program and wait for DONE (the IRQ) or the watchdog: (status, seconds)."""
-    await regs.write("INSN_ADDR", program["insn_addr"])
-    await regs.write("INSN_COUNT", program["insn_count"])
+    """START the program and wait for the IRQ (DONE or ERROR) or the watchdog: (status, seconds)."""
     t0 = time.perf_counter()
-    await regs.write("CTRL", 1)
-    await RisingEdge(dut.clk)        # DONE of an earlier program clears the cycle after START
+    if program["insn_count"] is not None:        # None: started by the caller
+        await regs.write("INSN_ADDR", program["insn_addr"])
+        await regs.write("INSN_COUNT", program["insn_count"])
+        await regs.write("CTRL", 1 << CTRL_BITS["START"])
+        await RisingEdge(dut.clk)        # DONE of an earlier program clears the cycle after START
 
     poll = job["poll_cycles"]
     status = "done"
@@ -165,6 +199,8 @@ async def _start_and_wait(dut, regs, program, job):
         if not int(dut.irq.value):
             await First(RisingEdge(dut.irq), Timer(poll * PERIOD_NS, unit="ns"))
         if int(dut.irq.value):
+            if (await regs.read("STATUS")) >> STATUS_BITS["ERROR"] & 1:
+                status = "fault"
             break
         cycles = await regs.read_counter("cycles")
         progress = (await regs.read("DEBUG_FETCHED"),

@@ -16,7 +16,8 @@ from gemforge.driver.device import DeviceError, open_device
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Finish, Gemm, Store, encode_program
 from gemforge.sim.cosim import harness
-from gemforge.driver.rtl_device import RtlHangError
+from gemforge.driver.rtl_device import RtlFaultError
+from gemforge.hw.regmap import Fault
 from gemforge.sim.cosim.random_program import data_bytes, random_program
 
 NON_SQUARE = AccelConfig(
@@ -107,17 +108,17 @@ def test_counters_are_consistent():
 
 
 @needs_verilator
-def test_watchdog_reports_token_deadlock():
-    """A GEMM that pops a token nobody pushes: the run fails with the debug state, it does not hang."""
+def test_token_deadlock_ends_in_a_fault_not_a_hang():
+    """A GEMM that pops a token nobody pushes: the accelerator itself ends the program with
+    DEADLOCK (the device raises it with the fault named), long before the testbench's watchdog."""
     config = CONFIGS["tiny"]
     dev = open_device("verilator", config, dram_bytes=DRAM, watchdog_cycles=20_000)
     insns = [Gemm(pop_prev=True, uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()]
     buf = dev.alloc(4096, align=4096)
     dev.dram[buf.address:buf.address + 2 * config.insn_bytes] = np.frombuffer(encode_program(insns, config), np.uint8)
-    with pytest.raises(RtlHangError) as info:
+    with pytest.raises(RtlFaultError, match="fault DEADLOCK") as info:
         dev._execute(buf.address, len(insns))
-    message = str(info.value)
-    assert '"compute": "pop"' in message and '"load->compute": 0' in message and "cmd_queue_levels" in message
+    assert info.value.fault == Fault.DEADLOCK
 
 
 @needs_verilator

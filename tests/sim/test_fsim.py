@@ -8,6 +8,7 @@ import pytest
 
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program, encode_uops
+from gemforge.hw.regmap import Fault
 from gemforge.sim.fsim import DeadlockError, Fsim, FsimError, OutOfBoundsError
 
 from reference import ReferenceModel, wrap
@@ -344,11 +345,12 @@ def test_finish_must_be_last():
         run_program(config, insns)
 
 
-def test_program_without_finish_deadlocks():
+def test_program_without_finish_is_reported_as_such():
     config = PRESETS["tiny"]
     insns = [Load(mem=MemType.INP, sram_base=0, dram_base=8, y_size=1, x_size=1, x_stride=1)]
-    with pytest.raises(DeadlockError, match="no engine can make progress"):
+    with pytest.raises(DeadlockError, match="none was FINISH") as info:
         run_program(config, insns)
+    assert info.value.fault == Fault.NO_FINISH
 
 
 def test_full_token_queue_blocks_the_pusher_until_consumed():

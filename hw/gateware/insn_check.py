@@ -1,0 +1,120 @@
+"""The dispatch-time instruction check: the hardware's half of `gemforge.hw.isa.decode`.
+
+Fetch runs every instruction through `InsnChecker` before dispatching it, so a
+program the functional simulator refuses ends with the same `Fault` code on the
+hardware instead of running garbage or hanging. Everything the check needs is
+in the instruction word (and whether it is the program's last), so it is
+derived from the ISA's tables: the field layouts (`insn_layout`), the buffers
+each kind may name, which engine runs it and so which dependency flags it may
+carry. Micro-op indices depend on the micro-op buffer's contents and are checked
+by the compute engine as they run.
+"""
+
+from amaranth import *
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import AluOp, Engine, MemType, Opcode
+from ..regmap import Fault
+from .engine import insn_layout
+
+__all__ = ["InsnChecker", "FAULT_BITS", "LOAD_ENGINE_MEMS", "STORE_MEMS", "one_of"]
+
+#: Width of a fault code.
+FAULT_BITS = 8
+#: The buffers a LOAD may fill, and those it fills through the load engine (the rest go
+#: to the compute engine); the buffers a STORE may read.
+LOAD_MEMS = (MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP)
+LOAD_ENGINE_MEMS = (MemType.INP, MemType.WGT)
+STORE_MEMS = (MemType.OUT, MemType.ACC)
+#: Dependency flags an engine has no queue for: the load engine has no previous stage,
+#: the store engine no next one (`gemforge.hw.isa.validate`).
+_MISSING_FLAGS = {Engine.LOAD: ("pop_prev", "push_prev"), Engine.STORE: ("pop_next", "push_next")}
+
+
+def one_of(value, choices):
+    """``value`` equals one of ``choices``."""
+    result = Const(0)
+    for choice in choices:
+        result = result | (value == choice)
+    return result
+
+
+class InsnChecker(wiring.Component):
+    """Combinational check of one instruction word.
+
+    Attributes
+    ----------
+    word : In(insn_bits)
+    last : In(1)
+        The word is the program's last instruction.
+    fault : Out(FAULT_BITS)
+        `Fault.NONE`, or the fault the instruction raises: `INVALID_INSTRUCTION`,
+        `BUFFER_RANGE` (a LOAD/STORE tile or a micro-op range outside its buffer) or
+        `FINISH_NOT_LAST`, checked in that order as `gemforge.sim.fsim` does.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        super().__init__({"word": In(config.insn_bits), "last": In(1), "fault": Out(FAULT_BITS)})
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        word = self.word
+        views = {op: data.View(insn_layout(c, op), word[:insn_layout(c, op).size]) for op in Opcode}
+        opcode = views[Opcode.FINISH].opcode
+        ld, st, gm, al = views[Opcode.LOAD], views[Opcode.STORE], views[Opcode.GEMM], views[Opcode.ALU]
+
+        invalid = Signal()
+        out_of_range = Signal()
+        with m.Switch(opcode):
+            for op in Opcode:
+                with m.Case(op):
+                    size = insn_layout(c, op).size
+                    bad = Const(0)
+                    if size < c.insn_bits:
+                        bad = bad | (word[size:] != 0)       # non-canonical: bits above the fields
+                    if op == Opcode.LOAD:
+                        bad = bad | ~one_of(ld.mem, LOAD_MEMS)
+                        bad = bad | ((ld.mem == MemType.UOP) &
+                                     ((ld.y_pad0 | ld.y_pad1 | ld.x_pad0 | ld.x_pad1) != 0))
+                        bad = bad | (ld.y_size == 0) | (ld.x_size == 0)
+                        for flag in _MISSING_FLAGS[Engine.LOAD]:
+                            bad = bad | (one_of(ld.mem, LOAD_ENGINE_MEMS) & getattr(ld, flag))
+                        rows = ld.y_pad0 + ld.y_size + ld.y_pad1
+                        pitch = ld.x_pad0 + ld.x_size + ld.x_pad1
+                        m.d.comb += out_of_range.eq(self._beyond(ld.mem, ld.sram_base + rows * pitch))
+                    elif op == Opcode.STORE:
+                        bad = bad | ~one_of(st.mem, STORE_MEMS) | (st.y_size == 0) | (st.x_size == 0)
+                        for flag in _MISSING_FLAGS[Engine.STORE]:
+                            bad = bad | getattr(st, flag)
+                        m.d.comb += out_of_range.eq(self._beyond(st.mem, st.sram_base + st.y_size * st.x_size))
+                    elif op in (Opcode.GEMM, Opcode.ALU):
+                        loop = gm if op == Opcode.GEMM else al
+                        bad = bad | (loop.iter_out == 0) | (loop.iter_in == 0)
+                        if op == Opcode.ALU:
+                            bad = bad | ~one_of(al.op, list(AluOp)) | (~al.use_imm & (al.imm != 0))
+                        m.d.comb += out_of_range.eq((loop.uop_bgn >= loop.uop_end) |
+                                                    (loop.uop_end > c.uop_depth))
+                    m.d.comb += invalid.eq(bad)
+            with m.Default():
+                m.d.comb += invalid.eq(1)                    # unknown opcode
+
+        with m.If(invalid):
+            m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
+        with m.Elif(out_of_range):
+            m.d.comb += self.fault.eq(Fault.BUFFER_RANGE)
+        with m.Elif((opcode == Opcode.FINISH) & ~self.last):
+            m.d.comb += self.fault.eq(Fault.FINISH_NOT_LAST)
+        with m.Else():
+            m.d.comb += self.fault.eq(Fault.NONE)
+        return m
+
+    def _beyond(self, mem, end):
+        """``end`` (one past the last entry written or read) lies beyond the buffer ``mem``."""
+        c = self._config
+        result = Const(0)
+        for kind in MemType:
+            result = result | ((mem == kind) & (end > c.depth(kind.buffer)))
+        return result
