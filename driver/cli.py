@@ -39,12 +39,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that report a user mistake (imported lazily: optional parts)."""
     from gemforge.compiler.errors import CompileError
     from gemforge.hw.asm import AsmError
+    from gemforge.hw.synth import SynthError
     from gemforge.sim.cosim.harness import CosimError
     from gemforge.sim.fsim import FsimError
     from gemforge.sim.regress import RegressError
     from .operators import OperatorUsageError
     return (UsageError, ConfigError, IsaError, ProgramError, DeviceError, FsimError,
-            AsmError, CompileError, OperatorUsageError, RegressError, CosimError)
+            AsmError, CompileError, OperatorUsageError, RegressError, CosimError, SynthError)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -309,6 +310,41 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(path)
 
 
+def cmd_synth(args: argparse.Namespace) -> None:
+    from contextlib import nullcontext
+
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gemforge.hw.synth import run_synth
+    config = _config(args)
+    what = {"generate": "generating the Verilog", "predict": "checking the buffers against the device's RAM",
+            "synthesize": f"synthesizing with Yosys ({args.target})",
+            "check": "checking the synthesized cells and ports against the device",
+            "place": "placing and routing with nextpnr"}
+    console = Console(stderr=True)
+    # A terminal gets a live elapsed time per step; a log gets a line when each step starts and ends.
+    live = console.is_terminal
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+    tasks = {}
+
+    def on_step(name: str, state: str, seconds: float | None) -> None:
+        if live and state == "start":
+            tasks[name] = progress.add_task(what.get(name, name), total=1)
+        elif live:
+            progress.update(tasks[name], completed=1, description=f"{what.get(name, name)}: {seconds:.1f} s")
+        else:
+            console.print(f"{what.get(name, name)}" + (" ..." if state == "start" else f": {seconds:.1f} s"),
+                          highlight=False)
+
+    with progress if live else nullcontext():
+        report = run_synth(config, args.target, args.output, freq_mhz=args.freq, bitstream=args.bitstream,
+                           on_step=on_step)
+    _print_json({key: report[key] for key in ("config", "target", "device", "status", "resources", "fmax_mhz",
+                                              "freq_mhz_requested", "timing_met", "steps")}
+                | {"report": str(Path(args.output) / "report.json")})
+
+
 def cmd_config(args: argparse.Namespace) -> None:
     config = _config(args)
     if args.output:
@@ -341,6 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="default", help=config_help)
     p.add_argument("-o", "--output", required=True, help="output directory (created if needed)")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("synth", help="synthesize, place and route the accelerator with the YoWASP tools; "
+                                     "writes a resource and Fmax report (JSON and Markdown)")
+    p.add_argument("--config", default="default", help=config_help)
+    p.add_argument("--target", default="generic",
+                   help="generic (Yosys, no device), ecp5-85f (LFE5U-85F, out of context) or ice40-up5k "
+                        "(default: generic)")
+    p.add_argument("--freq", type=float, metavar="MHZ",
+                   help="nextpnr's target clock in MHz (default: the config's clock_mhz)")
+    p.add_argument("--bitstream", action="store_true",
+                   help="also write a bitstream (needs a board top with real pins; refused for the bare accelerator)")
+    p.add_argument("-o", "--output", required=True,
+                   help="output directory: report.json, report.md, the Verilog, netlist and tool logs")
+    p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("asm", help="assemble a text program into a program file")
     p.add_argument("source", help="assembly source (.s)")

@@ -6,6 +6,8 @@
   ``rst`` (synchronous, active high), ``m_axi__*``, ``s_axil__*``, ``irq``);
 * ``config.json``     – the `AccelConfig` and its derived parameters;
 * ``regmap.md`` and ``gemforge_regs.h`` – the register map (`gemforge.hw.regmap`);
+* ``datasheet.md``    – the integration datasheet (`gemforge.hw.datasheet`): ports, clock
+  and reset, AXI behaviour, registers, counters, program format, Verilator flags;
 * ``files.f``         – the file list for simulators and synthesis tools.
 
 Lint waivers (Amaranth's generated Verilog, not design issues) are listed in
@@ -20,6 +22,7 @@ from pathlib import Path
 from gemforge.files import write_text_atomic
 
 from .config import AccelConfig
+from .datasheet import datasheet
 from .regmap import to_c_header, to_markdown
 
 __all__ = ["generate", "verilog_top", "TOP_NAME", "LINT_WAIVERS", "GENERIC_SYNTH_SCRIPT"]
@@ -57,8 +60,8 @@ def verilog_top(config: AccelConfig) -> str:
 
 
 def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
-    """Write the Verilog top, config JSON, register map (Markdown, C header) and file list
-    to ``out_dir`` (created if needed); returns the paths written."""
+    """Write the Verilog top, config JSON, register map (Markdown, C header), datasheet and
+    file list to ``out_dir`` (created if needed); returns the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {
@@ -66,6 +69,7 @@ def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
         "config.json": json.dumps({"config": config.to_dict(), "derived": config.derived()}, indent=2) + "\n",
         "regmap.md": to_markdown(f"gemforge register map ({config.name})"),
         "gemforge_regs.h": to_c_header(),
+        "datasheet.md": datasheet(config),
         "files.f": f"{TOP_NAME}.v\n",
     }
     written = []

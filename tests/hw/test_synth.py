@@ -1,0 +1,222 @@
+"""`gemforge synth`: report parsing, fit checks (before synthesis from the config, before place
+and route from the cell counts) and the command line's errors; real Yosys/nextpnr runs are slow."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gemforge.driver.cli import main
+from gemforge.hw.config import PRESETS
+from gemforge.hw.synth import (
+    DEVICES, TARGETS, FitError, SynthError, cell_resources, check_cells, check_pins, memory_bits,
+    parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown, run_synth,
+)
+from gemforge.hw.synth import _post_route_resources
+
+ECP5, ICE40 = DEVICES["LFE5U-85F"], DEVICES["iCE40UP5K"]
+
+#: `stat -json` of `synth_ecp5` on the tiny preset (Yosys 0.70), trimmed to what is read.
+TINY_ECP5_STAT = {
+    "modules": {"\\gemforge_top": {"num_cells_by_type": {}}},
+    "design": {"num_cells": 20707, "num_cells_by_type": {
+        "$scopeinfo": 55, "CCU2C": 2512, "DP16KD": 22, "L6MUX21": 129, "LUT4": 10170, "MULT18X18D": 28,
+        "PFUMX": 1121, "TRELLIS_DPR16X4": 365, "TRELLIS_FF": 6305}},
+}
+
+#: nextpnr's --report layout (values made up; the keys and nesting are nextpnr 0.11's).
+NEXTPNR_REPORT = {
+    "utilization": {"TRELLIS_COMB": {"available": 83640, "used": 16021},
+                    "TRELLIS_FF": {"available": 83640, "used": 6305},
+                    "MULT18X18D": {"available": 156, "used": 28}, "DP16KD": {"available": 208, "used": 22},
+                    "TRELLIS_IO": {"available": 365, "used": 0}},
+    "fmax": {"clk": {"achieved": 42.07, "constraint": 100.0}, "other": {"achieved": 120.5, "constraint": 50.0}},
+    "critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+        {"type": "clk-to-q", "delay": 0.5, "from": {"cell": "a_FF"}, "to": {"cell": "a_FF"}},
+        {"type": "routing", "delay": 1.25, "from": {"cell": "a_FF"}, "to": {"cell": "lut1"}},
+        {"type": "logic", "delay": 0.25, "from": {"cell": "lut1"}, "to": {"cell": "lut1"}},
+        {"type": "setup", "delay": 0.1, "from": {"cell": "lut1"}, "to": {"cell": "b_FF"}}]}],
+}
+
+
+def test_every_device_resource_has_a_capacity_unit_and_bel():
+    for device in DEVICES.values():
+        assert set(device.units) == set(device.capacity) == set(device.bels), device.name
+        assert set(device.cells) <= set(device.capacity), device.name
+        assert device.source
+    assert {t.device.name for t in TARGETS.values() if t.device} == set(DEVICES)
+
+
+def test_parse_yosys_stat_takes_the_design_totals_without_bookkeeping():
+    cells = parse_yosys_stat(TINY_ECP5_STAT)
+    assert cells["LUT4"] == 10170 and cells["TRELLIS_FF"] == 6305 and "$scopeinfo" not in cells
+
+
+def test_parse_yosys_stat_drops_submodule_instances_and_sums_modules_without_a_design_section():
+    hierarchical = {"modules": {"\\top": {"num_cells_by_type": {"$_AND_": 3, "top.sub": 1}},
+                                "\\top.sub": {"num_cells_by_type": {"$_AND_": 2, "$_SDFF_PP0_": 4}}}}
+    assert parse_yosys_stat(hierarchical) == {"$_AND_": 5, "$_SDFF_PP0_": 4}
+
+
+def test_memory_bits_reads_binary_string_parameters():
+    netlist = {"modules": {"top": {"cells": {
+        "a": {"type": "$mem_v2", "parameters": {"WIDTH": format(128, "032b"), "SIZE": format(256, "032b")}},
+        "b": {"type": "$mem_v2", "parameters": {"WIDTH": 3, "SIZE": 8}},
+        "c": {"type": "$_AND_", "parameters": {}}}}}}
+    assert memory_bits(netlist) == (2, 128 * 256 + 24)
+
+
+def test_parse_nextpnr_report():
+    pnr = parse_nextpnr_report(NEXTPNR_REPORT)
+    assert pnr["fmax_mhz"] == pytest.approx(42.07)             # the slowest clock
+    assert pnr["utilization"]["DP16KD"] == {"used": 22, "available": 208}
+    (path,) = pnr["critical_paths"]
+    assert path["delay_ns"] == pytest.approx(2.1) and path["logic_levels"] == 1
+    assert (path["start"], path["end"]) == ("a_FF", "b_FF")
+
+
+def test_post_route_resources_come_from_nextpnr_bels():
+    synthesized = {r: {"used": 1, "available": ECP5.capacity[r], "unit": ECP5.units[r]} for r in ECP5.capacity}
+    resources = _post_route_resources(ECP5, parse_nextpnr_report(NEXTPNR_REPORT)["utilization"], synthesized)
+    assert resources["LUT"]["used"] == 16021 and resources["LUT"]["available"] == 83640
+    assert resources["BRAM"] == {"used": 22, "available": 208, "unit": "DP16KD", "stage": "place and route"}
+
+
+def test_ecp5_lut_need_counts_carries_and_lut_ram_twice():
+    need = cell_resources(parse_yosys_stat(TINY_ECP5_STAT), ECP5)
+    assert need == {"LUT": 10170 + 2 * 2512 + 2 * 365, "FF": 6305, "DSP": 28, "BRAM": 22}
+    assert check_cells("tiny", parse_yosys_stat(TINY_ECP5_STAT), ECP5) == need
+
+
+def test_ice40_counts_every_flip_flop_flavour():
+    need = cell_resources({"SB_LUT4": 10, "SB_DFF": 1, "SB_DFFESR": 2, "SB_DFFSS": 3, "SB_CARRY": 9,
+                           "SB_RAM40_4K": 2, "SB_RAM40_4KNR": 1, "SB_MAC16": 4}, ICE40)
+    assert need == {"LUT": 10, "FF": 6, "DSP": 4, "BRAM": 3, "SPRAM": 0}
+
+
+def test_cells_over_the_luts_are_refused_naming_need_and_capacity():
+    with pytest.raises(FitError, match=r"^tiny needs 10,170 LUT4 after synthesis but the iCE40UP5K has "
+                                       r"5,280 logic cells; it also needs 6,305 flip-flops of 5,280; choose"):
+        check_cells("tiny", {"SB_LUT4": 10170, "SB_DFFE": 6305, "SB_MAC16": 8}, ICE40)
+
+
+def test_cells_over_the_dsps_are_refused():
+    with pytest.raises(FitError, match=r"needs 300 MULT18X18D after synthesis but the LFE5U-85F has 156 "
+                                       r"MULT18X18D; choose a smaller core"):
+        check_cells("big", {"LUT4": 100, "MULT18X18D": 300}, ECP5)
+
+
+def test_buffers_beyond_the_devices_ram_are_refused_before_synthesis():
+    with pytest.raises(FitError, match=r"^default needs 3,932,160 bits of RAM for its on-chip buffers \(480 KiB\) "
+                                       r"but the iCE40UP5K has 1,171,456 \(122,880 of BRAM \+ 1,048,576 of SPRAM\)"):
+        predict_fit(PRESETS["default"], ICE40)
+    with pytest.raises(FitError, match=r"large needs 7,864,320 bits .* LFE5U-85F has 4,502,976"):
+        predict_fit(PRESETS["large"], ECP5)
+    predict_fit(PRESETS["tiny"], ICE40)
+    predict_fit(PRESETS["default"], ECP5)      # fits the RAM bits; the DP16KD count decides after synthesis
+
+
+def test_ports_are_pins_only_on_the_ice40():
+    bits = port_bits(PRESETS["tiny"])
+    assert bits > 39
+    check_pins(PRESETS["tiny"], TARGETS["ecp5-85f"], bits)      # out of context: no pins
+    with pytest.raises(FitError, match=rf"has {bits} port bits .* SG48 package has 39 IOs; .*board top"):
+        check_pins(PRESETS["tiny"], TARGETS["ice40-up5k"], bits)
+
+
+def test_run_synth_refuses_before_generating_and_reports_why(tmp_path):
+    with pytest.raises(FitError, match="default needs 3,932,160 bits of RAM"):
+        run_synth(PRESETS["default"], "ice40-up5k", tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "does not fit" and "3,932,160" in report["error"]
+    assert list(report["steps"]) == ["predict"] and not (tmp_path / "gemforge_top.v").exists()
+    assert "does not fit" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"bitstream": True}, "--bitstream needs a board top with real pins"),
+    ({"freq_mhz": 0.5}, "--freq must be between 1 and 1000 MHz, not 0.5"),
+])
+def test_run_synth_refuses_bad_requests(tmp_path, options, message):
+    with pytest.raises(SynthError, match=message):
+        run_synth(PRESETS["tiny"], "ecp5-85f", tmp_path, **options)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_failing_tool_is_reported_by_its_last_error_line(tmp_path):
+    from gemforge.hw.synth import _run
+    script = "print('ERROR: first'); print('ERROR: Failed to open netlist.json'); raise SystemExit(3)"
+    with pytest.raises(SynthError, match=r"^yosys failed \(exit status 3\): ERROR: Failed to open netlist.json "
+                                         r"\(log: .*yosys.log\)$"):
+        _run([sys.executable, "-c", script], tmp_path, tmp_path / "yosys.log", "yosys")
+
+
+def test_render_markdown_has_the_resource_table_and_fmax():
+    pnr = parse_nextpnr_report(NEXTPNR_REPORT)
+    report = {"config": "tiny", "target": "ecp5-85f", "description": "ECP5", "status": "ok",
+              "resources": {"LUT": {"used": 16021, "available": 83640, "unit": "TRELLIS_COMB",
+                                    "stage": "place and route"}},
+              "fmax_mhz": 42.07, "timing_met": False, "freq_mhz_requested": 100.0, "place_and_route": pnr,
+              "steps": {"synthesize": 36.0}, "device_source": "data sheet"}
+    text = render_markdown(report)
+    assert "| LUT | 16,021 | 83,640 | 19.2 % | TRELLIS_COMB | place and route |" in text
+    assert "**42.07 MHz** (target 100 MHz, not met)" in text and "2.10 ns" in text
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "virtex"], "unknown target 'virtex'; choose one of generic, ecp5-85f, ice40-up5k"),
+    (["--target", "generic", "--freq", "50"], "the generic target has no place and route"),
+    (["--target", "generic", "--bitstream"], "--bitstream needs a device"),
+    (["--target", "ecp5-85f", "--bitstream"], "--bitstream needs a board top with real pins"),
+    (["--target", "ice40-up5k", "--bitstream"], "its 355 port bits exceed the iCE40UP5K's 39 package IOs"),
+    (["--target", "ice40-up5k", "--config", "default"], "default needs 3,932,160 bits of RAM"),
+])
+def test_cli_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
+    argv = ["--config", "tiny", *argv] if "--config" not in argv else argv
+    code, out, err = run(capsys, "synth", *argv, "-o", tmp_path / "out")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("gemforge: error:")] == [err.splitlines()[-1]]
+
+
+# ---------------------------------------------------------------------------- real tool runs
+
+@pytest.mark.slow
+def test_tiny_on_ecp5_places_and_routes(tmp_path, capsys):
+    """synth_ecp5 (about 40 s) and nextpnr-ecp5 out of context (about 3 min) on the tiny preset."""
+    code, out, err = run(capsys, "synth", "--config", "tiny", "--target", "ecp5-85f", "-o", tmp_path)
+    assert code == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "ok" and report["fmax_mhz"] > 0
+    assert set(report["resources"]) == {"LUT", "FF", "DSP", "BRAM"}
+    for name, r in report["resources"].items():
+        assert 0 < r["used"] <= r["available"], name
+        assert r["stage"] == "place and route"
+    assert report["resources"]["DSP"]["used"] == report["cells"]["MULT18X18D"]
+    assert "Post-route Fmax" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_tiny_on_ice40_is_refused_after_synthesis_by_its_luts(tmp_path):
+    with pytest.raises(FitError, match=r"tiny needs [\d,]+ LUT4 after synthesis but the iCE40UP5K has 5,280 "
+                                       r"logic cells"):
+        run_synth(PRESETS["tiny"], "ice40-up5k", tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "does not fit" and report["resources"]["LUT"]["used"] > 5280
+    assert "place" not in report["steps"]
+
+
+@pytest.mark.slow
+def test_tiny_generic_synthesis_reports_gates_flip_flops_and_memories(tmp_path):
+    report = run_synth(PRESETS["tiny"], "generic", tmp_path)
+    assert report["status"] == "ok" and report["fmax_mhz"] is None
+    buffers = 8 * sum(getattr(PRESETS["tiny"], f"{b}_buffer_bytes") for b in ("inp", "wgt", "acc", "out", "uop"))
+    assert report["resources"]["memory"]["used"] >= buffers
+    assert report["resources"]["gates"]["used"] > 0 and report["resources"]["FF"]["used"] > 0
