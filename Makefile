@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install install-icarus demo test test-slow bench clean
+.PHONY: install install-icarus demo test test-slow bench bench-synth clean
 
 install: $(STAMP)
 
@@ -30,10 +30,14 @@ test-slow: install
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
 
 # The GPU figures come from BENCHMARKS.gpu.json, measured on a machine with a GPU by
-# `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none.
+# `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none. The
+# synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about half an hour).
 bench: install
 	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \
-		--merge BENCHMARKS.gpu.json --markdown BENCHMARKS.md
+		--merge BENCHMARKS.gpu.json --merge BENCHMARKS.synth.json --markdown BENCHMARKS.md
+
+bench-synth: install
+	$(BIN)/gemforge bench --sections synth -o BENCHMARKS.synth.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

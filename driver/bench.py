@@ -227,6 +227,38 @@ def _bench_mutant(config: AccelConfig, device: str, count: int) -> dict[str, Any
             "reproducer_instructions": summary["instructions"]["reproducer"]}
 
 
+#: What `bench --sections synth` synthesizes: (preset, target). Every preset through generic
+#: Yosys; the ECP5 flow (with place and route, minutes each) for the presets it can hold.
+SYNTH_POINTS = (("tiny", "generic"), ("default", "generic"), ("large", "generic"), ("tiny", "ecp5-85f"),
+                ("tiny", "ice40-up5k"))
+
+
+def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None) -> dict[str, Any]:
+    """Resources and Fmax of each (preset, target) of ``points`` (`gemforge.hw.synth.run_synth`);
+    a point that does not fit is recorded with the reason (that is a result too)."""
+    import tempfile
+
+    from gemforge.hw.config import PRESETS
+    from gemforge.hw.synth import FitError, run_synth
+    out: dict[str, Any] = {"points": []}
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        for name, target in points:
+            start = time.perf_counter()
+            try:
+                report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}")
+            except FitError as exc:
+                report = {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}
+            report["wall_s"] = round(time.perf_counter() - start, 1)
+            paths = report.get("place_and_route", {}).get("critical_paths", [])
+            worst = max(paths, key=lambda p: p["delay_ns"]) if paths else None
+            report["critical_path"] = f"{worst['start']} -> {worst['end']} ({worst['logic_levels']} levels)" \
+                if worst else None
+            out["points"].append({k: report.get(k) for k in ("config", "target", "device", "status", "reason",
+                                                             "resources", "fmax_mhz", "freq_mhz_requested",
+                                                             "timing_met", "critical_path", "wall_s")})
+    return out
+
+
 def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,
                    core_configs: list[AccelConfig] = (), sections: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The figures of ``sections`` (default: ``fsim``, ``cpu`` and ``network``, ``rtl`` and
@@ -261,4 +293,6 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
     if "gpu" in sections:
         from .bench_llvm import bench_gpu
         results["gpu"] = bench_gpu(1024 if quick else 4096)
+    if "synth" in sections:
+        results["synth"] = bench_synth(SYNTH_POINTS[:1] if quick else SYNTH_POINTS)
     return results

@@ -127,7 +127,38 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         out += _network_section(results["network"])
     if results.get("gpu"):
         out += _gpu_section(results["gpu"])
+    if results.get("synth"):
+        out += _synth_section(results["synth"])
     return "\n".join(out)
+
+
+def _synth_section(synth: dict[str, Any]) -> list[str]:
+    origin = f" — merged from `{synth['merged_from']}`" if synth.get("merged_from") else ""
+    out = [f"## Synthesis: resources and Fmax of the presets (`gemforge synth`){origin}", "",
+           "YoWASP Yosys and nextpnr from PyPI. `generic`: Yosys's target-independent cells (gates, flip-flops,",
+           "memory bits), no timing. `ecp5-85f`: `synth_ecp5`, then nextpnr out of context on an LFE5U-85F",
+           "(post-route utilization and Fmax at the config's 100 MHz target). `ice40-up5k`: refused when the",
+           "synthesized cells exceed the device, with the counts. Anchor: VTA closed 100 MHz on a Zynq-7020",
+           "with Vivado.", "",
+           "| config | target | status | LUT / gates | FF | DSP | block RAM | Fmax | critical path | wall |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for p in synth["points"]:
+        res = p.get("resources") or {}
+
+        def cell(*names):
+            for name in names:
+                r = res.get(name)
+                if r:
+                    avail = r.get("available")
+                    return f"{r['used']:,}" + (f" / {avail:,}" if avail else "")
+            return "—"
+        status = p["status"] if p["status"] == "ok" else f"{p['status']}: {p.get('reason') or ''}"
+        fmax = f"{p['fmax_mhz']:.1f} MHz" if p.get("fmax_mhz") else "—"
+        out.append(f"| `{p['config']}` | {p['target']} | {status} | {cell('LUT', 'gates')} | {cell('FF')} | "
+                   f"{cell('DSP')} | {cell('BRAM', 'memory')} | {fmax} | {p.get('critical_path') or '—'} | "
+                   f"{p['wall_s']:.0f} s |")
+    out.append("")
+    return out
 
 
 def _ratio_row(label: str, cpu: dict[str, Any]) -> str:

@@ -130,7 +130,7 @@ def _target_for(args: argparse.Namespace, device=None):
     from gemforge.compiler.target import AccelTarget, CpuTarget, GpuTarget
     if device is not None and getattr(device, "target", None) is not None:
         return device.target
-    if args.device not in available_backends():
+    if args.device not in available_backends() and not args.device.startswith("uart:"):   # uart:PORT[@BAUD]
         raise UsageError(f"unknown device {args.device!r}; available: {', '.join(available_backends())}")
     if getattr(args, "arch", None) and args.device != "gpu":
         raise UsageError(f"--arch is for --device gpu, not {args.device}")
@@ -275,20 +275,20 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
     sections = tuple(args.sections.split(",")) if args.sections else None
-    known = ("fsim", "rtl", "regress", "cpu", "network", "gpu")
+    known = ("fsim", "rtl", "regress", "cpu", "network", "gpu", "synth")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
     results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
                              sections=sections)
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
-    if args.merge:
+    for merge in args.merge or ():
         try:
-            earlier = json.loads(Path(args.merge).read_text())
+            earlier = json.loads(Path(merge).read_text())
         except (OSError, ValueError) as exc:
-            raise UsageError(f"--merge {args.merge} is not a readable JSON file of gemforge bench ({exc})") from None
+            raise UsageError(f"--merge {merge} is not a readable JSON file of gemforge bench ({exc})") from None
         for key, value in earlier.items():
             if key not in results and key != "wall_seconds":
-                results[key] = dict(value, merged_from=os.path.basename(args.merge)) if isinstance(value, dict) \
+                results[key] = dict(value, merged_from=os.path.basename(merge)) if isinstance(value, dict) \
                     else value
     text = json.dumps(results, indent=2)
     if args.output:
@@ -298,7 +298,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
                            + (["--quick"] if args.quick else []) + (["--device", args.device] if args.device else [])
                            + (["--core-configs", args.core_configs] if args.core_configs else [])
                            + (["--sections", args.sections] if args.sections else [])
-                           + (["--merge", os.path.basename(args.merge)] if args.merge else [])
+                           + [part for merge in args.merge or () for part in ("--merge", os.path.basename(merge))]
                            + ["--markdown", os.path.basename(args.markdown)])
         write_bytes_atomic(args.markdown, render_markdown(results, command).encode())
     print(text)
@@ -481,21 +481,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
-                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, gpu (default: fsim, "
+                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, gpu, synth (default: fsim, "
                         "cpu and network (the digits CNN and ResNet-18 compiled whole; on an RTL --device too), rtl "
                         "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
-                        "is present); cpu's ResNet-18 convolutions are compared with "
+                        "is present; synth (every preset through Yosys and the ECP5 flow, about half an hour) only "
+                        "when named); cpu's ResNet-18 convolutions are compared with "
                         "ONNX Runtime, measured where it is installed (the dev extra)")
-    p.add_argument("--merge", metavar="FILE",
+    p.add_argument("--merge", metavar="FILE", action="append",
                    help="also report the sections of an earlier run's JSON (-o) that this run did not measure, "
-                        "e.g. GPU figures from a machine with a GPU")
+                        "e.g. GPU figures from a machine with a GPU or the synthesis figures (repeatable)")
     p.set_defaults(func=cmd_bench)
 
     return parser
 
 
 _DEVICE_HELP = ("device: fsim (default), verilator or icarus (the accelerator, simulated or co-simulated), "
-                "cpu (LLVM, this machine) or gpu (LLVM NVPTX, CUDA)")
+                "cpu (LLVM, this machine), gpu (LLVM NVPTX, CUDA) or uart:PORT[@BAUD] (a board with the board "
+                "top, gemforge.hw.board, through its UART bridge)")
 
 
 def _operator_arguments(parser: argparse.ArgumentParser, op: str, files: bool) -> None:

@@ -114,3 +114,30 @@ def test_network_section_renders_every_figure():
     for figure in ("## Whole networks from ONNX", "int8 accuracy **98.4%** vs float32 98.9%", "**1.1**",
                    "compile **3.5 s**", "1,605,632 bytes peak vs 4,216,320", "**3,060,000 cycles**", "| fc | dense |"):
         assert figure in text
+
+
+def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
+    import json
+    synth = {"points": [
+        {"config": "tiny", "target": "ecp5-85f", "device": "LFE5U-85F", "status": "ok", "reason": None,
+         "resources": {"LUT": {"used": 19620, "available": 83640}, "FF": {"used": 6617, "available": 83640},
+                       "DSP": {"used": 29, "available": 156}, "BRAM": {"used": 22, "available": 208}},
+         "fmax_mhz": 30.83, "freq_mhz_requested": 100.0, "timing_met": False,
+         "critical_path": "a -> b (50 levels)", "wall_s": 466.0},
+        {"config": "tiny", "target": "ice40-up5k", "device": "iCE40UP5K", "status": "does not fit",
+         "reason": "tiny needs 16,027 LUT4", "resources": {}, "fmax_mhz": None, "wall_s": 141.0},
+    ]}
+    text = render_markdown({"synth": synth}, "gemforge bench")
+    assert "| `tiny` | ecp5-85f | ok | 19,620 / 83,640 | 6,617 / 83,640 | 29 / 156 | 22 / 208 | 30.8 MHz |" in text
+    assert "does not fit: tiny needs 16,027 LUT4" in text
+    # --merge is repeatable: each file's sections come in, marked with where they came from.
+    earlier = tmp_path / "synth.json"
+    earlier.write_text(json.dumps({"synth": synth}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"gpu_like": {"x": 1}}))
+    target = tmp_path / "B.md"
+    assert main(["bench", "--quick", "--config", "tiny", "--sections", "fsim", "--merge", str(earlier),
+                 "--merge", str(other), "--markdown", str(target)]) == 0
+    out = target.read_text()
+    assert "merged from `synth.json`" in out and "--merge synth.json --merge other.json" in out
+    assert json.loads(capsys.readouterr().out)["gpu_like"]["merged_from"] == "other.json"
