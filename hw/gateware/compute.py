@@ -1,18 +1,23 @@
 """The compute engine: micro-op buffer, GEMM/ALU pipeline, accumulator and micro-op loads.
 
-GEMM and ALU share one four-stage pipeline that accepts a micro-op every cycle:
+GEMM and ALU share one five-stage pipeline that accepts a micro-op every cycle:
 
 ====  ==============================================================
 S0    loop counters (i, j, u); read micro-op ``u``
-S1    indices = micro-op fields + loop offsets; read inp, wgt, acc[dst], acc[src]
-S2    dot products (GEMM) or operand select (ALU); forward from S3
-S3    acc[dst] = acc + dot, or op(acc, operand); write acc and its out mirror
+S1    indices = micro-op fields + loop offsets; read inp, wgt
+S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
+S3    adder tree (GEMM) or operand select (ALU); forward from S4
+S4    acc[dst] = acc + dot, or op(acc, operand); write acc and its out mirror
 ====  ==============================================================
 
+The multipliers and the adder tree are separate stages so neither shares a
+cycle with a block-RAM read. The accumulator is read one stage later than the
+inputs (S2), so its data arrives with the dot products.
+
 Read-after-write: the accumulator read ports are transparent to the write
-port, so a micro-op sees every write made up to the cycle it reads (S1). The
+port, so a micro-op sees every write made up to the cycle it reads (S2). The
 only write it can miss is that of the micro-op directly ahead of it, which is
-in S3 while it is in S2: S2 takes S3's result instead of the memory's when the
+in S4 while it is in S3: S3 takes S4's result instead of the memory's when the
 indices match. Hence micro-ops behave exactly sequentially, as the ISA says,
 at one micro-op per cycle. Instructions drain the pipeline before they
 complete, so nothing crosses an instruction boundary.
@@ -70,7 +75,8 @@ class ComputeEngine(wiring.Component):
     finish : Out(1)
         Pulses when FINISH retires.
     index_fault : Out(1)
-        A micro-op's index plus its loop offsets lies beyond its buffer (`Fault.BUFFER_RANGE`).
+        A micro-op's index plus its loop offsets lies beyond its buffer (`Fault.BUFFER_RANGE`);
+        raised the cycle after the micro-op's S1.
     gemm_active, alu_active : Out(1)
         A GEMM / ALU micro-op enters the pipeline this cycle.
     gemm_reset : Out(1)
@@ -183,50 +189,55 @@ class ComputeEngine(wiring.Component):
         full = {k: getattr(uop, k) + s1_off[k] for k in factors}
         beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
-        m.d.comb += self.index_fault.eq(s1_valid & beyond)
+        m.d.sync += self.index_fault.eq(s1_valid & beyond)   # registered: off the address path
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
             self.inp_rd_addr.eq(uop.src + s1_off["src"]),
             self.wgt_rd_addr.eq(uop.wgt + s1_off["wgt"]),
-            self.acc_rda_addr.eq(s1_dst),
-            self.acc_rdb_addr.eq(s1_src_acc),
         ]
 
-        # ---------------------------------------------------------------- S2: dot / operand, forwarding
+        # ---------------------------------------------------------------- S2: products, accumulator reads
         s2_valid = Signal()
         s2_dst = Signal(acc_bits)
         s2_src = Signal(acc_bits)
         m.d.sync += [s2_valid.eq(s1_valid), s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
+        m.submodules.gemm = gemm = GemmCore(c)
+        m.d.comb += [gemm.inp.eq(self.inp_rd_data), gemm.wgt.eq(self.wgt_rd_data),
+                     self.acc_rda_addr.eq(s2_dst), self.acc_rdb_addr.eq(s2_src)]
 
+        # ---------------------------------------------------------------- S3: dot / operand, forwarding
         s3_valid = Signal()
         s3_dst = Signal(acc_bits)
-        s3_acc = Signal(c.acc_entry_bytes * 8)
-        s3_b = Signal(c.acc_entry_bytes * 8)
-        s3_result = Signal(c.acc_entry_bytes * 8)
+        s3_src = Signal(acc_bits)
+        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_src.eq(s2_src)]
 
-        m.submodules.gemm = gemm = GemmCore(c)
-        m.d.comb += [gemm.inp.eq(self.inp_rd_data), gemm.wgt.eq(self.wgt_rd_data)]
-        fwd_a = Mux(s3_valid & (s3_dst == s2_dst), s3_result, self.acc_rda_data)
-        fwd_b = Mux(s3_valid & (s3_dst == s2_src), s3_result, self.acc_rdb_data)
+        s4_valid = Signal()
+        s4_dst = Signal(acc_bits)
+        s4_acc = Signal(c.acc_entry_bytes * 8)
+        s4_b = Signal(c.acc_entry_bytes * 8)
+        s4_result = Signal(c.acc_entry_bytes * 8)
+
+        fwd_a = Mux(s4_valid & (s4_dst == s3_dst), s4_result, self.acc_rda_data)
+        fwd_b = Mux(s4_valid & (s4_dst == s3_src), s4_result, self.acc_rdb_data)
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
-        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_acc.eq(fwd_a),
-                     s3_b.eq(Mux(is_alu, operand, gemm.dot))]
+        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_acc.eq(fwd_a),
+                     s4_b.eq(Mux(is_alu, operand, gemm.dot))]
 
-        # ---------------------------------------------------------------- S3: result, write-back
+        # ---------------------------------------------------------------- S4: result, write-back
         m.submodules.alu = alu = TensorAlu(c)
-        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s3_acc), alu.b.eq(s3_b)]
-        sums = [a + b for a, b in zip(lanes(s3_acc, lane_count, c.acc_width),
-                                      lanes(s3_b, lane_count, c.acc_width))]
+        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s4_acc), alu.b.eq(s4_b)]
+        sums = [a + b for a, b in zip(lanes(s4_acc, lane_count, c.acc_width),
+                                      lanes(s4_b, lane_count, c.acc_width))]
         gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
-        m.d.comb += s3_result.eq(Mux(is_alu, alu.result, gemm_result))
+        m.d.comb += s4_result.eq(Mux(is_alu, alu.result, gemm_result))
 
         acc_wr, out_wr = self.acc_wr, self.out_wr
-        with m.If(s3_valid):
-            m.d.comb += [acc_wr.addr.eq(s3_dst), acc_wr.count.eq(1), acc_wr.data[0].eq(s3_result),
+        with m.If(s4_valid):
+            m.d.comb += [acc_wr.addr.eq(s4_dst), acc_wr.count.eq(1), acc_wr.data[0].eq(s4_result),
                          acc_wr.en.eq(1)]
         with m.Else():
             m.d.comb += [acc_wr.addr.eq(acc_loader.wr.addr), acc_wr.count.eq(acc_loader.wr.count),
@@ -276,7 +287,7 @@ class ComputeEngine(wiring.Component):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += [seq.state.eq(ENGINE_STATES["drain"]), seq.busy.eq(1)]
-                with m.If(~s1_valid & ~s2_valid & ~s3_valid):
+                with m.If(~s1_valid & ~s2_valid & ~s3_valid & ~s4_valid):
                     m.next = "PUSH"
             seq.push_state()
 

@@ -1,9 +1,12 @@
 """The GEMM core's arithmetic: one micro-op's ``batch × block_out`` dot products.
 
 ``dot[b][o] = Σ_k inp[b][k] · wgt[o][k]`` over ``block_in`` signed products,
-i.e. ``batch · block_in · block_out`` multiplies in one cycle. The sums are
-returned modulo 2^acc_width (the accumulator adds them with wrap-around, so
-dropping the high bits here changes nothing).
+i.e. ``batch · block_in · block_out`` multiplies per cycle. The products are
+registered and summed by an adder tree in the next cycle, so the multipliers
+and the tree are in separate pipeline stages (the path from a buffer's read
+data through both in one cycle limited Fmax). The sums are returned modulo
+2^acc_width (the accumulator adds them with wrap-around, so dropping the high
+bits here changes nothing).
 """
 
 from amaranth import *
@@ -19,15 +22,19 @@ def lanes(value, count, width):
 
 
 class GemmCore(wiring.Component):
-    """Combinational dot products of one input entry with one weight entry.
+    """Dot products of one input entry with one weight entry, one cycle after them.
 
     Attributes
     ----------
     inp : In(batch·block_in·inp_width)
     wgt : In(block_out·block_in·wgt_width)
     dot : Out(batch·block_out·acc_width)
-        Row-major ``[b][o]`` lanes, like an accumulator entry.
+        Row-major ``[b][o]`` lanes, like an accumulator entry: the dot products of
+        the ``inp`` and ``wgt`` of the previous cycle (`LATENCY`).
     """
+
+    #: Cycles from ``inp``/``wgt`` to ``dot``.
+    LATENCY = 1
 
     def __init__(self, config):
         self._config = config
@@ -46,7 +53,11 @@ class GemmCore(wiring.Component):
         out = []
         for b in range(c.batch):
             for o in range(c.block_out):
-                terms = [x[b * c.block_in + k] * w[o * c.block_in + k] for k in range(c.block_in)]
+                terms = []
+                for k in range(c.block_in):
+                    product = Signal(signed(c.inp_width + c.wgt_width), name=f"product_{b}_{o}_{k}")
+                    m.d.sync += product.eq(x[b * c.block_in + k] * w[o * c.block_in + k])
+                    terms.append(product)
                 # Balanced adder tree.
                 while len(terms) > 1:
                     terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]

@@ -46,10 +46,12 @@ def test_gemm_core_dot_products():
         for x, w in cases:
             ctx.set(dut.inp, pack(x, c.inp_width))
             ctx.set(dut.wgt, pack(w, c.wgt_width))
+            await ctx.tick()          # GemmCore.LATENCY: the products are registered
             got = unpack(ctx.get(dut.dot), c.batch * c.block_out, c.acc_width)
             np.testing.assert_array_equal(got, wrap(x @ w.T, c.acc_width).reshape(-1))
 
-    simulate(dut, tb, clock=False)
+    assert GemmCore.LATENCY == 1
+    simulate(dut, tb)
 
 
 def alu_reference(op, a, b, width):
