@@ -339,9 +339,10 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
     with progress if live else nullcontext():
         report = run_synth(config, args.target, args.output, freq_mhz=args.freq, bitstream=args.bitstream,
-                           on_step=on_step)
+                           board=args.board, board_memory=args.board_memory, on_step=on_step)
     _print_json({key: report[key] for key in ("config", "target", "device", "status", "resources", "fmax_mhz",
                                               "freq_mhz_requested", "timing_met", "steps")}
+                | ({"board": report["board"], "bitstream": report["bitstream"]} if report.get("board") else {})
                 | {"report": str(Path(args.output) / "report.json")})
 
 
@@ -386,8 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: generic)")
     p.add_argument("--freq", type=float, metavar="MHZ",
                    help="nextpnr's target clock in MHz (default: the config's clock_mhz)")
+    p.add_argument("--board", choices=("ulx3s", "icebreaker"),
+                   help="build the board top (the accelerator, block RAM for DRAM, a UART bridge) on this board's "
+                        "pins and clock instead of the bare accelerator; ulx3s is an ECP5-85F, icebreaker an iCE40UP5K")
+    p.add_argument("--board-memory", type=int, default=64 << 10, metavar="BYTES",
+                   help="with a board: bytes of block RAM standing in for DRAM (default 65536)")
     p.add_argument("--bitstream", action="store_true",
-                   help="also write a bitstream (needs a board top with real pins; refused for the bare accelerator)")
+                   help="place and route on a board and write its bitstream (the target's board unless --board)")
     p.add_argument("-o", "--output", required=True,
                    help="output directory: report.json, report.md, the Verilog, netlist and tool logs")
     p.set_defaults(func=cmd_synth)

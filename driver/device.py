@@ -266,9 +266,13 @@ def available_backends() -> list[str]:
 
 
 def open_device(kind: str, config: AccelConfig | str | None = None, **options: Any) -> Device:
-    """Open a device of backend ``kind`` ('fsim', 'verilator', 'icarus', 'cpu', 'gpu') for
+    """Open a device of backend ``kind`` ('fsim', 'verilator', 'icarus', 'cpu', 'gpu', 'uart:PORT[@BAUD]') for
     ``config`` (preset, file or object; the cpu and gpu devices need none)."""
     _register_builtin_backends()
+    if kind.startswith("uart:"):         # "uart:PORT[@BAUD]", the board backend's spec string
+        from .uart_device import parse_uart_spec
+        port, baud = parse_uart_spec(kind)
+        kind, options = "uart", {"port": port, "baud": baud, **options}
     if kind in ("cpu", "gpu"):
         return _BACKENDS[kind](None, **options)
     config = load_config(config)
@@ -296,3 +300,5 @@ def _register_builtin_backends() -> None:
     # The LLVM back ends' devices: kernels on this CPU, or on a GPU through CUDA.
     register_backend("cpu", lazy(".host_device", "CpuDevice"))
     register_backend("gpu", lazy(".host_device", "GpuDevice"))
+    # A board with the board top (gemforge.hw.board), through its UART bridge: "uart:PORT[@BAUD]".
+    register_backend("uart", lazy(".uart_device", "UartDevice"))

@@ -443,6 +443,13 @@ PRESETS: dict[str, AccelConfig] = {
         name="large", batch=1, block_in=32, block_out=32,
         inp_buffer_bytes=64 * 1024, wgt_buffer_bytes=512 * 1024, acc_buffer_bytes=256 * 1024,
         out_buffer_bytes=64 * 1024, uop_buffer_bytes=64 * 1024, bus_width=256),
+    # The board top on a ULX3S (LFE5U-85F, 25 MHz): an 8x8 core (64 MACs per cycle; its 64
+    # products and the ALU's 8 lanes take about 100 of the 156 MULT18X18D) and buffers that
+    # leave block RAM for 64 KiB of board memory (`gemforge synth --board ulx3s`).
+    "ulx3s": AccelConfig(
+        name="ulx3s", batch=1, block_in=8, block_out=8,
+        inp_buffer_bytes=8 * 1024, wgt_buffer_bytes=32 * 1024, acc_buffer_bytes=16 * 1024,
+        out_buffer_bytes=4 * 1024, uop_buffer_bytes=4 * 1024, bus_width=64, clock_mhz=25),
 }
 
 

