@@ -321,7 +321,8 @@ def cmd_synth(args: argparse.Namespace) -> None:
     what = {"generate": "generating the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
             "check": "checking the synthesized cells and ports against the device",
-            "place": "placing and routing with nextpnr"}
+            "place": "placing and routing with nextpnr",
+            "build": "building the board design: synthesis, place and route, bitstream"}
     console = Console(stderr=True)
     # A terminal gets a live elapsed time per step; a log gets a line when each step starts and ends.
     live = console.is_terminal
