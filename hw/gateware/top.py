@@ -216,7 +216,6 @@ class Accelerator(wiring.Component):
         with m.Elif(watchdog != DEADLOCK_CYCLES):
             m.d.sync += watchdog.eq(watchdog + 1)
         stuck = watchdog == DEADLOCK_CYCLES
-        nothing_left = ~fetch.busy & queues_empty & ~load.busy & ~compute.busy & ~store.busy
         fault = Signal(FAULT_BITS)
         info = Signal(32)
         with m.If(fetch.fault != Fault.NONE):
@@ -231,7 +230,7 @@ class Accelerator(wiring.Component):
             m.d.comb += fault.eq(Fault.ABORTED)
         with m.Elif(stuck):
             m.d.comb += fault.eq(Mux(finished, Fault.TOKEN_IMBALANCE,
-                                     Mux(nothing_left, Fault.NO_FINISH, Fault.DEADLOCK)))
+                                     Mux(all_idle, Fault.NO_FINISH, Fault.DEADLOCK)))
         with m.Elif(finished & all_idle & tokens_left):
             m.d.comb += fault.eq(Fault.TOKEN_IMBALANCE)
 
@@ -269,7 +268,7 @@ class Accelerator(wiring.Component):
             events[f"{name}_mem_stall"] = engine.mem_stall
         for name, _doc in COUNTERS:
             counter = Signal(64, name=f"count_{name}")
-            with m.If(start):
+            with m.If(start_req):        # also a START refused at once (EMPTY_PROGRAM, MISALIGNED_PROGRAM)
                 m.d.sync += counter.eq(0)
             with m.Elif(busy):
                 m.d.sync += counter.eq(counter + events[name])
