@@ -111,7 +111,11 @@ class UartDevice(Device):
             self._serial.close()
             raise DeviceError(f"dram_bytes={dram_bytes} is more than the board's {self.board_mem_bytes}-byte memory")
         super().__init__(config, dram_bytes)
-        ident = self._reg("ID")
+        try:
+            ident = self._reg("ID")
+        except DeviceError:
+            self._serial.close()
+            raise
         if ident != ID_MAGIC:
             self._serial.close()
             raise DeviceError(f"the board's ID register reads {ident:#010x}, not {ID_MAGIC:#010x}: no gemforge "
@@ -194,6 +198,14 @@ class UartDevice(Device):
             except LinkError as exc:
                 raise DeviceError(f"uart {self.port_name}: zeroing {end - start} bytes at {start:#x}: {exc}") from None
             self._board_valid[start:end] = True
+        # START is ignored while BUSY (a run still aborting, or left by another session):
+        # wait until the accelerator is idle, or the poll below would report that run.
+        idle_by = time.monotonic() + self.run_timeout_s
+        while self._reg("STATUS") >> STATUS_BITS["BUSY"] & 1:
+            if time.monotonic() > idle_by:
+                raise DeviceError(f"uart {self.port_name}: the accelerator stayed busy for {self.run_timeout_s} s "
+                                  "before this run (a program still running or aborting); reset the board")
+            time.sleep(self.poll_interval_s or 0.01)
         self._set_reg("INSN_ADDR", insn_address)
         self._set_reg("INSN_COUNT", insn_count)
         self._set_reg("CTRL", 1 << CTRL_BITS["START"])
@@ -212,9 +224,9 @@ class UartDevice(Device):
             if status >> STATUS_BITS["DONE"] & 1:
                 break
             if time.monotonic() > deadline:
-                self._set_reg("CTRL", 1 << CTRL_BITS["ABORT"])
                 state = {n: self._reg(n) for n in ("STATUS", "DEBUG_STATE", "DEBUG_CMDQ", "DEBUG_TOKENS_A",
                                                    "DEBUG_TOKENS_B", "DEBUG_FETCHED")}
+                self._set_reg("CTRL", 1 << CTRL_BITS["ABORT"])
                 raise DeviceError(f"uart {self.port_name}: the program did not end within {self.run_timeout_s} s; "
                                   "it was aborted (CTRL.ABORT); registers before the abort took effect: "
                                   + ", ".join(f"{k}={v:#x}" for k, v in state.items()))

@@ -41,6 +41,9 @@ class BridgeLink:
         self.timeout_s = timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
+        # Set when an answer was missing or out of step: late bytes may still arrive, so
+        # the next command first brings the link back into step (`resync`).
+        self.out_of_step = False
 
     def _wire_s(self, nbytes: int) -> float:
         return nbytes * 10 / self.baud
@@ -52,6 +55,7 @@ class BridgeLink:
             self.port.timeout = max(0.01, min(0.5, deadline - time.monotonic()))
             data += self.port.read(nbytes - len(data))
             if len(data) < nbytes and time.monotonic() > deadline:
+                self.out_of_step = True
                 raise LinkError(f"the board did not answer {what}: {len(data)} of {nbytes} bytes after "
                                 f"{self.timeout_s + 2 * self._wire_s(nbytes + wire_bytes):.1f} s; check the port "
                                 "and the baud rate, and that the board is programmed")
@@ -62,6 +66,9 @@ class BridgeLink:
                  answer: int = 0) -> bytes:
         """Send one command; check its status; return its answer's data bytes (``answer`` many)."""
         what = f"{opcode.name} at {address:#x}"
+        if self.out_of_step:
+            self.out_of_step = False
+            self.resync()
         frame = header(opcode, address, argument) + payload
         self.port.write(frame)
         self.bytes_sent += len(frame)
@@ -69,6 +76,7 @@ class BridgeLink:
         try:
             status = Status(raw)
         except ValueError:
+            self.out_of_step = True
             raise LinkError(f"{what}: the board answered {raw:#04x}, which is no status; the link is out of "
                             "step (call resync())") from None
         if status != Status.OK:
@@ -86,12 +94,24 @@ class BridgeLink:
                             "board bridge")
         return mem_bytes
 
-    def resync(self, idle_s: float | None = None) -> int:
+    def resync(self, idle_s: float | None = None, attempts: int = 3) -> int:
         """Bring the link back into step (see the bridge's protocol): stay silent past the
-        bridge's idle timeout, drop what has arrived, then PING."""
-        time.sleep(idle_s if idle_s is not None else 2 * self._wire_s(IDLE_TIMEOUT_BYTES) + 0.05)
-        self.port.reset_input_buffer()
-        return self.ping()
+        bridge's idle timeout and until the line has been quiet for that long (a long READ_MEM
+        may still be streaming), drop what has arrived, then PING (up to ``attempts`` times)."""
+        quiet = idle_s if idle_s is not None else 2 * self._wire_s(IDLE_TIMEOUT_BYTES) + 0.05
+        for attempt in range(attempts):
+            time.sleep(quiet)
+            while getattr(self.port, "in_waiting", 0):
+                self.port.reset_input_buffer()
+                time.sleep(quiet)
+            self.port.reset_input_buffer()
+            self.out_of_step = False
+            try:
+                return self.ping()
+            except LinkError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def write_mem(self, address: int, data: bytes) -> None:
         data = bytes(data)

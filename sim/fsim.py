@@ -192,10 +192,12 @@ class Fsim:
         def fetch(index: int) -> Instruction:
             raw = int.from_bytes(stream[index * c.insn_bytes:(index + 1) * c.insn_bytes], "little")
             try:
-                return decode(raw, c)
+                insn = decode(raw, c)
             except EncodingError as exc:
                 raise FsimError(f"instruction {index} (at {insn_address + index * c.insn_bytes:#x}) "
                                 f"is invalid: {exc}") from None
+            self._check_static(insn, index, insn_count)
+            return insn
 
         engines = {e: _EngineState() for e in Engine}
         tokens = dict.fromkeys(TOKEN_QUEUES, 0)
@@ -311,6 +313,36 @@ class Fsim:
 
     def _where(self, insn: Instruction, index: int) -> str:
         return f"instruction {index} ({mnemonic(insn)})"
+
+    def _check_static(self, insn: Instruction, index: int, count: int) -> None:
+        """The checks the hardware makes as it dispatches an instruction (`InsnChecker`), in
+        its order: sizes and loop counts, then buffer ranges, then FINISH's place. Made at
+        dispatch here too, so the first faulting instruction in program order is the one
+        reported, as on the hardware."""
+        c = self.config
+        if isinstance(insn, (Load, Store)):
+            self._check_dma_shape(insn, index)
+            if isinstance(insn, Load):
+                count_written = (insn.y_pad0 + insn.y_size + insn.y_pad1) * (insn.x_pad0 + insn.x_size + insn.x_pad1)
+            else:
+                count_written = insn.y_size * insn.x_size
+            buffer, depth = insn.mem.buffer, c.depth(insn.mem.buffer)
+            if insn.sram_base + count_written > depth:
+                verb = "writes" if isinstance(insn, Load) else "reads"
+                raise OutOfBoundsError(
+                    f"{self._where(insn, index)}: {verb} {buffer} entries {insn.sram_base}.."
+                    f"{insn.sram_base + count_written - 1} but the {buffer} buffer has {depth} entries")
+        elif isinstance(insn, (Gemm, Alu)):
+            for name in ("iter_out", "iter_in"):
+                if getattr(insn, name) < 1:
+                    raise FsimError(f"{self._where(insn, index)}: {name} must be at least 1, not 0")
+            if not insn.uop_bgn < insn.uop_end <= c.uop_depth:
+                raise OutOfBoundsError(
+                    f"{self._where(insn, index)}: micro-op range [{insn.uop_bgn}, {insn.uop_end}) must be "
+                    f"non-empty and within the {c.uop_depth}-entry micro-op buffer")
+        elif isinstance(insn, Finish) and index != count - 1:
+            raise FsimError(f"FINISH is instruction {index} but must be the last one (instruction {count - 1})",
+                            Fault.FINISH_NOT_LAST)
 
     def _check_dma_shape(self, insn: Load | Store, index: int) -> None:
         for name in ("y_size", "x_size"):

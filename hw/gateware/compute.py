@@ -190,6 +190,10 @@ class ComputeEngine(wiring.Component):
         beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
         m.d.sync += self.index_fault.eq(s1_valid & beyond)   # registered: off the address path
+        # A micro-op beyond its buffer writes nothing (its address would wrap); the stages
+        # carry the fact to the write-back.
+        s2_bad, s3_bad, s4_bad = Signal(), Signal(), Signal()
+        m.d.sync += [s2_bad.eq(beyond), s3_bad.eq(s2_bad), s4_bad.eq(s3_bad)]
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
@@ -238,7 +242,7 @@ class ComputeEngine(wiring.Component):
         acc_wr, out_wr = self.acc_wr, self.out_wr
         with m.If(s4_valid):
             m.d.comb += [acc_wr.addr.eq(s4_dst), acc_wr.count.eq(1), acc_wr.data[0].eq(s4_result),
-                         acc_wr.en.eq(1)]
+                         acc_wr.en.eq(~s4_bad)]
         with m.Else():
             m.d.comb += [acc_wr.addr.eq(acc_loader.wr.addr), acc_wr.count.eq(acc_loader.wr.count),
                          acc_wr.data.eq(acc_loader.wr.data), acc_wr.en.eq(acc_loader.wr.en)]

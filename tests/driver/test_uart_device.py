@@ -167,3 +167,55 @@ def test_never_written_live_bytes_are_zeroed_before_a_run():
     assert board.mem[buf.address:buf.address + 64] == bytes(64)
     assert board.mem[buf.address + 64:buf.address + 80] == b"\x01" * 16
     assert board.mem[buf.address + 80:buf.address + 256] == bytes(176)
+
+
+def test_link_out_of_step_resyncs_before_the_next_command():
+    """An answer that comes too late (here: never, then stale bytes) puts the link out of step;
+    the next command first resyncs, so a stale byte is never read as a status."""
+    from gemforge.driver.uart_link import BridgeLink, LinkError
+
+    class LateBoard(FakeBoard):
+        swallow = True
+
+        def write(self, frame):
+            super().write(frame)
+            if self.swallow:                  # the answer is lost in flight...
+                self.swallow = False
+                self.out.clear()
+                self.late = b"\xa0\x00\x00\x00"   # ...and stale bytes show up later
+
+        @property
+        def in_waiting(self):             # the stale bytes arrive while the host waits for quiet
+            if getattr(self, "late", None):
+                self.out += self.late
+                self.late = None
+            return len(self.out)
+
+    board = LateBoard()
+    link = BridgeLink(board, timeout_s=0.05)
+    with pytest.raises(LinkError, match="did not answer"):
+        link.read_reg(by_name("ID").offset)
+    assert link.out_of_step
+    assert link.read_reg(by_name("ID").offset) == ID_MAGIC      # resynced first, then the real answer
+    assert not link.out_of_step and board.late is None          # the stale bytes were dropped, not read
+
+
+def test_a_run_waits_until_the_accelerator_is_idle_before_start():
+    """START is ignored while BUSY: a run after an abort that is still draining waits for it."""
+    class DrainingBoard(FakeBoard):
+        busy_reads = 3
+
+        def write(self, frame):
+            op, address, _ = struct.unpack("<BII", bytes(frame)[:HEADER_BYTES])
+            if op == Opcode.READ_REG and address == by_name("STATUS").offset and self.busy_reads:
+                self.busy_reads -= 1
+                if not self.busy_reads:
+                    self.regs[address] = 0
+            super().write(frame)
+
+    board = DrainingBoard(status_after_start=1 << STATUS_BITS["DONE"])
+    dev = _device(board, poll_interval_s=0)
+    board.regs[by_name("STATUS").offset] = 1 << STATUS_BITS["BUSY"] | 1 << STATUS_BITS["ABORTING"]
+    buf = dev.alloc(64)
+    dev._execute(buf.address, 1)
+    assert board.busy_reads == 0 and board.ctrl_writes == [1 << CTRL_BITS["START"]]

@@ -79,6 +79,11 @@ def fault_cases(config):
           Gemm(uop_bgn=0, uop_end=1, iter_out=iters, iter_in=1, dst_factor_out=factor), Finish()], None,
          Fault.BUFFER_RANGE, 0xFFFF_FFFF),
         ("finish not last", [Finish(), Finish()], None, Fault.FINISH_NOT_LAST, 0),
+        # Several faulty instructions: the first in program order is reported, on both.
+        ("finish not last, then an invalid word", [Finish(), (1 << 3) - 1], None, Fault.FINISH_NOT_LAST, 0),
+        ("a range fault, then an invalid word",
+         [Load(**{**load_inp, "sram_base": c.inp_depth - 1, "x_size": 2}), (1 << 3) - 1, Finish()], None,
+         Fault.BUFFER_RANGE, 0),
         ("no finish", [Load(**load_inp)], None, Fault.NO_FINISH, 0),
         ("token never pushed", [Gemm(pop_prev=True, uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()], None,
          Fault.DEADLOCK, 0),
