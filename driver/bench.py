@@ -227,10 +227,11 @@ def _bench_mutant(config: AccelConfig, device: str, count: int) -> dict[str, Any
             "reproducer_instructions": summary["instructions"]["reproducer"]}
 
 
-#: What `bench --sections synth` synthesizes: (preset, target). Every preset through generic
-#: Yosys; the ECP5 flow (with place and route, minutes each) for the presets it can hold.
-SYNTH_POINTS = (("tiny", "generic"), ("default", "generic"), ("large", "generic"), ("tiny", "ecp5-85f"),
-                ("tiny", "ice40-up5k"))
+#: What `bench --sections synth` synthesizes: (preset, target, board or None). Every preset
+#: through generic Yosys; the bare accelerator through the ECP5 flow (place and route, minutes)
+#: and the iCE40 fit check; the ulx3s preset's board top to a bitstream on its board.
+SYNTH_POINTS = (("tiny", "generic", None), ("default", "generic", None), ("large", "generic", None),
+                ("tiny", "ecp5-85f", None), ("tiny", "ice40-up5k", None), ("ulx3s", "ecp5-85f", "ulx3s"))
 
 
 def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None) -> dict[str, Any]:
@@ -239,22 +240,25 @@ def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None) -> dict[str, A
     import tempfile
 
     from gemforge.hw.config import PRESETS
-    from gemforge.hw.synth import FitError, run_synth
+    from gemforge.hw.synth import FitError, SynthError, run_synth
     out: dict[str, Any] = {"points": []}
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        for name, target in points:
+        for name, target, board in points:
             start = time.perf_counter()
             try:
-                report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}")
+                report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}-{board}", board=board)
             except FitError as exc:
                 report = {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}
+            except SynthError as exc:        # recorded, and the other points still run
+                report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
+            report["board"] = board
             report["wall_s"] = round(time.perf_counter() - start, 1)
             paths = report.get("place_and_route", {}).get("critical_paths", [])
             worst = max(paths, key=lambda p: p["delay_ns"]) if paths else None
             report["critical_path"] = f"{worst['start']} -> {worst['end']} ({worst['logic_levels']} levels)" \
                 if worst else None
-            out["points"].append({k: report.get(k) for k in ("config", "target", "device", "status", "reason",
-                                                             "resources", "fmax_mhz", "freq_mhz_requested",
+            out["points"].append({k: report.get(k) for k in ("config", "target", "board", "device", "status",
+                                                             "reason", "resources", "fmax_mhz", "freq_mhz_requested",
                                                              "timing_met", "critical_path", "wall_s")})
     return out
 

@@ -128,7 +128,7 @@ def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
          "reason": "tiny needs 16,027 LUT4", "resources": {}, "fmax_mhz": None, "wall_s": 141.0},
     ]}
     text = render_markdown({"synth": synth}, "gemforge bench")
-    assert "| `tiny` | ecp5-85f | ok | 19,620 / 83,640 | 6,617 / 83,640 | 29 / 156 | 22 / 208 | 30.8 MHz |" in text
+    assert "| `tiny` | ecp5-85f | ok | 19,620 / 83,640 | 6,617 / 83,640 | 29 / 156 | 22 / 208 | 30.8 MHz (misses 100) |" in text
     assert "does not fit: tiny needs 16,027 LUT4" in text
     # --merge is repeatable: each file's sections come in, marked with where they came from.
     earlier = tmp_path / "synth.json"
