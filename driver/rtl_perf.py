@@ -143,6 +143,9 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         narrow_rates[f"{buffer}_{kind}_bus_efficiency"] = \
             (rows - 1) * x * c.entry_bytes(buffer) / extra / c.bus_bytes
 
+    # Long loads and stores of 8-entry rows: up to 33 rows, within the buffer (the hardware
+    # refuses a tile beyond it: BUFFER_RANGE).
+    wgt_rows, acc_rows = min(33, c.wgt_depth // 8), min(33, c.acc_depth // 8)
     g1, _ = _run(c, simulator, gemm(1), uops)
     g2, _ = _run(c, simulator, gemm(101), uops)
     alu_rate = {kind: 100 * 64 * 16 / _extra_cycles(c, simulator, lambda n, imm=imm: alu(n, imm), 1, 101, uops)
@@ -157,10 +160,10 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         "alu_imm_uops_per_cycle": alu_rate["imm"],
         "alu_reg_uops_per_cycle": alu_rate["reg"],
         **dma_insn_fixed_cycles(c, simulator),
-        "load_bus_efficiency": 32 * 8 * c.wgt_entry_bytes / _extra_cycles(c, simulator, load, 1, 33, uops)
-        / c.bus_bytes,
-        "store_bus_efficiency": 32 * 8 * c.acc_entry_bytes / _extra_cycles(c, simulator, store, 1, 33, uops)
-        / c.bus_bytes,
+        "load_bus_efficiency": (wgt_rows - 1) * 8 * c.wgt_entry_bytes
+        / _extra_cycles(c, simulator, load, 1, wgt_rows, uops) / c.bus_bytes,
+        "store_bus_efficiency": (acc_rows - 1) * 8 * c.acc_entry_bytes
+        / _extra_cycles(c, simulator, store, 1, acc_rows, uops) / c.bus_bytes,
         **narrow_rates,
         "long_run_cycles": big.cycles,
         "sim_cycles_per_s": big.cycles / big.hw_counters["sim_wall_s"],
