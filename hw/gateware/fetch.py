@@ -68,8 +68,8 @@ class FetchEngine(wiring.Component):
         m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes, lanes=1)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         # Each queue entry carries its instruction's check result and destination, worked out
-        # in a register stage before the queue, so neither the check's multiplier nor the
-        # decode lies on the dispatch path.
+        # in a register stage before the queue (the check's own two stages straddle it), so
+        # neither the check's multiplier nor the decode lies on the dispatch path.
         entry = data.StructLayout({"word": c.insn_bits, "fault": FAULT_BITS, "to": range(3)})
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size, depth=2 * CHUNK)
 
@@ -98,15 +98,18 @@ class FetchEngine(wiring.Component):
         mem = data.View(ld_l, word[:ld_l.size]).mem
         staged = Signal(entry)
         staged_valid = Signal()
-        m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total)]
+        # The check's first stage runs beside `staged`; its second stage feeds the queue.
+        m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total), check.en.eq(got)]
         m.d.sync += staged_valid.eq(got)
         with m.If(got):
             m.d.sync += [
-                staged.word.eq(word), staged.fault.eq(check.fault), arrived.eq(arrived + 1),
+                staged.word.eq(word), arrived.eq(arrived + 1),
                 staged.to.eq(Mux((header.opcode == Opcode.LOAD) & one_of(mem, LOAD_ENGINE_MEMS), TO_LOAD,
                                  Mux(header.opcode == Opcode.STORE, TO_STORE, TO_COMPUTE))),
             ]
-        m.d.comb += [queue.w_data.eq(staged), queue.w_en.eq(staged_valid)]
+        written = Signal(entry)
+        m.d.comb += [written.word.eq(staged.word), written.to.eq(staged.to), written.fault.eq(check.fault),
+                     queue.w_data.eq(written), queue.w_en.eq(staged_valid)]
         m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - staged_valid)
         with m.If(req_fire):
             m.d.sync += [next_entry.eq(next_entry + chunk), to_read.eq(to_read - chunk)]

@@ -1,6 +1,7 @@
 """The dispatch-time instruction check: the hardware's half of `gemforge.hw.isa.decode`.
 
-Fetch runs every instruction through `InsnChecker` before dispatching it, so a
+Fetch runs every instruction through `InsnChecker` (two pipeline stages) before
+dispatching it, so a
 program the functional simulator refuses ends with the same `Fault` code on the
 hardware instead of running garbage or hanging. Everything the check needs is
 in the instruction word (and whether it is the program's last), so it is
@@ -41,22 +42,29 @@ def one_of(value, choices):
 
 
 class InsnChecker(wiring.Component):
-    """Combinational check of one instruction word.
+    """Check of one instruction word, in two stages: the decode checks and the operands of the
+    tile-size product in the cycle ``en`` is high, the product and the fault in the next.
 
     Attributes
     ----------
     word : In(insn_bits)
     last : In(1)
         The word is the program's last instruction.
+    en : In(1)
+        Take ``word`` and ``last`` this cycle; ``fault`` gives their result from the next
+        cycle on (until the next ``en``).
     fault : Out(FAULT_BITS)
         `Fault.NONE`, or the fault the instruction raises: `INVALID_INSTRUCTION`,
         `BUFFER_RANGE` (a LOAD/STORE tile or a micro-op range outside its buffer) or
         `FINISH_NOT_LAST`, checked in that order as `gemforge.sim.fsim` does.
     """
 
+    #: Cycles from ``en`` to ``fault``.
+    LATENCY = 1
+
     def __init__(self, config):
         self._config = config
-        super().__init__({"word": In(config.insn_bits), "last": In(1), "fault": Out(FAULT_BITS)})
+        super().__init__({"word": In(config.insn_bits), "last": In(1), "en": In(1), "fault": Out(FAULT_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -66,8 +74,14 @@ class InsnChecker(wiring.Component):
         opcode = views[Opcode.FINISH].opcode
         ld, st, gm, al = views[Opcode.LOAD], views[Opcode.STORE], views[Opcode.GEMM], views[Opcode.ALU]
 
+        # Stage 1: everything but the tile's size, whose product is left to stage 2 (the
+        # multiplier would otherwise follow the fetch reader's output in one cycle).
         invalid = Signal()
-        out_of_range = Signal()
+        uop_range_bad = Signal()
+        tile = Signal()                              # a LOAD/STORE: check base + rows · cols
+        rows, cols = Signal(18), Signal(18)
+        base = Signal(16)
+        mem = Signal(3)
         with m.Switch(opcode):
             for op in Opcode:
                 with m.Case(op):
@@ -82,30 +96,42 @@ class InsnChecker(wiring.Component):
                         bad = bad | (ld.y_size == 0) | (ld.x_size == 0)
                         for flag in _MISSING_FLAGS[Engine.LOAD]:
                             bad = bad | (one_of(ld.mem, LOAD_ENGINE_MEMS) & getattr(ld, flag))
-                        rows = ld.y_pad0 + ld.y_size + ld.y_pad1
-                        pitch = ld.x_pad0 + ld.x_size + ld.x_pad1
-                        m.d.comb += out_of_range.eq(self._beyond(ld.mem, ld.sram_base + rows * pitch))
+                        m.d.comb += [tile.eq(1), rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1),
+                                     cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1), base.eq(ld.sram_base),
+                                     mem.eq(ld.mem)]
                     elif op == Opcode.STORE:
                         bad = bad | ~one_of(st.mem, STORE_MEMS) | (st.y_size == 0) | (st.x_size == 0)
                         for flag in _MISSING_FLAGS[Engine.STORE]:
                             bad = bad | getattr(st, flag)
-                        m.d.comb += out_of_range.eq(self._beyond(st.mem, st.sram_base + st.y_size * st.x_size))
+                        m.d.comb += [tile.eq(1), rows.eq(st.y_size), cols.eq(st.x_size), base.eq(st.sram_base),
+                                     mem.eq(st.mem)]
                     elif op in (Opcode.GEMM, Opcode.ALU):
                         loop = gm if op == Opcode.GEMM else al
                         bad = bad | (loop.iter_out == 0) | (loop.iter_in == 0)
                         if op == Opcode.ALU:
                             bad = bad | ~one_of(al.op, list(AluOp)) | (~al.use_imm & (al.imm != 0))
-                        m.d.comb += out_of_range.eq((loop.uop_bgn >= loop.uop_end) |
-                                                    (loop.uop_end > c.uop_depth))
+                        m.d.comb += uop_range_bad.eq((loop.uop_bgn >= loop.uop_end) | (loop.uop_end > c.uop_depth))
                     m.d.comb += invalid.eq(bad)
             with m.Default():
                 m.d.comb += invalid.eq(1)                    # unknown opcode
 
-        with m.If(invalid):
+        q = {name: Signal.like(sig, name=f"q_{name}") for name, sig in
+             (("invalid", invalid), ("uop_range_bad", uop_range_bad), ("tile", tile), ("rows", rows),
+              ("cols", cols), ("base", base), ("mem", mem))}
+        finish_bad = Signal(name="q_finish_bad")
+        with m.If(self.en):
+            m.d.sync += [q[name].eq(sig) for name, sig in (("invalid", invalid), ("uop_range_bad", uop_range_bad),
+                                                           ("tile", tile), ("rows", rows), ("cols", cols),
+                                                           ("base", base), ("mem", mem))]
+            m.d.sync += finish_bad.eq((opcode == Opcode.FINISH) & ~self.last)
+
+        # Stage 2: the tile's end against its buffer, and the fault in fsim's order.
+        out_of_range = q["uop_range_bad"] | (q["tile"] & self._beyond(q["mem"], q["base"] + q["rows"] * q["cols"]))
+        with m.If(q["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
         with m.Elif(out_of_range):
             m.d.comb += self.fault.eq(Fault.BUFFER_RANGE)
-        with m.Elif((opcode == Opcode.FINISH) & ~self.last):
+        with m.Elif(finish_bad):
             m.d.comb += self.fault.eq(Fault.FINISH_NOT_LAST)
         with m.Else():
             m.d.comb += self.fault.eq(Fault.NONE)
