@@ -388,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: generic)")
     p.add_argument("--freq", type=float, metavar="MHZ",
                    help="nextpnr's target clock in MHz (default: the config's clock_mhz)")
-    p.add_argument("--board", choices=("ulx3s", "icebreaker"),
+    from gemforge.hw.synth import BOARDS
+    p.add_argument("--board", choices=tuple(BOARDS),
                    help="build the board top (the accelerator, block RAM for DRAM, a UART bridge) on this board's "
                         "pins and clock instead of the bare accelerator; ulx3s is an ECP5-85F, icebreaker an iCE40UP5K")
     p.add_argument("--board-memory", type=int, default=64 << 10, metavar="BYTES",
