@@ -370,6 +370,31 @@ class _Steps:
             self.on_step(name, "done", self.seconds[name])
 
 
+def _run_stages(stages: dict[str, Callable[[], Any]], order: tuple[str, ...], report: dict[str, Any], out: Path,
+                on_step: StepHook | None) -> dict[str, Any]:
+    """Run ``stages`` in ``order``, timing each; set the report's status (and error), and write
+    ``report.json`` and ``report.md`` to ``out`` however the run ends."""
+    steps = _Steps(on_step)
+    try:
+        for name in order:
+            steps.run(name, stages[name])
+        report["status"] = "ok"
+    except FitError as exc:
+        report["status"] = "does not fit"
+        report["error"] = str(exc)
+        raise
+    except SynthError as exc:
+        report["status"] = "failed"
+        report["error"] = str(exc)
+        raise
+    finally:
+        report["steps"] = steps.seconds
+        if report["status"] != "running":
+            write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
+            write_text_atomic(out / "report.md", render_markdown(report))
+    return report
+
+
 def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
               bitstream: bool = False, board: str | None = None, board_memory: int = 64 << 10,
               on_step: StepHook | None = None) -> dict[str, Any]:
@@ -429,25 +454,7 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
 
     stages = {"predict": lambda: predict_fit(config, t.device), "generate": lambda: generate(config, out),
               "synthesize": synthesize, "check": check, "place": place}
-    steps = _Steps(on_step)
-    try:
-        for name in t.stages:
-            steps.run(name, stages[name])
-        report["status"] = "ok"
-    except FitError as exc:
-        report["status"] = "does not fit"
-        report["error"] = str(exc)
-        raise
-    except SynthError as exc:
-        report["status"] = "failed"
-        report["error"] = str(exc)
-        raise
-    finally:
-        report["steps"] = steps.seconds
-        if report["status"] != "running":
-            write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
-            write_text_atomic(out / "report.md", render_markdown(report))
-    return report
+    return _run_stages(stages, t.stages, report, out, on_step)
 
 
 def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board_memory: int,
@@ -525,25 +532,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         report["bitstream"] = str(out / f"{config.name}-{board.name}{board.bitstream_suffix}")
 
     stages = {"predict": predict, "synthesize": synthesize, "check": check, "build": build}
-    steps = _Steps(on_step)
-    try:
-        for name in stages:
-            steps.run(name, stages[name])
-        report["status"] = "ok"
-    except FitError as exc:
-        report["status"] = "does not fit"
-        report["error"] = str(exc)
-        raise
-    except SynthError as exc:
-        report["status"] = "failed"
-        report["error"] = str(exc)
-        raise
-    finally:
-        report["steps"] = steps.seconds
-        if report["status"] != "running":
-            write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
-            write_text_atomic(out / "report.md", render_markdown(report))
-    return report
+    return _run_stages(stages, tuple(stages), report, out, on_step)
 
 
 def _refuse_bitstream(config: AccelConfig, t: Target, bits: int) -> None:

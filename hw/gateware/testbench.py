@@ -28,10 +28,12 @@ def simulate(dut, *testbenches, processes=(), vcd=None, clock=True):
         sim.run()
 
 
-async def stream_put(ctx, stream, payload: dict):
-    """Offer one payload on a stream (fields by name; a list fills an array field from
-    element 0) until it is accepted."""
-    for name, value in payload.items():
+async def stream_put(ctx, stream, payload):
+    """Offer one payload on a stream (a plain value, or fields by name: a list fills an array
+    field from element 0) until it is accepted."""
+    if not isinstance(payload, dict):
+        ctx.set(stream.payload, payload)
+    for name, value in (payload.items() if isinstance(payload, dict) else ()):
         field = getattr(stream.p, name)
         if isinstance(value, (list, tuple)):
             for i, element in enumerate(value):

@@ -19,7 +19,7 @@ from gemforge.hw.board.top import BoardTop
 from gemforge.hw.board.uart import UartRx, UartTx
 from gemforge.hw.config import PRESETS
 from gemforge.hw.gateware.regfile import RegisterFile
-from gemforge.hw.gateware.testbench import simulate, stream_get
+from gemforge.hw.gateware.testbench import simulate, stream_get, stream_put
 from gemforge.hw.regmap import REGISTERS, by_name
 
 
@@ -44,7 +44,7 @@ def test_uart_loopback(cpb):
 
     async def send(ctx):
         for byte in sent:
-            await _put(ctx, dut.tx.sink, byte)
+            await stream_put(ctx, dut.tx.sink, byte)
 
     async def receive(ctx):
         for _ in sent:
@@ -52,16 +52,6 @@ def test_uart_loopback(cpb):
 
     simulate(dut, send, receive)
     assert got == sent
-
-
-async def _put(ctx, stream, byte):
-    ctx.set(stream.payload, byte)
-    ctx.set(stream.valid, 1)
-    while True:
-        _, _, ready = await ctx.tick().sample(stream.ready)
-        if ready:
-            break
-    ctx.set(stream.valid, 0)
 
 
 def test_uart_rx_drops_a_byte_with_a_low_stop_bit():
@@ -122,7 +112,7 @@ def _exchange(rig, frames, answers):
     async def talk(ctx):
         for frame, n in zip(frames, answers):
             for byte in frame:
-                await _put(ctx, rig.bridge.rx, byte)
+                await stream_put(ctx, rig.bridge.rx, byte)
             got.append(bytes([await stream_get(ctx, rig.bridge.tx) for _ in range(n)]))
 
     simulate(rig, talk)
