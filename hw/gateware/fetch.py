@@ -16,6 +16,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import Opcode
 from ..regmap import Fault
+from ..timing import FETCH_CHUNK
 from .axi import AxiReadSignature
 from .dma import DmaReader
 from .engine import STATE_BITS, insn_layout
@@ -25,7 +26,7 @@ from ..regmap import ENGINE_STATES
 __all__ = ["FetchEngine", "CHUNK"]
 
 #: Instructions per read request.
-CHUNK = 16
+CHUNK = FETCH_CHUNK
 #: Destinations of a dispatched instruction (its command queue).
 TO_LOAD, TO_COMPUTE, TO_STORE = range(3)
 

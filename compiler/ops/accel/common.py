@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gemforge.hw.timing import COMPUTE_FIXED, LOAD_FIXED
+
 from ...backends.accel.layout import pack_bias
 from ...schedule import VTHREAD_ORDERS
 from ..common import Epilogue, OpError
@@ -38,14 +40,12 @@ def bias_input(op: str, epilogue: Epilogue, config, bias: np.ndarray | None, cha
     return {"bias": pack_bias(config, bias)}
 
 
-#: Cycles an instruction costs beyond its data on the RTL (`default`, Verilator): a
-#: LOAD 12 and a STORE 11 when it cannot overlap the previous one (issue, DRAM
-#: latency, write response; back-to-back DMAs of one client chain at 2–3 cycles,
-#: but only while no other client wants the bus, which is the common case in a
-#: tiled operator), a GEMM/ALU 9 (dispatch and the five-stage pipeline's drain); measured as the
-#: difference of runs of 1 and 101 instructions (`driver.rtl_perf`).
-DMA_OVERHEAD = 12
-COMPUTE_OVERHEAD = 9
+#: The planner's per-instruction costs beyond the data (`gemforge.hw.timing`, the one
+#: definition the cycle model shares): a LOAD or STORE that cannot overlap the previous one
+#: (back-to-back DMAs of one client chain at 2–3 cycles, but only while no other client wants
+#: the bus, which is the common case in a tiled operator), a GEMM/ALU's dispatch and drain.
+DMA_OVERHEAD = LOAD_FIXED
+COMPUTE_OVERHEAD = COMPUTE_FIXED
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,9 @@ class TilingCost:
 
     def cycles(self, config, threads: int, order: str = "interleaved") -> float:
         """Estimated cycles with ``threads`` virtual threads issued in ``order``
-        (`Stage.vthread`).
+        (`Stage.vthread`): a closed-form simplification of the cycle model
+        (`gemforge.sim.cycle_model`) from the same timing (`gemforge.hw.timing`), cheap
+        enough to rank every candidate tiling.
 
         Loads use the read channel, stores the write channel, micro-ops the
         compute pipeline; each engine is in order. With one thread everything
