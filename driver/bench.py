@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
+from gemforge.models.resnet import RESNET18_CONVS
 
 __all__ = ["bench_fsim_gemm", "run_benchmarks"]
 
@@ -60,18 +61,7 @@ def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 
 
 #: The distinct convolution layers of ResNet-18 after the first (batch 1):
 #: (name, input NCHW, weight OIHW, stride, padding).
-RESNET18_LAYERS = [
-    ("conv2_3x3", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
-    ("conv3_3x3_s2", (1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
-    ("conv3_1x1_s2", (1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
-    ("conv3_3x3", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
-    ("conv4_3x3_s2", (1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
-    ("conv4_1x1_s2", (1, 128, 28, 28), (256, 128, 1, 1), 2, 0),
-    ("conv4_3x3", (1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
-    ("conv5_3x3_s2", (1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
-    ("conv5_1x1_s2", (1, 256, 14, 14), (512, 256, 1, 1), 2, 0),
-    ("conv5_3x3", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
-]
+RESNET18_LAYERS = [row[:5] for row in RESNET18_CONVS]
 
 #: How each ResNet layer is compiled: (key, latency hiding, requantizing epilogue).
 #: Without the epilogue the output is the int32 accumulator; with it, the layer

