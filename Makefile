@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install install-icarus demo test test-slow bench bench-synth clean
+.PHONY: install install-icarus demo test test-slow bench bench-synth bench-sweep clean
 
 install: $(STAMP)
 
@@ -31,13 +31,18 @@ test-slow: install
 
 # The GPU figures come from BENCHMARKS.gpu.json, measured on a machine with a GPU by
 # `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none. The
-# synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about half an hour).
+# synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about half an hour), the
+# design sweep's from BENCHMARKS.sweep.json (`make bench-sweep`, under an hour).
 bench: install
 	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \
-		--merge BENCHMARKS.gpu.json --merge BENCHMARKS.synth.json --markdown BENCHMARKS.md
+		--merge BENCHMARKS.gpu.json --merge BENCHMARKS.synth.json --merge BENCHMARKS.sweep.json \
+		--markdown BENCHMARKS.md
 
 bench-synth: install
 	$(BIN)/gemforge bench --sections synth -o BENCHMARKS.synth.json
+
+bench-sweep: install
+	$(BIN)/gemforge bench --sections sweep -o BENCHMARKS.sweep.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

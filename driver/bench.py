@@ -6,6 +6,7 @@ records the latest figures with the command that made them.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -110,7 +111,14 @@ def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.nda
         raise ValueError(f"device {device.kind!r} reports no cycles; utilization needs an RTL device")
     # Reset micro-ops occupy the GEMM core but multiply nothing: they do not count.
     macs = result.hw_counters["gemm_active"] - result.hw_counters["gemm_reset"]
+    # The cycle model's prediction of the same program, and how long it took (issue 13).
+    from gemforge.sim.cycle_model import run_cycle_model
+    start = time.perf_counter()
+    model = run_cycle_model(op.program.instructions, op.program.config).cycles
+    model_seconds = time.perf_counter() - start
     return {"cycles": result.cycles, "gemm_mac_cycles": macs,
+            "model_cycles": model, "model_error": round(model / result.cycles - 1, 4),
+            "model_seconds": round(model_seconds, 4),
             "gemm_reset_cycles": result.hw_counters["gemm_reset"],
             "utilization": round(macs / result.cycles, 4), **roofline(op.program),
             "sim_seconds": round(wall, 2), "sim_cycles_per_second": round(result.cycles / wall)}
@@ -158,6 +166,13 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
         for key, _, _ in RESNET18_VARIANTS:
             values = [r[key]["utilization"] for r in rows.values()]
             report[f"resnet18_mean_utilization_{key}"] = round(sum(values) / len(values), 4)
+        counts = {row[0]: row[5] for row in RESNET18_CONVS}
+        if set(rows) == set(counts):
+            # The whole network's offloaded convolutions: each layer's cycles times its count.
+            report["resnet18_network_convs"] = {
+                key: {"cycles": sum(r[key]["cycles"] * counts[n] for n, r in rows.items()),
+                      "model_cycles": sum(r[key]["model_cycles"] * counts[n] for n, r in rows.items())}
+                for key, _, _ in RESNET18_VARIANTS}
     return report
 
 
@@ -289,4 +304,46 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
         results["gpu"] = bench_gpu(1024 if quick else 4096)
     if "synth" in sections:
         results["synth"] = bench_synth(SYNTH_POINTS[:1] if quick else SYNTH_POINTS)
+    if "sweep" in sections:
+        results["sweep"] = bench_sweep("small" if quick else "resnet18")
     return results
+
+
+def bench_sweep(example: str, jobs: int = 2) -> dict[str, Any]:
+    """A whole design sweep (``examples/sweeps/EXAMPLE.toml``) from an empty output directory on
+    ``jobs`` local processes: its wall time, points, Pareto front, the cycle model's error on its
+    RTL sample and the area model's on the confirmed Pareto points. Synthesis results cached by
+    earlier runs are reused (as in any sweep); their count is reported."""
+    import tempfile
+    from .sweep import load_space, pareto_front, run_sweep
+    from gemforge.sim.cosim.harness import cache_root
+    path = Path(__file__).resolve().parents[1] / "examples" / "sweeps" / f"{example}.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"the example space {path} is missing (run from a source checkout)")
+    space = load_space(path)
+    synth_cache = cache_root() / "synth"
+    cached_before = len(list(synth_cache.glob(f"{space.synthesis}-*"))) if synth_cache.is_dir() else 0
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        points = run_sweep(space, out, jobs=jobs, progress=False, log=lambda _: None)
+        wall = time.perf_counter() - start
+        summary = json.loads((Path(out) / "sweep.json").read_text())
+    ok = [p for p in points if p.get("status") == "ok"]
+    front = pareto_front(points, space.area)
+    by_index = {p["index"]: p for p in points}
+    return {
+        "space": f"examples/sweeps/{example}.toml", "workload": space.workload, "synthesis": space.synthesis,
+        "jobs": jobs, "wall_seconds": round(wall, 1), "points": len(points), "valid": len(ok) + sum(
+            p.get("status") == "failed" for p in points), "ok": len(ok),
+        "failed": [{"index": p["index"], "error": p.get("error")} for p in points if p.get("status") == "failed"],
+        "synthesized": sum(p.get("resources_source") == "synthesis" for p in ok),
+        "synth_cache_entries_before": cached_before,
+        "area": space.area, "area_model": summary.get("area_model"),
+        "pareto": [{"index": i, "params": by_index[i]["params"], "throughput_gmacs": by_index[i]["throughput_gmacs"],
+                    "area": by_index[i]["resources"].get(space.area), "cycles": by_index[i]["cycles"],
+                    "utilization": by_index[i]["utilization"],
+                    "area_model_error": by_index[i].get("area_model_error")} for i in front],
+        "rtl_sample": [{"index": p["index"], "params": p["params"], "cycles": p["cycles"], "rtl_cycles": p["rtl_cycles"],
+                        "model_error": p["model_error"]} for p in ok if "model_error" in p],
+        "seconds_per_point": round(sum(p.get("seconds", 0) for p in ok) / max(1, len(ok)), 2),
+    }

@@ -129,7 +129,39 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         out += _gpu_section(results["gpu"])
     if results.get("synth"):
         out += _synth_section(results["synth"])
+    if results.get("sweep"):
+        out += _sweep_section(results["sweep"])
     return "\n".join(out)
+
+
+def _sweep_section(sw: dict[str, Any]) -> list[str]:
+    merged = f" (merged from {sw['merged_from']})" if sw.get("merged_from") else ""
+    minutes = sw["wall_seconds"] / 60
+    out = [f"## Design sweep: `{sw['space']}`{merged}", "",
+           f"`gemforge sweep` over {sw['points']} points ({sw['ok']} evaluated, {len(sw['failed'])} failed) of "
+           f"workload `{sw['workload']}` on {sw['jobs']} local processes, from an empty output directory: "
+           f"**{minutes:.1f} minutes** (aim: under an hour for 50 points on 2 cores); "
+           f"{sw['seconds_per_point']} s per point for compiling and the cycle model. "
+           f"{sw['synthesized']} points synthesized ({sw['synthesis']}); the synthesis cache held "
+           f"{sw['synth_cache_entries_before']} results before the run.", ""]
+    model = sw.get("area_model")
+    if model:
+        out += [f"Area model fitted to {model['samples']} synthesized points; leave-one-out error " +
+                ", ".join(f"{k} {100 * v:.1f}%" for k, v in model["leave_one_out_error"].items()) + ".", ""]
+    out += [f"| Pareto point | fields | cycles | utilization | GMAC/s | {sw['area']} | area model error |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for p in sw["pareto"]:
+        err = p.get("area_model_error")
+        err_text = ", ".join(f"{k} {100 * v:+.1f}%" for k, v in err.items()) if err else "— (in the sample)"
+        out.append(f"| {p['index']} | " + ", ".join(f"{k}={v}" for k, v in p["params"].items()) +
+                   f" | {p['cycles']:,} | {_pct(p['utilization'])} | {p['throughput_gmacs']:.4g} | {p['area']:,} | "
+                   f"{err_text} |")
+    if sw["rtl_sample"]:
+        out += ["", "Cycle model against Verilator on the sampled points (the whole workload): " +
+                "; ".join(f"point {p['index']} {p['cycles']:,} modelled vs {p['rtl_cycles']:,} "
+                          f"({100 * p['model_error']:+.2f}%)" for p in sw["rtl_sample"]) + "."]
+    out.append("")
+    return out
 
 
 def _synth_section(synth: dict[str, Any]) -> list[str]:
@@ -392,4 +424,36 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
                                          f"{_bound(rows[name]['latency_hiding'])})" for name in limited) + ".",
             ]
         out.append("")
+        out += _cycle_model_section(util)
+    return out
+
+
+def _cycle_model_section(util: dict[str, Any]) -> list[str]:
+    """The cycle model (`gemforge.sim.cycle_model`) against the RTL runs above: its error per
+    layer and variant, and its speed beside the simulator's."""
+    rows = util["resnet18"]
+    keys = [k for k in ("latency_hiding", "no_latency_hiding", "int8_epilogue") if all(k in r for r in rows.values())]
+    runs = [r[k] for r in rows.values() for k in keys]
+    if not runs or "model_cycles" not in runs[0]:
+        return []
+    worst = max(abs(r["model_error"]) for r in runs)
+    model_rate = sum(r["model_cycles"] for r in runs) / max(1e-9, sum(r["model_seconds"] for r in runs))
+    rtl_rate = sum(r["cycles"] for r in runs) / max(1e-9, sum(r["sim_seconds"] for r in runs))
+    out = [f"## Cycle model against the RTL ({util['device']}, `{util['config']}`)", "",
+           "The same programs through the cycle model (`gemforge.sim.cycle_model`, latencies from",
+           "`gemforge.hw.timing`): error = model cycles / RTL cycles − 1. Issue 13 bounds it at 10% on every",
+           "layer and aims for 3%; `tests/sim/test_cycle_model.py` fails beyond the bound.", "",
+           "| layer | " + " | ".join(k.replace("_", " ") for k in keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    for name, row in rows.items():
+        out.append(f"| {name} | " + " | ".join(f"{row[k]['model_cycles']:,} ({100 * row[k]['model_error']:+.2f}%)"
+                                                for k in keys) + " |")
+    out += ["", f"Largest error **{100 * worst:.2f}%**. Speed: the model simulates **{model_rate:,.0f}** cycles per "
+                f"second against {util['device']}'s {rtl_rate:,.0f} (**{model_rate / rtl_rate:,.0f}×**; the simulator's "
+                "time without its start-up)."]
+    net = util.get("resnet18_network_convs")
+    if net:
+        out.append("ResNet-18's offloaded convolutions after the first (each layer × its count in the network): " +
+                   "; ".join(f"{k.replace('_', ' ')} **{v['cycles']:,}** cycles on the RTL, {v['model_cycles']:,} "
+                             f"modelled" for k, v in net.items()) + ".")
+    out.append("")
     return out

@@ -7,6 +7,7 @@ constraints between them, a workload (`gemforge.driver.workloads`) and what to m
     base = "tiny"                    # a preset, or a config file (relative to the space file)
     workload = "digits"              # resnet18-convs, resnet18, digits, or a path to an .onnx model
     synthesis = "generic"            # none | generic | ecp5-85f: resources (and Fmax) per point
+    synthesis_sample = 0             # 0: synthesize every point; N: fit an area model to N of them
     rtl_sample = 1                   # points also run on Verilator, the model's error beside them
     constraints = ["block_in == block_out", "inp_buffer_bytes >= 1024 * block_in"]
 
@@ -19,9 +20,12 @@ Every combination of the fields is a point. A point the constraints exclude, or 
 is invalid, is listed with the reason; the others are evaluated by `evaluate_point`, a pure
 function of (config, workload, options, the source and tool versions): the workload compiled
 for the config, its cycles from the cycle model (`gemforge.sim.cycle_model`) and, for a
-sample, from Verilator; resources from synthesis (`gemforge.hw.synth`, cached across sweeps);
-throughput = MACs per second at the post-route Fmax (ecp5-85f) or at the config's nominal
-clock; efficiency = throughput per resource. A point that fails is recorded with its error and
+sample, from Verilator. Resources come from synthesis (`synthesize_point`, `gemforge.hw.synth`,
+cached across sweeps) of every point, or, with ``synthesis_sample = N``, of N points spread
+over the space, to which an area model is fitted (`gemforge.hw.area_model`) that predicts the
+others; the points it puts on the Pareto front are then synthesized to confirm them, and its
+error on them is reported. Throughput = MACs per second at the post-route Fmax (ecp5-85f) or
+at the config's nominal clock; efficiency = throughput per resource. A point that fails is recorded with its error and
 the sweep goes on; each finished point is saved under ``DIR/points/``, so an interrupted sweep
 resumes where it stopped. Points run in a local process pool (``--jobs``) or, with
 ``--scheduler ADDRESS``, on a `dask.distributed` cluster: any worker can take any point.
@@ -57,7 +61,8 @@ __all__ = ["SweepError", "Space", "load_space", "expand", "evaluate_point", "run
 
 #: What ``synthesis`` may name, and the resource each one's Pareto plot uses as area.
 SYNTHESIS_TARGETS = {"none": "macs_per_cycle", "generic": "gates", "ecp5-85f": "LUT"}
-_SPACE_KEYS = ("name", "base", "workload", "synthesis", "rtl_sample", "constraints", "fields", "area")
+_SPACE_KEYS = ("name", "base", "workload", "synthesis", "synthesis_sample", "rtl_sample", "constraints", "fields",
+               "area")
 #: Names a constraint may call.
 _FUNCTIONS = {"min": min, "max": max, "abs": abs}
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -82,6 +87,7 @@ class Space:
     constraints: list[str]
     fields: dict[str, list]
     area: str
+    synthesis_sample: int = 0
     source: str = ""
 
 
@@ -147,6 +153,13 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
     rtl_sample = data.get("rtl_sample", 0)
     if isinstance(rtl_sample, bool) or not isinstance(rtl_sample, int) or rtl_sample < 0:
         raise SweepError(f"{source}: rtl_sample is a number of points (0 or more), not {rtl_sample!r}")
+    synthesis_sample = data.get("synthesis_sample", 0)
+    if isinstance(synthesis_sample, bool) or not isinstance(synthesis_sample, int) or synthesis_sample < 0 \
+            or synthesis_sample == 1:
+        raise SweepError(f"{source}: synthesis_sample is 0 (synthesize every point) or the number of points (2 or "
+                         f"more) an area model is fitted to, not {synthesis_sample!r}")
+    if synthesis_sample and synthesis == "none":
+        raise SweepError(f"{source}: synthesis_sample needs a synthesis target (generic or ecp5-85f)")
     fields_spec = data.get("fields", {})
     if not isinstance(fields_spec, dict):
         raise SweepError(f"{source}: [fields] is a table of config fields")
@@ -175,7 +188,7 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
     if not isinstance(name, str) or not name:
         raise SweepError(f"{source}: name must be a non-empty string")
     area = data.get("area", SYNTHESIS_TARGETS[synthesis])
-    return Space(name, base, workload, synthesis, rtl_sample, constraints, fields, area, source)
+    return Space(name, base, workload, synthesis, rtl_sample, constraints, fields, area, synthesis_sample, source)
 
 
 def _check_expression(expr: str, names: set[str], source: str) -> None:
@@ -283,7 +296,7 @@ def source_digest() -> str:
 
 def point_key(task: dict[str, Any]) -> str:
     """The cache key of a point's evaluation."""
-    blob = json.dumps({k: task[k] for k in ("config", "workload", "synthesis", "rtl")}, sort_keys=True)
+    blob = json.dumps({k: task[k] for k in ("config", "workload", "rtl")}, sort_keys=True)
     return hashlib.sha256((blob + source_digest()).encode()).hexdigest()[:20]
 
 
@@ -328,9 +341,9 @@ def _rtl_cycles(config: AccelConfig, layers) -> list[int]:
 
 
 def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
-    """Evaluate one point: ``task`` holds ``config`` (a config dict), ``workload`` (a spec),
-    ``synthesis`` (a `SYNTHESIS_TARGETS` key) and ``rtl`` (also run on Verilator). Never
-    raises: a failure is returned as ``status: failed`` with the error."""
+    """A point's cycles: ``task`` holds ``config`` (a config dict), ``workload`` (a spec) and
+    ``rtl`` (also run on Verilator). Never raises: a failure is returned as ``status: failed``
+    with the error."""
     from gemforge.sim.cycle_model import run_cycle_model
     from .workloads import build_workload
     start = time.perf_counter()
@@ -352,20 +365,6 @@ def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
                                                                                          "uop")),
                       macs=workload.macs, cycles=total, layers=layers,
                       utilization=round(workload.macs / (total * macs_per_cycle), 4))
-        fmax, fmax_source, resources = float(config.clock_mhz), "config", {}
-        if task["synthesis"] != "none":
-            synth = _synthesize(config, task["synthesis"])
-            if synth.get("status") != "ok":
-                raise RuntimeError(f"synthesis: {synth.get('status')}: {synth.get('reason', '')}".strip(": "))
-            resources = {name: r["used"] for name, r in synth["resources"].items()}
-            if synth.get("fmax_mhz"):
-                fmax, fmax_source = float(synth["fmax_mhz"]), "nextpnr"
-        resources["macs_per_cycle"] = macs_per_cycle
-        resources["buffer_bytes"] = result["buffer_bytes"]
-        throughput = workload.macs / (total / (fmax * 1e6))
-        result.update(fmax_mhz=fmax, fmax_source=fmax_source, resources=resources,
-                      throughput_gmacs=round(throughput / 1e9, 6),
-                      efficiency={name: throughput / 1e9 / used for name, used in resources.items() if used})
         if task["rtl"]:
             rtl = _rtl_cycles(config, workload.layers)
             for row, cycles in zip(layers, rtl):
@@ -380,59 +379,145 @@ def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def synthesize_point(task: dict[str, Any]) -> dict[str, Any]:
+    """A point's resources and Fmax: ``task`` holds ``index``, ``config`` and ``target``. Never
+    raises; a design that does not fit, or a tool failure, comes back as ``status`` and ``error``."""
+    out: dict[str, Any] = {"index": task["index"]}
+    try:
+        report = _synthesize(AccelConfig.from_dict(task["config"]), task["target"])
+        if report.get("status") != "ok":
+            out.update(status="failed", error=f"synthesis: {report.get('status')}: {report.get('reason', '')}")
+        else:
+            out.update(status="ok", resources={n: r["used"] for n, r in report["resources"].items()},
+                       fmax_mhz=report.get("fmax_mhz"))
+    except Exception as exc:
+        out.update(status="failed", error=f"synthesis: {type(exc).__name__}: {exc}")
+    return out
+
+
+def _finish(result: dict[str, Any], config: AccelConfig, resources: dict[str, int], fmax: float | None,
+            source: str) -> None:
+    """Throughput and efficiency of an ok point from its resources (``source``: synthesis or the
+    area model) and Fmax (nextpnr's, or the config's nominal clock)."""
+    fmax_source = "nextpnr" if fmax else "config"
+    if source == "area model" and fmax:
+        fmax_source = "area model"
+    fmax = float(fmax or config.clock_mhz)
+    resources = {**resources, "macs_per_cycle": result["macs_per_cycle"], "buffer_bytes": result["buffer_bytes"]}
+    throughput = result["macs"] / (result["cycles"] / (fmax * 1e6)) / 1e9
+    result.update(fmax_mhz=fmax, fmax_source=fmax_source, resources=resources, resources_source=source,
+                  throughput_gmacs=round(throughput, 6),
+                  efficiency={name: throughput / used for name, used in resources.items() if used})
+
+
 # ---------------------------------------------------------------------------- the sweep
-
-
-def _rtl_indices(valid: list[int], count: int) -> set[int]:
-    """``count`` valid point indices spread over the space (first and last included)."""
-    if count <= 0 or not valid:
-        return set()
-    if count >= len(valid):
-        return set(valid)
-    step = (len(valid) - 1) / max(1, count - 1)
-    return {valid[round(k * step)] for k in range(count)}
 
 
 def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: str | None = None,
               progress: bool = True, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Evaluate every valid point of ``space`` (finished points in ``out_dir`` are reused) and
-    write the outputs; returns the points in order."""
+    """Evaluate every valid point of ``space`` (finished points in ``out_dir`` are reused),
+    then its resources (synthesis, or an area model fitted to a synthesized sample and
+    confirmed on its Pareto front), and write the outputs; returns the points in order."""
     out = Path(out_dir)
     (out / "points").mkdir(parents=True, exist_ok=True)
     points = expand(space)
     valid = [p["index"] for p in points if "config" in p]
-    sample = _rtl_indices(valid, space.rtl_sample)
+    sample = _spread(valid, space.rtl_sample)
     tasks, results = [], {}
     for p in points:
         if "config" not in p:
             results[p["index"]] = p
             continue
         task = {"index": p["index"], "params": p["params"], "config": p["config"], "workload": space.workload,
-                "synthesis": space.synthesis, "rtl": p["index"] in sample}
+                "rtl": p["index"] in sample}
         cached = out / "points" / f"{point_key(task)}.json"
         if cached.is_file():
             results[p["index"]] = json.loads(cached.read_text())
         else:
             tasks.append(task)
+    where = f"dask at {scheduler}" if scheduler else f"{jobs} local job(s)"
     log(f"sweep {space.name}: {len(points)} points, {len(valid)} valid, {len(valid) - len(tasks)} already done, "
-        f"{len(tasks)} to run ({'dask at ' + scheduler if scheduler else f'{jobs} local job(s)'})")
+        f"{len(tasks)} to run ({where})")
+    with _Progress("cycles", len(tasks), progress) as bar:
+        for result in _execute(evaluate_point, tasks, jobs, scheduler):
+            results[result["index"]] = result
+            write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
+            bar.advance(result["index"], result["status"])
 
-    def finished(result: dict[str, Any]) -> None:
-        results[result["index"]] = result
-        write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
+    ok = [i for i in valid if results[i].get("status") == "ok"]
+    configs = {i: AccelConfig.from_dict(next(p for p in points if p["index"] == i)["config"]) for i in ok}
+    area_model = None
+    if space.synthesis == "none":
+        for i in ok:
+            _finish(results[i], configs[i], {}, None, "none")
+    else:
+        synthesized: dict[int, dict] = {}
 
-    bar = _Progress(len(tasks), progress)
-    with bar:
-        for result in _execute(tasks, jobs, scheduler):
-            finished(result)
-            bar.advance(result)
+        def synthesize(indices: list[int], what: str) -> None:
+            todo = [i for i in indices if i not in synthesized]
+            with _Progress(what, len(todo), progress) as bar:
+                for s in _execute(synthesize_point, [{"index": i, "config": configs[i].to_dict(),
+                                                       "target": space.synthesis} for i in todo], jobs, scheduler):
+                    synthesized[s["index"]] = s
+                    bar.advance(s["index"], s["status"])
+        if space.synthesis_sample and space.synthesis_sample < len(ok):
+            synthesize(sorted(_spread(ok, space.synthesis_sample)), "synthesis (sample)")
+            fitted = [i for i in synthesized if synthesized[i]["status"] == "ok"]
+            if len(fitted) < 2:
+                raise SweepError(f"synthesis failed on the sample ({len(fitted)} of {space.synthesis_sample} ok), "
+                                 "so no area model can be fitted: "
+                                 + "; ".join(s["error"] for s in synthesized.values() if s["status"] != "ok")[:500])
+            from gemforge.hw.area_model import fit_area_model
+            area_model = fit_area_model([configs[i] for i in fitted], [synthesized[i]["resources"] for i in fitted],
+                                        [synthesized[i]["fmax_mhz"] for i in fitted])
+            for i in ok:
+                if i in synthesized:
+                    continue
+                used, fmax = area_model.predict(configs[i])
+                _finish(results[i], configs[i], used, fmax, "area model")
+            for i in fitted:
+                _finish(results[i], configs[i], synthesized[i]["resources"], synthesized[i]["fmax_mhz"], "synthesis")
+            # Confirm the predicted Pareto front by synthesis; the model's error on it is reported.
+            front = pareto_front([results[i] for i in ok if "resources" in results[i]], space.area)
+            synthesize(front, "synthesis (Pareto front)")
+            for i in front:
+                s = synthesized[i]
+                if results[i].get("resources_source") == "area model" and s["status"] == "ok":
+                    predicted = results[i]["resources"]
+                    results[i]["area_model_error"] = {
+                        n: round(predicted[n] / used - 1, 4) for n, used in s["resources"].items()
+                        if used and n in predicted}
+                    if s["fmax_mhz"] and results[i]["fmax_source"] == "area model":
+                        results[i]["area_model_error"]["fmax_mhz"] = round(results[i]["fmax_mhz"] / s["fmax_mhz"] - 1, 4)
+                    _finish(results[i], configs[i], s["resources"], s["fmax_mhz"], "synthesis")
+        else:
+            synthesize(ok, "synthesis")
+        for i in ok:
+            s = synthesized.get(i)
+            if s is None:
+                continue
+            if s["status"] != "ok":
+                results[i].update(status="failed", error=s["error"])
+            elif results[i].get("resources_source") != "synthesis":
+                _finish(results[i], configs[i], s["resources"], s["fmax_mhz"], "synthesis")
     ordered = [results[p["index"]] for p in points]
-    write_outputs(space, out, ordered)
+    write_outputs(space, out, ordered, area_model)
     return ordered
 
 
-def _execute(tasks: list[dict], jobs: int, scheduler: str | None):
-    """Results of ``tasks`` as they finish: on a dask cluster, a local pool, or in this process."""
+def _spread(indices: list[int], count: int) -> set[int]:
+    """``count`` of ``indices`` spread evenly over them (first and last included)."""
+    if count <= 0 or not indices:
+        return set()
+    if count >= len(indices):
+        return set(indices)
+    step = (len(indices) - 1) / max(1, count - 1)
+    return {indices[round(k * step)] for k in range(count)}
+
+
+def _execute(function: Callable[[dict], dict], tasks: list[dict], jobs: int, scheduler: str | None):
+    """``function``'s results on ``tasks`` as they finish: on a dask cluster, a local pool, or in
+    this process (``function`` never raises; a lost worker comes back as a failed result)."""
     if not tasks:
         return
     if scheduler:
@@ -446,33 +531,37 @@ def _execute(tasks: list[dict], jobs: int, scheduler: str | None):
         except (OSError, TimeoutError) as exc:
             raise SweepError(f"cannot reach the dask scheduler at {scheduler}: {exc}") from None
         try:
-            futures = client.map(evaluate_point, tasks, pure=False)
+            futures = client.map(function, tasks, pure=False)
             index = {f.key: t for f, t in zip(futures, tasks)}
             for future in as_completed(futures):
                 try:
                     yield future.result()
                 except Exception as exc:                         # a worker lost: the point failed
-                    task = index[future.key]
-                    yield {"index": task["index"], "params": task["params"], "key": point_key(task),
-                           "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                    yield _lost(index[future.key], exc)
         finally:
             client.close()
         return
     if jobs <= 1:
         for task in tasks:
-            yield evaluate_point(task)
+            yield function(task)
         return
     import concurrent.futures as cf
     import multiprocessing
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(evaluate_point, t): t for t in tasks}
+        futures = {pool.submit(function, t): t for t in tasks}
         for future in cf.as_completed(futures):
             try:
                 yield future.result()
             except Exception as exc:                             # a worker died
-                task = futures[future]
-                yield {"index": task["index"], "params": task["params"], "key": point_key(task),
-                       "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                yield _lost(futures[future], exc)
+
+
+def _lost(task: dict[str, Any], exc: BaseException) -> dict[str, Any]:
+    """The failed result of a task whose worker was lost."""
+    lost = {"index": task["index"], "status": "failed", "error": f"worker lost: {type(exc).__name__}: {exc}"}
+    if "workload" in task:
+        lost.update(params=task["params"], key=point_key(task))
+    return lost
 
 
 def _check_reachable(address: str) -> None:
@@ -498,23 +587,22 @@ def _check_reachable(address: str) -> None:
 class _Progress:
     """A rich progress bar of points done and remaining (silent when off)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled and total > 0
+    def __init__(self, what: str, total: int, enabled: bool):
+        self.what, self.total, self.enabled = what, total, enabled and total > 0
         self._progress = None
 
     def __enter__(self):
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-            self._progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            self._progress = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                                       TextColumn("{task.description}"))
             self._progress.__enter__()
             self._task = self._progress.add_task("", total=self.total)
         return self
 
-    def advance(self, result: dict[str, Any]) -> None:
+    def advance(self, index: int, status: str) -> None:
         if self._progress is not None:
-            what = result["status"] if result["status"] != "ok" else f"{result['throughput_gmacs']:.3g} GMAC/s"
-            self._progress.update(self._task, advance=1, description=f"point {result['index']}: {what}")
+            self._progress.update(self._task, advance=1, description=f"point {index}: {status}")
 
     def __exit__(self, *exc):
         if self._progress is not None:
@@ -540,8 +628,8 @@ def pareto_front(points: list[dict[str, Any]], area: str) -> list[int]:
 def _csv(space: Space, points: list[dict[str, Any]]) -> str:
     resources = sorted({r for p in points for r in p.get("resources", {})})
     head = (["index", "status", *space.fields, "cycles", "utilization", "fmax_mhz", "fmax_source",
-             "throughput_gmacs", *resources, *(f"gmacs_per_{r}" for r in resources), "rtl_cycles", "model_error",
-             "reason"])
+             "throughput_gmacs", "resources_source", *resources, *(f"gmacs_per_{r}" for r in resources),
+             "rtl_cycles", "model_error", "reason"])
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(head)
@@ -549,17 +637,18 @@ def _csv(space: Space, points: list[dict[str, Any]]) -> str:
         res, eff = p.get("resources", {}), p.get("efficiency", {})
         writer.writerow([p["index"], p.get("status", "ok"), *(p["params"].get(f) for f in space.fields),
                          p.get("cycles"), p.get("utilization"), p.get("fmax_mhz"), p.get("fmax_source"),
-                         p.get("throughput_gmacs"), *(res.get(r) for r in resources),
+                         p.get("throughput_gmacs"), p.get("resources_source"), *(res.get(r) for r in resources),
                          *(f"{eff[r]:.6g}" if r in eff else None for r in resources),
                          p.get("rtl_cycles"), p.get("model_error"), p.get("reason") or p.get("error")])
     return buf.getvalue()
 
 
-def write_outputs(space: Space, out: Path, points: list[dict[str, Any]]) -> None:
+def write_outputs(space: Space, out: Path, points: list[dict[str, Any]], area_model=None) -> None:
     """``sweep.json``, ``sweep.csv`` and the plots, each written atomically."""
     front = pareto_front(points, space.area)
     summary = {"name": space.name, "source": space.source, "base": space.base.to_dict(),
                "workload": space.workload, "synthesis": space.synthesis, "area": space.area,
+               "area_model": area_model.to_json() if area_model is not None else None,
                "fields": space.fields, "constraints": space.constraints, "pareto": front,
                "counts": {s: sum(p.get("status") == s for p in points) for s in ("ok", "invalid", "failed")},
                "points": points}
@@ -677,14 +766,15 @@ def render_report(out_dir: str | Path) -> Path:
              "cycle model (`gemforge.sim.cycle_model`); Fmax from nextpnr where the synthesis target places "
              "and routes, else the config's nominal clock.", "",
              "![throughput vs area](pareto.png)", "",
-             "| point | " + " | ".join(fields) + f" | cycles | util | Fmax MHz | GMAC/s | {area} | GMAC/s per "
-             f"{area} | Pareto |",
+             "| point | " + " | ".join(fields) + f" | cycles | util | Fmax MHz | GMAC/s | {area} (source) | "
+             f"GMAC/s per {area} | Pareto |",
              "|" + " --- |" * (len(fields) + 8)]
     for p in ok:
         eff = p.get("efficiency", {}).get(area)
         lines.append(f"| {p['index']} | " + " | ".join(str(p["params"][f]) for f in fields) +
                      f" | {p['cycles']:,} | {100 * p['utilization']:.1f}% | {p['fmax_mhz']:.1f} "
-                     f"({p['fmax_source']}) | {p['throughput_gmacs']:.4g} | {p['resources'].get(area, '-')} | "
+                     f"({p['fmax_source']}) | {p['throughput_gmacs']:.4g} | {p['resources'].get(area, '-')} "
+                     f"({p.get('resources_source', '-')}) | "
                      f"{'-' if eff is None else f'{eff:.4g}'} | {'yes' if p['index'] in front else ''} |")
     sampled = [p for p in ok if "model_error" in p]
     if sampled:
@@ -694,6 +784,20 @@ def render_report(out_dir: str | Path) -> Path:
             for layer in p["layers"]:
                 lines.append(f"| {p['index']} | {layer['name']} | {layer['cycles']:,} | {layer['rtl_cycles']:,} | "
                              f"{100 * layer['model_error']:+.2f}% |")
+    model = summary.get("area_model")
+    if model:
+        lines += ["", "## Area model", "",
+                  f"Resources of the points not synthesized come from a model fitted to {model['samples']} "
+                  "synthesized points (`gemforge.hw.area_model`: each resource a non-negative combination of "
+                  f"{', '.join(model['features'])}). Its leave-one-out error over the sample: " +
+                  ", ".join(f"{k} {100 * v:.1f}%" for k, v in model["leave_one_out_error"].items()) +
+                  ". The predicted Pareto points were then synthesized; the model's error on them:", "",
+                  "| point | " + " | ".join(model["coefficients"]) + " |", "|" + " --- |" * (len(model["coefficients"]) + 1)]
+        for p in ok:
+            err = p.get("area_model_error")
+            if err:
+                lines.append(f"| {p['index']} | " + " | ".join(f"{100 * err[n]:+.1f}%" if n in err else "-"
+                                                               for n in model["coefficients"]) + " |")
     bad = [p for p in points if p.get("status") in ("invalid", "failed")]
     if bad:
         lines += ["", "## Points not evaluated", "", "| point | " + " | ".join(fields) + " | status | why |",

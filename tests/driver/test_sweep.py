@@ -75,11 +75,12 @@ def test_pareto_front_keeps_only_undominated_points():
     assert pareto_front(pts, "LUT") == [0, 2, 4]
 
 
-def test_a_point_is_the_cycle_model_of_its_compiled_workload():
-    space = space_from_dict(QUICK)
-    point = next(p for p in expand(space) if "config" in p)
-    result = evaluate_point({**point, "workload": "digits", "synthesis": "none", "rtl": False})
+def test_a_point_is_the_cycle_model_of_its_compiled_workload(tmp_path):
+    space = space_from_dict({**QUICK, "fields": {"block_in": [8]}})
+    point = expand(space)[0]
+    result = evaluate_point({**point, "workload": "digits", "rtl": False})
     assert result["status"] == "ok", result
+    (finished,) = run_sweep(space, tmp_path, progress=False, log=lambda _: None)
     from gemforge.driver.workloads import build_workload
     from gemforge.hw.config import AccelConfig
     config = AccelConfig.from_dict(point["config"])
@@ -88,8 +89,9 @@ def test_a_point_is_the_cycle_model_of_its_compiled_workload():
                                    for l in workload.layers)
     assert result["macs"] == workload.macs > 0
     macs_per_cycle = config.batch * config.block_in * config.block_out
-    assert result["throughput_gmacs"] == pytest.approx(workload.macs / (result["cycles"] / 100e6) / 1e9, rel=1e-5)
-    assert 0 < result["utilization"] <= 1 and result["resources"]["macs_per_cycle"] == macs_per_cycle
+    assert finished["cycles"] == result["cycles"] and finished["fmax_source"] == "config"
+    assert finished["throughput_gmacs"] == pytest.approx(workload.macs / (result["cycles"] / 100e6) / 1e9, rel=1e-5)
+    assert 0 < result["utilization"] <= 1 and finished["resources"]["macs_per_cycle"] == macs_per_cycle
 
 
 def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
@@ -119,6 +121,55 @@ def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
     (tmp_path / "out" / "points").mkdir()
     run_sweep(space, tmp_path / "out", progress=False, log=lambda _: None)
     assert len(calls) == len(ok) + len(failed)
+
+
+def _fake_gates(config) -> int:
+    """A made-up synthesis result that is linear in the area model's features."""
+    from gemforge.hw.area_model import features
+    return int(features(config) @ [20_000, 7, 3, 50, 0.01])
+
+
+def test_area_model_predicts_and_the_pareto_front_is_confirmed_by_synthesis(tmp_path, monkeypatch):
+    synthesized = []
+
+    def fake(config, target):
+        synthesized.append(config.name)
+        return {"status": "ok", "fmax_mhz": None,
+                "resources": {"gates": {"used": _fake_gates(config)}, "FF": {"used": 5000 + config.bus_width}}}
+    monkeypatch.setattr(sweep_module, "_synthesize", fake)
+    space = space_from_dict({**QUICK, "synthesis": "generic", "synthesis_sample": 6,
+                             "fields": {"block_in": [4, 8, 16], "block_out": [4, 8], "bus_width": [64, 128]},
+                             "constraints": []})
+    points = run_sweep(space, tmp_path, progress=False, log=lambda _: None)
+    ok = [p for p in points if p["status"] == "ok"]
+    assert len(ok) == 12 and 6 <= len(synthesized) < 12
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert summary["area_model"]["samples"] == 6
+    for p in ok:
+        config = space.base.replace(**p["params"])
+        assert p["resources"]["gates"] == pytest.approx(_fake_gates(config), rel=0.02), p
+        assert p["resources_source"] in ("synthesis", "area model")
+    front = set(summary["pareto"])
+    assert front and all(points[i]["resources_source"] == "synthesis" for i in front)
+    sample = set(synthesized[:6])
+    for i in front - {p["index"] for p in ok if p["config"] in sample}:     # confirmed by synthesis
+        assert abs(points[i]["area_model_error"]["gates"]) < 0.02
+    render_report(tmp_path)
+    assert "## Area model" in (tmp_path / "report.md").read_text()
+
+
+def test_area_model_fit_is_exact_on_linear_data_and_reports_its_error():
+    from gemforge.hw.area_model import fit_area_model
+    configs = [PRESETS["tiny"].replace(block_in=b, block_out=o, bus_width=w)
+               for b in (4, 8, 16) for o in (4, 16) for w in (64, 128)]
+    model = fit_area_model(configs, [{"gates": _fake_gates(c)} for c in configs])
+    assert model.loo_error["gates"] < 0.01
+    other = PRESETS["tiny"].replace(block_in=32, block_out=8, bus_width=256)
+    assert model.predict(other)[0]["gates"] == pytest.approx(_fake_gates(other), rel=0.01)
+    with pytest.raises(ValueError, match="at least two"):
+        fit_area_model(configs[:1], [{"gates": 1}])
+    with pytest.raises(SweepError, match="synthesis_sample needs a synthesis target"):
+        space_from_dict({**QUICK, "synthesis_sample": 3})
 
 
 def test_outputs_and_report(tmp_path):
