@@ -115,6 +115,15 @@ def cmd_disasm(args: argparse.Namespace) -> None:
     print(disassemble(Program.load(args.program)), end="")
 
 
+def cmd_cycles(args: argparse.Namespace) -> None:
+    from gemforge.sim.cycle_model import run_cycle_model
+    program = Program.load(args.program)
+    start = time.perf_counter()
+    report = run_cycle_model(program.instructions, program.config)
+    _print_json({"program": args.program, "config": program.config.name, **report.to_json(),
+                 "model_seconds": round(time.perf_counter() - start, 4)})
+
+
 def _shape(text: str, what: str, rank: int | None) -> tuple[int, ...]:
     try:
         dims = tuple(int(v) for v in text.replace("x", ",").split(","))
@@ -436,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("disasm", help="print a program file as assembly text")
     p.add_argument("program", help="program file (from `gemforge asm` or a compiler)")
     p.set_defaults(func=cmd_disasm)
+
+    p = sub.add_parser("cycles", help="a program file's cycles and per-engine busy/stall breakdown from the "
+                                      "cycle model (no RTL), as JSON")
+    p.add_argument("program", help="program file (from `gemforge asm`, `compile-op` or a compiler)")
+    p.set_defaults(func=cmd_cycles)
 
     p = sub.add_parser("run-op", help="compile one operator and run it on a device")
     ops = p.add_subparsers(dest="op", metavar="OP", required=True)

@@ -441,7 +441,8 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
     with _Progress("cycles", len(tasks), progress) as bar:
         for result in _execute(evaluate_point, tasks, jobs, scheduler):
             results[result["index"]] = result
-            write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
+            if not result.get("lost"):             # a lost worker's point is run again next time
+                write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
             bar.advance(result["index"], result["status"])
 
     ok = [i for i in valid if results[i].get("status") == "ok"]
@@ -558,7 +559,8 @@ def _execute(function: Callable[[dict], dict], tasks: list[dict], jobs: int, sch
 
 def _lost(task: dict[str, Any], exc: BaseException) -> dict[str, Any]:
     """The failed result of a task whose worker was lost."""
-    lost = {"index": task["index"], "status": "failed", "error": f"worker lost: {type(exc).__name__}: {exc}"}
+    lost = {"index": task["index"], "status": "failed", "lost": True,
+            "error": f"worker lost: {type(exc).__name__}: {exc}"}
     if "workload" in task:
         lost.update(params=task["params"], key=point_key(task))
     return lost

@@ -26,17 +26,17 @@ from typing import Any, Iterable
 import numpy as np
 
 from gemforge.hw.isa import Alu, Engine, Finish, Gemm, Instruction, Load, MemType, Store, engine_of
+from gemforge.hw.gateware.top import READ_CLIENTS
 from gemforge.hw.timing import FETCH_CHUNK, Timing, timing_of
+
+from .fsim import TOKEN_POPS, TOKEN_PUSHES
 
 __all__ = ["CycleModelError", "CycleReport", "run_cycle_model", "dma_beats"]
 
-# Which token queue each dependency flag of each engine pops and pushes (fsim's topology).
-_POPS = {Engine.LOAD: (("pop_next", "c2l"),),
-         Engine.COMPUTE: (("pop_prev", "l2c"), ("pop_next", "s2c")),
-         Engine.STORE: (("pop_prev", "c2s"),)}
-_PUSHES = {Engine.LOAD: (("push_next", "l2c"),),
-           Engine.COMPUTE: (("push_prev", "c2l"), ("push_next", "c2s")),
-           Engine.STORE: (("push_prev", "s2c"),)}
+# The dependency-token topology is fsim's (flag → queue, per engine).
+_POPS = {e: tuple(flags.items()) for e, flags in TOKEN_POPS.items()}
+_PUSHES = {e: tuple(flags.items()) for e, flags in TOKEN_PUSHES.items()}
+#: The read client a LOAD's data arrives through (`gemforge.hw.gateware.top.READ_CLIENTS`).
 _READ_CLIENT = {MemType.INP: "load_inp", MemType.WGT: "load_wgt", MemType.ACC: "compute_acc",
                 MemType.UOP: "compute_uop"}
 
@@ -102,8 +102,9 @@ def _pad_cycles(insn: Load, config) -> tuple[int, int]:
     return insn.y_pad0 * row, insn.y_pad1 * row + insn.y_size * side
 
 
-#: The arbiter's read clients in ARID order (`gemforge.hw.gateware.top.READ_CLIENTS`).
-_CLIENTS = ("fetch", "load_inp", "load_wgt", "compute_acc", "compute_uop")
+#: The arbiter's read clients in ARID order (round-robin order).
+_CLIENTS = READ_CLIENTS
+assert set(_READ_CLIENT.values()) | {"fetch"} == set(_CLIENTS)
 
 
 @dataclass
@@ -159,7 +160,7 @@ class _Model:
         for i, e in enumerate(self.kind):
             self.position[i] = len(self.engines[e].insns)
             self.engines[e].insns.append(i)
-        self.pushes: dict[str, list[int]] = {q: [] for q in ("l2c", "c2l", "c2s", "s2c")}
+        self.pushes: dict[str, list[int]] = {q: [] for flags in TOKEN_PUSHES.values() for q in flags.values()}
         self.pops: dict[str, list[int]] = {q: [] for q in self.pushes}
         self.counters = dict.fromkeys(("gemm_active", "gemm_reset", "alu_active"), 0)
         # fetch

@@ -215,3 +215,11 @@ def test_example_space_runs_with_synthesis_and_an_rtl_sample(tmp_path):
     assert ok and all("gates" in p["resources"] for p in ok)
     sampled = [p for p in ok if "model_error" in p]
     assert len(sampled) == space.rtl_sample and all(abs(p["model_error"]) <= 0.10 for p in sampled)
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parents[2] / "examples" / "sweeps").glob("*.toml")),
+                         ids=lambda p: p.name)
+def test_example_spaces_load_and_only_their_constraints_exclude_points(example):
+    points = expand(load_space(example))
+    assert any("config" in p for p in points)
+    assert all("constraint" in p["reason"] for p in points if p.get("status") == "invalid")

@@ -166,3 +166,16 @@ def test_model_error_against_verilator_on_every_resnet18_layer():
     rows = _errors(config, ops)
     bad = [r for r in rows if abs(r[3]) > MAX_ERROR]
     assert not bad, bad
+
+
+def test_cycles_command_prints_the_model_of_a_program_file(tmp_path, capsys):
+    import json
+    from gemforge.driver.cli import main
+    op = compile_conv2d(PRESETS["default"], (1, 32, 14, 14), (32, 32, 3, 3), padding=1)
+    path = tmp_path / "conv.gfp"
+    op.program.save(path)
+    assert main(["cycles", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    report = run_cycle_model(op.program.instructions, op.program.config)
+    assert shown["cycles"] == report.cycles and shown["counters"] == report.counters
+    assert main(["cycles", str(tmp_path / "missing.gfp")]) == 2
