@@ -66,9 +66,10 @@ class Timing:
     #: a STORE's launch to its first W beat, and its last W beat to the write response
     store_issue: int = 3
     write_response: int = 3
-    #: GEMM/ALU: micro-op fetch and the pipeline's drain before the push
+    #: GEMM/ALU: every cycle an instruction costs beyond its micro-ops, its take, pop and push
+    #: included (the rest is dispatch into the pipeline and its drain)
     compute_fixed: int = COMPUTE_FIXED
-    #: micro-op and accumulator LOADs of the compute engine: grant to the end of the writes
+    #: micro-op and accumulator LOADs of the compute engine: the last beat to the entries written
     compute_load_write: int = 1
     #: FINISH retiring to DONE
     finish: int = 2

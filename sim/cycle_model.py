@@ -241,7 +241,6 @@ class _Model:
     # ------------------------------------------------------------------ taking a step
 
     def take(self, ready: int, kind: str, arg: Any) -> None:
-        t = self.t
         if kind == "chunk":
             first = self.chunks * FETCH_CHUNK
             count = min(FETCH_CHUNK, self.n - first)
