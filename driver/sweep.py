@@ -418,6 +418,8 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
     """Evaluate every valid point of ``space`` (finished points in ``out_dir`` are reused),
     then its resources (synthesis, or an area model fitted to a synthesized sample and
     confirmed on its Pareto front), and write the outputs; returns the points in order."""
+    if scheduler:
+        _check_reachable(scheduler)
     out = Path(out_dir)
     (out / "points").mkdir(parents=True, exist_ok=True)
     points = expand(space)
@@ -526,7 +528,6 @@ def _execute(function: Callable[[dict], dict], tasks: list[dict], jobs: int, sch
             from distributed import Client, as_completed
         except ImportError:                                      # pragma: no cover - pinned dependency
             raise SweepError("--scheduler needs dask.distributed (pip install distributed)") from None
-        _check_reachable(scheduler)
         try:
             client = Client(scheduler, timeout=30)
         except (OSError, TimeoutError) as exc:
