@@ -767,11 +767,14 @@ def render_report(out_dir: str | Path) -> Path:
              f"`{summary['synthesis']}`; area measure `{area}`. {summary['counts']['ok']} points evaluated, "
              f"{summary['counts']['invalid']} invalid, {summary['counts']['failed']} failed. Cycles come from the "
              "cycle model (`gemforge.sim.cycle_model`); Fmax from nextpnr where the synthesis target places "
-             "and routes, else the config's nominal clock.", "",
-             "![throughput vs area](pareto.png)", "",
-             "| point | " + " | ".join(fields) + f" | cycles | util | Fmax MHz | GMAC/s | {area} (source) | "
-             f"GMAC/s per {area} | Pareto |",
-             "|" + " --- |" * (len(fields) + 8)]
+             "and routes, else the config's nominal clock.", ""]
+    if ok:
+        lines += ["![throughput vs area](pareto.png)", "",
+                  "| point | " + " | ".join(fields) + f" | cycles | util | Fmax MHz | GMAC/s | {area} (source) | "
+                  f"GMAC/s per {area} | Pareto |",
+                  "|" + " --- |" * (len(fields) + 8)]
+    else:
+        lines.append("No point was evaluated, so there is nothing to compare or plot.")
     for p in ok:
         eff = p.get("efficiency", {}).get(area)
         lines.append(f"| {p['index']} | " + " | ".join(str(p["params"][f]) for f in fields) +
@@ -809,8 +812,10 @@ def render_report(out_dir: str | Path) -> Path:
             why = (p.get("reason") or p.get("error") or "").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {p['index']} | " + " | ".join(str(p["params"].get(f)) for f in fields) +
                          f" | {p['status']} | {why} |")
-    lines += ["", "Plots: [throughput vs area](pareto.png), [roofline](roofline.png), "
-              "[per-layer cycles of the fastest point](layers.png).", ""]
+    if ok:
+        lines += ["", "Plots: [throughput vs area](pareto.png), [roofline](roofline.png), "
+                  "[per-layer cycles of the fastest point](layers.png)."]
+    lines.append("")
     path = out / "report.md"
     write_text_atomic(path, "\n".join(lines))
     return path
