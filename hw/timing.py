@@ -48,6 +48,8 @@ class Timing:
     cmd_queue_depth: int
     token_queue_depth: int
     max_burst: int
+    #: LOADs and STOREs launched and not yet pushed (`gemforge.hw.gateware.engine.PENDING_PUSHES`)
+    pending_pushes: int
     #: command-queue write to the engine seeing it (a buffered FIFO)
     queue_latency: int = 2
     #: fetch: a fetched word's register stage and check before its queue
@@ -73,13 +75,12 @@ class Timing:
     compute_load_write: int = 1
     #: FINISH retiring to DONE
     finish: int = 2
-    #: LOADs and STOREs launched and not yet pushed (`engine.PendingPushes` depth)
-    pending_pushes: int = 4
 
 
 def timing_of(config) -> Timing:
     """The `Timing` of ``config``'s gateware."""
     from .gateware.dma import max_burst_beats
+    from .gateware.engine import PENDING_PUSHES
     return Timing(bus_bytes=config.bus_bytes, insn_bytes=config.insn_bytes,
                   cmd_queue_depth=config.cmd_queue_depth, token_queue_depth=config.token_queue_depth,
-                  max_burst=max_burst_beats(config.bus_bytes))
+                  max_burst=max_burst_beats(config.bus_bytes), pending_pushes=PENDING_PUSHES)

@@ -23,10 +23,12 @@ from amaranth.lib.wiring import In, Out
 from ..isa import Opcode, fields_of
 from ..regmap import ENGINE_STATES
 
-__all__ = ["TokenPort", "insn_layout", "STATE_BITS", "EngineSequencer", "PendingPushes"]
+__all__ = ["TokenPort", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer", "PendingPushes"]
 
 #: Width of an engine's state code in the debug register.
 STATE_BITS = 4
+#: Instructions a pipelining engine launches ahead of its oldest push (`PendingPushes`).
+PENDING_PUSHES = 4
 
 
 class TokenPort(wiring.Signature):
@@ -133,7 +135,7 @@ class PendingPushes:
         The head is retired this cycle.
     """
 
-    def __init__(self, m, ports, dones, depth=4):
+    def __init__(self, m, ports, dones, depth=PENDING_PUSHES):
         self._names = list(ports)
         self._source_bits = max(1, (len(dones) - 1).bit_length())
         m.submodules.pending_pushes = queue = fifo.SyncFIFO(
