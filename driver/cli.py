@@ -502,9 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="input .npy (float32, the ONNX model's layout), or a .npz of "
                                                    "arrays by input name for a model with several inputs")
     p.add_argument("-o", "--output", required=True, help="output .npy, or .npz for a model with several outputs")
-    p.add_argument("--device", default="cpu", choices=["fsim", "verilator", "icarus", "cpu", "gpu"],
+    p.add_argument("--device", default="cpu",
                    help="where the network runs: cpu (default; every layer on the LLVM CPU back end) or gpu "
-                        "(float32), or an accelerator device for an int8 model (its other layers on the cpu)")
+                        "(float32), or an accelerator device for an int8 model (fsim, verilator, icarus or "
+                        "uart:PORT[@BAUD], a board; its other layers on the cpu)")
     p.add_argument("--profile", nargs="?", const="", metavar="PNG",
                    help="print a per-layer table and write a PNG of it (default: next to the output)")
     p.set_defaults(func=cmd_run)

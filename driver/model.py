@@ -228,8 +228,12 @@ class Model:
                                  f"device, not {device!r}")
             self._check_device(kind if kind in HOST_DEVICES else "accel", device)
             return False, device
+        if device.startswith("uart:"):       # a board with the board top, through its UART bridge
+            self._check_device("accel", None, device)
+            return True, open_device(device, self.config, **options)
         if device not in ACCEL_DEVICES + HOST_DEVICES:
-            raise ModelError(f"unknown device {device!r}; choose one of {', '.join(ACCEL_DEVICES + HOST_DEVICES)}")
+            raise ModelError(f"unknown device {device!r}; choose one of {', '.join(ACCEL_DEVICES + HOST_DEVICES)} "
+                             "or uart:PORT[@BAUD]")
         self._check_device(device if device in HOST_DEVICES else "accel", None, device)
         if device in ACCEL_DEVICES:
             if device != "fsim":   # the simulated DRAM window holds the arena and one layer's program

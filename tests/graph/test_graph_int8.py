@@ -80,13 +80,18 @@ def test_runtime_refusals(tmp_path):
     m, model, rng = _compile(5, "tiny")
     with pytest.raises(ModelError, match=r"compiled for \[2, 3, 8, 8\], or a multiple of its batch 2"):
         model.run(np.zeros((3, 3, 8, 8), np.float32), "fsim")
-    with pytest.raises(ModelError, match="unknown device 'tpu'"):
+    with pytest.raises(ModelError, match="unknown device 'tpu'.* or uart:PORT"):
         model.run(np.zeros((2, 3, 8, 8), np.float32), "tpu")
+    from gemforge.driver.device import DeviceError
+    with pytest.raises(DeviceError, match="/dev/no-such-gemforge-port"):
+        model.run(np.zeros((2, 3, 8, 8), np.float32), "uart:/dev/no-such-gemforge-port")
     with pytest.raises(ModelError, match="the gpu runs float32 networks"):
         model.run(np.zeros((2, 3, 8, 8), np.float32), "gpu")
     floating = compile_model(m, batch=2)
     with pytest.raises(ModelError, match="compiled without an accelerator config"):
         floating.run(np.zeros((2, 3, 8, 8), np.float32), "fsim")
+    with pytest.raises(ModelError, match="compiled without an accelerator config"):
+        floating.run(np.zeros((2, 3, 8, 8), np.float32), "uart:/dev/ttyUSB0")
     bad = tmp_path / "bad.gfm"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(ModelError, match="not a valid gemforge model"):

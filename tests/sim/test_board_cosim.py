@@ -183,3 +183,16 @@ def test_cli_run_op_on_the_uart_device(board, tmp_path, capsys):
     assert code == 0, err
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a.astype(np.int32) @ b.astype(np.int32))
     assert json.loads(out)["cycles"] > 0
+
+
+def test_int8_network_through_the_uart_equals_fsim(board):
+    """A whole quantized network (its accelerator layers on the board, the rest on the cpu),
+    as `gemforge run model.gfm --device uart:PORT` runs it."""
+    from gemforge.driver.model import compile_model
+    from onnx_models import small_cnn
+    rng = np.random.default_rng(11)
+    m = small_cnn(rng, channels=4, image=6, batch="N", residual=False)
+    calib = rng.normal(size=(3, 1, 3, 6, 6)).astype(np.float32)
+    model = compile_model(m, quantize="int8", calibrate=calib, config=CONFIG, batch=1)
+    x = rng.normal(size=(1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model.run(x, board), model.run(x, "fsim"))
