@@ -480,16 +480,23 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
                 _finish(results[i], configs[i], used, fmax, "area model")
             for i in fitted:
                 _finish(results[i], configs[i], synthesized[i]["resources"], synthesized[i]["fmax_mhz"], "synthesis")
-            # Confirm the predicted Pareto front by synthesis; the model's error on it is reported.
-            front = pareto_front([results[i] for i in ok if "resources" in results[i]], space.area)
-            synthesize(front, "synthesis (Pareto front)")
-            for i in front:
-                s = synthesized[i]
-                if results[i].get("resources_source") == "area model" and s["status"] == "ok":
+            # Confirm the Pareto front by synthesis, until every point on it is synthesized (a
+            # confirmed point may move the front); the model's error on each is reported.
+            while True:
+                live = [i for i in ok if results[i].get("status") == "ok"]
+                front = pareto_front([results[i] for i in live], space.area)
+                todo = [i for i in front if results[i]["resources_source"] == "area model"]
+                if not todo:
+                    break
+                synthesize(todo, "synthesis (Pareto front)")
+                for i in todo:
+                    s = synthesized[i]
+                    if s["status"] != "ok":
+                        results[i].update(status="failed", error=s["error"])
+                        continue
                     predicted = results[i]["resources"]
-                    results[i]["area_model_error"] = {
-                        n: round(predicted[n] / used - 1, 4) for n, used in s["resources"].items()
-                        if used and n in predicted}
+                    results[i]["area_model_error"] = {n: round(predicted[n] / used - 1, 4)
+                                                      for n, used in s["resources"].items() if used and n in predicted}
                     if s["fmax_mhz"] and results[i]["fmax_source"] == "area model":
                         results[i]["area_model_error"]["fmax_mhz"] = round(results[i]["fmax_mhz"] / s["fmax_mhz"] - 1, 4)
                     _finish(results[i], configs[i], s["resources"], s["fmax_mhz"], "synthesis")
