@@ -253,7 +253,7 @@ def expand(space: Space) -> list[dict[str, Any]]:
             point.update(status="invalid", reason=str(exc))
             points.append(point)
             continue
-        env = {**config.to_dict(), "macs_per_cycle": config.batch * config.block_in * config.block_out}
+        env = {**config.to_dict(), "macs_per_cycle": config.macs_per_uop}
         failed = next((expr for expr, tree in trees if not _evaluate(tree, env)), None)
         if failed is not None:
             point.update(status="invalid", reason=f"excluded by the constraint {failed!r}")
@@ -344,13 +344,14 @@ def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
     """A point's cycles: ``task`` holds ``config`` (a config dict), ``workload`` (a spec) and
     ``rtl`` (also run on Verilator). Never raises: a failure is returned as ``status: failed``
     with the error."""
+    from gemforge.hw.synth import buffer_bits
     from gemforge.sim.cycle_model import run_cycle_model
     from .workloads import build_workload
     start = time.perf_counter()
     result: dict[str, Any] = {"index": task["index"], "params": task["params"], "key": point_key(task)}
     try:
         config = AccelConfig.from_dict(task["config"])
-        macs_per_cycle = config.batch * config.block_in * config.block_out
+        macs_per_cycle = config.macs_per_uop
         workload = build_workload(task["workload"], config)
         layers, total = [], 0
         for layer in workload.layers:
@@ -361,8 +362,7 @@ def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
                            "gemm_active": report.counters["gemm_active"], "gemm_reset": report.counters["gemm_reset"],
                            "alu_active": report.counters["alu_active"]})
         result.update(status="ok", config=config.name, macs_per_cycle=macs_per_cycle, bus_bytes=config.bus_bytes,
-                      buffer_bytes=sum(config.depth(b) * config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out",
-                                                                                         "uop")),
+                      buffer_bytes=buffer_bits(config) // 8,
                       macs=workload.macs, cycles=total, layers=layers,
                       utilization=round(workload.macs / (total * macs_per_cycle), 4))
         if task["rtl"]:

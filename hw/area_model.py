@@ -16,14 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import AccelConfig
+from .synth import buffer_bits
 
 __all__ = ["FEATURES", "features", "AreaModel", "fit_area_model"]
-
-BUFFERS = ("inp", "wgt", "acc", "out", "uop")
-
-
-def _buffer_bits(c: AccelConfig) -> int:
-    return sum(c.depth(b) * c.entry_bytes(b) * 8 for b in BUFFERS)
 
 
 #: The structural terms a resource is a combination of: (name, what scales with it, value).
@@ -31,13 +26,13 @@ FEATURES = (
     ("fixed", "control: fetch, engines, queues, registers, counters",
      lambda c: 1.0),
     ("multiplier_bits", "the GEMM core's multipliers (batch × block_in × block_out × inp × wgt bits)",
-     lambda c: c.batch * c.block_in * c.block_out * c.inp_width * c.wgt_width),
+     lambda c: c.macs_per_uop * c.inp_width * c.wgt_width),
     ("adder_bits", "the adder trees and accumulator lanes (batch × block_out × acc bits × log2 block_in)",
      lambda c: c.batch * c.block_out * c.acc_width * (1 + math.log2(c.block_in))),
     ("bus_bits", "the DMA datapaths, beat packing and banked buffer ports (bus bits)",
      lambda c: c.bus_width),
     ("buffer_bits", "on-chip buffer bits",
-     lambda c: _buffer_bits(c)),
+     lambda c: buffer_bits(c)),
 )
 
 #: Fmax is fitted on the logic depth's terms instead (not constrained to be positive).
