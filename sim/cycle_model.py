@@ -109,7 +109,7 @@ assert set(_READ_CLIENT.values()) | {"fetch"} == set(_CLIENTS)
 
 @dataclass
 class _Read:
-    """A DMA read waiting for, or holding, the read channel."""
+    """A DMA read waiting for the read channel."""
 
     client: str
     request: int
@@ -117,7 +117,6 @@ class _Read:
     record: "_Record | None"          # the instruction it belongs to (None: a fetch chunk)
     first_insn: int = 0               # a fetch chunk's first instruction, and how many
     count: int = 0
-    end: int | None = None            # cycle after its last beat, once granted
 
 
 @dataclass
@@ -127,7 +126,6 @@ class _Record:
     index: int                        # in the program
     insn: Instruction
     take: int
-    start: int
     finish: int | None = None         # its work is done (data in SRAM/DRAM, pipeline drained)
     pushed: int | None = None
     trail: int = 0                    # LOAD: cycles of padding written after the last beat
@@ -275,7 +273,6 @@ class _Model:
             wait = grant - read.request
         self.reads.remove(read)
         self.read_free, self.read_owner = end, _CLIENTS.index(read.client)
-        read.end = end
         if read.record is None:           # a fetch chunk: its words, a beat group each
             for j in range(read.count):
                 self.arrive[read.first_insn + j] = end - (read.count - 1 - j) * self.beat_cycles + t.fetch_check
@@ -302,7 +299,7 @@ class _Model:
             if getattr(insn, flag):
                 self.pops[q].append(ready)
         start = ready + t.pop_to_exec
-        rec = _Record(i, insn, take, start)
+        rec = _Record(i, insn, take)
         st.records.append(rec)
         if e is Engine.COMPUTE:
             if isinstance(insn, (Gemm, Alu)):
