@@ -331,7 +331,7 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
     from gemforge.hw.synth import run_synth
     config = _config(args)
-    what = {"generate": "generating the Verilog", "predict": "checking the buffers against the device's RAM",
+    what = {"generate": "generating the netlist and the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
             "check": "checking the synthesized cells and ports against the device",
             "place": "placing and routing with nextpnr",

@@ -313,7 +313,7 @@ def _synthesize(config: AccelConfig, target: str) -> dict[str, Any]:
         if report.get("status") in ("ok", "does not fit"):
             return report
     try:
-        return run_synth(config, target, out)
+        return run_synth(config, target, out, verilog=False)     # the numbers only: Yosys reads the RTLIL
     except FitError:
         return json.loads(cached.read_text())
 

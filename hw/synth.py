@@ -7,9 +7,11 @@ Each target lists its stages in order (`Target.stages`), like a compiler back en
 stage           what it does
 ==============  =========================================================================
 ``predict``     refuses a config whose buffers cannot fit the device's RAM, before Yosys
-``generate``    the Verilog top and its companion files (`hw.generate.generate`)
+``generate``    the RTLIL netlist Yosys reads (``gemforge_top.il``, as in Amaranth's own
+                build flow) and the Verilog top with its companion files
+                (`hw.generate.generate`; skipped with ``verilog=False``, as sweeps do)
 ``synthesize``  Yosys: ``synth_ecp5``, ``synth_ice40 -dsp -spram``, or the generic
-                `GENERIC_SYNTH_SCRIPT` (``netlist.json``, cell counts in ``stat.json``)
+                `GENERIC_SYNTH_PASSES` (``netlist.json``, cell counts in ``stat.json``)
 ``check``       refuses cell counts above the device's capacity, or more ports than pins
 ``place``       nextpnr: placement, routing, utilization and Fmax (``nextpnr.json``)
 ==============  =========================================================================
@@ -41,7 +43,7 @@ from typing import Any, Callable
 from gemforge.files import move_atomic, write_text_atomic
 
 from .config import AccelConfig
-from .generate import GENERIC_SYNTH_SCRIPT, TOP_NAME, generate
+from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 
 __all__ = [
     "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError",
@@ -156,14 +158,15 @@ class Target:
     def yosys_script(self) -> str:
         """The Yosys script: synthesis, then its cell counts as ``stat.json``."""
         stat = "tee -q -o stat.json stat -json"
+        read = f"read_rtlil {TOP_NAME}.il"
         if self.device is None:
             # Flattened so the statistics are totals; the memories' sizes come from the
             # `$mem_v2` cells the generic flow keeps.
-            return (f"{GENERIC_SYNTH_SCRIPT}; flatten; {stat}; "
+            return (f"{read}; {GENERIC_SYNTH_PASSES}; flatten; {stat}; "
                     "select t:$mem_v2; write_json -selected memories.json; select -clear")
         synth = {"ecp5": f"synth_ecp5 -top {TOP_NAME}",
                  "ice40": f"synth_ice40 -dsp -spram -top {TOP_NAME}"}[self.device.family]
-        return f"read_verilog {TOP_NAME}.v; {synth} -json netlist.json; {stat}"
+        return f"{read}; {synth} -json netlist.json; {stat}"
 
     @property
     def out_of_context(self) -> bool:
@@ -397,9 +400,10 @@ def _run_stages(stages: dict[str, Callable[[], Any]], order: tuple[str, ...], re
 
 def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
               bitstream: bool = False, board: str | None = None, board_memory: int = 64 << 10,
-              on_step: StepHook | None = None) -> dict[str, Any]:
+              on_step: StepHook | None = None, verilog: bool = True) -> dict[str, Any]:
     """Synthesize (and place and route) ``config`` for ``target``; write ``report.json`` and
-    ``report.md`` to ``out_dir`` and return the report. With ``board`` (or ``bitstream``,
+    ``report.md`` to ``out_dir`` and return the report. Yosys reads the RTLIL netlist; with
+    ``verilog`` the generated Verilog and its companion files are written beside it too. With ``board`` (or ``bitstream``,
     which needs one: the target's `DEFAULT_BOARD`), the board top with ``board_memory``
     bytes of block RAM is built on the board's pins and clock instead, and packed into a
     bitstream.
@@ -452,7 +456,12 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
         report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
         report["timing_met"] = pnr["fmax_mhz"] is not None and pnr["fmax_mhz"] >= freq
 
-    stages = {"predict": lambda: predict_fit(config, t.device), "generate": lambda: generate(config, out),
+    def generate_netlist() -> None:
+        write_text_atomic(out / f"{TOP_NAME}.il", rtlil_top(config))
+        if verilog:
+            generate(config, out)
+
+    stages = {"predict": lambda: predict_fit(config, t.device), "generate": generate_netlist,
               "synthesize": synthesize, "check": check, "place": place}
     return _run_stages(stages, t.stages, report, out, on_step)
 
