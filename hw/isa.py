@@ -52,7 +52,8 @@ from .config import (
 )
 
 __all__ = [
-    "Opcode", "MemType", "AluOp", "Engine",
+    "Opcode", "MemType", "AluOp", "Engine", "PIPELINE", "LOAD_ENGINE", "STORE_MEMS",
+    "TokenQueue", "TOKEN_QUEUES", "TOKEN_POPS", "TOKEN_PUSHES",
     "Load", "Store", "Gemm", "Alu", "Finish", "Instruction", "Uop",
     "Field", "IsaError", "EncodingError",
     "fields_of", "required_insn_bits", "engine_of",
@@ -100,6 +101,9 @@ class AluOp(enum.IntEnum):
 
 
 class Engine(enum.Enum):
+    """The engines instructions run on, in pipeline order: an engine's *previous* stage is the
+    one before it in this order, its *next* stage the one after."""
+
     LOAD = "load"
     COMPUTE = "compute"
     STORE = "store"
@@ -109,6 +113,56 @@ OPCODE_BITS = 3
 MEM_TYPE_BITS = 3
 ALU_OP_BITS = 3
 DEP_FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next")
+
+#: The engines in pipeline order (load → compute → store).
+PIPELINE = tuple(Engine)
+#: Which engine a LOAD into each buffer runs on (the buffers it writes sit beside that engine);
+#: STORE runs on the store engine, GEMM, ALU and FINISH on the compute engine.
+LOAD_ENGINE = {MemType.INP: Engine.LOAD, MemType.WGT: Engine.LOAD,
+               MemType.ACC: Engine.COMPUTE, MemType.UOP: Engine.COMPUTE}
+#: The buffers a STORE reads.
+STORE_MEMS = (MemType.OUT, MemType.ACC)
+
+
+@dataclass(frozen=True)
+class TokenQueue:
+    """A dependency-token queue between two neighbouring engines: ``pusher`` sends a token
+    after an instruction with `push_flag` completes; ``popper`` takes one before an
+    instruction with `pop_flag` starts."""
+
+    pusher: Engine
+    popper: Engine
+
+    @property
+    def name(self) -> str:
+        """``"load->compute"``: the name fsim, the documentation and the debug view use."""
+        return f"{self.pusher.value}->{self.popper.value}"
+
+    @property
+    def short(self) -> str:
+        """``"l2c"``: the name of the queue in the gateware (``tokens_l2c``)."""
+        return f"{self.pusher.value[0]}2{self.popper.value[0]}"
+
+    @property
+    def forward(self) -> bool:
+        """Whether the tokens flow down the pipeline (the popper is the pusher's next stage)."""
+        return PIPELINE.index(self.popper) > PIPELINE.index(self.pusher)
+
+    @property
+    def push_flag(self) -> str:
+        return "push_next" if self.forward else "push_prev"
+
+    @property
+    def pop_flag(self) -> str:
+        return "pop_prev" if self.forward else "pop_next"
+
+
+#: Every token queue: one each way between neighbouring engines, in the order the debug
+#: registers report them (load->compute, compute->load, compute->store, store->compute).
+TOKEN_QUEUES = tuple(q for a, b in zip(PIPELINE, PIPELINE[1:]) for q in (TokenQueue(a, b), TokenQueue(b, a)))
+#: Per engine, the token queue each dependency flag pops or pushes: ``{flag: queue name}``.
+TOKEN_POPS = {e: {q.pop_flag: q.name for q in TOKEN_QUEUES if q.popper is e} for e in PIPELINE}
+TOKEN_PUSHES = {e: {q.push_flag: q.name for q in TOKEN_QUEUES if q.pusher is e} for e in PIPELINE}
 
 
 @dataclass(frozen=True)
@@ -367,7 +421,7 @@ def uop_fields(config: AccelConfig) -> list[Field]:
 def engine_of(insn: Instruction) -> Engine:
     """The engine whose command queue an instruction goes to."""
     if isinstance(insn, Load):
-        return Engine.LOAD if insn.mem in (MemType.INP, MemType.WGT) else Engine.COMPUTE
+        return LOAD_ENGINE[insn.mem]
     if isinstance(insn, Store):
         return Engine.STORE
     return Engine.COMPUTE
@@ -397,10 +451,11 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
     if isinstance(insn, Load) and not isinstance(insn.mem, MemType) or \
             isinstance(insn, Store) and not isinstance(insn.mem, MemType):
         raise IsaError(f"{name} mem must be a MemType, not {insn.mem!r}")
-    if isinstance(insn, Load) and insn.mem == MemType.OUT:
-        raise IsaError("LOAD cannot target the output buffer; allowed: inp, wgt, acc, uop")
-    if isinstance(insn, Store) and insn.mem not in (MemType.OUT, MemType.ACC):
-        raise IsaError(f"STORE reads the out or acc buffer, not {insn.mem.name.lower()}")
+    if isinstance(insn, Load) and insn.mem not in LOAD_ENGINE:
+        raise IsaError(f"LOAD cannot target the {insn.mem.buffer} buffer; allowed: "
+                       f"{', '.join(m.buffer for m in LOAD_ENGINE)}")
+    if isinstance(insn, Store) and insn.mem not in STORE_MEMS:
+        raise IsaError(f"STORE reads the {' or '.join(m.buffer for m in STORE_MEMS)} buffer, not {insn.mem.buffer}")
     if isinstance(insn, Load) and insn.mem == MemType.UOP and \
             (insn.y_pad0 or insn.y_pad1 or insn.x_pad0 or insn.x_pad1):
         raise IsaError("LOAD uop takes no padding; y_pad0, y_pad1, x_pad0 and x_pad1 must be 0")
@@ -408,12 +463,10 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
         raise IsaError(f"ALU op must be an AluOp, not {insn.op!r}")
     engine = engine_of(insn)
     label = mnemonic(insn)
-    if engine == Engine.LOAD and (insn.pop_prev or insn.push_prev):
-        raise IsaError(f"{label} runs on the load engine, which has no previous stage: "
-                       "pop_prev and push_prev must be clear")
-    if engine == Engine.STORE and (insn.pop_next or insn.push_next):
-        raise IsaError(f"{label} runs on the store engine, which has no next stage: "
-                       "pop_next and push_next must be clear")
+    for side, stage in (("prev", "previous"), ("next", "next")):
+        if f"pop_{side}" not in TOKEN_POPS[engine] and (getattr(insn, f"pop_{side}") or getattr(insn, f"push_{side}")):
+            raise IsaError(f"{label} runs on the {engine.value} engine, which has no {stage} stage: "
+                           f"pop_{side} and push_{side} must be clear")
     values = _field_values(insn)
     for field in fields_of(config, insn.opcode):
         value = values[field.name]

@@ -25,15 +25,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from gemforge.hw.isa import Alu, Engine, Finish, Gemm, Instruction, Load, MemType, Store, engine_of
+from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Finish, Gemm, Instruction, Load, MemType, Store,
+                             engine_of)
 from gemforge.hw.gateware.top import READ_CLIENTS
 from gemforge.hw.timing import FETCH_CHUNK, Timing, timing_of
 
-from .fsim import TOKEN_POPS, TOKEN_PUSHES
 
 __all__ = ["CycleModelError", "CycleReport", "run_cycle_model", "dma_beats"]
 
-# The dependency-token topology is fsim's (flag → queue, per engine).
+# The dependency-token topology is the ISA's (flag → queue, per engine).
 _POPS = {e: tuple(flags.items()) for e, flags in TOKEN_POPS.items()}
 _PUSHES = {e: tuple(flags.items()) for e, flags in TOKEN_PUSHES.items()}
 #: The read client a LOAD's data arrives through (`gemforge.hw.gateware.top.READ_CLIENTS`).

@@ -37,6 +37,9 @@ from gemforge.hw.isa import (
     Load,
     MemType,
     Store,
+    TOKEN_POPS,
+    TOKEN_PUSHES,
+    TOKEN_QUEUES,
     decode,
     engine_of,
     mnemonic,
@@ -44,7 +47,7 @@ from gemforge.hw.isa import (
 )
 
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "TOKEN_QUEUES", "TOKEN_POPS", "TOKEN_PUSHES",
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError",
     "COUNTER_NAMES",
 ]
 
@@ -75,20 +78,6 @@ class OutOfBoundsError(FsimError):
     default_fault = Fault.BUFFER_RANGE
 
 
-#: The four dependency-token queues, named source→destination.
-TOKEN_QUEUES = ("load->compute", "compute->load", "compute->store", "store->compute")
-
-# Which token queue each dependency flag of each engine uses.
-TOKEN_POPS = {
-    Engine.LOAD: {"pop_next": "compute->load"},
-    Engine.COMPUTE: {"pop_prev": "load->compute", "pop_next": "store->compute"},
-    Engine.STORE: {"pop_prev": "compute->store"},
-}
-TOKEN_PUSHES = {
-    Engine.LOAD: {"push_next": "load->compute"},
-    Engine.COMPUTE: {"push_prev": "compute->load", "push_next": "compute->store"},
-    Engine.STORE: {"push_prev": "store->compute"},
-}
 _ENGINE_ORDER = (Engine.LOAD, Engine.STORE, Engine.COMPUTE)
 
 #: Every event counter fsim reports, in a stable order.
@@ -200,7 +189,7 @@ class Fsim:
             return insn
 
         engines = {e: _EngineState() for e in Engine}
-        tokens = dict.fromkeys(TOKEN_QUEUES, 0)
+        tokens = dict.fromkeys((q.name for q in TOKEN_QUEUES), 0)
         pc = 0
         finished = False
 

@@ -39,13 +39,14 @@ import numpy as np
 from gemforge.files import write_bytes_atomic, write_text_atomic
 from gemforge.hw.config import AccelConfig, ConfigError
 from gemforge.hw.isa import (
-    DEP_FLAGS, Alu, Gemm, Instruction, Load, MemType, Store, encode_program, encode_uops, engine_of, mnemonic,
+    DEP_FLAGS, TOKEN_POPS, TOKEN_PUSHES, Alu, Gemm, Instruction, Load, MemType, Store, encode_program, encode_uops,
+    engine_of, mnemonic,
 )
 from gemforge.hw.program import Program, TensorRegion, arena_alignment
 
 from .cosim import harness
 from .cosim.random_program import random_program
-from .fsim import TOKEN_POPS, TOKEN_PUSHES, Fsim, FsimError
+from .fsim import Fsim, FsimError
 from .trace import Divergence, TracingFsim, find_race, locate_divergence, retire_cycles
 
 __all__ = ["Case", "CaseResult", "Report", "RegressError", "random_case", "random_config", "case_from_program",

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemforge.hw.isa import Alu, Engine, Gemm, Instruction, Load, MemType, Store, engine_of, mnemonic
+from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Gemm, Instruction, Load, MemType, Store, engine_of,
+                             mnemonic)
 
-from .fsim import TOKEN_POPS, TOKEN_PUSHES, Fsim
+from .fsim import Fsim
 
 __all__ = ["TracingFsim", "StoreRecord", "Divergence", "locate_divergence", "retire_cycles", "find_race"]
 

@@ -15,7 +15,8 @@ from amaranth import *
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import AluOp, Engine, MemType, Opcode
+from ..isa import (DEP_FLAGS, LOAD_ENGINE, PIPELINE, STORE_MEMS, TOKEN_POPS, TOKEN_PUSHES, AluOp, Engine,
+                   MemType, Opcode)
 from ..regmap import Fault
 from .engine import insn_layout
 
@@ -24,13 +25,13 @@ __all__ = ["InsnChecker", "FAULT_BITS", "LOAD_ENGINE_MEMS", "STORE_MEMS", "one_o
 #: Width of a fault code.
 FAULT_BITS = 8
 #: The buffers a LOAD may fill, and those it fills through the load engine (the rest go
-#: to the compute engine); the buffers a STORE may read.
-LOAD_MEMS = (MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP)
-LOAD_ENGINE_MEMS = (MemType.INP, MemType.WGT)
-STORE_MEMS = (MemType.OUT, MemType.ACC)
-#: Dependency flags an engine has no queue for: the load engine has no previous stage,
-#: the store engine no next one (`gemforge.hw.isa.validate`).
-_MISSING_FLAGS = {Engine.LOAD: ("pop_prev", "push_prev"), Engine.STORE: ("pop_next", "push_next")}
+#: to the compute engine); the buffers a STORE may read (`gemforge.hw.isa`).
+LOAD_MEMS = tuple(LOAD_ENGINE)
+LOAD_ENGINE_MEMS = tuple(m for m, engine in LOAD_ENGINE.items() if engine is Engine.LOAD)
+#: Dependency flags an engine has no token queue for: the load engine has no previous
+#: stage, the store engine no next one (`gemforge.hw.isa.validate`).
+_MISSING_FLAGS = {e: tuple(f for f in DEP_FLAGS if f not in TOKEN_POPS[e] and f not in TOKEN_PUSHES[e])
+                  for e in PIPELINE}
 
 
 def one_of(value, choices):

@@ -22,6 +22,7 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import AccelConfig
+from ..isa import TOKEN_QUEUES
 from amaranth.utils import exact_log2
 
 from ..regmap import (COUNTERS, CTRL_BITS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, STATUS_BITS,
@@ -37,13 +38,10 @@ from .regfile import RegisterFile
 from .store import StoreEngine
 from .tokens import TokenQueue
 
-__all__ = ["Accelerator", "READ_CLIENTS", "TOKEN_QUEUES"]
+__all__ = ["Accelerator", "READ_CLIENTS"]
 
 #: Read clients of the AXI master, by ARID.
 READ_CLIENTS = ("fetch", "load_inp", "load_wgt", "compute_acc", "compute_uop")
-#: The dependency-token queues: (name, pushing engine, popping engine).
-TOKEN_QUEUES = (("l2c", "load", "compute"), ("c2l", "compute", "load"),
-                ("c2s", "compute", "store"), ("s2c", "store", "compute"))
 
 
 class Accelerator(wiring.Component):
@@ -104,14 +102,12 @@ class Accelerator(wiring.Component):
 
         # ---------------------------------------------------------------- token queues
         tokens = {}
-        for name, pusher, popper in TOKEN_QUEUES:
-            tq = tokens[name] = TokenQueue(c.token_queue_depth)
-            m.submodules[f"tokens_{name}"] = resettable(tq)
+        for queue in TOKEN_QUEUES:
+            tq = tokens[queue.short] = TokenQueue(c.token_queue_depth)
+            m.submodules[f"tokens_{queue.short}"] = resettable(tq)
             # The pusher's side towards the popper: load→compute is load's "next".
-            push_dir = "next" if (pusher, popper) in (("load", "compute"), ("compute", "store")) else "prev"
-            pop_dir = "prev" if push_dir == "next" else "next"
-            push_port = getattr(engines[pusher], f"{push_dir}_push")
-            pop_port = getattr(engines[popper], f"{pop_dir}_pop")
+            push_port = getattr(engines[queue.pusher.value], f"{queue.push_flag.removeprefix('push_')}_push")
+            pop_port = getattr(engines[queue.popper.value], f"{queue.pop_flag.removeprefix('pop_')}_pop")
             m.d.comb += [tq.push.eq(push_port.push), push_port.can_push.eq(tq.can_push),
                          tq.pop.eq(pop_port.pop), pop_port.can_pop.eq(tq.can_pop)]
 

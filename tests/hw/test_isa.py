@@ -231,7 +231,7 @@ def test_compute_engine_takes_every_flag(insn):
 
 
 def test_load_to_out_refused():
-    with pytest.raises(IsaError, match=r"LOAD cannot target the output buffer; allowed: inp, wgt, acc, uop"):
+    with pytest.raises(IsaError, match=r"LOAD cannot target the out buffer; allowed: inp, wgt, acc, uop"):
         isa.encode(sample_load(mem=MemType.OUT), CONFIGS["tiny"])
 
 
