@@ -13,6 +13,12 @@ Top to bottom (see `pipeline`)::
 the operators with default schedules and their numpy references.
 """
 
+# The folder is installed as gemforge.compiler; imported as `compiler` (from the repository root) its
+# modules would form a second tree whose classes differ from gemforge's own.
+if __name__ != "gemforge.compiler":
+    raise ImportError(f"this folder is the package gemforge.compiler: import gemforge.compiler, not {__name__} "
+                      "(`pip install -e .` or `make install` installs it)")
+
 from .ops import (
     CompiledOp, Epilogue, OpError, compile_add, compile_clip, compile_conv2d, compile_dense, compile_max_pool2d,
     compile_relu, conv2d_reference, dense_reference, max_pool2d_reference, run_conv2d, run_dense,

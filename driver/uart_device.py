@@ -215,7 +215,7 @@ class UartDevice(Device):
         while True:
             status = self._reg("STATUS")
             if status >> STATUS_BITS["ERROR"] & 1:
-                code, info = self._reg("ERROR"), self._reg("ERROR_INFO")
+                code, info = by_name("ERROR").unpack(self._reg("ERROR"))["CODE"], self._reg("ERROR_INFO")
                 fault = Fault(code) if code in Fault._value2member_map_ else None
                 name = fault.name if fault is not None else f"unknown code {code}"
                 why = FAULT_DOCS[fault] if fault is not None else "not in this driver's fault table"

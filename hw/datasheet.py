@@ -308,7 +308,7 @@ def _registers(config: AccelConfig) -> str:
     for reg in regmap.REGISTERS:
         if reg.counter:
             continue
-        rows.append((f"`{reg.offset:#06x}`", f"`{reg.name}`", reg.access, _hex(register_reset(reg)), reg.doc))
+        rows.append((f"`{reg.offset:#06x}`", f"`{reg.name}`", reg.access, _hex(register_reset(reg)), reg.description))
     counter_regs = [r for r in regmap.REGISTERS if r.counter]
     ports = {name: width for name, _, width, _ in top_ports(config)}
     lines = [

@@ -29,11 +29,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable
+
+from amaranth.lib import data
+
+from .isa import PIPELINE, TOKEN_QUEUES
 
 __all__ = [
-    "Register", "REGISTERS", "COUNTERS", "ENGINE_STATES", "REG_BYTES", "ID_MAGIC",
+    "Register", "Bitfield", "REGISTERS", "COUNTERS", "ENGINE_STATES", "REG_BYTES", "ID_MAGIC",
     "Fault", "FAULT_DOCS", "DEADLOCK_CYCLES", "CTRL_BITS", "STATUS_BITS", "ERROR_INFO_WRITE",
-    "by_name", "to_markdown", "to_c_header",
+    "ENGINES", "ENGINE_STATE_BITS", "CMDQ_LEVEL_BITS", "TOKEN_COUNT_BITS", "FAULT_CODE_BITS",
+    "by_name", "token_field", "address_bits", "to_markdown", "to_c_header",
 ]
 
 #: Bytes per register (the AXI4-Lite data width).
@@ -41,10 +48,6 @@ REG_BYTES = 4
 #: Value of the read-only ID register ("GFG1"), so a driver can check it talks to gemforge.
 ID_MAGIC = 0x47464731
 
-
-#: Bits of CTRL (written) and STATUS (read), by name.
-CTRL_BITS: dict[str, int] = {"START": 0, "ABORT": 1}
-STATUS_BITS: dict[str, int] = {"BUSY": 0, "DONE": 1, "ERROR": 2, "ABORTING": 3}
 
 #: A program is deadlocked when, for this many consecutive cycles, no engine made
 #: progress (no instruction dispatched, started or retired, no token pushed or popped,
@@ -102,6 +105,16 @@ ERROR_INFO_WRITE = 1 << 8
 
 
 @dataclass(frozen=True)
+class Bitfield:
+    """One field of a register, packed from bit 0 upwards in the order a register lists them;
+    a field named ``None`` is reserved (reads as zero, ignored when written)."""
+
+    name: str | None
+    width: int
+    doc: str = ""
+
+
+@dataclass(frozen=True)
 class Register:
     """One 32-bit register.
 
@@ -117,6 +130,10 @@ class Register:
         One line of documentation.
     counter : str or None
         For the halves of a 64-bit counter, the counter's lower-case name.
+    fields : tuple of Bitfield
+        The register's bitfields (none: one 32-bit value); `layout` is their
+        `amaranth.lib.data.StructLayout`, which the gateware packs the register with and
+        the host decodes it with (`unpack`).
     """
 
     name: str
@@ -124,6 +141,52 @@ class Register:
     access: str
     doc: str
     counter: str | None = None
+    fields: tuple[Bitfield, ...] = ()
+
+    @cached_property
+    def layout(self) -> data.StructLayout:
+        """The register's bitfields as a StructLayout (reserved fields named ``_reserved_<bit>``)."""
+        members, bit = {}, 0
+        for f in self.fields:
+            members[f.name if f.name is not None else f"_reserved_{bit}"] = f.width
+            bit += f.width
+        if bit > REG_BYTES * 8:
+            raise ValueError(f"{self.name}'s fields take {bit} bits, more than a register's {REG_BYTES * 8}")
+        if bit < REG_BYTES * 8:
+            members[f"_reserved_{bit}"] = REG_BYTES * 8 - bit      # the layout is the whole register
+        return data.StructLayout(members)
+
+    @property
+    def description(self) -> str:
+        """The doc followed by each named field: ``bits [0] BUSY: a program is running; …``."""
+        parts, bit = [], 0
+        for f in self.fields:
+            if f.name is not None:
+                span = f"[{bit}]" if f.width == 1 else f"[{bit + f.width - 1}:{bit}]"
+                parts.append(f"{span} {f.name}" + (f" — {f.doc}" if f.doc else ""))
+            bit += f.width
+        return self.doc if not parts else f"{self.doc}. Bits {'; '.join(parts)}"
+
+    def bits(self) -> dict[str, tuple[int, int]]:
+        """Each named field's (lowest bit, width)."""
+        return {name: (f.offset, f.width) for name, f in self.layout if not name.startswith("_reserved")}
+
+    def unpack(self, value: int) -> dict[str, int]:
+        """A value read from the register, split into its named fields."""
+        return {name: value >> lo & ((1 << width) - 1) for name, (lo, width) in self.bits().items()}
+
+    def pack(self, **fields: int) -> int:
+        """The value with these named fields set (the rest zero); refuses unknown names and values
+        that do not fit."""
+        bits, value = self.bits(), 0
+        for name, v in fields.items():
+            if name not in bits:
+                raise KeyError(f"{self.name} has no field {name!r}; it has {', '.join(bits) or 'none'}")
+            lo, width = bits[name]
+            if not 0 <= v < 1 << width:
+                raise ValueError(f"{self.name}.{name} is {width} bits wide, so {v} does not fit")
+            value |= v << lo
+        return value
 
 
 #: 64-bit event counters, in register order: (name, description).
@@ -164,33 +227,50 @@ ENGINE_STATES: dict[str, int] = {
 }
 
 
+#: The engines DEBUG_STATE reports, in field order; widths of its and the other debug fields.
+ENGINES = ("fetch", *(e.value for e in PIPELINE))
+ENGINE_STATE_BITS = 4
+CMDQ_LEVEL_BITS = 10
+TOKEN_COUNT_BITS = 16
+#: Width of the fault code in ERROR.
+FAULT_CODE_BITS = 8
+
+
+def token_field(queue) -> str:
+    """DEBUG_TOKENS field name of a token queue: ``LOAD_TO_COMPUTE``."""
+    return f"{queue.pusher.value}_TO_{queue.popper.value}".upper()
+
+
 def _build() -> list[Register]:
     regs = [
         Register("ID", 0x00, "ro", f"identification, reads {ID_MAGIC:#010x} ('GFG1')"),
-        Register("CTRL", 0x04, "wo",
-                 "bit 0: START (when idle: clears DONE, ERROR and the counters, starts fetching; "
-                 "ignored while BUSY); bit 1: ABORT (while BUSY: ends the program with fault ABORTED; "
-                 "ignored when idle)"),
-        Register("STATUS", 0x08, "ro",
-                 "bit 0: BUSY; bit 1: DONE (the program completed); bit 2: ERROR (the program ended "
-                 "with a fault, see ERROR); bit 3: ABORTING (a fault or ABORT is draining the bus). "
-                 "DONE and ERROR are sticky until the next START"),
-        Register("IRQ_ENABLE", 0x0C, "rw",
-                 "bit 0: drive the interrupt line (level, active high) while DONE or ERROR is set; "
-                 "START clears both, and writing 0 here lowers the line"),
+        Register("CTRL", 0x04, "wo", "control strobes", fields=(
+            Bitfield("START", 1, "when idle: clears DONE, ERROR and the counters, starts fetching; ignored while BUSY"),
+            Bitfield("ABORT", 1, "while BUSY: ends the program with fault ABORTED; ignored when idle"))),
+        Register("STATUS", 0x08, "ro", "DONE and ERROR are sticky until the next START", fields=(
+            Bitfield("BUSY", 1, "a program is running"),
+            Bitfield("DONE", 1, "the program completed"),
+            Bitfield("ERROR", 1, "the program ended with a fault, see ERROR"),
+            Bitfield("ABORTING", 1, "a fault or ABORT is draining the bus"))),
+        Register("IRQ_ENABLE", 0x0C, "rw", "interrupt enable", fields=(
+            Bitfield("ENABLE", 1, "drive the interrupt line (level, active high) while DONE or ERROR is set; "
+                                  "START clears both, and writing 0 here lowers the line"),)),
         Register("INSN_ADDR", 0x10, "rw", "byte address of the first instruction (aligned to the instruction size)"),
         Register("INSN_COUNT", 0x14, "rw", "number of instructions to fetch"),
-        Register("DEBUG_STATE", 0x18, "ro",
-                 "engine states, 4 bits each: [3:0] fetch, [7:4] load, [11:8] compute, [15:12] store "
-                 "(0 idle, 1 pop, 2 exec, 3 drain, 4 push); bit 16: FINISH retired"),
-        Register("DEBUG_CMDQ", 0x1C, "ro",
-                 "command-queue levels: [9:0] load, [19:10] compute, [29:20] store (saturating at 1023)"),
-        Register("DEBUG_TOKENS_A", 0x20, "ro", "token counts: [15:0] load->compute, [31:16] compute->load"),
-        Register("DEBUG_TOKENS_B", 0x24, "ro", "token counts: [15:0] compute->store, [31:16] store->compute"),
+        Register("DEBUG_STATE", 0x18, "ro", "engine states ("
+                 + ", ".join(f"{v} {k}" for k, v in ENGINE_STATES.items()) + ")", fields=(
+            *(Bitfield(e.upper(), ENGINE_STATE_BITS, f"{e} engine state") for e in ENGINES),
+            Bitfield("FINISH_RETIRED", 1, "FINISH has retired"))),
+        Register("DEBUG_CMDQ", 0x1C, "ro", f"command-queue levels (saturating at {(1 << CMDQ_LEVEL_BITS) - 1})",
+                 fields=tuple(Bitfield(e.value.upper(), CMDQ_LEVEL_BITS, f"the {e.value} engine's command queue")
+                              for e in PIPELINE)),
+        *(Register(f"DEBUG_TOKENS_{'AB'[i // 2]}", 0x20 + 4 * (i // 2), "ro", "dependency-token counts", fields=tuple(
+            Bitfield(token_field(q), TOKEN_COUNT_BITS, f"tokens in the {q.name} queue")
+            for q in TOKEN_QUEUES[i:i + 2])) for i in range(0, len(TOKEN_QUEUES), 2)),
         Register("DEBUG_FETCHED", 0x28, "ro", "instructions fetched so far"),
-        Register("ERROR", 0x2C, "ro",
-                 "bits 7:0: the fault code of the last program that ended with ERROR ("
-                 + ", ".join(f"{f.value} {f.name}" for f in Fault) + "); cleared by START"),
+        Register("ERROR", 0x2C, "ro", "cleared by START", fields=(
+            Bitfield("CODE", FAULT_CODE_BITS, "the fault code of the last program that ended with ERROR ("
+                     + ", ".join(f"{f.value} {f.name}" for f in Fault) + ")"),)),
         Register("ERROR_INFO", 0x30, "ro", "detail of the fault (see the fault table); cleared by START"),
     ]
     offset = 0x40
@@ -214,9 +294,15 @@ def by_name(name: str) -> Register:
     raise KeyError(f"no register {name!r}")
 
 
-def address_bits() -> int:
-    """Width of the AXI4-Lite address decoded by the slave."""
-    return max(r.offset for r in REGISTERS).bit_length()
+#: Bit positions of CTRL (written) and STATUS (read), by name.
+CTRL_BITS: dict[str, int] = {name: lo for name, (lo, _) in by_name("CTRL").bits().items()}
+STATUS_BITS: dict[str, int] = {name: lo for name, (lo, _) in by_name("STATUS").bits().items()}
+
+
+def address_bits(registers: Iterable[Register] | None = None) -> int:
+    """Width of the AXI4-Lite byte address the slave decodes for ``registers`` (the whole map
+    by default): every register's offset fits."""
+    return max(r.offset for r in (REGISTERS if registers is None else registers)).bit_length()
 
 
 def to_markdown(title: str = "gemforge register map") -> str:
@@ -226,7 +312,7 @@ def to_markdown(title: str = "gemforge register map") -> str:
              "(low word first); counters are cleared by START and count while BUSY.", "",
              "| offset | name | access | description |", "| --- | --- | --- | --- |"]
     for reg in REGISTERS:
-        lines.append(f"| `{reg.offset:#06x}` | `{reg.name}` | {reg.access} | {reg.doc} |")
+        lines.append(f"| `{reg.offset:#06x}` | `{reg.name}` | {reg.access} | {reg.description} |")
     lines += ["", "## Faults", "",
               "A program that cannot complete ends with STATUS.ERROR and a code in ERROR; the "
               "accelerator drains the bus, resets its engines and is idle again (registers, counters "
@@ -243,13 +329,19 @@ def to_c_header(guard: str = "GEMFORGE_REGS_H") -> str:
     lines = ["/* gemforge register map: generated from gemforge.hw.regmap, do not edit. */",
              f"#ifndef {guard}", f"#define {guard}", "",
              f"#define GEMFORGE_ID_MAGIC 0x{ID_MAGIC:08x}u",
-             *(f"#define GEMFORGE_CTRL_{name} (1u << {bit})" for name, bit in CTRL_BITS.items()),
-             *(f"#define GEMFORGE_STATUS_{name} (1u << {bit})" for name, bit in STATUS_BITS.items()),
              f"#define GEMFORGE_DEADLOCK_CYCLES {DEADLOCK_CYCLES}u",
              f"#define GEMFORGE_ERROR_INFO_WRITE 0x{ERROR_INFO_WRITE:x}u",
              *(f"#define GEMFORGE_FAULT_{f.name} {f.value}u" for f in Fault), ""]
     for reg in REGISTERS:
-        lines.append(f"/* {reg.doc} ({reg.access}) */")
+        lines.append(f"/* {reg.description} ({reg.access}) */")
         lines.append(f"#define GEMFORGE_REG_{reg.name} 0x{reg.offset:04x}u")
+        # Each bitfield: a one-bit field as its mask (GEMFORGE_STATUS_DONE), a wider one as
+        # shift and mask (GEMFORGE_DEBUG_CMDQ_LOAD_SHIFT, ..._MASK, the mask in place).
+        for name, (lo, width) in reg.bits().items():
+            if width == 1:
+                lines.append(f"#define GEMFORGE_{reg.name}_{name} (1u << {lo})")
+            else:
+                lines.append(f"#define GEMFORGE_{reg.name}_{name}_SHIFT {lo}u")
+                lines.append(f"#define GEMFORGE_{reg.name}_{name}_MASK 0x{((1 << width) - 1) << lo:08x}u")
     lines += ["", f"#endif /* {guard} */", ""]
     return "\n".join(lines)

@@ -24,16 +24,13 @@ memory's ports are their flips, so ``wiring.connect(m, client.wr, port)`` works.
 from amaranth import *
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 __all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedMemory", "buffer_lanes"]
 
 
 def _is_pow2(value):
     return isinstance(value, int) and value > 0 and value & (value - 1) == 0
-
-
-def _log2(value):
-    return value.bit_length() - 1
 
 
 def buffer_lanes(config, buffer):
@@ -145,7 +142,7 @@ class BankedMemory(wiring.Component):
             raise TypeError(f"Bank count must be a power of two no larger than the depth ({depth}), "
                             f"not {banks!r}")
         self._width, self._depth, self._banks = width, depth, banks
-        self._addr_width = max(1, _log2(depth))
+        self._addr_width = max(1, exact_log2(depth))
         self._write_ports = []
         self._read_ports = []       # (port, transparent_for)
         self._MustUse__silence = False
@@ -181,7 +178,7 @@ class BankedMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        nb, lb = self._banks, _log2(self._banks)
+        nb, lb = self._banks, exact_log2(self._banks)
         rows = self._depth // nb
         mems = []
         for b in range(nb):
@@ -205,7 +202,7 @@ class BankedMemory(wiring.Component):
             return (b - lo)[:lb] if lb else C(0, 1)
 
         for port, wps in zip(self._write_ports, bank_wps):
-            lw = _log2(len(port.data))
+            lw = exact_log2(len(port.data))
             for b, wp in enumerate(wps):
                 lane = Signal(max(1, lb), name=f"wr_lane{b}")
                 m.d.comb += [

@@ -23,6 +23,7 @@ bursts overlap and the data channel can stream one beat per cycle.
 from amaranth import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
 from .banked import group_layout
@@ -45,11 +46,6 @@ BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8, "last": 1})
 def max_burst_beats(bus_bytes):
     """Longest burst issued: 64 beats, fewer on wide buses so a burst stays within 4 KiB."""
     return min(64, 4096 // bus_bytes)
-
-
-def _log2(value):
-    assert value > 0 and value & (value - 1) == 0, value
-    return value.bit_length() - 1
 
 
 def _check_sizes(entry_bytes, bus_bytes):
@@ -88,7 +84,7 @@ class BurstGenerator(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         maxb = max_burst_beats(self._bus_bytes)
         beat_bits = ADDR_BITS - n_log
 
@@ -111,7 +107,7 @@ class BurstGenerator(wiring.Component):
                          beat_count.eq((last >> k_log) - (row_addr >> k_log) + 1)]
 
         to_boundary = Signal(range(maxb + 1))
-        m.d.comb += to_boundary.eq(maxb - beat[:_log2(maxb)])
+        m.d.comb += to_boundary.eq(maxb - beat[:exact_log2(maxb)])
         length = Signal(range(maxb + 1))
         m.d.comb += length.eq(Mux(left < to_boundary, left, to_boundary))
         m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1),
@@ -292,7 +288,7 @@ class DmaReader(_GroupDma):
     def elaborate(self, platform):
         m = Module()
         m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
-        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         k_log = max(0, n_log - e_log)
         bus = self.bus
 
@@ -419,7 +415,7 @@ class DmaWriter(_GroupDma):
         m.submodules.responses = responses = fifo.SyncFIFO(width=1, depth=self._responses)
         # AW runs ahead of W; W learns each burst's length from this queue.
         m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=8)
-        e_log, n_log = _log2(self._entry_bytes), _log2(self._bus_bytes)
+        e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         k_log = max(0, n_log - e_log)
         bus = self.bus
         width = self._bus_bytes * 8
@@ -492,7 +488,7 @@ class DmaWriter(_GroupDma):
             # Lane j of the beat takes entry (j - lane) mod k of the group, if the group has it.
             k = 1 << k_log
             lane_bytes = self._entry_bytes
-            l_log = _log2(self._lanes)
+            l_log = exact_log2(self._lanes)
             m.d.comb += self.inp.ready.eq(~data_done & free)
             with m.If(self.inp.valid & self.inp.ready):
                 walk.advance()

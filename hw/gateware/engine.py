@@ -21,12 +21,12 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import Opcode, fields_of
-from ..regmap import ENGINE_STATES
+from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 
 __all__ = ["TokenPort", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer", "PendingPushes"]
 
-#: Width of an engine's state code in the debug register.
-STATE_BITS = 4
+#: Width of an engine's state code (its field in the DEBUG_STATE register).
+STATE_BITS = ENGINE_STATE_BITS
 #: Instructions a pipelining engine launches ahead of its oldest push (`PendingPushes`).
 PENDING_PUSHES = 4
 

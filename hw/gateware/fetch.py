@@ -13,6 +13,7 @@ dispatched; fetch holds it and reports the fault and its index instead.
 from amaranth import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from ..isa import Opcode
 from ..regmap import Fault
@@ -80,7 +81,7 @@ class FetchEngine(wiring.Component):
         total = Signal(32)           # the program's instruction count
         arrived = Signal(32)         # instructions read so far (to know the last one)
         requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
-        insn_log = c.insn_bytes.bit_length() - 1
+        insn_log = exact_log2(c.insn_bytes)
 
         chunk = Mux(to_read < CHUNK, to_read, CHUNK)
         m.d.comb += [

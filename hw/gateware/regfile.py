@@ -34,14 +34,15 @@ class RegisterFile(wiring.Component):
                 self._MustUse__silence = True   # a refused component is not an unused one
                 raise TypeError(f"Registers must be gemforge.hw.regmap.Register, not {reg!r}")
         self._registers = registers
-        self._addr_bits = max(r.offset for r in registers).bit_length()
+        self._addr_bits = address_bits(registers)
         members = {"bus": In(AxiLiteSignature(self._addr_bits))}
         for reg in registers:
             key = reg.name.lower()
+            shape = reg.layout if reg.fields else 32       # a register with bitfields is a view of them
             if reg.access == "ro":
-                members[key] = In(32)
+                members[key] = In(shape)
             else:
-                members[key] = Out(32)
+                members[key] = Out(shape)
                 if reg.access == "wo":
                     members[f"{key}_stb"] = Out(1)
         super().__init__(members)

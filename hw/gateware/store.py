@@ -21,6 +21,7 @@ every write response reaches the writer that issued the burst.
 from amaranth import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from ..isa import MemType, Opcode
 from .axi import AxiWriteSignature
@@ -114,7 +115,7 @@ class StoreEngine(wiring.Component):
         reading = Signal()
         inflight = Signal()
         can_issue = reading & (queue.level + inflight < _QUEUE_DEPTH - 1)
-        walks = {name: DmaWalk(m, dma_cmd, max(0, (c.bus_bytes // entry).bit_length() - 1), lanes)
+        walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in buffers.items()}
         count = Mux(use_acc, walks["acc"].count, walks["out"].count)
         last = Mux(use_acc, walks["acc"].last, walks["out"].last)

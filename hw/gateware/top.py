@@ -22,11 +22,11 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import AccelConfig
-from ..isa import TOKEN_QUEUES
-from amaranth.utils import exact_log2
+from ..isa import PIPELINE, TOKEN_QUEUES
+from amaranth.utils import ceil_log2, exact_log2
 
-from ..regmap import (COUNTERS, CTRL_BITS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, STATUS_BITS,
-                      Fault)
+from ..regmap import (CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault,
+                      token_field)
 from .arbiter import ReadArbiter
 from .axi import BURST_INCR, RESP_OKAY, Axi4Signature, AxiLiteSignature
 from .banked import BankedMemory, buffer_lanes
@@ -42,6 +42,8 @@ __all__ = ["Accelerator", "READ_CLIENTS"]
 
 #: Read clients of the AXI master, by ARID.
 READ_CLIENTS = ("fetch", "load_inp", "load_wgt", "compute_acc", "compute_uop")
+#: Width of the AXI IDs: enough to name every read client (writes use ID 0).
+AXI_ID_BITS = ceil_log2(len(READ_CLIENTS))
 
 
 class Accelerator(wiring.Component):
@@ -60,7 +62,7 @@ class Accelerator(wiring.Component):
         self._config = config
         self._regfile = RegisterFile(REGISTERS)
         super().__init__({
-            "m_axi": Out(Axi4Signature(config.bus_width, id_bits=3)),
+            "m_axi": Out(Axi4Signature(config.bus_width, id_bits=AXI_ID_BITS)),
             "s_axil": In(AxiLiteSignature(self._regfile.addr_bits)),
             "irq": Out(1),
         })
@@ -143,7 +145,7 @@ class Accelerator(wiring.Component):
                                                  compute.acc_bus, compute.uop_bus)):
             wiring.connect(m, bus, client)
         axi = self.m_axi
-        size = c.bus_bytes.bit_length() - 1
+        size = exact_log2(c.bus_bytes)
         m.d.comb += [
             axi.araddr.eq(arbiter.bus.araddr), axi.arlen.eq(arbiter.bus.arlen), axi.arsize.eq(size),
             axi.arburst.eq(BURST_INCR), axi.arid.eq(arbiter.grant_id),
@@ -169,8 +171,8 @@ class Accelerator(wiring.Component):
         finished = Signal()
         fault_code = Signal(FAULT_BITS)
         fault_info = Signal(32)
-        start_req = regs.ctrl_stb & regs.ctrl[CTRL_BITS["START"]] & ~busy
-        abort_req = regs.ctrl_stb & regs.ctrl[CTRL_BITS["ABORT"]] & busy & ~aborting
+        start_req = regs.ctrl_stb & regs.ctrl["START"] & ~busy
+        abort_req = regs.ctrl_stb & regs.ctrl["ABORT"] & busy & ~aborting
         misaligned = regs.insn_addr[:exact_log2(c.insn_bytes)] != 0 if c.insn_bytes > 1 else Const(0)
         start_fault = Mux(regs.insn_count == 0, Fault.EMPTY_PROGRAM,
                           Mux(misaligned, Fault.MISALIGNED_PROGRAM, Fault.NONE))
@@ -245,7 +247,7 @@ class Accelerator(wiring.Component):
                     m.d.sync += finished.eq(1)
                 with m.If(finished & all_idle):
                     m.d.sync += [busy.eq(0), done.eq(1)]
-        m.d.comb += self.irq.eq((done | error) & regs.irq_enable[0])
+        m.d.comb += self.irq.eq((done | error) & regs.irq_enable["ENABLE"])
 
         # ---------------------------------------------------------------- counters
         events = {
@@ -275,16 +277,18 @@ class Accelerator(wiring.Component):
         def sat(value, bits):
             return Mux(value >= (1 << bits) - 1, (1 << bits) - 1, value)
 
+        # The registers with bitfields are views of their regmap layouts: fields by name.
+        token_regs = {name: reg for reg in (regs.debug_tokens_a, regs.debug_tokens_b)
+                      for name in reg.shape().members if not name.startswith("_")}
         m.d.comb += [
             regs.id.eq(ID_MAGIC),
-            regs.status.eq(Cat(*(dict(BUSY=busy, DONE=done, ERROR=error, ABORTING=aborting)[name]
-                                 for name in sorted(STATUS_BITS, key=STATUS_BITS.get)))),
-            regs.error.eq(fault_code), regs.error_info.eq(fault_info),
-            regs.debug_state.eq(Cat(fetch.state, load.state, compute.state, store.state, finished)),
-            regs.debug_cmdq.eq(Cat(sat(queues["load"].level, 10)[:10], sat(queues["compute"].level, 10)[:10],
-                                   sat(queues["store"].level, 10)[:10])),
-            regs.debug_tokens_a.eq(tokens["l2c"].count | (tokens["c2l"].count << 16)),
-            regs.debug_tokens_b.eq(tokens["c2s"].count | (tokens["s2c"].count << 16)),
+            regs.status["BUSY"].eq(busy), regs.status["DONE"].eq(done), regs.status["ERROR"].eq(error),
+            regs.status["ABORTING"].eq(aborting),
+            regs.error["CODE"].eq(fault_code), regs.error_info.eq(fault_info),
+            regs.debug_state["FETCH"].eq(fetch.state), regs.debug_state["FINISH_RETIRED"].eq(finished),
+            *(regs.debug_state[e.value.upper()].eq(engines[e.value].state) for e in PIPELINE),
+            *(regs.debug_cmdq[e.value.upper()].eq(sat(queues[e.value].level, CMDQ_LEVEL_BITS)) for e in PIPELINE),
+            *(token_regs[token_field(q)][token_field(q)].eq(tokens[q.short].count) for q in TOKEN_QUEUES),
             regs.debug_fetched.eq(fetch.fetched),
         ]
         return m

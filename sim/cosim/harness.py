@@ -36,7 +36,7 @@ from gemforge.files import move_atomic
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.gateware.axi import ADDR_BITS, Axi4Signature, AxiLiteSignature
 from gemforge.hw.isa import encode_program
-from gemforge.hw.regmap import REGISTERS
+from gemforge.hw.regmap import address_bits
 
 from .dram_model import DRAM_MODEL_FILE, DRAM_MODEL_VERILOG
 
@@ -99,7 +99,7 @@ def _sources_digest() -> str:
 
 def tb_wrapper(config: AccelConfig, words: int) -> str:
     """Verilog of the testbench top: the accelerator wired to the DRAM model."""
-    axil = AxiLiteSignature(max(r.offset for r in REGISTERS).bit_length())
+    axil = AxiLiteSignature(address_bits())
     # Only the testbench's ports are visible to cocotb (public); everything below
     # stays private so Verilator optimizes it.
     pub = "/*verilator public_flat_rw*/"

@@ -27,7 +27,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import First, RisingEdge, Timer
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from gemforge.hw.regmap import COUNTERS, CTRL_BITS, ENGINE_STATES, ID_MAGIC, STATUS_BITS, Fault, by_name
+from gemforge.hw.isa import TOKEN_QUEUES
+from gemforge.hw.regmap import (COUNTERS, CTRL_BITS, ENGINE_STATES, ENGINES, ID_MAGIC, STATUS_BITS, Fault, by_name,
+                                token_field)
 
 PERIOD_NS = 10
 
@@ -56,19 +58,17 @@ class Registers:
 
 
 async def read_debug(regs):
-    """The debug registers, decoded into names."""
+    """The debug registers, each split into its regmap bitfields (engine states by name)."""
     state_names = {v: k for k, v in ENGINE_STATES.items()}
-    state = await regs.read("DEBUG_STATE")
-    cmdq = await regs.read("DEBUG_CMDQ")
-    tok_a = await regs.read("DEBUG_TOKENS_A")
-    tok_b = await regs.read("DEBUG_TOKENS_B")
+    fields = {}
+    for name in ("DEBUG_STATE", "DEBUG_CMDQ", "DEBUG_TOKENS_A", "DEBUG_TOKENS_B"):
+        fields[name] = by_name(name).unpack(await regs.read(name))
     return {
-        "engines": {name: state_names.get((state >> (4 * i)) & 0xF, "?")
-                    for i, name in enumerate(("fetch", "load", "compute", "store"))},
-        "finish_retired": bool(state >> 16 & 1),
-        "cmd_queue_levels": {"load": cmdq & 0x3FF, "compute": cmdq >> 10 & 0x3FF, "store": cmdq >> 20 & 0x3FF},
-        "tokens": {"load->compute": tok_a & 0xFFFF, "compute->load": tok_a >> 16,
-                   "compute->store": tok_b & 0xFFFF, "store->compute": tok_b >> 16},
+        "engines": {e: state_names.get(fields["DEBUG_STATE"][e.upper()], "?") for e in ENGINES},
+        "finish_retired": bool(fields["DEBUG_STATE"]["FINISH_RETIRED"]),
+        "cmd_queue_levels": {name.lower(): level for name, level in fields["DEBUG_CMDQ"].items()},
+        "tokens": {q.name: {**fields["DEBUG_TOKENS_A"], **fields["DEBUG_TOKENS_B"]}[token_field(q)]
+                   for q in TOKEN_QUEUES},
         "fetched": await regs.read("DEBUG_FETCHED"),
         "retired": await regs.read_counter("insns_retired"),
     }
@@ -175,7 +175,7 @@ async def _run(dut, regs, program, job):
     result = {"status": status, "cycles": counters["cycles"], "counters": counters,
               "oob": bool(int(dut.oob.value)), "wall_s": wall}
     if status == "fault":
-        code = await regs.read("ERROR")
+        code = by_name("ERROR").unpack(await regs.read("ERROR"))["CODE"]
         result["fault"] = Fault(code).name if code in Fault._value2member_map_ else f"unknown code {code}"
         result["fault_info"] = await regs.read("ERROR_INFO")
     if status != "done":
