@@ -21,7 +21,7 @@ import numpy as np
 from gemforge import __version__
 from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
-from gemforge.hw.isa import IsaError
+from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
@@ -96,7 +96,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         from gemforge.hw.isa_doc import isa_reference
         print(isa_reference(config), end="")
         return
-    _print_json({"config": config.to_dict(), "derived": config.derived(),
+    _print_json({"config": config.to_dict(), "derived": derived(config),
                  "presets": sorted(PRESETS), "devices": available_backends()})
 
 

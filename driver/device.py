@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge.hw.config import AccelConfig, load_config
-from gemforge.hw.isa import encode_program, encode_uops
+from gemforge.hw.isa import encode_program, encode_uops, insn_bytes
 
 from gemforge.hw.program import Program, ProgramError, arena_alignment
 
@@ -197,7 +197,7 @@ class Device(ABC):
             self.free(arena)
             raise
         stream = encode_program(insns, self.config)
-        insn_buffer = self.alloc(max(len(stream), self.config.insn_bytes), align=max(64, self.config.bus_bytes))
+        insn_buffer = self.alloc(max(len(stream), insn_bytes(self.config)), align=max(64, self.config.bus_bytes))
         self.write(insn_buffer, stream)
         loaded = LoadedProgram(program, arena, insn_buffer, len(insns), bindings)
         if program.uops:

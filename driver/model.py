@@ -48,6 +48,7 @@ from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
 from gemforge.files import write_bytes_atomic
 from gemforge.hw.config import AccelConfig
+from gemforge.hw.isa import insn_bytes
 from gemforge.hw.program import Program, ProgramError
 
 from .device import Buffer, Device, open_device
@@ -254,7 +255,7 @@ class Model:
             raise ModelError("int8 networks run on the cpu or the accelerator devices; the gpu runs float32 networks")
 
     def _sim_dram_bytes(self) -> int:
-        programs = sum(layer.program.arena_bytes + len(layer.program.instructions) * layer.program.config.insn_bytes
+        programs = sum(layer.program.arena_bytes + len(layer.program.instructions) * insn_bytes(layer.program.config)
                        for layer in self.net.layers.values())
         largest = max((layer.program.arena_bytes for layer in self.net.layers.values()), default=0)
         need = self.net.plan.get("peak_bytes", 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from gemforge.hw.config import AccelConfig
+from gemforge.hw.isa import insn_bytes
 from gemforge.hw.regmap import FAULT_DOCS, Fault
 from gemforge.sim.cosim import harness
 
@@ -83,7 +84,7 @@ class RtlDevice(Device):
 
     def _window(self, insn_address: int, insn_count: int) -> tuple[int, int]:
         spans = [(a, a + n) for a, n in self._allocated.items()]
-        spans.append((insn_address, insn_address + insn_count * self.config.insn_bytes))
+        spans.append((insn_address, insn_address + insn_count * insn_bytes(self.config)))
         lo = min(s for s, _ in spans) // 4096 * 4096
         hi = -(-max(e for _, e in spans) // 4096) * 4096
         return lo, hi

@@ -29,7 +29,6 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -286,16 +285,6 @@ class AccelConfig:
     def macs_per_uop(self) -> int:
         return self.batch * self.block_in * self.block_out
 
-    @cached_property
-    def insn_bits(self) -> int:
-        """Instruction width: 128 bits, or 256 when some instruction's fields need more."""
-        from .isa import required_insn_bits  # the ISA owns its field tables
-        return 128 if required_insn_bits(self) <= 128 else 256
-
-    @property
-    def insn_bytes(self) -> int:
-        return self.insn_bits // 8
-
     # Limits of instruction fields whose widths do not depend on the buffers: the
     # compiler's planners and passes read them here (the ISA's field tables use the
     # same constants), so no limit is restated elsewhere.
@@ -335,7 +324,6 @@ class AccelConfig:
             uop_wgt_bits=self.uop_wgt_bits,
             uop_bits=self.uop_bits,
             sram_addr_bits=self.sram_addr_bits,
-            insn_bits=self.insn_bits,
             bus_bytes=self.bus_bytes,
             macs_per_uop=self.macs_per_uop,
             max_loop_iterations=self.max_loop_iterations,

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import asm, config as config_module, isa, program, regmap
 from .config import AccelConfig, load_config
+from .isa import insn_bits, insn_bytes
 from .isa_doc import _rst_to_md, _table, isa_reference
 
 __all__ = ["datasheet", "register_reset", "top_ports", "entry_layouts", "verilator_flags"]
@@ -131,7 +132,7 @@ def _paragraphs(doc: str | None) -> list[str]:
 
 def _title(config: AccelConfig) -> str:
     from .generate import TOP_NAME
-    d = config.derived()
+    d = isa.derived(config)
     return "\n".join([
         f"# gemforge integration datasheet — config `{config.name}`",
         "",
@@ -192,7 +193,7 @@ def _widths(config: AccelConfig) -> str:
         ("register data (`s_axil__wdata`, `s_axil__rdata`)", f"{regmap.REG_BYTES * 8} bits"),
         ("register address (`s_axil__awaddr`, `s_axil__araddr`)",
          f"{ports['s_axil__awaddr']} bits (a {1 << ports['s_axil__awaddr']}-byte window)"),
-        ("instruction", f"{config.insn_bits} bits ({config.insn_bytes} bytes)"),
+        ("instruction", f"{insn_bits(config)} bits ({insn_bytes(config)} bytes)"),
         ("micro-op", f"{config.uop_bits} bits ({config.uop_entry_bytes} bytes)"),
     ]
     return "\n".join(["## Bus widths", "", _table(("what", "width"), rows)])
@@ -425,7 +426,7 @@ def _file_format(config: AccelConfig) -> str:
         "",
         f"Magic `{program.MAGIC.decode()}`, format version {program.FORMAT_VERSION}; `u32` are "
         f"little-endian; the header is followed directly by the instruction section "
-        f"({config.insn_bytes} bytes per instruction, encoded as in the appendix) and the micro-op "
+        f"({insn_bytes(config)} bytes per instruction, encoded as in the appendix) and the micro-op "
         f"section ({config.uop_entry_bytes} bytes per micro-op, packed "
         f"{' | '.join(f.name for f in isa.uop_fields(config))} from bit 0). Header fields:",
         "",
@@ -457,7 +458,7 @@ def _relocation(config: AccelConfig) -> str:
         "its tensor;",
         "3. adds `A / entry bytes` to every LOAD's and STORE's `dram_base` (a tensor bound to a "
         "buffer outside the arena moves to that buffer instead), re-encodes the instructions and "
-        f"writes them anywhere aligned to {config.insn_bytes} bytes (the instruction size);",
+        f"writes them anywhere aligned to {insn_bytes(config)} bytes (the instruction size);",
         "4. writes `INSN_ADDR` (bytes) and `INSN_COUNT`, then START, and waits for DONE.",
     ])
 

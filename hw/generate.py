@@ -23,6 +23,7 @@ from gemforge.files import write_text_atomic
 
 from .config import AccelConfig
 from .datasheet import datasheet
+from .isa import derived
 from .regmap import to_c_header, to_markdown
 
 __all__ = ["generate", "verilog_top", "rtlil_top", "TOP_NAME", "LINT_WAIVERS", "GENERIC_SYNTH_PASSES",
@@ -80,7 +81,7 @@ def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     files = {
         f"{TOP_NAME}.v": verilog_top(config),
-        "config.json": json.dumps({"config": config.to_dict(), "derived": config.derived()}, indent=2) + "\n",
+        "config.json": json.dumps({"config": config.to_dict(), "derived": derived(config)}, indent=2) + "\n",
         "regmap.md": to_markdown(f"gemforge register map ({config.name})"),
         "gemforge_regs.h": to_c_header(),
         "datasheet.md": datasheet(config),

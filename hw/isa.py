@@ -52,14 +52,14 @@ from .config import (
 )
 
 __all__ = [
-    "Opcode", "MemType", "AluOp", "Engine", "PIPELINE", "LOAD_ENGINE", "STORE_MEMS",
+    "Opcode", "MemType", "AluOp", "Engine", "PIPELINE", "OPCODE_ENGINE", "LOAD_ENGINE", "STORE_MEMS",
     "TokenQueue", "TOKEN_QUEUES", "TOKEN_POPS", "TOKEN_PUSHES",
     "Load", "Store", "Gemm", "Alu", "Finish", "Instruction", "Uop",
     "Field", "IsaError", "EncodingError",
-    "fields_of", "required_insn_bits", "engine_of",
+    "fields_of", "required_insn_bits", "insn_bits", "insn_bytes", "derived", "engine_of",
     "encode", "decode", "encode_program", "decode_program",
     "encode_uops", "decode_uops", "validate",
-    "OPCODE_BITS", "MEM_TYPE_BITS", "ALU_OP_BITS",
+    "OPCODE_BITS", "MEM_TYPE_BITS", "ALU_OP_BITS", "DMA_TRANSFER_FIELDS",
 ]
 
 
@@ -116,8 +116,11 @@ DEP_FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next")
 
 #: The engines in pipeline order (load → compute → store).
 PIPELINE = tuple(Engine)
-#: Which engine a LOAD into each buffer runs on (the buffers it writes sit beside that engine);
-#: STORE runs on the store engine, GEMM, ALU and FINISH on the compute engine.
+#: Which engine runs each instruction kind (its command queue); a LOAD is routed by its buffer
+#: instead (`LOAD_ENGINE`).
+OPCODE_ENGINE = {Opcode.STORE: Engine.STORE, Opcode.GEMM: Engine.COMPUTE, Opcode.ALU: Engine.COMPUTE,
+                 Opcode.FINISH: Engine.COMPUTE}
+#: Which engine a LOAD into each buffer runs on (the buffers it writes sit beside that engine).
 LOAD_ENGINE = {MemType.INP: Engine.LOAD, MemType.WGT: Engine.LOAD,
                MemType.ACC: Engine.COMPUTE, MemType.UOP: Engine.COMPUTE}
 #: The buffers a STORE reads.
@@ -339,6 +342,16 @@ class Uop:
 
 # ---------------------------------------------------------------------------- field tables
 
+#: The LOAD/STORE fields that describe the DRAM side of a transfer (their widths do not
+#: depend on the config): the DMA engines' command layout is made of them.
+DMA_TRANSFER_FIELDS = (
+    Field("dram_base", DRAM_ADDR_BITS, doc="first DRAM entry (in entries of the buffer)"),
+    Field("y_size", DMA_SIZE_BITS, doc="rows"),
+    Field("x_size", DMA_SIZE_BITS, doc="entries per row"),
+    Field("x_stride", DMA_SIZE_BITS, doc="DRAM entries between row starts"),
+)
+
+
 def fields_of(config: AccelConfig, opcode: Opcode) -> list[Field]:
     """The fields of an instruction kind, in encoding order (bit 0 upwards)."""
     return list(_fields_of(config, Opcode(opcode)))
@@ -361,10 +374,7 @@ def _fields_of(config: AccelConfig, opcode: Opcode) -> tuple[Field, ...]:
         body = [
             Field("mem", MEM_TYPE_BITS, doc="buffer: " + ", ".join(f"{m.value}={m.name.lower()}" for m in MemType)),
             Field("sram_base", config.sram_addr_bits, doc="first on-chip entry"),
-            Field("dram_base", DRAM_ADDR_BITS, doc="first DRAM entry (in entries of the buffer)"),
-            Field("y_size", DMA_SIZE_BITS, doc="rows"),
-            Field("x_size", DMA_SIZE_BITS, doc="entries per row"),
-            Field("x_stride", DMA_SIZE_BITS, doc="DRAM entries between row starts"),
+            *DMA_TRANSFER_FIELDS,
         ]
         if opcode == Opcode.LOAD:
             body += [Field(p, DMA_PAD_BITS, doc=_PAD_DOCS[p]) for p in ("y_pad0", "y_pad1", "x_pad0", "x_pad1")]
@@ -407,6 +417,23 @@ def required_insn_bits(config: AccelConfig) -> int:
     return max(sum(f.width for f in fields_of(config, op)) for op in Opcode)
 
 
+@functools.cache
+def insn_bits(config: AccelConfig) -> int:
+    """Instruction width for ``config``: 128 bits, or 256 when some instruction's fields need more."""
+    return 128 if required_insn_bits(config) <= 128 else 256
+
+
+def insn_bytes(config: AccelConfig) -> int:
+    """Bytes per instruction word (`insn_bits` / 8)."""
+    return insn_bits(config) // 8
+
+
+def derived(config: AccelConfig) -> dict:
+    """Every derived parameter of ``config`` (`AccelConfig.derived`) and the instruction width,
+    for `gemforge info` and generated files."""
+    return {**config.derived(), "insn_bits": insn_bits(config)}
+
+
 def uop_fields(config: AccelConfig) -> list[Field]:
     """Micro-op fields in packing order (bit 0 upwards)."""
     return [
@@ -421,10 +448,11 @@ def uop_fields(config: AccelConfig) -> list[Field]:
 def engine_of(insn: Instruction) -> Engine:
     """The engine whose command queue an instruction goes to."""
     if isinstance(insn, Load):
+        if insn.mem not in LOAD_ENGINE:
+            raise IsaError(f"LOAD cannot target the {getattr(insn.mem, 'buffer', insn.mem)} buffer; allowed: "
+                           f"{', '.join(m.buffer for m in LOAD_ENGINE)}")
         return LOAD_ENGINE[insn.mem]
-    if isinstance(insn, Store):
-        return Engine.STORE
-    return Engine.COMPUTE
+    return OPCODE_ENGINE[insn.opcode]
 
 
 def _field_values(insn: Instruction) -> dict[str, int]:
@@ -501,7 +529,7 @@ def mnemonic(insn: Instruction) -> str:
 # ---------------------------------------------------------------------------- binary encoding
 
 def encode(insn: Instruction, config: AccelConfig) -> int:
-    """Encode one instruction to an integer of ``config.insn_bits`` bits."""
+    """Encode one instruction to an integer of ``insn_bits(config)`` bits."""
     validate(insn, config)
     values = _field_values(insn)
     word, pos = 0, 0
@@ -514,8 +542,8 @@ def encode(insn: Instruction, config: AccelConfig) -> int:
 
 def decode(word: int, config: AccelConfig) -> Instruction:
     """Decode one instruction word; refuses unknown opcodes and non-canonical words."""
-    if not 0 <= word < (1 << config.insn_bits):
-        raise EncodingError(f"instruction word does not fit {config.insn_bits} bits")
+    if not 0 <= word < (1 << insn_bits(config)):
+        raise EncodingError(f"instruction word does not fit {insn_bits(config)} bits")
     raw_opcode = word & ((1 << OPCODE_BITS) - 1)
     try:
         opcode = Opcode(raw_opcode)
@@ -561,13 +589,13 @@ def decode(word: int, config: AccelConfig) -> Instruction:
 
 
 def encode_program(insns: Iterable[Instruction], config: AccelConfig) -> bytes:
-    """Little-endian instruction words, ``config.insn_bytes`` each."""
-    n = config.insn_bytes
+    """Little-endian instruction words, ``insn_bytes(config)`` each."""
+    n = insn_bytes(config)
     return b"".join(encode(insn, config).to_bytes(n, "little") for insn in insns)
 
 
 def decode_program(data: bytes, config: AccelConfig) -> list[Instruction]:
-    n = config.insn_bytes
+    n = insn_bytes(config)
     if len(data) % n:
         raise EncodingError(
             f"instruction stream of {len(data)} bytes is not a whole number of {n}-byte words")

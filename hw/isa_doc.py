@@ -4,7 +4,7 @@
 alone: semantics from the instruction dataclasses' docstrings, field layouts
 from `isa.fields_of` / `isa.uop_fields`, enumerations from the enum classes
 (member descriptions from their ``#:`` comments, as Sphinx autodoc reads
-them), engines from `isa.engine_of`, and numbers from ``config.derived()``.
+them), engines from `isa.engine_of`, and numbers from ``isa.derived(config)``.
 Nothing here restates a width or a value, so the page cannot drift from the
 encoder.
 """
@@ -18,6 +18,7 @@ import re
 from . import isa
 from .asm import mnemonics, template
 from .config import AccelConfig, load_config
+from .isa import insn_bits, insn_bytes
 
 __all__ = ["isa_reference"]
 
@@ -40,7 +41,7 @@ def isa_reference(config: AccelConfig | str | None = None) -> str:
 
 def _overview(config: AccelConfig) -> str:
     used = {op: sum(f.width for f in isa.fields_of(config, op)) for op in isa.Opcode}
-    rows = [(f"`{op.name}`", str(used[op]), str(config.insn_bits - used[op])) for op in isa.Opcode]
+    rows = [(f"`{op.name}`", str(used[op]), str(insn_bits(config) - used[op])) for op in isa.Opcode]
     return "\n".join([
         f"# gemforge ISA reference — config `{config.name}`",
         "",
@@ -48,8 +49,8 @@ def _overview(config: AccelConfig) -> str:
         "",
         _rst_to_md(_first_paragraphs(isa.__doc__, 2)),
         "",
-        f"For this config every instruction is one **{config.insn_bits}-bit** word "
-        f"({config.insn_bytes} bytes); a micro-op is stored in **{config.uop_bits} bits**.",
+        f"For this config every instruction is one **{insn_bits(config)}-bit** word "
+        f"({insn_bytes(config)} bytes); a micro-op is stored in **{config.uop_bits} bits**.",
         "",
         _table(("kind", "bits used", "unused (zero) bits"), rows),
     ])
@@ -81,7 +82,7 @@ def _instruction(config: AccelConfig, opcode: isa.Opcode) -> str:
         "",
         _field_table(fields),
         "",
-        f"{total} of {config.insn_bits} bits used; bits {total} and up are zero.",
+        f"{total} of {insn_bits(config)} bits used; bits {total} and up are zero.",
     ])
 
 
@@ -145,7 +146,7 @@ def _dependencies(config: AccelConfig) -> str:
 
 def _parameters(config: AccelConfig) -> str:
     params = [(f"`{k}`", str(v)) for k, v in config.to_dict().items()]
-    derived = [(f"`{k}`", str(v)) for k, v in config.derived().items()]
+    derived = [(f"`{k}`", str(v)) for k, v in isa.derived(config).items()]
     return "\n".join([
         "## Parameters",
         "",

@@ -13,7 +13,7 @@ File format (little-endian), suffix ``.gfp`` by convention::
     hlen     u32       length of the header
     header   hlen      UTF-8 JSON: config, counts, uop_offset, arena_bytes,
                        tensors (name, offset, shape, dtype), constants (name, nbytes)
-    insns    n_insns × config.insn_bytes
+    insns    n_insns × insn_bytes(config)
     uops     n_uops × config.uop_entry_bytes
     consts   the constant tensors' bytes, in header order
 """
@@ -30,6 +30,7 @@ import numpy as np
 
 from gemforge.hw.config import AccelConfig, ConfigError
 from gemforge.hw.isa import (
+    insn_bytes,
     IsaError,
     Instruction,
     Load,
@@ -185,7 +186,7 @@ class Program:
             header = json.loads(data[16:16 + hlen])
             config = AccelConfig.from_dict(header["config"], source=f"{source} config")
             pos = 16 + hlen
-            insn_len = header["n_insns"] * config.insn_bytes
+            insn_len = header["n_insns"] * insn_bytes(config)
             uop_len = header["n_uops"] * config.uop_entry_bytes
             consts = sum(int(item["nbytes"]) for item in header["constants"])
             expected = pos + insn_len + uop_len + consts

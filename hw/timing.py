@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .isa import insn_bytes
+
 __all__ = ["Timing", "timing_of", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
 
 #: Cycles a LOAD costs beyond its data beats when it cannot overlap the previous one
@@ -81,6 +83,6 @@ def timing_of(config) -> Timing:
     """The `Timing` of ``config``'s gateware."""
     from .gateware.dma import max_burst_beats
     from .gateware.engine import PENDING_PUSHES
-    return Timing(bus_bytes=config.bus_bytes, insn_bytes=config.insn_bytes,
+    return Timing(bus_bytes=config.bus_bytes, insn_bytes=insn_bytes(config),
                   cmd_queue_depth=config.cmd_queue_depth, token_queue_depth=config.token_queue_depth,
                   max_burst=max_burst_beats(config.bus_bytes), pending_pushes=PENDING_PUSHES)

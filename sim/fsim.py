@@ -42,6 +42,7 @@ from gemforge.hw.isa import (
     TOKEN_QUEUES,
     decode,
     engine_of,
+    insn_bytes,
     mnemonic,
     uop_fields,
 )
@@ -169,21 +170,21 @@ class Fsim:
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         if insn_count < 1:
             raise FsimError("a program needs at least one instruction (FINISH)", Fault.EMPTY_PROGRAM)
-        if insn_address % c.insn_bytes:
+        if insn_address % insn_bytes(c):
             raise FsimError(f"the instruction address {insn_address:#x} is not a multiple of the "
-                            f"{c.insn_bytes}-byte instruction size", Fault.MISALIGNED_PROGRAM)
-        end = insn_address + insn_count * c.insn_bytes
+                            f"{insn_bytes(c)}-byte instruction size", Fault.MISALIGNED_PROGRAM)
+        end = insn_address + insn_count * insn_bytes(c)
         if insn_address < 0 or end > self.dram.size:
             raise OutOfBoundsError(f"instruction stream bytes {insn_address:#x}..{end:#x} lie outside "
                                    f"the {self.dram.size}-byte DRAM", Fault.BUS_ERROR)
         stream = self.dram[insn_address:end].tobytes()
 
         def fetch(index: int) -> Instruction:
-            raw = int.from_bytes(stream[index * c.insn_bytes:(index + 1) * c.insn_bytes], "little")
+            raw = int.from_bytes(stream[index * insn_bytes(c):(index + 1) * insn_bytes(c)], "little")
             try:
                 insn = decode(raw, c)
             except EncodingError as exc:
-                raise FsimError(f"instruction {index} (at {insn_address + index * c.insn_bytes:#x}) "
+                raise FsimError(f"instruction {index} (at {insn_address + index * insn_bytes(c):#x}) "
                                 f"is invalid: {exc}") from None
             self._check_static(insn, index, insn_count)
             return insn

@@ -33,12 +33,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import LOOP_ITER_BITS
-from ..isa import MemType, Opcode, uop_fields
+from ..isa import Engine, MemType, Opcode, insn_bits, uop_fields
 from ..regmap import ENGINE_STATES
 from .alu import TensorAlu
 from .axi import AxiReadSignature
 from .banked import BankedMemory, GroupWriteSignature, buffer_lanes
-from .engine import STATE_BITS, EngineSequencer, TokenPort, insn_layout
+from .engine import STATE_BITS, EngineSequencer, insn_layout, token_members, token_ports
 from .gemm import GemmCore, lanes
 from .tile_load import TileLoader
 
@@ -62,7 +62,9 @@ class ComputeEngine(wiring.Component):
     Attributes
     ----------
     cmd : In(stream of insn_bits)
-    prev_pop, prev_push, next_pop, next_push : Out(TokenPort)
+    prev_pop, next_pop : Out(TokenPopSignature)
+    prev_push, next_push : Out(TokenPushSignature)
+        The token queues to and from the load and store engines (`engine.token_members`).
         load→compute / compute→load and store→compute / compute→store queues.
     acc_bus, uop_bus : Out(AxiReadSignature)
     inp_rd_addr/inp_rd_data, wgt_rd_*, acc_rda_*, acc_rdb_* :
@@ -88,9 +90,8 @@ class ComputeEngine(wiring.Component):
         c = config
         acc_w = c.acc_entry_bytes * 8
         super().__init__({
-            "cmd": In(stream.Signature(c.insn_bits)),
-            "prev_pop": Out(TokenPort()), "prev_push": Out(TokenPort()),
-            "next_pop": Out(TokenPort()), "next_push": Out(TokenPort()),
+            "cmd": In(stream.Signature(insn_bits(c))),
+            **token_members(Engine.COMPUTE),
             "acc_bus": Out(AxiReadSignature(c.bus_width)),
             "uop_bus": Out(AxiReadSignature(c.bus_width)),
             "inp_rd_addr": Out(c.inp_index_bits), "inp_rd_data": In(c.inp_entry_bytes * 8),
@@ -121,7 +122,7 @@ class ComputeEngine(wiring.Component):
         wiring.connect(m, uop_loader.wr, uop_wr)
 
         # ---------------------------------------------------------------- instruction views
-        word = Signal(c.insn_bits)
+        word = Signal(insn_bits(c))
         header = data.View(insn_layout(c, Opcode.FINISH), word[:insn_layout(c, Opcode.FINISH).size])
         ld_l = insn_layout(c, Opcode.LOAD)
         gm_l = insn_layout(c, Opcode.GEMM)
@@ -251,8 +252,7 @@ class ComputeEngine(wiring.Component):
             m.d.comb += out_wr.data[lane].eq(mirror(c, acc_wr.data[lane]))
 
         # ---------------------------------------------------------------- sequencing
-        seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push),
-                                                     "next": (self.next_pop, self.next_push)})
+        seq = EngineSequencer(m, c, self.cmd, word, token_ports(self, Engine.COMPUTE))
         exec_state = ENGINE_STATES["exec"]
         with m.FSM():
             seq.idle_state()

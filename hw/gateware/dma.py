@@ -25,19 +25,16 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from ..isa import DMA_TRANSFER_FIELDS
 from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
 from .banked import group_layout
 
 __all__ = ["DmaCommand", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
            "max_burst_beats", "refuse_unless_positive"]
 
-#: A DMA command: DRAM entry index of row 0, rows, entries per row, entries between row starts.
-DmaCommand = data.StructLayout({
-    "base": 32,
-    "y_size": 16,
-    "x_size": 16,
-    "x_stride": 16,
-})
+#: A DMA command: DRAM entry index of row 0 (``base``), rows, entries per row, entries between
+#: row starts: the LOAD/STORE instruction's DRAM-side fields (`isa.DMA_TRANSFER_FIELDS`).
+DmaCommand = data.StructLayout({("base" if f.name == "dram_base" else f.name): f.width for f in DMA_TRANSFER_FIELDS})
 
 #: A burst: byte address, AxLEN (beats − 1), and whether it is its command's last.
 BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8, "last": 1})
@@ -89,8 +86,8 @@ class BurstGenerator(wiring.Component):
         beat_bits = ADDR_BITS - n_log
 
         cmd = Signal(DmaCommand)
-        row = Signal(16)
-        row_addr = Signal(32)
+        row = Signal.like(cmd.y_size)
+        row_addr = Signal.like(cmd.base)
         beat = Signal(beat_bits)
         left = Signal(32)
 
@@ -155,9 +152,9 @@ class DmaWalk:
 
     def __init__(self, m, cmd, k_log, lanes=1):
         assert 1 <= lanes <= 1 << k_log and lanes & (lanes - 1) == 0
-        self.row = Signal(16)
-        self.left = Signal(16)          # entries left in this row
-        self.row_addr = Signal(32)
+        self.row = Signal.like(cmd.y_size)
+        self.left = Signal.like(cmd.x_size)         # entries left in this row
+        self.row_addr = Signal.like(cmd.base)
         self.lane = Signal(max(1, k_log))
         self._m, self._cmd, self._k_log = m, cmd, k_log
         if lanes == 1:

@@ -20,10 +20,11 @@ from amaranth import *
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import Opcode, fields_of
+from ..isa import TOKEN_POPS, TOKEN_PUSHES, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
+from .tokens import TokenPopSignature, TokenPushSignature
 
-__all__ = ["TokenPort", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer", "PendingPushes"]
+__all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer", "PendingPushes"]
 
 #: Width of an engine's state code (its field in the DEBUG_STATE register).
 STATE_BITS = ENGINE_STATE_BITS
@@ -31,11 +32,23 @@ STATE_BITS = ENGINE_STATE_BITS
 PENDING_PUSHES = 4
 
 
-class TokenPort(wiring.Signature):
-    """An engine's connection to one token queue (pop side and push side are separate ports)."""
+def token_members(engine):
+    """An engine's token ports from the ISA's queues (`isa.TOKEN_POPS`, `isa.TOKEN_PUSHES`):
+    ``prev_pop``/``next_pop`` (`TokenPopSignature`) and ``prev_push``/``next_push``
+    (`TokenPushSignature`) for each side it has a neighbour on."""
+    members = {}
+    for flag in TOKEN_POPS[engine]:
+        members[f"{flag.removeprefix('pop_')}_pop"] = Out(TokenPopSignature())
+    for flag in TOKEN_PUSHES[engine]:
+        members[f"{flag.removeprefix('push_')}_push"] = Out(TokenPushSignature())
+    return members
 
-    def __init__(self):
-        super().__init__({"pop": Out(1), "can_pop": In(1), "push": Out(1), "can_push": In(1)})
+
+def token_ports(component, engine):
+    """``{side: (pop port, push port)}`` of an engine built with `token_members`, for
+    `EngineSequencer` and `PendingPushes` (an engine pops and pushes on the same sides)."""
+    sides = [flag.removeprefix("pop_") for flag in TOKEN_POPS[engine]]
+    return {side: (getattr(component, f"{side}_pop"), getattr(component, f"{side}_push")) for side in sides}
 
 
 def insn_layout(config, opcode):

@@ -15,21 +15,18 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..isa import Opcode
-from ..regmap import Fault
+from ..isa import LOAD_ENGINE, OPCODE_ENGINE, PIPELINE, Opcode, insn_bits, insn_bytes
+from ..regmap import ENGINE_STATES, Fault
 from ..timing import FETCH_CHUNK
 from .axi import AxiReadSignature
 from .dma import DmaReader
 from .engine import STATE_BITS, insn_layout
-from .insn_check import FAULT_BITS, LOAD_ENGINE_MEMS, InsnChecker, one_of
-from ..regmap import ENGINE_STATES
+from .insn_check import FAULT_BITS, InsnChecker
 
 __all__ = ["FetchEngine", "CHUNK"]
 
 #: Instructions per read request.
 CHUNK = FETCH_CHUNK
-#: Destinations of a dispatched instruction (its command queue).
-TO_LOAD, TO_COMPUTE, TO_STORE = range(3)
 
 
 class FetchEngine(wiring.Component):
@@ -40,7 +37,8 @@ class FetchEngine(wiring.Component):
     address, count : In(32)
     bus : Out(AxiReadSignature)
     load, compute, store : Out(stream of insn_bits)
-        Instruction words for the three command queues.
+        Instruction words for each engine's command queue (`isa.PIPELINE`), routed by the
+        ISA's table (`isa.OPCODE_ENGINE`, `isa.LOAD_ENGINE`).
     busy : Out(1)
         Instructions remain to be read or dispatched.
     fetched : Out(32)
@@ -56,9 +54,7 @@ class FetchEngine(wiring.Component):
         super().__init__({
             "start": In(1), "address": In(32), "count": In(32),
             "bus": Out(AxiReadSignature(c.bus_width)),
-            "load": Out(stream.Signature(c.insn_bits)),
-            "compute": Out(stream.Signature(c.insn_bits)),
-            "store": Out(stream.Signature(c.insn_bits)),
+            **{e.value: Out(stream.Signature(insn_bits(c))) for e in PIPELINE},
             "busy": Out(1), "mem_stall": Out(1), "queue_stall": Out(1),
             "state": Out(STATE_BITS), "fetched": Out(32), "fault": Out(FAULT_BITS),
         })
@@ -67,12 +63,12 @@ class FetchEngine(wiring.Component):
         m = Module()
         c = self._config
         # One instruction per cycle: dispatch takes no more, so wider groups would buy nothing.
-        m.submodules.reader = reader = DmaReader(c.insn_bytes, c.bus_bytes, lanes=1)
+        m.submodules.reader = reader = DmaReader(insn_bytes(c), c.bus_bytes, lanes=1)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         # Each queue entry carries its instruction's check result and destination, worked out
         # in a register stage before the queue (the check's own two stages straddle it), so
         # neither the check's multiplier nor the decode lies on the dispatch path.
-        entry = data.StructLayout({"word": c.insn_bits, "fault": FAULT_BITS, "to": range(3)})
+        entry = data.StructLayout({"word": insn_bits(c), "fault": FAULT_BITS, "to": range(len(PIPELINE))})
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size, depth=2 * CHUNK)
 
         next_entry = Signal(32)      # entry index of the next chunk
@@ -81,7 +77,7 @@ class FetchEngine(wiring.Component):
         total = Signal(32)           # the program's instruction count
         arrived = Signal(32)         # instructions read so far (to know the last one)
         requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
-        insn_log = exact_log2(c.insn_bytes)
+        insn_log = exact_log2(insn_bytes(c))
 
         chunk = Mux(to_read < CHUNK, to_read, CHUNK)
         m.d.comb += [
@@ -103,12 +99,20 @@ class FetchEngine(wiring.Component):
         # The check's first stage runs beside `staged`; its second stage feeds the queue.
         m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total), check.en.eq(got)]
         m.d.sync += staged_valid.eq(got)
+        # The engine (its index in PIPELINE) by the ISA's routing; an instruction the check
+        # refuses is never dispatched, so where it would have gone does not matter.
+        to = Signal.like(staged.to)
+        with m.Switch(header.opcode):
+            with m.Case(Opcode.LOAD):
+                with m.Switch(mem):
+                    for buffer, engine in LOAD_ENGINE.items():
+                        with m.Case(buffer):
+                            m.d.comb += to.eq(PIPELINE.index(engine))
+            for opcode, engine in OPCODE_ENGINE.items():
+                with m.Case(opcode):
+                    m.d.comb += to.eq(PIPELINE.index(engine))
         with m.If(got):
-            m.d.sync += [
-                staged.word.eq(word), arrived.eq(arrived + 1),
-                staged.to.eq(Mux((header.opcode == Opcode.LOAD) & one_of(mem, LOAD_ENGINE_MEMS), TO_LOAD,
-                                 Mux(header.opcode == Opcode.STORE, TO_STORE, TO_COMPUTE))),
-            ]
+            m.d.sync += [staged.word.eq(word), arrived.eq(arrived + 1), staged.to.eq(to)]
         written = Signal(entry)
         m.d.comb += [written.word.eq(staged.word), written.to.eq(staged.to), written.fault.eq(check.fault),
                      queue.w_data.eq(written), queue.w_en.eq(staged_valid)]
@@ -120,15 +124,10 @@ class FetchEngine(wiring.Component):
         head = data.View(entry, queue.r_data)
         m.d.comb += self.fault.eq(Mux(queue.r_rdy, head.fault, Fault.NONE))
         head_ok = queue.r_rdy & (head.fault == Fault.NONE)
-        for port in (self.load, self.compute, self.store):
-            m.d.comb += port.payload.eq(head.word)
-        m.d.comb += [
-            self.load.valid.eq(head_ok & (head.to == TO_LOAD)),
-            self.store.valid.eq(head_ok & (head.to == TO_STORE)),
-            self.compute.valid.eq(head_ok & (head.to == TO_COMPUTE)),
-            queue.r_en.eq((self.load.valid & self.load.ready) | (self.store.valid & self.store.ready) |
-                          (self.compute.valid & self.compute.ready)),
-        ]
+        ports = [getattr(self, e.value) for e in PIPELINE]
+        for index, port in enumerate(ports):
+            m.d.comb += [port.payload.eq(head.word), port.valid.eq(head_ok & (head.to == index))]
+        m.d.comb += queue.r_en.eq(Cat(port.valid & port.ready for port in ports).any())
         with m.If(queue.r_en & queue.r_rdy):
             m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
 

@@ -16,7 +16,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import (DEP_FLAGS, LOAD_ENGINE, PIPELINE, STORE_MEMS, TOKEN_POPS, TOKEN_PUSHES, AluOp, Engine,
-                   MemType, Opcode)
+                   MemType, Opcode, insn_bits)
 from ..regmap import Fault
 from .engine import insn_layout
 
@@ -65,7 +65,7 @@ class InsnChecker(wiring.Component):
 
     def __init__(self, config):
         self._config = config
-        super().__init__({"word": In(config.insn_bits), "last": In(1), "en": In(1), "fault": Out(FAULT_BITS)})
+        super().__init__({"word": In(insn_bits(config)), "last": In(1), "en": In(1), "fault": Out(FAULT_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -80,15 +80,15 @@ class InsnChecker(wiring.Component):
         invalid = Signal()
         uop_range_bad = Signal()
         tile = Signal()                              # a LOAD/STORE: check base + rows · cols
-        rows, cols = Signal(18), Signal(18)
-        base = Signal(16)
-        mem = Signal(3)
+        rows, cols = Signal(len(ld.y_size) + 2), Signal(len(ld.x_size) + 2)   # size plus two pads
+        base = Signal.like(ld.sram_base)
+        mem = Signal.like(ld.mem)
         with m.Switch(opcode):
             for op in Opcode:
                 with m.Case(op):
                     size = insn_layout(c, op).size
                     bad = Const(0)
-                    if size < c.insn_bits:
+                    if size < insn_bits(c):
                         bad = bad | (word[size:] != 0)       # non-canonical: bits above the fields
                     if op == Opcode.LOAD:
                         bad = bad | ~one_of(ld.mem, LOAD_MEMS)

@@ -11,10 +11,10 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import MemType, Opcode
+from ..isa import Engine, MemType, Opcode, insn_bits
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .engine import STATE_BITS, EngineSequencer, PendingPushes, TokenPort, insn_layout
+from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 from .tile_load import TileLoader
 
@@ -28,7 +28,9 @@ class LoadEngine(wiring.Component):
     ----------
     cmd : In(stream of insn_bits)
         Instruction words (LOAD inp/wgt only; fetch routes by kind).
-    next_pop, next_push : Out(TokenPort)
+    next_pop : Out(TokenPopSignature)
+    next_push : Out(TokenPushSignature)
+        The token queues to and from the compute engine (`engine.token_members`).
         compute→load queue (pop side) and load→compute queue (push side).
     inp_bus, wgt_bus : Out(AxiReadSignature)
     inp_wr, wgt_wr : Out(GroupWriteSignature)
@@ -42,8 +44,8 @@ class LoadEngine(wiring.Component):
     def __init__(self, config):
         self._config = config
         super().__init__({
-            "cmd": In(stream.Signature(config.insn_bits)),
-            "next_pop": Out(TokenPort()), "next_push": Out(TokenPort()),
+            "cmd": In(stream.Signature(insn_bits(config))),
+            **token_members(Engine.LOAD),
             "inp_bus": Out(AxiReadSignature(config.bus_width)),
             "wgt_bus": Out(AxiReadSignature(config.bus_width)),
             "inp_wr": Out(GroupWriteSignature(config.inp_entry_bytes * 8, buffer_lanes(config, "inp"),
@@ -64,10 +66,10 @@ class LoadEngine(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"{name}_bus")), loader.bus)
             wiring.connect(m, wiring.flipped(getattr(self, f"{name}_wr")), loader.wr)
 
-        word = Signal(config.insn_bits)
+        word = Signal(insn_bits(config))
         layout = insn_layout(config, Opcode.LOAD)
         insn = data.View(layout, word[:layout.size])
-        seq = EngineSequencer(m, config, self.cmd, word, {"next": (self.next_pop, self.next_push)})
+        seq = EngineSequencer(m, config, self.cmd, word, token_ports(self, Engine.LOAD))
         is_wgt = insn.mem == MemType.WGT
 
         for loader in loaders.values():
@@ -75,7 +77,7 @@ class LoadEngine(wiring.Component):
                          "y_pad0", "y_pad1", "x_pad0", "x_pad1"):
                 m.d.comb += getattr(loader.cmd.p, name).eq(getattr(insn, name))
 
-        pushes = PendingPushes(m, {"next": (self.next_pop, self.next_push)},
+        pushes = PendingPushes(m, token_ports(self, Engine.LOAD),
                                [loaders["inp"].done, loaders["wgt"].done])
         with m.FSM():
             seq.idle_state()

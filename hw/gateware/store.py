@@ -23,11 +23,11 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..isa import MemType, Opcode
+from ..isa import Engine, MemType, Opcode, insn_bits
 from .axi import AxiWriteSignature
 from .banked import GroupReadSignature, buffer_lanes, group_layout
 from .dma import DmaCommand, DmaWalk, DmaWriter
-from .engine import STATE_BITS, EngineSequencer, PendingPushes, TokenPort, insn_layout
+from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine"]
@@ -41,7 +41,9 @@ class StoreEngine(wiring.Component):
     Attributes
     ----------
     cmd : In(stream of insn_bits)
-    prev_pop, prev_push : Out(TokenPort)
+    prev_pop : Out(TokenPopSignature)
+    prev_push : Out(TokenPushSignature)
+        The token queues from and to the compute engine (`engine.token_members`).
         compute→store queue (pop side) and store→compute queue (push side).
     bus : Out(AxiWriteSignature)
     out_rd, acc_rd : Out(GroupReadSignature)
@@ -59,8 +61,8 @@ class StoreEngine(wiring.Component):
         self._config = config
         c = config
         super().__init__({
-            "cmd": In(stream.Signature(c.insn_bits)),
-            "prev_pop": Out(TokenPort()), "prev_push": Out(TokenPort()),
+            "cmd": In(stream.Signature(insn_bits(c))),
+            **token_members(Engine.STORE),
             "bus": Out(AxiWriteSignature(c.bus_width)),
             "out_rd": Out(GroupReadSignature(c.out_entry_bytes * 8, buffer_lanes(c, "out"), c.acc_index_bits)),
             "acc_rd": Out(GroupReadSignature(c.acc_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
@@ -79,7 +81,7 @@ class StoreEngine(wiring.Component):
         for name, writer in writers.items():
             m.submodules[f"{name}_writer"] = writer
 
-        word = Signal(c.insn_bits)
+        word = Signal(insn_bits(c))
         layout = insn_layout(c, Opcode.STORE)
         insn = data.View(layout, word[:layout.size])
         insn_acc = insn.mem == MemType.ACC
@@ -143,8 +145,8 @@ class StoreEngine(wiring.Component):
                 with m.If(queue.r_en & queue.r_rdy):
                     m.d.comb += self.bytes_written.eq(writer.inp.p.count * buffers[name][1])
 
-        seq = EngineSequencer(m, c, self.cmd, word, {"prev": (self.prev_pop, self.prev_push)})
-        pushes = PendingPushes(m, {"prev": (self.prev_pop, self.prev_push)},
+        seq = EngineSequencer(m, c, self.cmd, word, token_ports(self, Engine.STORE))
+        pushes = PendingPushes(m, token_ports(self, Engine.STORE),
                                [writers["out"].done, writers["acc"].done])
         exec_state = ENGINE_STATES["exec"]
         with m.FSM():

@@ -9,7 +9,21 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["TokenQueue"]
+__all__ = ["TokenQueue", "TokenPopSignature", "TokenPushSignature"]
+
+
+class TokenPopSignature(wiring.Signature):
+    """An engine's pop side of a token queue: ``pop`` takes a token (only while ``can_pop``)."""
+
+    def __init__(self):
+        super().__init__({"pop": Out(1), "can_pop": In(1)})
+
+
+class TokenPushSignature(wiring.Signature):
+    """An engine's push side of a token queue: ``push`` adds a token (only while ``can_push``)."""
+
+    def __init__(self):
+        super().__init__({"push": Out(1), "can_push": In(1)})
 
 
 class TokenQueue(wiring.Component):
@@ -22,9 +36,10 @@ class TokenQueue(wiring.Component):
 
     Attributes
     ----------
-    push, pop : In(1)
-        Requests; a push while full or a pop while empty is ignored (engines never do it).
-    can_push, can_pop : Out(1)
+    pusher : In(TokenPushSignature)
+        The pushing engine's side; a push while full is ignored (engines never do it).
+    popper : In(TokenPopSignature)
+        The popping engine's side; a pop while empty is ignored.
     count : Out(range(capacity + 1))
     """
 
@@ -34,8 +49,7 @@ class TokenQueue(wiring.Component):
             raise TypeError(f"Token queue capacity must be a positive integer, not {capacity!r}")
         self._capacity = capacity
         super().__init__({
-            "push": In(1), "pop": In(1),
-            "can_push": Out(1), "can_pop": Out(1),
+            "pusher": In(TokenPushSignature()), "popper": In(TokenPopSignature()),
             "count": Out(range(capacity + 1)),
         })
 
@@ -45,9 +59,10 @@ class TokenQueue(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.d.comb += [self.can_push.eq(self.count != self._capacity), self.can_pop.eq(self.count != 0)]
-        do_push = self.push & self.can_push
-        do_pop = self.pop & self.can_pop
+        pusher, popper = self.pusher, self.popper
+        m.d.comb += [pusher.can_push.eq(self.count != self._capacity), popper.can_pop.eq(self.count != 0)]
+        do_push = pusher.push & pusher.can_push
+        do_pop = popper.pop & popper.can_pop
         with m.If(do_push & ~do_pop):
             m.d.sync += self.count.eq(self.count + 1)
         with m.Elif(do_pop & ~do_push):

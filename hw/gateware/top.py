@@ -20,11 +20,10 @@ uop    compute          compute (inside the compute engine)
 from amaranth import *
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
-
-from ..config import AccelConfig
-from ..isa import PIPELINE, TOKEN_QUEUES
 from amaranth.utils import ceil_log2, exact_log2
 
+from ..config import AccelConfig
+from ..isa import PIPELINE, TOKEN_QUEUES, insn_bits, insn_bytes
 from ..regmap import (CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault,
                       token_field)
 from .arbiter import ReadArbiter
@@ -91,16 +90,15 @@ class Accelerator(wiring.Component):
         for name, engine in (("fetch", fetch), ("load", load), ("compute", compute), ("store", store)):
             m.submodules[name] = resettable(engine)
         engines = {"load": load, "compute": compute, "store": store}
+        assert list(engines) == [e.value for e in PIPELINE], "one engine per isa.PIPELINE stage, in order"
 
         # ---------------------------------------------------------------- command queues
         queues = {}
         for name, engine in engines.items():
-            q = queues[name] = fifo.SyncFIFOBuffered(width=c.insn_bits, depth=c.cmd_queue_depth)
+            q = queues[name] = fifo.SyncFIFOBuffered(width=insn_bits(c), depth=c.cmd_queue_depth)
             m.submodules[f"{name}_cmdq"] = resettable(q)
-            src = getattr(fetch, name)
-            m.d.comb += [q.w_data.eq(src.payload), q.w_en.eq(src.valid), src.ready.eq(q.w_rdy),
-                         engine.cmd.payload.eq(q.r_data), engine.cmd.valid.eq(q.r_rdy),
-                         q.r_en.eq(engine.cmd.ready)]
+            wiring.connect(m, getattr(fetch, name), q.w_stream)
+            wiring.connect(m, q.r_stream, engine.cmd)
 
         # ---------------------------------------------------------------- token queues
         tokens = {}
@@ -108,10 +106,10 @@ class Accelerator(wiring.Component):
             tq = tokens[queue.short] = TokenQueue(c.token_queue_depth)
             m.submodules[f"tokens_{queue.short}"] = resettable(tq)
             # The pusher's side towards the popper: load→compute is load's "next".
-            push_port = getattr(engines[queue.pusher.value], f"{queue.push_flag.removeprefix('push_')}_push")
-            pop_port = getattr(engines[queue.popper.value], f"{queue.pop_flag.removeprefix('pop_')}_pop")
-            m.d.comb += [tq.push.eq(push_port.push), push_port.can_push.eq(tq.can_push),
-                         tq.pop.eq(pop_port.pop), pop_port.can_pop.eq(tq.can_pop)]
+            wiring.connect(m, getattr(engines[queue.pusher.value], f"{queue.push_flag.removeprefix('push_')}_push"),
+                           tq.pusher)
+            wiring.connect(m, getattr(engines[queue.popper.value], f"{queue.pop_flag.removeprefix('pop_')}_pop"),
+                           tq.popper)
 
         # ---------------------------------------------------------------- buffers
         def mem(name):
@@ -173,13 +171,13 @@ class Accelerator(wiring.Component):
         fault_info = Signal(32)
         start_req = regs.ctrl_stb & regs.ctrl["START"] & ~busy
         abort_req = regs.ctrl_stb & regs.ctrl["ABORT"] & busy & ~aborting
-        misaligned = regs.insn_addr[:exact_log2(c.insn_bytes)] != 0 if c.insn_bytes > 1 else Const(0)
+        misaligned = regs.insn_addr[:exact_log2(insn_bytes(c))] != 0 if insn_bytes(c) > 1 else Const(0)
         start_fault = Mux(regs.insn_count == 0, Fault.EMPTY_PROGRAM,
                           Mux(misaligned, Fault.MISALIGNED_PROGRAM, Fault.NONE))
         start = start_req & (start_fault == Fault.NONE)
         m.d.comb += [fetch.start.eq(start), fetch.address.eq(regs.insn_addr), fetch.count.eq(regs.insn_count)]
-        queues_empty = ~queues["load"].r_rdy & ~queues["compute"].r_rdy & ~queues["store"].r_rdy
-        all_idle = ~fetch.busy & ~load.busy & ~compute.busy & ~store.busy & queues_empty
+        queues_empty = ~Cat(q.r_rdy for q in queues.values()).any()
+        all_idle = ~fetch.busy & ~Cat(engine.busy for engine in engines.values()).any() & queues_empty
         tokens_left = Const(0)
         for tq in tokens.values():
             tokens_left = tokens_left | (tq.count != 0)
@@ -203,7 +201,7 @@ class Accelerator(wiring.Component):
         for name, q in queues.items():
             progress = progress | (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy)
         for tq in tokens.values():
-            progress = progress | tq.push | tq.pop
+            progress = progress | tq.pusher.push | tq.popper.pop
         for signal in (load.retire, compute.retire, store.retire, compute.gemm_active, compute.alu_active,
                        load.inp_wr.en, load.wgt_wr.en, compute.acc_wr.en, bus_pending):
             progress = progress | signal

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gemforge.driver.cli import main
+from gemforge.hw import isa
 from gemforge.hw.config import PRESETS
 
 
@@ -168,7 +169,7 @@ def test_info_reports_derived_parameters(capsys):
     info = json.loads(out)
     assert code == 0
     assert info["config"]["block_in"] == 16 and info["derived"]["inp_depth"] == 2048
-    assert info["derived"] == PRESETS["default"].derived()
+    assert info["derived"] == isa.derived(PRESETS["default"])
 
 
 def test_info_isa_is_generated_for_the_config(capsys):

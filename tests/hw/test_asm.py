@@ -289,7 +289,7 @@ def test_error_unknown_mnemonic():
 
 
 def test_error_illegal_kind_gives_the_isa_reason():
-    refused(f"load.out {LOAD_ARGS}", "line 1: LOAD cannot target the output buffer; allowed: inp, wgt, acc, uop")
+    refused(f"load.out {LOAD_ARGS}", "line 1: LOAD cannot target the out buffer; allowed: inp, wgt, acc, uop")
     refused(f"store.wgt {LOAD_ARGS}", "line 1: STORE reads the out or acc buffer, not wgt")
 
 

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
+from gemforge.hw import isa
+from gemforge.hw.isa import insn_bytes
 from strategies import accel_configs
 
 BUFFERS = ("inp", "wgt", "acc", "out", "uop")
@@ -229,7 +231,7 @@ def test_load_config_unknown_name_refused():
 # ---------------------------------------------------------------------------- derived values
 
 def check_derived(config: AccelConfig) -> None:
-    d = config.derived()
+    d = isa.derived(config)
     for b in BUFFERS:
         assert d[f"{b}_depth"] * d[f"{b}_entry_bytes"] == getattr(config, f"{b}_buffer_bytes")
         assert d[f"{b}_depth"] >= 1
@@ -246,7 +248,7 @@ def check_derived(config: AccelConfig) -> None:
     assert used <= d["uop_bits"] in (32, 64)
     assert d["uop_bits"] == 32 or used > 32
     assert all(1 << d["sram_addr_bits"] >= d[f"{b}_depth"] for b in BUFFERS)
-    assert d["insn_bits"] in (128, 256) and config.insn_bytes * 8 == d["insn_bits"]
+    assert d["insn_bits"] in (128, 256) and insn_bytes(config) * 8 == d["insn_bits"]
     assert d["bus_bytes"] * 8 == config.bus_width
     assert d["macs_per_uop"] == config.batch * config.block_in * config.block_out
 

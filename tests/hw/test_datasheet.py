@@ -20,6 +20,7 @@ from gemforge.hw.gateware.dma import max_burst_beats
 from gemforge.hw.gateware.top import READ_CLIENTS
 from gemforge.hw import generate as generate_module
 from gemforge.hw.generate import LINT_WAIVERS, TOP_NAME, generate, verilog_top
+from gemforge.hw.isa import insn_bits
 from gemforge.hw.program import FORMAT_VERSION, MAGIC, arena_alignment
 from gemforge.sim.cosim import harness
 from gemforge.sim.fsim import Fsim
@@ -94,7 +95,7 @@ def test_bus_widths(sheet):
     config, text = sheet
     body = section(text, "Bus widths")
     assert f"{config.bus_width} bits ({config.bus_bytes} bytes" in body
-    assert f"{config.insn_bits} bits" in body and f"{config.uop_bits} bits" in body
+    assert f"{insn_bits(config)} bits" in body and f"{config.uop_bits} bits" in body
 
 
 def test_every_register_with_offset_access_and_reset(sheet):

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Banked buffers (group writes and reads of consecutive entries) against a Python list, in
 Amaranth's simulator."""
 
@@ -84,7 +85,6 @@ def test_one_lane_port_reads_every_entry():
 
 def test_port_signatures():
     dut = BankedMemory(width=16, depth=64, banks=4)
-    dut._MustUse__silence = True    # never elaborated, on purpose
     wp = dut.write_port(lanes=4)
     rp = dut.read_port(lanes=2)
     assert wp.signature == GroupWriteSignature(16, 4, 6).flip()
@@ -126,7 +126,6 @@ def test_rejects_bank_count_not_power_of_two():
 
 def test_rejects_ports_wider_than_the_banks():
     dut = BankedMemory(width=8, depth=16, banks=2)
-    dut._MustUse__silence = True    # never elaborated, on purpose
     with pytest.raises(TypeError, match=r"no larger than the bank count \(2\), not 4"):
         dut.write_port(lanes=4)
     with pytest.raises(TypeError, match=r"no larger than the bank count \(2\), not 4"):
@@ -135,8 +134,6 @@ def test_rejects_ports_wider_than_the_banks():
 
 def test_rejects_transparency_to_another_memorys_port():
     memories = [BankedMemory(width=8, depth=16, banks=2) for _ in range(2)]
-    for memory in memories:
-        memory._MustUse__silence = True     # never elaborated, on purpose
     other = memories[0].write_port(lanes=2)
     with pytest.raises(ValueError, match="write ports of this memory"):
         memories[1].read_port(transparent_for=(other,))

@@ -309,18 +309,18 @@ def test_token_queue_counts_and_blocks():
     dut = TokenQueue(3)
 
     async def tb(ctx):
-        assert ctx.get(dut.can_push) and not ctx.get(dut.can_pop)
-        ctx.set(dut.push, 1)
+        assert ctx.get(dut.pusher.can_push) and not ctx.get(dut.popper.can_pop)
+        ctx.set(dut.pusher.push, 1)
         for _ in range(5):          # two pushes into a full queue are ignored
             await ctx.tick()
-        assert ctx.get(dut.count) == 3 and not ctx.get(dut.can_push)
-        ctx.set(dut.pop, 1)
+        assert ctx.get(dut.count) == 3 and not ctx.get(dut.pusher.can_push)
+        ctx.set(dut.popper.pop, 1)
         await ctx.tick()            # push and pop together while full: pop only
         assert ctx.get(dut.count) == 2
-        ctx.set(dut.push, 0)
+        ctx.set(dut.pusher.push, 0)
         for _ in range(4):
             await ctx.tick()
-        assert ctx.get(dut.count) == 0 and not ctx.get(dut.can_pop)
+        assert ctx.get(dut.count) == 0 and not ctx.get(dut.popper.can_pop)
 
     simulate(dut, tb)
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Opcode, Store, encode, encode_program, fields_of
+from gemforge.hw.isa import (Alu, AluOp, Finish, Gemm, Load, MemType, Opcode, Store, encode, encode_program, fields_of,
+                             insn_bits, insn_bytes)
 from gemforge.hw.regmap import ERROR_INFO_WRITE, Fault
 from gemforge.sim.cosim import harness
 from gemforge.sim.fsim import Fsim, FsimError
@@ -54,7 +55,7 @@ def fault_cases(config):
         ("empty program", [], None, Fault.EMPTY_PROGRAM, 0),
         ("misaligned program", [finish], ("misaligned",), Fault.MISALIGNED_PROGRAM, 0),
         ("unknown opcode", [(1 << 3) - 1, finish], None, Fault.INVALID_INSTRUCTION, 0),
-        ("bits above the fields", [encode(Finish(), c) | 1 << (c.insn_bits - 1), finish], None,
+        ("bits above the fields", [encode(Finish(), c) | 1 << (insn_bits(c) - 1), finish], None,
          Fault.INVALID_INSTRUCTION, 0),
         ("store from the input buffer", [patch(store_ok, c, Opcode.STORE, "mem", MemType.INP), finish], None,
          Fault.INVALID_INSTRUCTION, 0),
@@ -101,7 +102,7 @@ def _words(config, program):
     out = []
     for item in program:
         out.append(item if isinstance(item, int) else encode(item, config))
-    return b"".join(w.to_bytes(config.insn_bytes, "little") for w in out)
+    return b"".join(w.to_bytes(insn_bytes(config), "little") for w in out)
 
 
 def _valid_copy_program(config):

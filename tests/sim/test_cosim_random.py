@@ -14,7 +14,7 @@ import pytest
 
 from gemforge.driver.device import DeviceError, open_device
 from gemforge.hw.config import PRESETS, AccelConfig
-from gemforge.hw.isa import Finish, Gemm, Store, encode_program
+from gemforge.hw.isa import Finish, Gemm, Store, encode_program, insn_bytes
 from gemforge.sim.cosim import harness
 from gemforge.driver.rtl_device import RtlFaultError
 from gemforge.hw.regmap import Fault
@@ -115,7 +115,7 @@ def test_token_deadlock_ends_in_a_fault_not_a_hang():
     dev = open_device("verilator", config, dram_bytes=DRAM, watchdog_cycles=20_000)
     insns = [Gemm(pop_prev=True, uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()]
     buf = dev.alloc(4096, align=4096)
-    dev.dram[buf.address:buf.address + 2 * config.insn_bytes] = np.frombuffer(encode_program(insns, config), np.uint8)
+    dev.dram[buf.address:buf.address + 2 * insn_bytes(config)] = np.frombuffer(encode_program(insns, config), np.uint8)
     with pytest.raises(RtlFaultError, match="fault DEADLOCK") as info:
         dev._execute(buf.address, len(insns))
     assert info.value.fault == Fault.DEADLOCK
@@ -156,7 +156,7 @@ def test_icarus_smoke():
     dev = open_device("icarus", config, dram_bytes=DRAM, watchdog_cycles=20_000)
     insns = [Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()]
     buf = dev.alloc(4096, align=4096)
-    dev.dram[buf.address:buf.address + 2 * config.insn_bytes] = np.frombuffer(encode_program(insns, config), np.uint8)
+    dev.dram[buf.address:buf.address + 2 * insn_bytes(config)] = np.frombuffer(encode_program(insns, config), np.uint8)
     result = dev._execute(buf.address, len(insns))
     assert result.hw_counters["insns_retired"] == len(insns)
     assert result.counters["gemm_uops"] > 0
