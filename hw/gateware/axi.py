@@ -11,7 +11,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "ADDR_BITS", "BURST_INCR", "RESP_OKAY",
+    "ADDR_BITS", "BURST_INCR", "RESP_OKAY", "connect_when_selected",
     "Axi4Signature", "AxiLiteSignature", "AxiReadSignature", "AxiWriteSignature",
 ]
 
@@ -27,6 +27,20 @@ def _check(data_bits, id_bits):
         raise ValueError(f"AXI data width must be a power of two from 32 to 1024 bits, not {data_bits!r}")
     if not isinstance(id_bits, int) or id_bits < 1:
         raise ValueError(f"AXI ID width must be a positive integer, not {id_bits!r}")
+
+
+def connect_when_selected(port, client):
+    """Assignments joining a component's bus ``port`` to the same-signature bus ``client`` of
+    one of its sub-units: the client drives the port's outputs and sees its inputs. Made
+    under a condition (``with m.If(selected)``), several clients share one port, and the
+    unselected ones see their inputs at zero (no ready, no response)."""
+    assigns = []
+    for path, member, value in port.signature.flatten(port):
+        other = client
+        for name in path:
+            other = getattr(other, name)
+        assigns.append(value.eq(other) if member.flow == Out else other.eq(value))
+    return assigns
 
 
 class AxiReadSignature(wiring.Signature):

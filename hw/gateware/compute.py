@@ -132,9 +132,8 @@ class ComputeEngine(wiring.Component):
         al = data.View(al_l, word[:al_l.size])
         is_alu = header.opcode == Opcode.ALU
         for loader in (acc_loader, uop_loader):
-            for name in ("sram_base", "dram_base", "y_size", "x_size", "x_stride",
-                         "y_pad0", "y_pad1", "x_pad0", "x_pad1"):
-                m.d.comb += getattr(loader.cmd.p, name).eq(getattr(ld, name))
+            for name in loader.cmd.p.shape().members:        # `tile_load.load_command_layout`
+                m.d.comb += loader.cmd.p[name].eq(ld[name])
 
         # Loop parameters (the GEMM and ALU layouts share names; pick by opcode).
         def loop_field(name):

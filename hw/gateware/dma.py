@@ -29,12 +29,20 @@ from ..isa import DMA_TRANSFER_FIELDS
 from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
 from .banked import group_layout
 
-__all__ = ["DmaCommand", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
+__all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
            "max_burst_beats", "refuse_unless_positive"]
 
 #: A DMA command: DRAM entry index of row 0 (``base``), rows, entries per row, entries between
 #: row starts: the LOAD/STORE instruction's DRAM-side fields (`isa.DMA_TRANSFER_FIELDS`).
 DmaCommand = data.StructLayout({("base" if f.name == "dram_base" else f.name): f.width for f in DMA_TRANSFER_FIELDS})
+
+
+
+def dma_command_from(cmd, insn):
+    """Assignments of a `DmaCommand` view ``cmd`` from a LOAD or STORE view ``insn`` (its
+    DRAM-side fields)."""
+    return [cmd["base" if f.name == "dram_base" else f.name].eq(insn[f.name]) for f in DMA_TRANSFER_FIELDS]
+
 
 #: A burst: byte address, AxLEN (beats − 1), and whether it is its command's last.
 BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8, "last": 1})

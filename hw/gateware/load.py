@@ -73,9 +73,8 @@ class LoadEngine(wiring.Component):
         is_wgt = insn.mem == MemType.WGT
 
         for loader in loaders.values():
-            for name in ("sram_base", "dram_base", "y_size", "x_size", "x_stride",
-                         "y_pad0", "y_pad1", "x_pad0", "x_pad1"):
-                m.d.comb += getattr(loader.cmd.p, name).eq(getattr(insn, name))
+            for name in loader.cmd.p.shape().members:        # `tile_load.load_command_layout`
+                m.d.comb += loader.cmd.p[name].eq(insn[name])
 
         pushes = PendingPushes(m, token_ports(self, Engine.LOAD),
                                [loaders["inp"].done, loaders["wgt"].done])

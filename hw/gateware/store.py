@@ -24,9 +24,9 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import Engine, MemType, Opcode, insn_bits
-from .axi import AxiWriteSignature
+from .axi import AxiWriteSignature, connect_when_selected
 from .banked import GroupReadSignature, buffer_lanes, group_layout
-from .dma import DmaCommand, DmaWalk, DmaWriter
+from .dma import DmaCommand, DmaWalk, DmaWriter, dma_command_from
 from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 
@@ -86,8 +86,7 @@ class StoreEngine(wiring.Component):
         insn = data.View(layout, word[:layout.size])
         insn_acc = insn.mem == MemType.ACC
         insn_cmd = Signal(DmaCommand)
-        m.d.comb += [insn_cmd.base.eq(insn.dram_base), insn_cmd.y_size.eq(insn.y_size),
-                     insn_cmd.x_size.eq(insn.x_size), insn_cmd.x_stride.eq(insn.x_stride)]
+        m.d.comb += dma_command_from(insn_cmd, insn)
         for writer in writers.values():
             m.d.comb += writer.cmd.p.eq(insn_cmd)
 
@@ -96,15 +95,7 @@ class StoreEngine(wiring.Component):
         selected = {"out": ~use_acc, "acc": use_acc}
         for name, writer in writers.items():
             with m.If(selected[name]):
-                m.d.comb += [
-                    self.bus.awaddr.eq(writer.bus.awaddr), self.bus.awlen.eq(writer.bus.awlen),
-                    self.bus.awvalid.eq(writer.bus.awvalid), writer.bus.awready.eq(self.bus.awready),
-                    self.bus.wdata.eq(writer.bus.wdata), self.bus.wstrb.eq(writer.bus.wstrb),
-                    self.bus.wlast.eq(writer.bus.wlast), self.bus.wvalid.eq(writer.bus.wvalid),
-                    writer.bus.wready.eq(self.bus.wready),
-                    writer.bus.bresp.eq(self.bus.bresp), writer.bus.bvalid.eq(self.bus.bvalid),
-                    self.bus.bready.eq(writer.bus.bready),
-                ]
+                m.d.comb += connect_when_selected(self.bus, writer.bus)
 
         # SRAM → queue → writer, a group per read. Each buffer has its own walk (its
         # entries per beat); only the selected one advances. `dma_cmd` holds the

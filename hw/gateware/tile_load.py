@@ -19,22 +19,20 @@ from amaranth import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import DMA_PAD_BITS, DMA_SIZE_BITS
+from ..isa import Opcode, fields_of
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .dma import DmaReader, refuse_unless_positive
+from .dma import DmaReader, dma_command_from, refuse_unless_positive
 
 __all__ = ["TileLoader", "load_command_layout"]
 
 
 def load_command_layout(config):
-    """The fields of a LOAD the tile loader needs (SRAM base as wide as any buffer index)."""
-    return data.StructLayout({
-        "sram_base": config.sram_addr_bits,
-        "dram_base": 32,
-        "y_size": DMA_SIZE_BITS, "x_size": DMA_SIZE_BITS, "x_stride": DMA_SIZE_BITS,
-        "y_pad0": DMA_PAD_BITS, "y_pad1": DMA_PAD_BITS, "x_pad0": DMA_PAD_BITS, "x_pad1": DMA_PAD_BITS,
-    })
+    """The fields of a LOAD the tile loader needs: the ISA's LOAD fields from ``sram_base`` on
+    (SRAM base, the DRAM transfer, the padding), with the ISA's widths."""
+    fields = fields_of(config, Opcode.LOAD)
+    first = [f.name for f in fields].index("sram_base")
+    return data.StructLayout({f.name: f.width for f in fields[first:]})
 
 
 class TileLoader(wiring.Component):
@@ -94,10 +92,7 @@ class TileLoader(wiring.Component):
         incoming = self.cmd.p
         incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
         m.d.comb += [
-            reader.cmd.p.base.eq(incoming.dram_base),
-            reader.cmd.p.y_size.eq(incoming.y_size),
-            reader.cmd.p.x_size.eq(incoming.x_size),
-            reader.cmd.p.x_stride.eq(incoming.x_stride),
+            *dma_command_from(reader.cmd.p, incoming),
             reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
             self.cmd.ready.eq(queue.w_rdy & (~incoming_data | reader.cmd.ready)),
             queue.w_data.eq(incoming),
@@ -108,12 +103,12 @@ class TileLoader(wiring.Component):
         cmd = Signal(layout)
         active = Signal()
         empty = Signal()        # the tile has no positions
-        rows = Signal(DMA_SIZE_BITS + 1)
-        pitch = Signal(DMA_SIZE_BITS + 1)
+        rows = Signal(len(cmd.y_size) + 1)      # a size plus two pads
+        pitch = Signal(len(cmd.x_size) + 1)
         m.d.comb += [rows.eq(cmd.y_pad0 + cmd.y_size + cmd.y_pad1),
                      pitch.eq(cmd.x_pad0 + cmd.x_size + cmd.x_pad1)]
-        r = Signal(DMA_SIZE_BITS + 1)
-        c = Signal(DMA_SIZE_BITS + 1)
+        r = Signal.like(rows)
+        c = Signal.like(pitch)
         addr = Signal(len(self.wr.addr))
         m.d.comb += self.wr.addr.eq(addr)
 
@@ -122,7 +117,7 @@ class TileLoader(wiring.Component):
         is_data = data_row & (c >= cmd.x_pad0) & (c < data_end)
         # A padding run ends at the data (left padding of a data row) or at the row's end.
         run_end = Mux(data_row & (c < cmd.x_pad0), cmd.x_pad0, pitch)
-        pad_left = Signal(DMA_SIZE_BITS + 1)
+        pad_left = Signal.like(pitch)
         count = Signal(range(lanes + 1))
         m.d.comb += [
             pad_left.eq(run_end - c),

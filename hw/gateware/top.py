@@ -139,9 +139,11 @@ class Accelerator(wiring.Component):
         # ---------------------------------------------------------------- AXI master
         arbiter = ReadArbiter(c.bus_width, len(READ_CLIENTS))
         m.submodules.arbiter = resettable(arbiter)
-        for client, bus in zip(arbiter.clients, (fetch.bus, load.inp_bus, load.wgt_bus,
-                                                 compute.acc_bus, compute.uop_bus)):
-            wiring.connect(m, bus, client)
+        readers = {"fetch": fetch.bus, "load_inp": load.inp_bus, "load_wgt": load.wgt_bus,
+                   "compute_acc": compute.acc_bus, "compute_uop": compute.uop_bus}
+        assert set(readers) == set(READ_CLIENTS), "every reader has an AXI ID in READ_CLIENTS"
+        for client, name in zip(arbiter.clients, READ_CLIENTS):
+            wiring.connect(m, readers[name], client)
         axi = self.m_axi
         size = exact_log2(c.bus_bytes)
         m.d.comb += [
