@@ -49,7 +49,7 @@ import operator
 import time
 import tomllib
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 

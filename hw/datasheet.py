@@ -251,7 +251,8 @@ def _tie_offs(config: AccelConfig) -> str:
 
 def _dram_master(config: AccelConfig) -> str:
     from .gateware.axi import BURST_INCR
-    from .gateware.dma import DmaWriter, max_burst_beats
+    from .gateware.dma import max_burst_beats
+    from .gateware.dma_write import DmaWriter
     from .gateware.fetch import CHUNK
     from .gateware.tile_load import TileLoader
     from .gateware.top import READ_CLIENTS

@@ -26,7 +26,6 @@ import numpy as np
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.regmap import Fault
 from gemforge.hw.isa import (
-    DEP_FLAGS,
     Alu,
     AluOp,
     EncodingError,

@@ -18,18 +18,22 @@ size; a group is one entry when entries are a beat or wider (or ``lanes = 1``).
 Bursts never cross a `max_burst`-beat boundary, so they never cross 4 KiB.
 Address generation (`BurstGenerator`) runs ahead of the data, so consecutive
 bursts overlap and the data channel can stream one beat per cycle.
+
+This module holds what both directions share (the command, bursts, the walk over a
+command's groups); `dma_read.DmaReader` gathers read beats into groups, `dma_write.DmaWriter`
+packs groups into write beats.
 """
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import DMA_TRANSFER_FIELDS
-from .axi import ADDR_BITS, AxiReadSignature, AxiWriteSignature
+from .axi import ADDR_BITS
 from .banked import group_layout
 
-__all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "DmaReader", "DmaWriter", "dma_groups", "dma_lanes",
+__all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "GroupDma", "dma_groups", "dma_lanes",
            "max_burst_beats", "refuse_unless_positive"]
 
 #: A DMA command: DRAM entry index of row 0 (``base``), rows, entries per row, entries between
@@ -232,7 +236,7 @@ def refuse_unless_positive(component, value, what):
         raise TypeError(f"{what} must be a positive integer, not {value!r}")
 
 
-class _GroupDma(wiring.Component):
+class GroupDma(wiring.Component):
     """What the reader and the writer share: entry and beat sizes, and the stream of
     entry groups (up to ``lanes`` entries) they exchange with the buffer side.
     ``members(group)`` gives the component's signature members for that stream."""
@@ -246,270 +250,3 @@ class _GroupDma(wiring.Component):
     @property
     def lanes(self):
         return self._lanes
-
-
-class DmaReader(_GroupDma):
-    """DRAM → stream of entry groups, over the read half of an AXI4 master.
-
-    Parameters
-    ----------
-    entry_bytes, bus_bytes : int
-        Entry and beat sizes (powers of two).
-    lanes : int
-        Most entries per group (a power of two, at most the entries of a beat;
-        default: a beat's worth). 1 gives one entry per cycle.
-    depth : int
-        Commands in flight: a command is accepted while up to ``depth - 1`` earlier
-        ones still wait for their data, so its bursts go out while theirs arrive
-        (AXI returns the read data of one ID in order).
-
-    Attributes
-    ----------
-    cmd : In(stream of DmaCommand)
-        ``x_size`` and ``y_size`` must be non-zero. Accepted when the burst
-        generator is free, fewer than ``depth`` commands are in flight and, unless
-        none is, no other bus client asks (``bus.contended``).
-    out : Out(stream of group_layout(entry_bytes·8, lanes))
-        The entries of the tiles, command after command, row by row, in the groups
-        of `dma_groups`: the entries of one beat that belong to one row,
-        ``entries[0]`` first.
-    bus : Out(AxiReadSignature)
-        ``req`` is held from the first command until the last entry of the last
-        command in flight is delivered.
-    busy : Out(1)
-        A command is in flight.
-    """
-
-    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
-        refuse_unless_positive(self, depth, "Command depth")
-        self._depth = depth
-        super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
-            "cmd": In(stream.Signature(DmaCommand)),
-            "out": Out(group),
-            "bus": Out(AxiReadSignature(bus_bytes * 8)),
-            "busy": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
-        e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
-        k_log = max(0, n_log - e_log)
-        bus = self.bus
-
-        # Commands go to the burst generator and, in order, to the data side's queue.
-        # The data side walks `cmd` (``active``) and takes the next queued command in
-        # the cycle its last entry leaves, so consecutive tiles stream back to back.
-        m.submodules.pending = pending = fifo.SyncFIFO(width=DmaCommand.size, depth=self._depth)
-        cmd = Signal(DmaCommand)
-        active = Signal()
-        walk = DmaWalk(m, cmd, k_log, self._lanes)
-        in_flight = Signal()
-        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy)
-        admit = pending.w_rdy & (~in_flight | ~bus.contended)
-
-        m.d.comb += [
-            bursts.cmd.p.eq(self.cmd.p),
-            bursts.cmd.valid.eq(self.cmd.valid & admit),
-            self.cmd.ready.eq(bursts.cmd.ready & admit),
-            pending.w_data.eq(self.cmd.p),
-            pending.w_en.eq(self.cmd.valid & self.cmd.ready),
-            bus.araddr.eq(bursts.burst.p.addr),
-            bus.arlen.eq(bursts.burst.p.len),
-            bus.arvalid.eq(bursts.burst.valid & bus.gnt),
-            bursts.burst.ready.eq(bus.arready & bus.gnt),
-            bus.req.eq(in_flight),
-            self.busy.eq(in_flight),
-            self.out.p.count.eq(walk.count),
-        ]
-        finishing = Signal()
-
-        if e_log >= n_log:
-            # Gather entry_bytes/bus_bytes beats per entry, first beat lowest.
-            beats = 1 << (e_log - n_log)
-            width = self._bus_bytes * 8
-            entry = Signal(self._entry_bytes * 8)
-            count = Signal(range(beats + 1))
-            full = count == beats
-            take = Signal()
-            m.d.comb += [
-                self.out.valid.eq(full),
-                self.out.p.entries[0].eq(entry),
-                bus.rready.eq(active & (~full | self.out.ready)),
-                take.eq(bus.rvalid & bus.rready),
-            ]
-            shifted = Cat(entry[width:], bus.rdata) if beats > 1 else bus.rdata
-            with m.If(take):
-                m.d.sync += entry.eq(shifted)
-            with m.If(self.out.valid & self.out.ready):
-                m.d.sync += count.eq(take)
-                walk.advance()
-                with m.If(walk.last):
-                    m.d.comb += finishing.eq(1)
-                    m.d.sync += active.eq(0)
-            with m.Elif(take):
-                m.d.sync += count.eq(count + 1)
-        else:
-            # Present the current beat's entries from the walk's lane on; release the
-            # beat when its last lane or the row's last entry is taken.
-            k = 1 << k_log
-            bits = self._entry_bytes * 8
-            m.d.comb += self.out.valid.eq(active & bus.rvalid)
-            for i in range(self._lanes):
-                m.d.comb += self.out.p.entries[i].eq(bus.rdata.word_select((walk.lane + i)[:k_log], bits))
-            with m.If(self.out.valid & self.out.ready):
-                walk.advance()
-                m.d.comb += bus.rready.eq(walk.row_end | (walk.lane + walk.count == k))
-                with m.If(walk.last):
-                    m.d.comb += finishing.eq(1)
-                    m.d.sync += active.eq(0)
-
-        # After the data path's statements, so a new command's walk overrides the old one's.
-        with m.If(pending.r_rdy & (~active | finishing)):
-            following = DmaCommand(pending.r_data)
-            m.d.comb += pending.r_en.eq(1)
-            m.d.sync += [cmd.eq(following), active.eq(1)]
-            walk.start(following)
-        return m
-
-
-class DmaWriter(_GroupDma):
-    """Stream of entry groups → DRAM, over the write half of an AXI4 master.
-
-    Parameters
-    ----------
-    entry_bytes, bus_bytes, lanes : int
-        As for `DmaReader`.
-    responses : int
-        Bursts whose write response may be outstanding (AW stalls beyond).
-
-    Attributes
-    ----------
-    cmd : In(stream of DmaCommand)
-        ``x_size`` and ``y_size`` must be non-zero. Accepted once the previous
-        command's entries have all been taken and its bursts generated, so a
-        command's AW and W go out while earlier commands' write responses are
-        still on their way.
-    inp : In(stream of group_layout(entry_bytes·8, lanes))
-        The tiles' entries, command after command, in the groups of `dma_groups`
-        (each group fills the lanes of one beat that belong to one row; ``count``
-        must be the walk's).
-    bus : Out(AxiWriteSignature)
-    done : Out(1)
-        Pulses once per command, in order, when its last write response arrives.
-    busy : Out(1)
-        High until the last write response of the last command has arrived.
-    """
-
-    def __init__(self, entry_bytes, bus_bytes, lanes=None, responses=32):
-        refuse_unless_positive(self, responses, "Outstanding responses")
-        self._responses = responses
-        super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
-            "cmd": In(stream.Signature(DmaCommand)),
-            "inp": In(group),
-            "bus": Out(AxiWriteSignature(bus_bytes * 8)),
-            "done": Out(1),
-            "busy": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
-        # Write responses come back in AW order (one ID): this queue says, per burst
-        # awaiting its response, whether it ends a command.
-        m.submodules.responses = responses = fifo.SyncFIFO(width=1, depth=self._responses)
-        # AW runs ahead of W; W learns each burst's length from this queue.
-        m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=8)
-        e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
-        k_log = max(0, n_log - e_log)
-        bus = self.bus
-        width = self._bus_bytes * 8
-
-        cmd = Signal(DmaCommand)
-        data_done = Signal(init=1)      # every entry of `cmd` taken (or no command yet)
-        walk = DmaWalk(m, cmd, k_log, self._lanes)
-        free_for_cmd = data_done & bursts.cmd.ready
-        room = lengths.w_rdy & responses.w_rdy
-
-        m.d.comb += [
-            bursts.cmd.p.eq(self.cmd.p),
-            bursts.cmd.valid.eq(self.cmd.valid & data_done),
-            self.cmd.ready.eq(free_for_cmd),
-            bus.awaddr.eq(bursts.burst.p.addr),
-            bus.awlen.eq(bursts.burst.p.len),
-            bus.awvalid.eq(bursts.burst.valid & room),
-            bursts.burst.ready.eq(bus.awready & room),
-            lengths.w_data.eq(bursts.burst.p.len),
-            lengths.w_en.eq(bus.awvalid & bus.awready),
-            responses.w_data.eq(bursts.burst.p.last),
-            responses.w_en.eq(bus.awvalid & bus.awready),
-            bus.bready.eq(1),
-            responses.r_en.eq(bus.bvalid),
-            self.done.eq(bus.bvalid & responses.r_rdy & responses.r_data),
-        ]
-        with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [cmd.eq(self.cmd.p), data_done.eq(0)]
-            walk.start(self.cmd.p)
-
-        # W beats: `beat`/`strb` hold the beat being presented.
-        beat = Signal(width)
-        strb = Signal(width // 8)
-        beat_valid = Signal()
-        w_count = Signal(8)
-        m.d.comb += [
-            bus.wdata.eq(beat), bus.wstrb.eq(strb),
-            bus.wvalid.eq(beat_valid & lengths.r_rdy),
-            bus.wlast.eq(w_count == lengths.r_data),
-        ]
-        w_fire = bus.wvalid & bus.wready
-        with m.If(w_fire):
-            m.d.sync += beat_valid.eq(0)
-            with m.If(bus.wlast):
-                m.d.comb += lengths.r_en.eq(1)
-                m.d.sync += w_count.eq(0)
-            with m.Else():
-                m.d.sync += w_count.eq(w_count + 1)
-
-        free = ~beat_valid | w_fire
-        holding = Signal()      # an entry wider than a beat still has beats to present
-        m.d.comb += self.busy.eq(~data_done | holding | beat_valid | bursts.busy | lengths.r_rdy |
-                                 responses.r_rdy)
-        if e_log >= n_log:
-            beats = 1 << (e_log - n_log)
-            entry = Signal(self._entry_bytes * 8)
-            index = Signal(range(max(2, beats)))
-            m.d.comb += self.inp.ready.eq(~data_done & (~holding | (free & (index == beats - 1))))
-            with m.If(holding & free):
-                m.d.sync += [beat.eq(entry.word_select(index, width)), strb.eq(~0), beat_valid.eq(1),
-                             index.eq(index + 1)]
-                with m.If(index == beats - 1):
-                    m.d.sync += [holding.eq(0), index.eq(0)]
-            with m.If(self.inp.valid & self.inp.ready):
-                m.d.sync += [entry.eq(self.inp.p.entries[0]), holding.eq(1), index.eq(0)]
-                walk.advance()
-                with m.If(walk.last):
-                    m.d.sync += data_done.eq(1)
-        else:
-            # Lane j of the beat takes entry (j - lane) mod k of the group, if the group has it.
-            k = 1 << k_log
-            lane_bytes = self._entry_bytes
-            l_log = exact_log2(self._lanes)
-            m.d.comb += self.inp.ready.eq(~data_done & free)
-            with m.If(self.inp.valid & self.inp.ready):
-                walk.advance()
-                lanes = Signal(width // 8)
-                for j in range(k):
-                    i = Signal(k_log, name=f"index{j}")
-                    m.d.comb += i.eq(j - walk.lane)
-                    with m.If(i < walk.count):
-                        entry = self.inp.p.entries[i[:l_log]] if l_log else self.inp.p.entries[0]
-                        m.d.sync += beat.word_select(j, lane_bytes * 8).eq(entry)
-                        m.d.comb += lanes[j * lane_bytes:(j + 1) * lane_bytes].eq(~0)
-                m.d.sync += strb.eq(Mux(beat_valid, 0, strb) | lanes)
-                with m.If(walk.row_end | (walk.lane + walk.count == k)):
-                    m.d.sync += beat_valid.eq(1)
-                with m.If(walk.last):
-                    m.d.sync += data_done.eq(1)
-            with m.Elif(w_fire):
-                m.d.sync += strb.eq(0)
-        return m

@@ -17,8 +17,8 @@ instruction's data has landed.
 """
 
 from amaranth import *
-from amaranth.lib import data, fifo, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import data, fifo
+from amaranth.lib.wiring import Out
 
 from ..isa import TOKEN_POPS, TOKEN_PUSHES, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES

@@ -19,7 +19,7 @@ from ..isa import LOAD_ENGINE, OPCODE_ENGINE, PIPELINE, Opcode, insn_bits, insn_
 from ..regmap import ENGINE_STATES, Fault
 from ..timing import FETCH_CHUNK
 from .axi import AxiReadSignature
-from .dma import DmaReader
+from .dma_read import DmaReader
 from .engine import STATE_BITS, insn_layout
 from .insn_check import FAULT_BITS, InsnChecker
 

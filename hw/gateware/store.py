@@ -26,7 +26,8 @@ from amaranth.utils import exact_log2
 from ..isa import Engine, MemType, Opcode, insn_bits
 from .axi import AxiWriteSignature, connect_when_selected
 from .banked import GroupReadSignature, buffer_lanes, group_layout
-from .dma import DmaCommand, DmaWalk, DmaWriter, dma_command_from
+from .dma import DmaCommand, DmaWalk, dma_command_from
+from .dma_write import DmaWriter
 from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 

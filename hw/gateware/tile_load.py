@@ -22,7 +22,8 @@ from amaranth.lib.wiring import In, Out
 from ..isa import Opcode, fields_of
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .dma import DmaReader, dma_command_from, refuse_unless_positive
+from .dma import dma_command_from, refuse_unless_positive
+from .dma_read import DmaReader
 
 __all__ = ["TileLoader", "load_command_layout"]
 

@@ -15,7 +15,9 @@ from gemforge.hw.gateware.testbench import (
 
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.gateware.banked import buffer_lanes
-from gemforge.hw.gateware.dma import BurstGenerator, DmaReader, DmaWriter, dma_groups, max_burst_beats
+from gemforge.hw.gateware.dma import BurstGenerator, dma_groups, max_burst_beats
+from gemforge.hw.gateware.dma_read import DmaReader
+from gemforge.hw.gateware.dma_write import DmaWriter
 from gemforge.hw.gateware.tile_load import TileLoader
 from gemforge.hw.gateware.tokens import TokenQueue
 

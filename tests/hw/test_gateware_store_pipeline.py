@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.gateware.dma import DmaWriter
+from gemforge.hw.gateware.dma_write import DmaWriter
 from gemforge.hw.gateware.store import StoreEngine
 from gemforge.hw.gateware.testbench import AxiWriteMemory, issue_words, simulate, stream_put, wait_until_low
 from gemforge.hw.isa import MemType, Store, encode
