@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterable, Union
 
 import numpy as np
+from amaranth.lib import enum as amaranth_enum
 
 from .config import (
     ALU_IMM_BITS,
@@ -71,7 +72,15 @@ class EncodingError(IsaError):
     """A binary word does not decode to a valid instruction."""
 
 
-class Opcode(enum.IntEnum):
+# The enumerations are Amaranth enums with their field widths as shapes, so the gateware's
+# instruction views (`gateware.engine.insn_layout`) hold typed fields; on the host they are
+# plain `enum.IntEnum`s.
+OPCODE_BITS = 3
+MEM_TYPE_BITS = 3
+ALU_OP_BITS = 3
+
+
+class Opcode(amaranth_enum.IntEnum, shape=OPCODE_BITS):
     LOAD = 0    #: DRAM → on-chip buffer, 2-D strided, zero padding
     STORE = 1   #: output or accumulator buffer → DRAM, 2-D strided
     GEMM = 2    #: matrix multiply-accumulate over a micro-op range, two loop levels
@@ -79,7 +88,7 @@ class Opcode(enum.IntEnum):
     FINISH = 4  #: end of program
 
 
-class MemType(enum.IntEnum):
+class MemType(amaranth_enum.IntEnum, shape=MEM_TYPE_BITS):
     INP = 0  #: input buffer (load engine)
     WGT = 1  #: weight buffer (load engine)
     ACC = 2  #: accumulator buffer (compute engine loads; store engine stores)
@@ -92,7 +101,7 @@ class MemType(enum.IntEnum):
         return self.name.lower()
 
 
-class AluOp(enum.IntEnum):
+class AluOp(amaranth_enum.IntEnum, shape=ALU_OP_BITS):
     MIN = 0  #: signed minimum
     MAX = 1  #: signed maximum
     ADD = 2  #: wrap-around addition
@@ -109,9 +118,6 @@ class Engine(enum.Enum):
     STORE = "store"
 
 
-OPCODE_BITS = 3
-MEM_TYPE_BITS = 3
-ALU_OP_BITS = 3
 DEP_FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next")
 
 #: The engines in pipeline order (load → compute → store).

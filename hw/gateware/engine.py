@@ -20,7 +20,7 @@ from amaranth import *
 from amaranth.lib import data, fifo
 from amaranth.lib.wiring import Out
 
-from ..isa import TOKEN_POPS, TOKEN_PUSHES, Opcode, fields_of
+from ..isa import TOKEN_POPS, TOKEN_PUSHES, AluOp, MemType, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
@@ -56,7 +56,14 @@ def insn_layout(config, opcode):
     fields = {}
     for field in fields_of(config, opcode):
         fields[field.name] = signed(field.width) if field.signed else unsigned(field.width)
+    for name, enum_shape in _ENUM_FIELDS.items():       # typed: compared with enum members
+        if name in fields:
+            fields[name] = enum_shape
     return data.StructLayout(fields)
+
+
+#: Instruction fields whose shape is an ISA enumeration.
+_ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
 
 
 class EngineSequencer:
