@@ -4,7 +4,8 @@ Every register is 32 bits wide on the AXI4-Lite slave; 64-bit counters take
 two consecutive registers (``_LO`` then ``_HI``). The gateware's register file
 (`gemforge.hw.gateware.regfile`), the co-simulation driver, the Markdown page
 and the C header are all produced from `REGISTERS` below, so an offset exists
-in exactly one place.
+in exactly one place; so are the bitfields of a register (`Bitfield`, and the
+`Register.layout` the gateware packs and the host unpacks them with).
 
 Counters run only while the accelerator is busy (from START until the program
 ends) and are cleared by START.
@@ -106,10 +107,9 @@ ERROR_INFO_WRITE = 1 << 8
 
 @dataclass(frozen=True)
 class Bitfield:
-    """One field of a register, packed from bit 0 upwards in the order a register lists them;
-    a field named ``None`` is reserved (reads as zero, ignored when written)."""
+    """One field of a register, packed from bit 0 upwards in the order a register lists them."""
 
-    name: str | None
+    name: str
     width: int
     doc: str = ""
 
@@ -145,11 +145,10 @@ class Register:
 
     @cached_property
     def layout(self) -> data.StructLayout:
-        """The register's bitfields as a StructLayout (reserved fields named ``_reserved_<bit>``)."""
-        members, bit = {}, 0
-        for f in self.fields:
-            members[f.name if f.name is not None else f"_reserved_{bit}"] = f.width
-            bit += f.width
+        """The register's bitfields as a StructLayout of the whole register (the bits above the
+        fields are ``_reserved_<bit>``: read as zero, ignored when written)."""
+        members = {f.name: f.width for f in self.fields}
+        bit = sum(f.width for f in self.fields)
         if bit > REG_BYTES * 8:
             raise ValueError(f"{self.name}'s fields take {bit} bits, more than a register's {REG_BYTES * 8}")
         if bit < REG_BYTES * 8:
@@ -158,12 +157,11 @@ class Register:
 
     @property
     def description(self) -> str:
-        """The doc followed by each named field: ``bits [0] BUSY: a program is running; …``."""
+        """The doc followed by each field: ``… Bits [0] BUSY — a program is running; …``."""
         parts, bit = [], 0
         for f in self.fields:
-            if f.name is not None:
-                span = f"[{bit}]" if f.width == 1 else f"[{bit + f.width - 1}:{bit}]"
-                parts.append(f"{span} {f.name}" + (f" — {f.doc}" if f.doc else ""))
+            span = f"[{bit}]" if f.width == 1 else f"[{bit + f.width - 1}:{bit}]"
+            parts.append(f"{span} {f.name}" + (f" — {f.doc}" if f.doc else ""))
             bit += f.width
         return self.doc if not parts else f"{self.doc}. Bits {'; '.join(parts)}"
 

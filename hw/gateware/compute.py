@@ -3,7 +3,7 @@
 GEMM and ALU share one five-stage pipeline that accepts a micro-op every cycle:
 
 ====  ==============================================================
-S0    loop counters (i, j, u); read micro-op ``u``
+S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); read micro-op ``u``
 S1    indices = micro-op fields + loop offsets; read inp, wgt
 S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
 S3    adder tree (GEMM) or operand select (ALU); forward from S4
@@ -32,7 +32,6 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import LOOP_ITER_BITS
 from ..isa import Engine, MemType, Opcode, insn_bits, uop_fields
 from ..regmap import ENGINE_STATES
 from .alu import TensorAlu
@@ -41,6 +40,7 @@ from .banked import BankedMemory, GroupWriteSignature, buffer_lanes
 from .engine import STATE_BITS, EngineSequencer, insn_layout, token_members, token_ports
 from .gemm import GemmCore, lanes
 from .tile_load import TileLoader
+from .uop_loop import OFFSET_BITS, UopLoop
 
 __all__ = ["ComputeEngine", "uop_layout", "mirror"]
 
@@ -65,7 +65,6 @@ class ComputeEngine(wiring.Component):
     prev_pop, next_pop : Out(TokenPopSignature)
     prev_push, next_push : Out(TokenPushSignature)
         The token queues to and from the load and store engines (`engine.token_members`).
-        load→compute / compute→load and store→compute / compute→store queues.
     acc_bus, uop_bus : Out(AxiReadSignature)
     inp_rd_addr/inp_rd_data, wgt_rd_*, acc_rda_*, acc_rdb_* :
         synchronous read ports (data one cycle after address), acc ports
@@ -148,36 +147,19 @@ class ComputeEngine(wiring.Component):
             "wgt": (gm.wgt_factor_out, gm.wgt_factor_in),
         }
 
-        # ---------------------------------------------------------------- S0: loop counters
-        run = Signal()
-        i = Signal(LOOP_ITER_BITS)
-        j = Signal(LOOP_ITER_BITS)
-        u = Signal(c.uop_index_bits + 1)
-        off_bits = 32
-        base = {k: Signal(off_bits, name=f"{k}_base") for k in factors}   # i · factor_out
-        off = {k: Signal(off_bits, name=f"{k}_off") for k in factors}     # + j · factor_in
-        issue = run
-        m.d.comb += uop_rd.addr.eq(u)
-
-        with m.If(issue):
-            with m.If(u + 1 == uop_end):
-                m.d.sync += u.eq(uop_bgn)
-                with m.If(j + 1 == iter_in):
-                    m.d.sync += [j.eq(0), i.eq(i + 1)]
-                    for k, (fo, _fi) in factors.items():
-                        m.d.sync += [base[k].eq(base[k] + fo), off[k].eq(base[k] + fo)]
-                    with m.If(i + 1 == iter_out):
-                        m.d.sync += run.eq(0)
-                with m.Else():
-                    m.d.sync += j.eq(j + 1)
-                    for k, (_fo, fi) in factors.items():
-                        m.d.sync += off[k].eq(off[k] + fi)
-            with m.Else():
-                m.d.sync += u.eq(u + 1)
+        # ---------------------------------------------------------------- S0: the micro-op loop
+        m.submodules.uop_loop = loop = UopLoop(c.uop_index_bits, kinds=tuple(factors))
+        m.d.comb += [loop.uop_bgn.eq(uop_bgn), loop.uop_end.eq(uop_end),
+                     loop.iter_out.eq(iter_out), loop.iter_in.eq(iter_in)]
+        for k, (fo, fi) in factors.items():
+            m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
+        issue = run = loop.running
+        off = {k: getattr(loop, f"{k}_offset") for k in factors}
+        m.d.comb += uop_rd.addr.eq(loop.uop)
 
         # ---------------------------------------------------------------- S1: indices, operand reads
         s1_valid = Signal()
-        s1_off = {k: Signal(off_bits, name=f"s1_{k}_off") for k in factors}
+        s1_off = {k: Signal(OFFSET_BITS, name=f"s1_{k}_off") for k in factors}
         m.d.sync += s1_valid.eq(issue)
         for k in factors:
             m.d.sync += s1_off[k].eq(off[k])
@@ -262,9 +244,7 @@ class ComputeEngine(wiring.Component):
                     with m.Case(Opcode.GEMM, Opcode.ALU):
                         # Loops are never empty: fetch dispatches no zero count or empty
                         # micro-op range (`InsnChecker`).
-                        m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(uop_bgn)]
-                        for k in factors:
-                            m.d.sync += [base[k].eq(0), off[k].eq(0)]
+                        m.d.comb += loop.start.eq(1)
                         m.next = "RUN"
                     with m.Case(Opcode.LOAD):
                         m.next = "LAUNCH"

@@ -1,0 +1,91 @@
+"""The micro-op loop of a GEMM or ALU instruction (stage S0 of the compute pipeline).
+
+For ``i`` in ``[0, iter_out)``, ``j`` in ``[0, iter_in)`` and ``u`` in ``[uop_bgn, uop_end)``,
+innermost last, one micro-op issues per cycle with the offsets ``i·factor_out + j·factor_in``
+of each index kind (``dst``, ``src``, ``wgt``): the order and the offsets of the ISA's loop
+(`gemforge.sim.fsim.Fsim`'s loop indices are the micro-op's fields plus these offsets).
+The offsets are kept as running sums, so no multiplier is needed.
+"""
+
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import LOOP_ITER_BITS
+
+__all__ = ["UopLoop", "OFFSET_BITS"]
+
+#: Width of the running offsets: wide enough that a sum beyond any buffer is seen as such
+#: (the compute engine compares the whole index with the buffer's depth).
+OFFSET_BITS = 32
+
+
+class UopLoop(wiring.Component):
+    """Parameters
+    ----------
+    uop_index_bits : int
+        Width of a micro-op buffer index.
+    kinds : tuple of str
+        The index kinds with factors (``("dst", "src", "wgt")``).
+
+    Attributes
+    ----------
+    start : In(1)
+        Pulse: begin a loop with the parameters below (which must stay stable until ``running``
+        falls). The first micro-op issues the next cycle. Loops are never empty (the
+        instruction checker refuses zero counts and empty ranges).
+    uop_bgn, uop_end : In(uop_index_bits + 1)
+    iter_out, iter_in : In(LOOP_ITER_BITS)
+    <kind>_factor_out, <kind>_factor_in : In(OFFSET_BITS)
+    running : Out(1)
+        A micro-op issues this cycle (the loop is not finished).
+    uop : Out(uop_index_bits + 1)
+        The micro-op issuing.
+    <kind>_offset : Out(OFFSET_BITS)
+        Its offsets.
+    """
+
+    def __init__(self, uop_index_bits, kinds=("dst", "src", "wgt")):
+        self._kinds = tuple(kinds)
+        index = uop_index_bits + 1
+        members = {"start": In(1), "uop_bgn": In(index), "uop_end": In(index),
+                   "iter_out": In(LOOP_ITER_BITS), "iter_in": In(LOOP_ITER_BITS),
+                   "running": Out(1), "uop": Out(index)}
+        for k in self._kinds:
+            members.update({f"{k}_factor_out": In(OFFSET_BITS), f"{k}_factor_in": In(OFFSET_BITS),
+                            f"{k}_offset": Out(OFFSET_BITS)})
+        super().__init__(members)
+
+    @property
+    def kinds(self):
+        return self._kinds
+
+    def elaborate(self, platform):
+        m = Module()
+        i = Signal(LOOP_ITER_BITS)
+        j = Signal(LOOP_ITER_BITS)
+        u, run = self.uop, self.running
+        base = {k: Signal(OFFSET_BITS, name=f"{k}_base") for k in self._kinds}    # i · factor_out
+        off = {k: getattr(self, f"{k}_offset") for k in self._kinds}              # + j · factor_in
+        factor = {k: (getattr(self, f"{k}_factor_out"), getattr(self, f"{k}_factor_in")) for k in self._kinds}
+
+        with m.If(self.start):
+            m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(self.uop_bgn)]
+            for k in self._kinds:
+                m.d.sync += [base[k].eq(0), off[k].eq(0)]
+        with m.Elif(run):
+            with m.If(u + 1 == self.uop_end):
+                m.d.sync += u.eq(self.uop_bgn)
+                with m.If(j + 1 == self.iter_in):
+                    m.d.sync += [j.eq(0), i.eq(i + 1)]
+                    for k, (fo, _fi) in factor.items():
+                        m.d.sync += [base[k].eq(base[k] + fo), off[k].eq(base[k] + fo)]
+                    with m.If(i + 1 == self.iter_out):
+                        m.d.sync += run.eq(0)
+                with m.Else():
+                    m.d.sync += j.eq(j + 1)
+                    for k, (_fo, fi) in factor.items():
+                        m.d.sync += off[k].eq(off[k] + fi)
+            with m.Else():
+                m.d.sync += u.eq(u + 1)
+        return m
