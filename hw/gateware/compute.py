@@ -36,7 +36,7 @@ from ..isa import Engine, MemType, Opcode, insn_bits, uop_fields
 from ..regmap import ENGINE_STATES
 from .alu import TensorAlu
 from .axi import AxiReadSignature
-from .banked import BankedMemory, GroupWriteSignature, buffer_lanes
+from .banked import BankedMemory, GroupReadSignature, GroupWriteSignature, buffer_lanes
 from .engine import STATE_BITS, EngineSequencer, insn_layout, token_members, token_ports
 from .gemm import GemmCore, lanes
 from .tile_load import TileLoader
@@ -66,9 +66,9 @@ class ComputeEngine(wiring.Component):
     prev_push, next_push : Out(TokenPushSignature)
         The token queues to and from the load and store engines (`engine.token_members`).
     acc_bus, uop_bus : Out(AxiReadSignature)
-    inp_rd_addr/inp_rd_data, wgt_rd_*, acc_rda_*, acc_rdb_* :
-        synchronous read ports (data one cycle after address), acc ports
-        transparent to ``acc_wr``.
+    inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
+        Synchronous read ports of the buffers (data one cycle after the address); the
+        two accumulator ports are transparent to ``acc_wr``.
     acc_wr, out_wr : Out(GroupWriteSignature)
         Group write ports of the accumulator and output buffers (`buffer_lanes` of acc):
         a GEMM/ALU write-back is a group of one; accumulator LOADs write whole groups,
@@ -93,10 +93,10 @@ class ComputeEngine(wiring.Component):
             **token_members(Engine.COMPUTE),
             "acc_bus": Out(AxiReadSignature(c.bus_width)),
             "uop_bus": Out(AxiReadSignature(c.bus_width)),
-            "inp_rd_addr": Out(c.inp_index_bits), "inp_rd_data": In(c.inp_entry_bytes * 8),
-            "wgt_rd_addr": Out(c.wgt_index_bits), "wgt_rd_data": In(c.wgt_entry_bytes * 8),
-            "acc_rda_addr": Out(c.acc_index_bits), "acc_rda_data": In(acc_w),
-            "acc_rdb_addr": Out(c.acc_index_bits), "acc_rdb_data": In(acc_w),
+            "inp_rd": Out(GroupReadSignature(c.inp_entry_bytes * 8, 1, c.inp_index_bits)),
+            "wgt_rd": Out(GroupReadSignature(c.wgt_entry_bytes * 8, 1, c.wgt_index_bits)),
+            "acc_rda": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
+            "acc_rdb": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
             "acc_wr": Out(GroupWriteSignature(acc_w, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "out_wr": Out(GroupWriteSignature(c.out_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
@@ -179,8 +179,8 @@ class ComputeEngine(wiring.Component):
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
-            self.inp_rd_addr.eq(uop.src + s1_off["src"]),
-            self.wgt_rd_addr.eq(uop.wgt + s1_off["wgt"]),
+            self.inp_rd.addr.eq(uop.src + s1_off["src"]),
+            self.wgt_rd.addr.eq(uop.wgt + s1_off["wgt"]),
         ]
 
         # ---------------------------------------------------------------- S2: products, accumulator reads
@@ -189,8 +189,8 @@ class ComputeEngine(wiring.Component):
         s2_src = Signal(acc_bits)
         m.d.sync += [s2_valid.eq(s1_valid), s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
         m.submodules.gemm = gemm = GemmCore(c)
-        m.d.comb += [gemm.inp.eq(self.inp_rd_data), gemm.wgt.eq(self.wgt_rd_data),
-                     self.acc_rda_addr.eq(s2_dst), self.acc_rdb_addr.eq(s2_src)]
+        m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0]),
+                     self.acc_rda.addr.eq(s2_dst), self.acc_rdb.addr.eq(s2_src)]
 
         # ---------------------------------------------------------------- S3: dot / operand, forwarding
         s3_valid = Signal()
@@ -204,8 +204,8 @@ class ComputeEngine(wiring.Component):
         s4_b = Signal(c.acc_entry_bytes * 8)
         s4_result = Signal(c.acc_entry_bytes * 8)
 
-        fwd_a = Mux(s4_valid & (s4_dst == s3_dst), s4_result, self.acc_rda_data)
-        fwd_b = Mux(s4_valid & (s4_dst == s3_src), s4_result, self.acc_rdb_data)
+        fwd_a = Mux(s4_valid & (s4_dst == s3_dst), s4_result, self.acc_rda.data[0])
+        fwd_b = Mux(s4_valid & (s4_dst == s3_src), s4_result, self.acc_rdb.data[0])
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())

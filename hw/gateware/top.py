@@ -120,21 +120,15 @@ class Accelerator(wiring.Component):
         for name in ("inp", "wgt"):
             mm = mem(name)
             wiring.connect(m, getattr(load, f"{name}_wr"), mm.write_port(lanes=mm.banks))
-            rp = mm.read_port()
-            m.d.comb += [rp.addr.eq(getattr(compute, f"{name}_rd_addr")),
-                         getattr(compute, f"{name}_rd_data").eq(rp.data[0])]
+            wiring.connect(m, getattr(compute, f"{name}_rd"), mm.read_port())
         acc_mem, out_mem = mem("acc"), mem("out")
         acc_wp = acc_mem.write_port(lanes=acc_mem.banks)
-        acc_ra = acc_mem.read_port(transparent_for=(acc_wp,))
-        acc_rb = acc_mem.read_port(transparent_for=(acc_wp,))
         wiring.connect(m, compute.acc_wr, acc_wp)
+        wiring.connect(m, compute.acc_rda, acc_mem.read_port(transparent_for=(acc_wp,)))
+        wiring.connect(m, compute.acc_rdb, acc_mem.read_port(transparent_for=(acc_wp,)))
         wiring.connect(m, store.acc_rd, acc_mem.read_port(lanes=acc_mem.banks))
         wiring.connect(m, compute.out_wr, out_mem.write_port(lanes=acc_mem.banks))   # the acc mirror
         wiring.connect(m, store.out_rd, out_mem.read_port(lanes=out_mem.banks))
-        m.d.comb += [
-            acc_ra.addr.eq(compute.acc_rda_addr), compute.acc_rda_data.eq(acc_ra.data[0]),
-            acc_rb.addr.eq(compute.acc_rdb_addr), compute.acc_rdb_data.eq(acc_rb.data[0]),
-        ]
 
         # ---------------------------------------------------------------- AXI master
         arbiter = ReadArbiter(c.bus_width, len(READ_CLIENTS))
