@@ -1,4 +1,4 @@
-"""The compute engine: micro-op buffer, GEMM/ALU pipeline, accumulator and micro-op loads.
+"""The compute engine: GEMM/ALU pipeline, accumulator and micro-op loads.
 
 GEMM and ALU share one five-stage pipeline that accepts a micro-op every cycle:
 
@@ -36,7 +36,7 @@ from ..isa import Engine, MemType, Opcode, insn_bits, uop_fields
 from ..regmap import ENGINE_STATES
 from .alu import TensorAlu
 from .axi import AxiReadSignature
-from .banked import BankedMemory, GroupReadSignature, GroupWriteSignature, buffer_lanes
+from .banked import GroupReadSignature, GroupWriteSignature, buffer_lanes
 from .engine import STATE_BITS, EngineSequencer, insn_layout, token_members, token_ports
 from .gemm import GemmCore, lanes
 from .tile_load import TileLoader
@@ -66,9 +66,11 @@ class ComputeEngine(wiring.Component):
     prev_push, next_push : Out(TokenPushSignature)
         The token queues to and from the load and store engines (`engine.token_members`).
     acc_bus, uop_bus : Out(AxiReadSignature)
-    inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
+    uop_wr : Out(GroupWriteSignature)
+        The micro-op LOADs' writes into the micro-op buffer (a bus beat's worth of entries).
+    uop_rd, inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
         Synchronous read ports of the buffers (data one cycle after the address); the
-        two accumulator ports are transparent to ``acc_wr``.
+        micro-op port is transparent to ``uop_wr``, the two accumulator ports to ``acc_wr``.
     acc_wr, out_wr : Out(GroupWriteSignature)
         Group write ports of the accumulator and output buffers (`buffer_lanes` of acc):
         a GEMM/ALU write-back is a group of one; accumulator LOADs write whole groups,
@@ -97,6 +99,8 @@ class ComputeEngine(wiring.Component):
             "wgt_rd": Out(GroupReadSignature(c.wgt_entry_bytes * 8, 1, c.wgt_index_bits)),
             "acc_rda": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
             "acc_rdb": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
+            "uop_wr": Out(GroupWriteSignature(c.uop_bits, buffer_lanes(c, "uop"), c.uop_index_bits)),
+            "uop_rd": Out(GroupReadSignature(c.uop_bits, 1, c.uop_index_bits)),
             "acc_wr": Out(GroupWriteSignature(acc_w, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "out_wr": Out(GroupWriteSignature(c.out_entry_bytes * 8, buffer_lanes(c, "acc"), c.acc_index_bits)),
             "state": Out(STATE_BITS), "busy": Out(1), "token_stall": Out(1), "mem_stall": Out(1),
@@ -109,16 +113,13 @@ class ComputeEngine(wiring.Component):
         c = self._config
         acc_bits = c.acc_index_bits
 
-        # ---------------------------------------------------------------- micro-op buffer and loaders
-        uop_lanes = buffer_lanes(c, "uop")
-        m.submodules.uop_mem = uop_mem = BankedMemory(width=c.uop_bits, depth=c.uop_depth, banks=uop_lanes)
-        uop_wr = uop_mem.write_port(lanes=uop_lanes)
-        uop_rd = uop_mem.read_port(transparent_for=(uop_wr,))
+        # ---------------------------------------------------------------- loaders
+        uop_rd = self.uop_rd
         m.submodules.acc_loader = acc_loader = TileLoader(c, "acc")
         m.submodules.uop_loader = uop_loader = TileLoader(c, "uop")
         wiring.connect(m, wiring.flipped(self.acc_bus), acc_loader.bus)
         wiring.connect(m, wiring.flipped(self.uop_bus), uop_loader.bus)
-        wiring.connect(m, uop_loader.wr, uop_wr)
+        wiring.connect(m, uop_loader.wr, wiring.flipped(self.uop_wr))
 
         # ---------------------------------------------------------------- instruction views
         word = Signal(insn_bits(c))

@@ -13,7 +13,7 @@ inp    load             compute (S1)
 wgt    load             compute (S1)
 acc    compute          compute (two ports, transparent), store
 out    compute (mirror) store
-uop    compute          compute (inside the compute engine)
+uop    compute (LOAD)   compute (S0, transparent)
 =====  ===============  =========================================
 """
 
@@ -121,6 +121,10 @@ class Accelerator(wiring.Component):
             mm = mem(name)
             wiring.connect(m, getattr(load, f"{name}_wr"), mm.write_port(lanes=mm.banks))
             wiring.connect(m, getattr(compute, f"{name}_rd"), mm.read_port())
+        uop_mem = mem("uop")
+        uop_wp = uop_mem.write_port(lanes=uop_mem.banks)
+        wiring.connect(m, compute.uop_wr, uop_wp)
+        wiring.connect(m, compute.uop_rd, uop_mem.read_port(transparent_for=(uop_wp,)))
         acc_mem, out_mem = mem("acc"), mem("out")
         acc_wp = acc_mem.write_port(lanes=acc_mem.banks)
         wiring.connect(m, compute.acc_wr, acc_wp)
