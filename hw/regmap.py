@@ -282,6 +282,9 @@ def _build() -> list[Register]:
 #: Every register, in offset order.
 REGISTERS: list[Register] = _build()
 assert len({r.offset for r in REGISTERS}) == len(REGISTERS)
+for _register in REGISTERS:
+    _register.layout            # fields wider than the register are refused here, on import
+del _register
 
 
 def by_name(name: str) -> Register:

@@ -85,3 +85,10 @@ def test_every_bitfield_is_in_the_layout_the_header_and_the_page():
             if reg.name.startswith("DEBUG_TOKENS"):
                 token_fields.add(name)
     assert token_fields == {token_field(q) for q in TOKEN_QUEUES}
+
+
+def test_fields_wider_than_a_register_are_refused():
+    from gemforge.hw.regmap import Bitfield
+    reg = Register("WIDE", 0x100, "ro", "too many fields", fields=tuple(Bitfield(f"F{i}", 10) for i in range(4)))
+    with pytest.raises(ValueError, match="WIDE's fields take 40 bits, more than a register's 32"):
+        reg.layout
