@@ -158,12 +158,22 @@ class TokenQueue:
         return PIPELINE.index(self.popper) > PIPELINE.index(self.pusher)
 
     @property
+    def push_side(self) -> str:
+        """Which neighbour the pusher sends to: ``"next"`` or ``"prev"``."""
+        return "next" if self.forward else "prev"
+
+    @property
+    def pop_side(self) -> str:
+        """Which neighbour the popper takes from: ``"prev"`` or ``"next"``."""
+        return "prev" if self.forward else "next"
+
+    @property
     def push_flag(self) -> str:
-        return "push_next" if self.forward else "push_prev"
+        return f"push_{self.push_side}"
 
     @property
     def pop_flag(self) -> str:
-        return "pop_prev" if self.forward else "pop_next"
+        return f"pop_{self.pop_side}"
 
 
 #: Every token queue: one each way between neighbouring engines, in the order the debug
@@ -485,9 +495,7 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
     if isinstance(insn, Load) and not isinstance(insn.mem, MemType) or \
             isinstance(insn, Store) and not isinstance(insn.mem, MemType):
         raise IsaError(f"{name} mem must be a MemType, not {insn.mem!r}")
-    if isinstance(insn, Load) and insn.mem not in LOAD_ENGINE:
-        raise IsaError(f"LOAD cannot target the {insn.mem.buffer} buffer; allowed: "
-                       f"{', '.join(m.buffer for m in LOAD_ENGINE)}")
+    engine = engine_of(insn)            # refuses a LOAD into a buffer no engine loads
     if isinstance(insn, Store) and insn.mem not in STORE_MEMS:
         raise IsaError(f"STORE reads the {' or '.join(m.buffer for m in STORE_MEMS)} buffer, not {insn.mem.buffer}")
     if isinstance(insn, Load) and insn.mem == MemType.UOP and \
@@ -495,7 +503,6 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
         raise IsaError("LOAD uop takes no padding; y_pad0, y_pad1, x_pad0 and x_pad1 must be 0")
     if isinstance(insn, Alu) and not isinstance(insn.op, AluOp):
         raise IsaError(f"ALU op must be an AluOp, not {insn.op!r}")
-    engine = engine_of(insn)
     label = mnemonic(insn)
     for side, stage in (("prev", "previous"), ("next", "next")):
         if f"pop_{side}" not in TOKEN_POPS[engine] and (getattr(insn, f"pop_{side}") or getattr(insn, f"push_{side}")):

@@ -154,7 +154,7 @@ class ComputeEngine(wiring.Component):
                      loop.iter_out.eq(iter_out), loop.iter_in.eq(iter_in)]
         for k, (fo, fi) in factors.items():
             m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
-        issue = run = loop.running
+        issue = loop.running
         off = {k: getattr(loop, f"{k}_offset") for k in factors}
         m.d.comb += uop_rd.addr.eq(loop.uop)
 
@@ -267,7 +267,7 @@ class ComputeEngine(wiring.Component):
                     m.next = "PUSH"
             with m.State("RUN"):
                 m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
-                with m.If(~run):
+                with m.If(~issue):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += [seq.state.eq(ENGINE_STATES["drain"]), seq.busy.eq(1)]

@@ -20,7 +20,7 @@ from amaranth import *
 from amaranth.lib import data, fifo
 from amaranth.lib.wiring import Out
 
-from ..isa import TOKEN_POPS, TOKEN_PUSHES, AluOp, MemType, Opcode, fields_of
+from ..isa import TOKEN_QUEUES, AluOp, MemType, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
@@ -33,21 +33,22 @@ PENDING_PUSHES = 4
 
 
 def token_members(engine):
-    """An engine's token ports from the ISA's queues (`isa.TOKEN_POPS`, `isa.TOKEN_PUSHES`):
+    """An engine's token ports from the ISA's queues (`isa.TOKEN_QUEUES`):
     ``prev_pop``/``next_pop`` (`TokenPopSignature`) and ``prev_push``/``next_push``
     (`TokenPushSignature`) for each side it has a neighbour on."""
     members = {}
-    for flag in TOKEN_POPS[engine]:
-        members[f"{flag.removeprefix('pop_')}_pop"] = Out(TokenPopSignature())
-    for flag in TOKEN_PUSHES[engine]:
-        members[f"{flag.removeprefix('push_')}_push"] = Out(TokenPushSignature())
+    for queue in TOKEN_QUEUES:
+        if queue.popper is engine:
+            members[f"{queue.pop_side}_pop"] = Out(TokenPopSignature())
+        if queue.pusher is engine:
+            members[f"{queue.push_side}_push"] = Out(TokenPushSignature())
     return members
 
 
 def token_ports(component, engine):
     """``{side: (pop port, push port)}`` of an engine built with `token_members`, for
     `EngineSequencer` and `PendingPushes` (an engine pops and pushes on the same sides)."""
-    sides = [flag.removeprefix("pop_") for flag in TOKEN_POPS[engine]]
+    sides = [queue.pop_side for queue in TOKEN_QUEUES if queue.popper is engine]
     return {side: (getattr(component, f"{side}_pop"), getattr(component, f"{side}_push")) for side in sides}
 
 

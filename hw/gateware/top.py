@@ -106,10 +106,8 @@ class Accelerator(wiring.Component):
             tq = tokens[queue.short] = TokenQueue(c.token_queue_depth)
             m.submodules[f"tokens_{queue.short}"] = resettable(tq)
             # The pusher's side towards the popper: load→compute is load's "next".
-            wiring.connect(m, getattr(engines[queue.pusher.value], f"{queue.push_flag.removeprefix('push_')}_push"),
-                           tq.pusher)
-            wiring.connect(m, getattr(engines[queue.popper.value], f"{queue.pop_flag.removeprefix('pop_')}_pop"),
-                           tq.popper)
+            wiring.connect(m, getattr(engines[queue.pusher.value], f"{queue.push_side}_push"), tq.pusher)
+            wiring.connect(m, getattr(engines[queue.popper.value], f"{queue.pop_side}_pop"), tq.popper)
 
         # ---------------------------------------------------------------- buffers
         def mem(name):
