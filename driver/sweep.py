@@ -322,7 +322,7 @@ def _layer_bytes(program) -> int:
     """DRAM bytes a layer's program moves (its LOADs and STOREs, instructions aside)."""
     from gemforge.hw.isa import Load, Store
     c = program.config
-    return sum(i.y_size * i.x_size * c.entry_bytes(i.mem.buffer) for i in program.instructions
+    return sum(i.y_size * i.x_size * c.entry_bytes(i.dram_buffer) for i in program.instructions
                if isinstance(i, (Load, Store)))
 
 

@@ -18,7 +18,8 @@ dataclass's fields::
 
 Mnemonics are case-insensitive; flags and field names are not. Flags are
 the dependency flags (``pop_prev pop_next push_prev push_next``)
-and every other boolean field (GEMM's ``reset``). Fields with a default
+and every other boolean field (GEMM's ``reset`` and ``overwrite``, STORE's ``requant``, ``relu``, ``bias``
+and ``bias_per_row``). Fields with a default
 (pads, loop factors, ALU ``imm``) may be omitted; an ALU without ``imm=``
 takes its operand from the accumulator. Integers are decimal or ``0x`` hex.
 

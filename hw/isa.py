@@ -26,6 +26,9 @@ with the same `gemforge.hw.regmap.Fault` code in its ERROR register):
   queues of ``cmd_queue_depth`` entries and stalls while the next
   instruction's queue is full.
 * Bits of a micro-op word above its three fields are ignored.
+* A requantizing STORE (``requant``) reads the accumulator and writes
+  ``out_width``-bit values, ``clamp((acc + bias) >> shift)``; its DRAM
+  addresses count output-buffer entries (`Store.dram_buffer`).
 
 This module is the one definition of opcodes, field order and widths; the ISA
 reference (`gemforge info --isa`), the assembler, the simulator and the
@@ -42,6 +45,8 @@ from typing import ClassVar, Iterable, Union
 
 import numpy as np
 from amaranth.lib import enum as amaranth_enum
+
+from amaranth.utils import ceil_log2
 
 from .config import (
     ALU_IMM_BITS,
@@ -248,6 +253,11 @@ class Load(_Deps):
     x_pad0: int = 0
     x_pad1: int = 0
 
+    @property
+    def dram_buffer(self) -> str:
+        """The buffer whose entries the DRAM side moves (``dram_base`` counts them)."""
+        return self.mem.buffer
+
 
 @dataclass(frozen=True, kw_only=True)
 class Store(_Deps):
@@ -255,6 +265,18 @@ class Store(_Deps):
     or the accumulator buffer (``mem=acc``), read contiguously from
     ``sram_base``, to DRAM rows starting at entry ``dram_base + y·x_stride``.
     Runs on the store engine.
+
+    With ``requant`` (``mem=acc`` only) entry ``(y, x)`` is requantized on the
+    way out, element by element::
+
+        v   = acc[sram_base + y·x_size + x]
+        v   = v + acc[bias_base + (y if bias_per_row else 0)]   if bias (wrapping)
+        out = clamp(v >> shift, 0 if relu else −2^(out_width−1), 2^(out_width−1) − 1)
+
+    (arithmetic shift), so DRAM receives output-buffer entries and ``dram_base``
+    counts them: a quantized layer's bias, requantization and ReLU happen on
+    the way out, not on the compute pipeline. The bias entries must lie inside
+    the accumulator. Without ``requant`` the requantization fields are zero.
     """
 
     opcode: ClassVar[Opcode] = Opcode.STORE
@@ -264,6 +286,24 @@ class Store(_Deps):
     y_size: int
     x_size: int
     x_stride: int
+    requant: bool = False
+    shift: int = 0
+    relu: bool = False
+    bias: bool = False
+    bias_per_row: bool = False
+    bias_base: int = 0
+
+    @property
+    def dram_buffer(self) -> str:
+        """The buffer whose entries the DRAM side moves (``dram_base`` counts them): the
+        output buffer's for a requantizing STORE, else the buffer read."""
+        return MemType.OUT.buffer if self.requant else self.mem.buffer
+
+    def bias_entries(self) -> range:
+        """The accumulator entries a requantizing STORE with bias reads its bias from."""
+        if not self.bias:
+            return range(0)
+        return range(self.bias_base, self.bias_base + (self.y_size if self.bias_per_row else 1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,6 +315,7 @@ class Gemm(_Deps):
         x = u.src + i·src_factor_out + j·src_factor_in     (input index)
         w = u.wgt + i·wgt_factor_out + j·wgt_factor_in     (weight index)
         acc[a] = 0                          if reset
+        acc[a] = inp[x] · wgt[w]ᵀ           if overwrite (and not reset)
         acc[a] = acc[a] + inp[x] · wgt[w]ᵀ  otherwise, wrapping at acc_width bits
 
     Products and sums are exact signed integers reduced modulo 2^acc_width
@@ -282,10 +323,15 @@ class Gemm(_Deps):
     also writes ``out[a]`` = the low ``out_width`` bits of the new value, read
     as signed (the mirror rule). Micro-ops execute in order: a later micro-op
     sees the result of an earlier one to the same accumulator entry.
+
+    ``overwrite`` starts a reduction without a separate reset: the compiler gives
+    the first reduction step of each accumulator entry its own overwriting GEMM,
+    so no reset micro-op occupies the pipeline.
     """
 
     opcode: ClassVar[Opcode] = Opcode.GEMM
     reset: bool = False
+    overwrite: bool = False
     uop_bgn: int
     uop_end: int
     iter_out: int
@@ -394,8 +440,18 @@ def _fields_of(config: AccelConfig, opcode: Opcode) -> tuple[Field, ...]:
         ]
         if opcode == Opcode.LOAD:
             body += [Field(p, DMA_PAD_BITS, doc=_PAD_DOCS[p]) for p in ("y_pad0", "y_pad1", "x_pad0", "x_pad1")]
+        else:
+            body += [
+                Field("requant", 1, doc="acc → out values: clamp((acc + bias) >> shift) (mem=acc)"),
+                Field("shift", requant_shift_bits(config), doc="requant: arithmetic right shift"),
+                Field("relu", 1, doc="requant: clamp at 0 instead of the output type's minimum"),
+                Field("bias", 1, doc="requant: add acc[bias_base (+ row)] first"),
+                Field("bias_per_row", 1, doc="requant: row y adds acc[bias_base + y]"),
+                Field("bias_base", config.acc_index_bits, doc="requant: accumulator entry of the bias"),
+            ]
     elif opcode == Opcode.GEMM:
-        body = [Field("reset", 1, doc="write zero instead of accumulating")] + uop_range + [
+        body = [Field("reset", 1, doc="write zero instead of accumulating"),
+                Field("overwrite", 1, doc="write the product instead of accumulating")] + uop_range + [
             Field("src_factor_out", config.inp_index_bits, doc="input index step per outer iteration"),
             Field("src_factor_in", config.inp_index_bits, doc="input index step per inner iteration"),
             Field("wgt_factor_out", config.wgt_index_bits, doc="weight index step per outer iteration"),
@@ -426,6 +482,11 @@ _PAD_DOCS = {
     "y_pad0": "zero rows above", "y_pad1": "zero rows below",
     "x_pad0": "zero entries left of each row", "x_pad1": "zero entries right of each row",
 }
+
+
+def requant_shift_bits(config: AccelConfig) -> int:
+    """Width of a requantizing STORE's shift: any amount below ``acc_width``."""
+    return max(1, ceil_log2(config.acc_width))
 
 
 def required_insn_bits(config: AccelConfig) -> int:
@@ -498,6 +559,14 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
     engine = engine_of(insn)            # refuses a LOAD into a buffer no engine loads
     if isinstance(insn, Store) and insn.mem not in STORE_MEMS:
         raise IsaError(f"STORE reads the {' or '.join(m.buffer for m in STORE_MEMS)} buffer, not {insn.mem.buffer}")
+    if isinstance(insn, Store) and insn.requant and insn.mem != MemType.ACC:
+        raise IsaError(f"a requantizing STORE reads the acc buffer, not {insn.mem.buffer}")
+    if isinstance(insn, Store) and not insn.requant and \
+            (insn.shift or insn.relu or insn.bias or insn.bias_per_row or insn.bias_base):
+        raise IsaError("STORE without requant takes no shift, relu or bias; shift, relu, bias, bias_per_row "
+                       "and bias_base must be 0")
+    if isinstance(insn, Store) and not insn.bias and (insn.bias_per_row or insn.bias_base):
+        raise IsaError("STORE without bias takes no bias_per_row or bias_base; they must be 0")
     if isinstance(insn, Load) and insn.mem == MemType.UOP and \
             (insn.y_pad0 or insn.y_pad1 or insn.x_pad0 or insn.x_pad1):
         raise IsaError("LOAD uop takes no padding; y_pad0, y_pad1, x_pad0 and x_pad1 must be 0")
@@ -583,6 +652,10 @@ def decode(word: int, config: AccelConfig) -> Instruction:
             values["mem"] = MemType(values["mem"])
         if opcode == Opcode.GEMM:
             values["reset"] = bool(values["reset"])
+            values["overwrite"] = bool(values["overwrite"])
+        if opcode == Opcode.STORE:
+            for flag in ("requant", "relu", "bias", "bias_per_row"):
+                values[flag] = bool(values[flag])
         if opcode == Opcode.ALU:
             values["op"] = AluOp(values["op"])
             use_imm = values.pop("use_imm")

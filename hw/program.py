@@ -139,7 +139,7 @@ class Program:
         out = []
         for insn in self.instructions:
             if isinstance(insn, (Load, Store)):
-                entry = self.config.entry_bytes(insn.mem.buffer)
+                entry = self.config.entry_bytes(insn.dram_buffer)
                 start = insn.dram_base * entry
                 target = arena_base + start
                 for region, address in bound:
@@ -148,7 +148,7 @@ class Program:
                         break
                 if target % entry:
                     raise ProgramError(f"tensor bound at {target - start:#x} is not aligned to the "
-                                       f"{entry}-byte entries a {insn.mem.buffer} transfer moves")
+                                       f"{entry}-byte entries a {insn.dram_buffer} transfer moves")
                 insn = dataclasses.replace(insn, dram_base=target // entry)
             out.append(insn)
         return out

@@ -75,7 +75,7 @@ def dma_beats(insn: Load | Store, config, timing: Timing) -> tuple[int, int]:
     DRAM addresses, a row of entries narrower than a beat moving whole beats, bursts split at
     `Timing.max_burst`-beat boundaries (as `gemforge.hw.gateware.dma.BurstGenerator` does),
     a burst taking at least `Timing.burst_issue` cycles (its address's turn)."""
-    eb, bus, maxb = config.entry_bytes(insn.mem.buffer), timing.bus_bytes, timing.max_burst
+    eb, bus, maxb = config.entry_bytes(insn.dram_buffer), timing.bus_bytes, timing.max_burst
     starts = insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride
     if eb >= bus:
         per_entry = eb // bus
@@ -86,7 +86,28 @@ def dma_beats(insn: Load | Store, config, timing: Timing) -> tuple[int, int]:
         first, last = starts // k, (starts + insn.x_size - 1) // k
     beats = last - first + 1
     bursts = last // maxb - first // maxb + 1
-    return int(beats.sum()), int(np.maximum(beats, timing.burst_issue * bursts).sum())
+    cycles = np.maximum(beats, timing.burst_issue * bursts)
+    if isinstance(insn, Store) and insn.requant:
+        # The requantizing path reads a group of accumulator entries per cycle (`buffer_lanes`
+        # of them: fewer than a beat of output entries when those are narrow) and its bias
+        # (once, or once per row) through the same port.
+        from gemforge.hw.gateware.banked import buffer_lanes
+        from gemforge.hw.gateware.dma import dma_groups
+        k, lanes = max(1, bus // eb), buffer_lanes(config, insn.mem.buffer)
+        if k == 1:
+            groups = insn.y_size * insn.x_size
+        elif lanes >= k:
+            groups = int(beats.sum())
+        else:
+            groups = len(dma_groups(insn.dram_base, insn.y_size, insn.x_size, insn.x_stride, eb, bus, lanes))
+        groups += len(insn.bias_entries())
+        return int(beats.sum()), max(int(cycles.sum()), groups)
+    return int(beats.sum()), int(cycles.sum())
+
+
+def _store_writer(insn: Store) -> tuple[MemType, bool]:
+    """The store engine's DMA writer a STORE uses: one per buffer, and the requantizing one."""
+    return insn.mem, insn.requant
 
 
 def _pad_cycles(insn: Load, config) -> tuple[int, int]:
@@ -175,7 +196,7 @@ class _Model:
         # the load and store engines' units
         self.loader_free = {MemType.INP: 0, MemType.WGT: 0}
         self.store_sram_free = 0
-        self.store_owner: tuple[MemType | None, _Record | None] = (None, None)
+        self.store_owner: tuple[tuple[MemType, bool] | None, _Record | None] = (None, None)
         self.finish_time: int | None = None
         self.retire = [0] * n
 
@@ -225,8 +246,8 @@ class _Model:
                 return None               # launched ones fill the pending pushes
         if e is Engine.STORE:
             buf, owner = self.store_owner
-            if buf is not None and buf != insn.mem and owner.finish is None:
-                return None               # the other buffer's writes still owe responses
+            if buf is not None and buf != _store_writer(insn) and owner.finish is None:
+                return None               # the other writer's writes still owe responses
         ready = max(self.dispatch[i] + t.queue_latency, st.free) + t.take_to_pop
         for flag, q in _POPS[e]:
             if getattr(insn, flag):
@@ -332,7 +353,7 @@ class _Model:
             last_beat = first + cycles
             self.store_sram_free = last_beat - t.store_issue
             rec.finish = last_beat + t.write_response
-            self.store_owner = (insn.mem, rec)
+            self.store_owner = (_store_writer(insn), rec)
             st.free = launch + 1
 
     def _resolve_pushes(self) -> None:

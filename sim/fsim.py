@@ -321,6 +321,8 @@ class Fsim:
                 raise OutOfBoundsError(
                     f"{self._where(insn, index)}: {verb} {buffer} entries {insn.sram_base}.."
                     f"{insn.sram_base + count_written - 1} but the {buffer} buffer has {depth} entries")
+            if isinstance(insn, Store):
+                self._check_bias(insn, index)
         elif isinstance(insn, (Gemm, Alu)):
             for name in ("iter_out", "iter_in"):
                 if getattr(insn, name) < 1:
@@ -340,7 +342,7 @@ class Fsim:
 
     def _dram_entries(self, insn: Load | Store, index: int) -> np.ndarray:
         """Entry indices (y, x) in DRAM that a LOAD/STORE touches, bounds-checked."""
-        buffer = insn.mem.buffer
+        buffer = insn.dram_buffer
         entry = self.config.entry_bytes(buffer)
         rows = insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride
         last = int(rows[-1]) + insn.x_size  # one past the last entry
@@ -407,17 +409,38 @@ class Fsim:
             raise OutOfBoundsError(
                 f"{self._where(insn, index)}: reads {buffer} entries {insn.sram_base}..{insn.sram_base + count - 1}"
                 f" but the {buffer} buffer has {depth} entries")
+        self._check_bias(insn, index)
         entries = self._dram_entries(insn, index)
-        dtype, _ = self._dram_dtype[buffer]
-        data = self._sram(buffer)[insn.sram_base:insn.sram_base + count].astype(dtype)
+        dtype, _ = self._dram_dtype[insn.dram_buffer]
+        data = self._sram(buffer)[insn.sram_base:insn.sram_base + count]
         data = data.reshape(entries.shape + data.shape[1:])
-        view = self._dram_view(buffer)
+        if insn.requant:
+            data = self._requantize(insn, data)
+        data = data.astype(dtype)
+        view = self._dram_view(insn.dram_buffer)
         if insn.y_size > 1 and insn.x_stride < insn.x_size:
             for y in range(insn.y_size):  # overlapping rows: later rows win, in order
                 view[entries[y]] = data[y]
         else:
             view[entries] = data
-        self.counters[f"store_bytes_{buffer}"] += count * self.config.entry_bytes(buffer)
+        # Counted by the entries DRAM receives (a requantizing STORE writes output entries).
+        self.counters[f"store_bytes_{insn.dram_buffer}"] += count * self.config.entry_bytes(insn.dram_buffer)
+
+    def _check_bias(self, insn: Store, index: int) -> None:
+        bias = insn.bias_entries()
+        if bias and bias.stop > self.config.acc_depth:
+            raise OutOfBoundsError(
+                f"{self._where(insn, index)}: reads its bias from acc entries {bias.start}..{bias.stop - 1} "
+                f"but the acc buffer has {self.config.acc_depth} entries")
+
+    def _requantize(self, insn: Store, tile: np.ndarray) -> np.ndarray:
+        """A requantizing STORE's output values of a (y, x, batch, block_out) accumulator tile."""
+        c = self.config
+        if insn.bias:
+            rows = np.asarray(insn.bias_entries()) if insn.bias_per_row else np.full(insn.y_size, insn.bias_base)
+            tile = _wrap(tile + self.acc[rows][:, None], c.acc_width)
+        low = 0 if insn.relu else -(1 << (c.out_width - 1))
+        return np.clip(tile >> insn.shift, low, (1 << (c.out_width - 1)) - 1)
 
     def _loop_indices(self, insn: Gemm | Alu, index: int) -> tuple[np.ndarray, ...]:
         """Per executed micro-op, in execution order: (dst, src, wgt) buffer indices."""
@@ -476,8 +499,23 @@ class Fsim:
             flat = (dst[lo:hi, None] * entry + lanes).reshape(-1)
             sums += np.bincount(flat, weights=prod.reshape(-1), minlength=sums.size).astype(np.int64)
         touched = np.unique(dst)
-        total = self.acc[touched] + sums.reshape(self.acc.shape)[touched]
+        if insn.overwrite:
+            if touched.size != n:
+                # An entry written twice: only its last micro-op's product survives.
+                self._gemm_overwrite_in_order(dst, src, wgt)
+                return
+            total = sums.reshape(self.acc.shape)[touched]
+        else:
+            total = self.acc[touched] + sums.reshape(self.acc.shape)[touched]
         self._write_acc(touched, _wrap(total, c.acc_width))
+
+    def _gemm_overwrite_in_order(self, dst: np.ndarray, src: np.ndarray, wgt: np.ndarray) -> None:
+        """An overwriting GEMM whose micro-ops write some entry more than once: each entry
+        ends with its last micro-op's product alone."""
+        last = {int(d): k for k, d in enumerate(dst)}
+        keep = np.fromiter(last.values(), np.int64)
+        prod = np.matmul(self.inp[src[keep]].astype(np.int64), self.wgt[wgt[keep]].astype(np.int64).transpose(0, 2, 1))
+        self._write_acc(dst[keep], _wrap(prod, self.config.acc_width))
 
     def _alu(self, insn: Alu, index: int) -> None:
         dst, src = self._loop_indices(insn, index)

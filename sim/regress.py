@@ -178,7 +178,7 @@ def fsim_reference(case: Case, window: int, tracing: bool = False,
 
 
 def _stored_bytes(case: Case) -> int:
-    return sum(i.y_size * i.x_size * case.config.entry_bytes(i.mem.buffer)
+    return sum(i.y_size * i.x_size * case.config.entry_bytes(i.dram_buffer)
                for i in case.program.instructions if isinstance(i, Store))
 
 
@@ -365,8 +365,11 @@ def _simplifications(insn: Instruction) -> list[Instruction]:
         for changes in ({"iter_out": 1}, {"iter_in": 1}, {"uop_end": insn.uop_bgn + 1}):
             if any(getattr(insn, k) != v for k, v in changes.items()):
                 out.append(dataclasses.replace(insn, **changes))
-        if isinstance(insn, Gemm) and insn.reset:
-            out.append(dataclasses.replace(insn, reset=False))
+        if isinstance(insn, Gemm) and (insn.reset or insn.overwrite):
+            out.append(dataclasses.replace(insn, reset=False, overwrite=False))
+    if isinstance(insn, Store) and insn.requant:
+        out.append(dataclasses.replace(insn, requant=False, shift=0, relu=False, bias=False, bias_per_row=False,
+                                       bias_base=0))
     if isinstance(insn, (Load, Store)):
         for changes in ({"y_size": 1}, {"x_size": 1}):
             if any(getattr(insn, k) != v for k, v in changes.items()):

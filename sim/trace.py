@@ -68,7 +68,7 @@ class TracingFsim(Fsim):
         self.accesses[self._current][key] = new if old is None else np.union1d(old, new)
 
     def _dram_bytes(self, insn: Load | Store) -> np.ndarray:
-        entry = self.config.entry_bytes(insn.mem.buffer)
+        entry = self.config.entry_bytes(insn.dram_buffer)
         rows = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * entry
         return (rows[:, None] + np.arange(insn.x_size * entry, dtype=np.int64)[None, :]).reshape(-1)
 
@@ -78,7 +78,7 @@ class TracingFsim(Fsim):
         reads = ("acc",) if isinstance(insn, Alu) else () if insn.reset else ("inp", "wgt")
         for buffer, idx in zip(reads, indices[1:]):
             self._touch(buffer, "r", idx)
-        if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset):
+        if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset and not insn.overwrite):
             self._touch("acc", "r", indices[0])    # accumulate / operate in place
         self._touch("uop", "r", np.arange(insn.uop_bgn, insn.uop_end))
         return indices
@@ -103,7 +103,7 @@ class TracingFsim(Fsim):
     def _store(self, insn: Store, index: int) -> None:
         super()._store(insn, index)
         buffer = insn.mem.buffer
-        entry = self.config.entry_bytes(buffer)
+        entry = self.config.entry_bytes(insn.dram_buffer)
         count = insn.y_size * insn.x_size
         rows = []
         for y in range(insn.y_size):

@@ -96,7 +96,7 @@ def _with_deps(draw, insn):
 
 def _int_fields(draw, config: AccelConfig, cls: type, opcode: Opcode) -> dict[str, int]:
     """Every integer dataclass field of ``cls``, drawn over its encoding range."""
-    skip = {"mem", "op", "imm", "reset", *isa.DEP_FLAGS}
+    skip = {"mem", "op", "imm", "reset", "overwrite", "requant", "relu", "bias", "bias_per_row", *isa.DEP_FLAGS}
     names = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
     return {n: draw(_ints(config, opcode, n)) for n in names}
 
@@ -113,13 +113,22 @@ def loads(draw, config: AccelConfig) -> isa.Load:
 @st.composite
 def stores(draw, config: AccelConfig) -> isa.Store:
     mem = draw(st.sampled_from(STORE_MEMS))
-    return _with_deps(draw, isa.Store(mem=mem, **_int_fields(draw, config, isa.Store, Opcode.STORE)))
+    values = _int_fields(draw, config, isa.Store, Opcode.STORE)
+    flags = {name: draw(st.booleans()) for name in ("requant", "relu", "bias", "bias_per_row")}
+    flags["requant"] &= mem == MemType.ACC
+    if not flags["requant"]:
+        values.update(shift=0)
+        flags.update(relu=False, bias=False)
+    if not flags["bias"]:
+        values.update(bias_base=0)
+        flags.update(bias_per_row=False)
+    return _with_deps(draw, isa.Store(mem=mem, **flags, **values))
 
 
 @st.composite
 def gemms(draw, config: AccelConfig) -> isa.Gemm:
     values = _int_fields(draw, config, isa.Gemm, Opcode.GEMM)
-    return _with_deps(draw, isa.Gemm(reset=draw(st.booleans()), **values))
+    return _with_deps(draw, isa.Gemm(reset=draw(st.booleans()), overwrite=draw(st.booleans()), **values))
 
 
 @st.composite

@@ -7,7 +7,7 @@ S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); read micro-op ``
 S1    indices = micro-op fields + loop offsets; read inp, wgt
 S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
 S3    adder tree (GEMM) or operand select (ALU); forward from S4
-S4    acc[dst] = acc + dot, or op(acc, operand); write acc and its out mirror
+S4    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write acc and its out mirror
 ====  ==============================================================
 
 The multipliers and the adder tree are separate stages so neither shares a
@@ -211,7 +211,8 @@ class ComputeEngine(wiring.Component):
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
-        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_acc.eq(fwd_a),
+        # An overwriting GEMM adds its product to zero instead of the entry's value.
+        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
                      s4_b.eq(Mux(is_alu, operand, gemm.dot))]
 
         # ---------------------------------------------------------------- S4: result, write-back

@@ -78,7 +78,7 @@ class InsnChecker(wiring.Component):
         # Stage 1: everything but the tile's size, whose product is left to stage 2 (the
         # multiplier would otherwise follow the fetch reader's output in one cycle).
         invalid = Signal()
-        uop_range_bad = Signal()
+        index_range_bad = Signal()                   # a micro-op range or a STORE's bias outside its buffer
         tile = Signal()                              # a LOAD/STORE: check base + rows · cols
         rows, cols = Signal(len(ld.y_size) + 2), Signal(len(ld.x_size) + 2)   # size plus two pads
         base = Signal.like(ld.sram_base)
@@ -102,6 +102,13 @@ class InsnChecker(wiring.Component):
                                      mem.eq(ld.mem)]
                     elif op == Opcode.STORE:
                         bad = bad | ~one_of(st.mem, STORE_MEMS) | (st.y_size == 0) | (st.x_size == 0)
+                        # requant reads acc; without it (or without bias) its fields are zero
+                        # (`isa.validate`); the bias entries lie in the accumulator.
+                        bad = bad | (st.requant & (st.mem != MemType.ACC)) | \
+                            (~st.requant & ((st.shift != 0) | st.relu | st.bias)) | \
+                            (~st.bias & (st.bias_per_row | (st.bias_base != 0)))
+                        bias_end = st.bias_base + Mux(st.bias_per_row, st.y_size, 1)
+                        m.d.comb += index_range_bad.eq(st.bias & (bias_end > c.acc_depth))
                         for flag in _MISSING_FLAGS[Engine.STORE]:
                             bad = bad | getattr(st, flag)
                         m.d.comb += [tile.eq(1), rows.eq(st.y_size), cols.eq(st.x_size), base.eq(st.sram_base),
@@ -111,23 +118,23 @@ class InsnChecker(wiring.Component):
                         bad = bad | (loop.iter_out == 0) | (loop.iter_in == 0)
                         if op == Opcode.ALU:
                             bad = bad | ~one_of(al.op, list(AluOp)) | (~al.use_imm & (al.imm != 0))
-                        m.d.comb += uop_range_bad.eq((loop.uop_bgn >= loop.uop_end) | (loop.uop_end > c.uop_depth))
+                        m.d.comb += index_range_bad.eq((loop.uop_bgn >= loop.uop_end) | (loop.uop_end > c.uop_depth))
                     m.d.comb += invalid.eq(bad)
             with m.Default():
                 m.d.comb += invalid.eq(1)                    # unknown opcode
 
         q = {name: Signal.like(sig, name=f"q_{name}") for name, sig in
-             (("invalid", invalid), ("uop_range_bad", uop_range_bad), ("tile", tile), ("rows", rows),
+             (("invalid", invalid), ("index_range_bad", index_range_bad), ("tile", tile), ("rows", rows),
               ("cols", cols), ("base", base), ("mem", mem))}
         finish_bad = Signal(name="q_finish_bad")
         with m.If(self.en):
-            m.d.sync += [q[name].eq(sig) for name, sig in (("invalid", invalid), ("uop_range_bad", uop_range_bad),
+            m.d.sync += [q[name].eq(sig) for name, sig in (("invalid", invalid), ("index_range_bad", index_range_bad),
                                                            ("tile", tile), ("rows", rows), ("cols", cols),
                                                            ("base", base), ("mem", mem))]
             m.d.sync += finish_bad.eq((opcode == Opcode.FINISH) & ~self.last)
 
         # Stage 2: the tile's end against its buffer, and the fault in fsim's order.
-        out_of_range = q["uop_range_bad"] | (q["tile"] & self._beyond(q["mem"], q["base"] + q["rows"] * q["cols"]))
+        out_of_range = q["index_range_bad"] | (q["tile"] & self._beyond(q["mem"], q["base"] + q["rows"] * q["cols"]))
         with m.If(q["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
         with m.Elif(out_of_range):

@@ -1,5 +1,11 @@
 """The store engine: STOREs from the output or accumulator buffer to DRAM.
 
+Three paths, each with its DMA writer (`_PATHS`): output entries, accumulator
+entries, and requantized accumulator entries (a STORE with ``requant``: every
+lane ``clamp((v + bias) >> shift)`` as an output-width value, converted between
+the SRAM read and the queue, so a quantized layer's epilogue costs the compute
+pipeline nothing).
+
 Entries are read from SRAM contiguously from ``sram_base`` into a small
 queue (reads are issued only with room to spare, so the one-cycle read
 latency never overflows it) and streamed to the DMA writer of the buffer's
@@ -14,8 +20,8 @@ one's SRAM reads are issued, so its AW and W go out while the previous STORE's
 write responses are outstanding; each instruction's pushes wait in
 `PendingPushes` until its writer reports the last response, and leave in
 program order. The bus belongs to one writer at a time (``owner``): a STORE
-from the other buffer waits until the owner's writes are all answered, so
-every write response reaches the writer that issued the burst.
+on another path waits until the owner's writes are all answered, so every
+write response reaches the writer that issued the burst.
 """
 
 from amaranth import *
@@ -28,12 +34,19 @@ from .axi import AxiWriteSignature, connect_when_selected
 from .banked import GroupReadSignature, buffer_lanes, group_layout
 from .dma import DmaCommand, DmaWalk, dma_command_from
 from .dma_write import DmaWriter
+from .gemm import lanes
 from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine"]
 
 _QUEUE_DEPTH = 4
+
+#: The store engine's paths, one DMA writer each: (buffer read, buffer whose entries DRAM
+#: receives). ``req`` is the requantizing STORE (acc read, out-sized entries written).
+_PATHS = {"out": ("out", "out"), "acc": ("acc", "acc"), "req": ("acc", "out")}
+#: The STORE fields the requantizing path keeps for the command it reads.
+_REQUANT_FIELDS = ("shift", "relu", "bias", "bias_per_row")
 
 
 class StoreEngine(wiring.Component):
@@ -75,58 +88,88 @@ class StoreEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self._config
-        # buffer: (read port, entry bytes, lanes)
-        buffers = {name: (getattr(self, f"{name}_rd"), c.entry_bytes(name), buffer_lanes(c, name))
-                   for name in ("out", "acc")}
-        writers = {name: DmaWriter(entry, c.bus_bytes, lanes) for name, (_, entry, lanes) in buffers.items()}
+        ports = {"out": self.out_rd, "acc": self.acc_rd}
+        # path: (buffer read, entry bytes written, entries per read); a path per DMA writer.
+        paths = {name: (buffer, c.entry_bytes(written), buffer_lanes(c, buffer))
+                 for name, (buffer, written) in _PATHS.items()}
+        writers = {name: DmaWriter(entry, c.bus_bytes, lanes) for name, (_, entry, lanes) in paths.items()}
         for name, writer in writers.items():
             m.submodules[f"{name}_writer"] = writer
+        path_index = {name: i for i, name in enumerate(paths)}
 
         word = Signal(insn_bits(c))
         layout = insn_layout(c, Opcode.STORE)
         insn = data.View(layout, word[:layout.size])
-        insn_acc = insn.mem == MemType.ACC
+        insn_path = Signal(range(len(paths)))
+        m.d.comb += insn_path.eq(Mux(insn.requant, path_index["req"],
+                                     Mux(insn.mem == MemType.ACC, path_index["acc"], path_index["out"])))
         insn_cmd = Signal(DmaCommand)
         m.d.comb += dma_command_from(insn_cmd, insn)
         for writer in writers.values():
             m.d.comb += writer.cmd.p.eq(insn_cmd)
 
         # Bus: the owner's writer drives it (set at each launch; see the module docstring).
-        use_acc = Signal()      # the owner, and the buffer of the SRAM reads in progress
-        selected = {"out": ~use_acc, "acc": use_acc}
+        owner = Signal(range(len(paths)))   # the owner, and the path of the SRAM reads in progress
+        selected = {name: owner == i for name, i in path_index.items()}
         for name, writer in writers.items():
             with m.If(selected[name]):
                 m.d.comb += connect_when_selected(self.bus, writer.bus)
 
-        # SRAM → queue → writer, a group per read. Each buffer has its own walk (its
+        # SRAM → queue → writer, a group per read. Each path has its own walk (its
         # entries per beat); only the selected one advances. `dma_cmd` holds the
-        # command being read, as the instruction word moves on at launch.
+        # command being read, and `requant` its requantization, as the instruction word
+        # moves on at launch. A requantizing path converts a group as it enters the
+        # queue, so the queue holds the writer's groups whatever STORE comes next.
         dma_cmd = Signal(DmaCommand)
-        layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in buffers.items()}
+        requant = Signal(data.StructLayout({name: layout[name].shape for name in _REQUANT_FIELDS}))
+        layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in paths.items()}
         group_bits = max(layout.size for layout in layouts.values())
         m.submodules.queue = queue = fifo.SyncFIFO(width=group_bits, depth=_QUEUE_DEPTH)
         addr = Signal(c.sram_addr_bits)
         reading = Signal()
         inflight = Signal()
-        can_issue = reading & (queue.level + inflight < _QUEUE_DEPTH - 1)
+        # The bias of a requantizing STORE is read through the same accumulator port, into
+        # `bias_entry`, before the first read of the command (or of each row, per row):
+        # a one-cycle bubble, hidden where output entries take a beat or more.
+        bias_entry = Signal(c.acc_entry_bytes * 8)
+        bias_index = Signal(c.acc_index_bits)
+        bias_valid = Signal()           # bias_entry holds the bias of the rows being read
+        bias_pending = Signal()         # its read was issued last cycle: the data is on the port
+        need_bias = selected["req"] & requant.bias & ~bias_valid
+        bias_read = reading & need_bias & ~bias_pending
+        can_issue = reading & (queue.level + inflight < _QUEUE_DEPTH - 1) & (~need_bias | bias_pending)
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
-                 for name, (_, entry, lanes) in buffers.items()}
-        count = Mux(use_acc, walks["acc"].count, walks["out"].count)
-        last = Mux(use_acc, walks["acc"].last, walks["out"].last)
-        inflight_count = Signal(range(max(lanes for _, _, lanes in buffers.values()) + 1))
+                 for name, (_, entry, lanes) in paths.items()}
+        count = Signal(range(max(lanes for _, _, lanes in paths.values()) + 1))
+        last = Signal()
+        for name, walk in walks.items():
+            with m.If(selected[name]):
+                m.d.comb += [count.eq(walk.count), last.eq(walk.last)]
+        inflight_count = Signal.like(count)
         m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count)]
-        read_groups = {}
-        for name, (port, _, _) in buffers.items():
-            m.d.comb += port.addr.eq(addr)
-            group = read_groups[name] = Signal(layouts[name], name=f"{name}_group")
-            m.d.comb += [group.entries.eq(port.data), group.count.eq(inflight_count)]
-        m.d.comb += [queue.w_en.eq(inflight),
-                     queue.w_data.eq(Mux(use_acc, read_groups["acc"].as_value(), read_groups["out"].as_value()))]
+        m.d.comb += [ports["out"].addr.eq(addr), ports["acc"].addr.eq(Mux(bias_read, bias_index, addr))]
+        m.d.sync += bias_pending.eq(bias_read)
+        with m.If(bias_pending):
+            m.d.sync += [bias_entry.eq(ports["acc"].data[0]), bias_valid.eq(1)]
+        m.d.comb += queue.w_en.eq(inflight)
+        for name, (buffer, entry, lanes) in paths.items():
+            group = Signal(layouts[name], name=f"{name}_group")
+            read = ports[buffer].data
+            if name == "req":
+                entries = [requantize(c, read[i], bias_entry, requant) for i in range(lanes)]
+            else:
+                entries = [read[i] for i in range(lanes)]
+            m.d.comb += [group.entries[i].eq(e) for i, e in enumerate(entries)]
+            m.d.comb += group.count.eq(inflight_count)
+            with m.If(selected[name]):
+                m.d.comb += queue.w_data.eq(group.as_value())
         with m.If(can_issue):
             m.d.sync += addr.eq(addr + count)
             for name, walk in walks.items():
                 with m.If(selected[name]):
                     walk.advance()
+            with m.If(requant.bias_per_row & walks["req"].row_end):
+                m.d.sync += [bias_valid.eq(0), bias_index.eq(bias_index + 1)]    # after the latch: wins
             with m.If(last):
                 m.d.sync += reading.eq(0)
         m.d.comb += self.bytes_written.eq(0)
@@ -135,11 +178,10 @@ class StoreEngine(wiring.Component):
             with m.If(selected[name]):
                 m.d.comb += [writer.inp.valid.eq(queue.r_rdy), queue.r_en.eq(writer.inp.ready)]
                 with m.If(queue.r_en & queue.r_rdy):
-                    m.d.comb += self.bytes_written.eq(writer.inp.p.count * buffers[name][1])
+                    m.d.comb += self.bytes_written.eq(writer.inp.p.count * paths[name][1])
 
         seq = EngineSequencer(m, c, self.cmd, word, token_ports(self, Engine.STORE))
-        pushes = PendingPushes(m, token_ports(self, Engine.STORE),
-                               [writers["out"].done, writers["acc"].done])
+        pushes = PendingPushes(m, token_ports(self, Engine.STORE), [w.done for w in writers.values()])
         exec_state = ENGINE_STATES["exec"]
         with m.FSM():
             seq.idle_state()
@@ -147,20 +189,24 @@ class StoreEngine(wiring.Component):
             with m.State("LAUNCH"):
                 m.d.comb += [seq.state.eq(exec_state), seq.busy.eq(1)]
                 # (Fetch dispatches no STORE with a zero size: `InsnChecker`.)
-                # The reads of the previous STORE are issued; a change of buffer also
+                # The reads of the previous STORE are issued; a change of writer also
                 # waits for the previous owner's last write response.
-                owner_busy = Mux(use_acc, writers["acc"].busy, writers["out"].busy)
-                switch_ok = (insn_acc == use_acc) | ~owner_busy
+                owner_busy = Signal()
                 for name, writer in writers.items():
-                    with m.If(insn_acc if name == "acc" else ~insn_acc):
-                        launch_ok = ~reading & pushes.ready & switch_ok
+                    with m.If(selected[name]):
+                        m.d.comb += owner_busy.eq(writer.busy)
+                switch_ok = (insn_path == owner) | ~owner_busy
+                launch_ok = ~reading & pushes.ready & switch_ok
+                for name, writer in writers.items():
+                    with m.If(insn_path == path_index[name]):
                         m.d.comb += writer.cmd.valid.eq(launch_ok)
                         with m.If(writer.cmd.ready & launch_ok):
                             m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
-                                         use_acc.eq(insn_acc)]
+                                         owner.eq(insn_path), bias_valid.eq(0), bias_index.eq(insn.bias_base)]
+                            m.d.sync += [requant[name].eq(insn[name]) for name in _REQUANT_FIELDS]
                             for walk in walks.values():
                                 walk.start(insn_cmd)
-                            pushes.add(m, seq.header, insn_acc)
+                            pushes.add(m, seq.header, insn_path)
                             m.next = "IDLE"
 
         state, busy, token_stall = pushes.engine_status(m, seq)
@@ -171,3 +217,19 @@ class StoreEngine(wiring.Component):
                                       (self.bus.wvalid & ~self.bus.wready))),
         ]
         return m
+
+
+def requantize(config, acc_entry, bias_entry, requant):
+    """The output entry of a requantizing STORE: each accumulator lane ``v`` (plus its bias
+    lane when ``requant.bias``) becomes ``clamp((v + bias) >> shift)``, out_width bits
+    (the ISA's `Store`)."""
+    n, width = config.batch * config.block_out, config.acc_width
+    low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
+    out = []
+    for lane, bias in zip(lanes(acc_entry, n, width), lanes(bias_entry, n, width)):
+        value = (lane.as_signed() + Mux(requant.bias, bias.as_signed(), 0))[:width].as_signed()
+        shifted = value >> requant.shift
+        floor = Mux(requant.relu, 0, low)
+        clamped = Mux(shifted < floor, floor, Mux(shifted > high, high, shifted))
+        out.append(clamped[:config.out_width])
+    return Cat(*out)

@@ -147,7 +147,8 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
         return Load(mem=MemType.UOP, sram_base=sram, dram_base=dram, y_size=y, x_size=x, x_stride=stride)
 
     def gemm(**deps) -> Gemm:
-        return Gemm(reset=bool(rng.random() < 0.15), **loop_fields(("dst", "src", "wgt")), **deps)
+        return Gemm(reset=bool(rng.random() < 0.15), overwrite=bool(rng.random() < 0.2),
+                    **loop_fields(("dst", "src", "wgt")), **deps)
 
     def alu(**deps) -> Alu:
         op = AluOp(int(rng.integers(0, len(AluOp))))
@@ -161,8 +162,17 @@ def random_program(config: AccelConfig, rng: np.random.Generator, base: int, *, 
         y, x, _ = tile(c.depth(mem.buffer), padded=False)
         stride = x + int(rng.integers(0, 3))
         sram = int(rng.integers(0, c.depth(mem.buffer) - y * x + 1))
-        return Store(mem=mem, sram_base=sram, dram_base=dram_rows(mem.buffer, "out", y, x, stride),
-                     y_size=y, x_size=x, x_stride=stride, **deps)
+        requant = {}
+        if mem == MemType.ACC and rng.random() < 0.5:
+            # Requantize (acc → out entries): random shift, ReLU and bias (one, or one per row).
+            requant = dict(requant=True, shift=int(rng.integers(0, c.acc_width)), relu=bool(rng.random() < 0.5))
+            if rng.random() < 0.7:
+                per_row = bool(rng.random() < 0.5)
+                requant.update(bias=True, bias_per_row=per_row,
+                               bias_base=int(rng.integers(0, c.acc_depth - (y if per_row else 1) + 1)))
+        written = MemType.OUT.buffer if requant else mem.buffer
+        return Store(mem=mem, sram_base=sram, dram_base=dram_rows(written, "out", y, x, stride),
+                     y_size=y, x_size=x, x_stride=stride, **deps, **requant)
 
     insns: list[Instruction] = []
     # The uop loads are placed before the first GEMM of each round; the first round

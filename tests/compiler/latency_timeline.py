@@ -52,7 +52,7 @@ class Timeline:
 def _duration(insn, config: AccelConfig) -> int:
     if isinstance(insn, (Load, Store)):
         entries = insn.y_size * insn.x_size
-        return 4 + -(-entries * config.entry_bytes(insn.mem.buffer) // config.bus_bytes)
+        return 4 + -(-entries * config.entry_bytes(insn.dram_buffer) // config.bus_bytes)
     if isinstance(insn, (Gemm, Alu)):
         return 2 + insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
     return 1

@@ -22,7 +22,8 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 PARAMS = pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
 TINY = CONFIGS["tiny"]
 
-FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next", "reset")
+FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next", "reset", "overwrite", "requant", "relu", "bias",
+         "bias_per_row")
 
 
 def assert_same_program(a: Program, b: Program) -> None:
@@ -307,7 +308,7 @@ def test_error_mnemonic_field_given_again():
 def test_error_unknown_flag():
     refused(f"gemm {GEMM_ARGS} clear",
             "line 1: unknown flag 'clear' for gemm; allowed flags: pop_prev, pop_next, push_prev, "
-            "push_next, reset")
+            "push_next, reset, overwrite")
 
 
 def test_error_reset_is_gemm_only():

@@ -75,12 +75,25 @@ class ReferenceModel:
 
     def store(self, insn: Store) -> None:
         buffer = insn.mem.buffer
-        size = self.config.entry_bytes(buffer)
+        written = "out" if insn.requant else buffer   # the DRAM side's entries
+        size = self.config.entry_bytes(written)
         for y in range(insn.y_size):
             for x in range(insn.x_size):
                 entry = insn.dram_base + y * insn.x_stride + x
-                data = self._encode_entry(buffer, self.sram[buffer][insn.sram_base + y * insn.x_size + x])
+                value = self.sram[buffer][insn.sram_base + y * insn.x_size + x]
+                if insn.requant:
+                    value = self._requantize(insn, y, value)
+                data = self._encode_entry(written, value)
                 self.dram[entry * size:(entry + 1) * size] = data
+
+    def _requantize(self, insn: Store, y: int, entry: list[list[int]]) -> list[list[int]]:
+        """The ISA's requantization of one accumulator entry of row ``y`` (`isa.Store`)."""
+        c = self.config
+        if insn.bias:
+            bias = self.sram["acc"][insn.bias_base + (y if insn.bias_per_row else 0)]
+            entry = [[wrap(v + b, c.acc_width) for v, b in zip(row, brow)] for row, brow in zip(entry, bias)]
+        low, high = (0 if insn.relu else -(1 << (c.out_width - 1))), (1 << (c.out_width - 1)) - 1
+        return [[min(max(v >> insn.shift, low), high) for v in row] for row in entry]
 
     def _loop(self, insn):
         for i in range(insn.iter_out):
@@ -97,7 +110,7 @@ class ReferenceModel:
             if insn.reset:
                 self.write_acc(d, [[0] * c.block_out for _ in range(c.batch)])
                 continue
-            acc = self.sram["acc"][d]
+            acc = self.sram["acc"][d] if not insn.overwrite else [[0] * c.block_out for _ in range(c.batch)]
             x, wt = self.sram["inp"][s], self.sram["wgt"][w]
             new = [[acc[b][o] + sum(x[b][k] * wt[o][k] for k in range(c.block_in))
                     for o in range(c.block_out)] for b in range(c.batch)]

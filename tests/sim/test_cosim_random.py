@@ -66,7 +66,7 @@ def check(config, seed, **kw):
         listing = "\n".join(str(i) for i in program.instructions)
         pytest.fail(f"{config.name} seed {seed}: {diff.size} DRAM bytes differ, first at {diff[0]:#x}\n{listing}")
     assert result.hw_counters["insns_retired"] == len(program.instructions)
-    stored = sum(i.y_size * i.x_size * config.entry_bytes(i.mem.buffer)
+    stored = sum(i.y_size * i.x_size * config.entry_bytes(i.dram_buffer)
                  for i in program.instructions if isinstance(i, Store))
     assert result.hw_counters["dma_bytes_written"] == stored
     return result

@@ -103,9 +103,17 @@ def test_store_matches_reference(config_name, mem):
         y, x = int(rng.integers(1, 5)), int(rng.integers(1, 6))
         stride = int(rng.integers(0, x + 4))  # overlapping rows: later rows win
         span = (y - 1) * stride + x
+        requant, entry = {}, config.entry_bytes(mem.buffer)
+        if mem == MemType.ACC and rng.random() < 0.6:
+            requant = dict(requant=True, shift=int(rng.integers(0, config.acc_width)), relu=bool(rng.random() < 0.5))
+            if rng.random() < 0.7:
+                per_row = bool(rng.random() < 0.5)
+                requant.update(bias=True, bias_per_row=per_row,
+                               bias_base=int(rng.integers(0, config.acc_depth - (y if per_row else 1) + 1)))
+            entry = config.out_entry_bytes
         insn = Store(mem=mem, sram_base=int(rng.integers(0, depth - y * x + 1)),
                      dram_base=int(rng.integers(0, DRAM_BYTES // entry - span)),
-                     y_size=y, x_size=x, x_stride=stride)
+                     y_size=y, x_size=x, x_stride=stride, **requant)
         sim.execute(insn)
         ref.execute(insn)
         assert_same_state(sim, ref)
@@ -164,7 +172,7 @@ def test_gemm_matches_reference(config_name):
     for trial in range(8):
         loop = _random_loop(rng, config, {"dst": config.acc_depth, "src": config.inp_depth,
                                           "wgt": config.wgt_depth}, int(rng.integers(1, 6)))
-        insn = Gemm(reset=trial % 4 == 3, **loop)
+        insn = Gemm(reset=trial % 4 == 3, overwrite=trial % 3 == 1, **loop)
         sim.execute(insn)
         ref.execute(insn)
         assert_same_state(sim, ref)
@@ -183,6 +191,44 @@ def test_gemm_accumulates_repeated_destination_in_order():
     assert (sim.acc[5] == wrap(total, 32)).all()
     assert (sim.out[5] == wrap(total, 8)).all()
     assert sim.counters["gemm_uops"] == 24 and sim.counters["macs"] == 24 * 16
+
+
+def test_gemm_overwrite_starts_a_reduction_and_keeps_the_last_product():
+    """overwrite: the product replaces the entry; a destination repeated in one overwriting
+    GEMM keeps its last micro-op's product (micro-ops run in order)."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    sim.inp[:] = np.arange(config.inp_depth)[:, None, None] % 7 - 3
+    sim.wgt[:] = 2
+    sim._write_acc(slice(None), np.full(sim.acc.shape, 12345, np.int64))
+    sim.uop[:3] = [[5, 1, 0], [6, 2, 0], [6, 3, 0]]
+    sim.execute(Gemm(overwrite=True, uop_bgn=0, uop_end=3, iter_out=1, iter_in=1))
+    k = config.block_in
+    assert (sim.acc[5] == (1 % 7 - 3) * 2 * k).all()
+    assert (sim.acc[6] == (3 % 7 - 3) * 2 * k).all()
+    assert (sim.acc[7] == 12345).all()
+
+
+def test_requantizing_store_documented_values():
+    """clip(acc >> shift, clip_lo, clip_hi) as int8, DRAM addressed in output entries."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(DRAM_BYTES, np.uint8))
+    values = np.array([-70000, -300, -1, 0, 255, 256, 40000, 2**31 - 1], np.int64)
+    sim._write_acc(slice(0, 2), values.reshape(2, 1, 4))
+    sim.execute(Store(mem=MemType.ACC, sram_base=0, dram_base=3, y_size=1, x_size=2, x_stride=2,
+                      requant=True, shift=8, relu=True))
+    got = sim.dram[3 * config.out_entry_bytes:5 * config.out_entry_bytes].view(np.int8)
+    assert got.tolist() == [0, 0, 0, 0, 0, 1, 127, 127]
+    assert sim.counters["store_bytes_out"] == 2 * config.out_entry_bytes
+    # A bias per row (acc[10 + y]), no ReLU: the int8 range is the clamp.
+    sim._write_acc(slice(10, 12), np.array([[[256] * 4], [[-512] * 4]], np.int64))
+    sim.execute(Store(mem=MemType.ACC, sram_base=0, dram_base=8, y_size=2, x_size=1, x_stride=1,
+                      requant=True, shift=8, bias=True, bias_per_row=True, bias_base=10))
+    got = sim.dram[8 * config.out_entry_bytes:10 * config.out_entry_bytes].view(np.int8)
+    assert got.tolist() == [-128, -1, 0, 1, -2, -1, 127, 127]
+    with pytest.raises(OutOfBoundsError, match="bias from acc entries 255..256"):
+        sim.execute(Store(mem=MemType.ACC, sram_base=0, dram_base=8, y_size=2, x_size=1, x_stride=1,
+                          requant=True, bias=True, bias_per_row=True, bias_base=255))
 
 
 # ---------------------------------------------------------------------------- ALU
