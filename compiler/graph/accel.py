@@ -101,8 +101,9 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
     if node.op == "conv2d":
         if a["groups"] != 1:
             raise OpError(f"the accelerator runs convolutions with one group, not {a['groups']}")
+        # Untuned: a network's twenty-odd layers compile in seconds (tuning costs ~2 s a shape).
         op = accel_ops.compile_conv2d(config, x_shape, w.shape, stride=a["stride"], padding=a["padding"],
-                                      bias=True, shift=a["shift"], relu=a["relu"])
+                                      bias=True, shift=a["shift"], relu=a["relu"], tune=False)
         packed = op.pack_inputs(x=np.zeros(x_shape, np.int8), w=w, bias=bias)
         data, data_shape = "x", x_shape
         out_shape = tuple(graph.values[node.output].shape)

@@ -55,7 +55,7 @@ def test_stages_are_one_explicit_ordered_list():
     names = list(stages(ACCEL))
     assert names == ["tensorize", "inject_alu", "inject_dma", "flatten_storage", "fold_uop_loops",
                      "inject_virtual_threads", "allocate_storage", "layout_dram", "emit_instructions",
-                     "deduplicate_uops", "finish", "insert_dependency_tokens"]
+                     "fuse_accumulator_init", "fuse_requant_store", "deduplicate_uops", "finish", "insert_dependency_tokens"]
     assert all(callable(run) for run in stages(ACCEL).values())
     seen = []
     t, s = _dense_ir(dict(tm=4, tn=4, tk=2, threads=2))

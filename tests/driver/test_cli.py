@@ -93,7 +93,7 @@ def test_compile_op_then_disasm(tmp_path, capsys):
     assert set(summary["tensors"]) == {"x", "w", "bias", "out"}
     code, text, err = run(capsys, "disasm", tmp_path / "c.gfp")
     assert code == 0, err
-    assert "gemm" in text and "alu.shr" in text and "finish" in text
+    assert "gemm" in text and "store.acc" in text and "requant" in text and "finish" in text
     code, _, err = run(capsys, "compile-op", "dense", "--shape", "4,x,4", "-o", tmp_path / "d.gfp")
     assert code == 2 and "--shape (M,K,N) must be 3 positive integers" in err
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ...ir import PrimFunc, Stmt
 from ...target import AccelTarget
 from .emission import AccelBuild, AccelCompileError, Emitted, emit_instructions, finish, layout_dram
+from .fusion import fuse_accumulator_init, fuse_requant_store
 from .passes import (
     allocate_storage, flatten_storage, fold_uop_loops, inject_alu, inject_dma, inject_virtual_threads, tensorize,
 )
@@ -46,6 +47,8 @@ def stages(target: AccelTarget) -> dict[str, Callable[[Any], Any]]:
         allocate_storage        on-chip buffers placed, capacities checked
         layout_dram             DRAM tensors (the function's parameters) placed in the arena
         emit_instructions       host loops unrolled, every DMA/task an instruction
+        fuse_accumulator_init   reset GEMMs → an overwriting first reduction step
+        fuse_requant_store      ALU shift/clip + output STOREs → requantizing STOREs
         deduplicate_uops        identical micro-op kernels stored once
         finish                  FINISH, a barrier on everything on chip
         insert_dependency_tokens  push/pop flags from exact dataflow → `Program`
@@ -61,6 +64,8 @@ def stages(target: AccelTarget) -> dict[str, Callable[[Any], Any]]:
         "allocate_storage": _on_body(partial(allocate_storage, config=config)),
         "layout_dram": partial(layout_dram, config=config),
         "emit_instructions": emit_instructions,
+        "fuse_accumulator_init": fuse_accumulator_init,
+        "fuse_requant_store": fuse_requant_store,
         "deduplicate_uops": place_uops,
         "finish": finish,
         "insert_dependency_tokens": make_program,

@@ -12,15 +12,20 @@ from gemforge.hw.timing import COMPUTE_FIXED, LOAD_FIXED
 
 from ...backends.accel.layout import pack_bias
 from ...schedule import VTHREAD_ORDERS
+from ...errors import CompileError
 from ..common import Epilogue, OpError
 
-__all__ = ["TilingCost", "divisors", "plan_with_fallback", "schedule_output_tile", "bias_input",
+__all__ = ["TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors", "plan_with_fallback",
+           "schedule_output_tile", "bias_input",
            "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes"]
 
 
 def epilogue_alu_ops(epilogue: Epilogue) -> int:
-    """ALU micro-ops per output entry: bias add, shift, clip (two) or ReLU."""
-    return int(epilogue.bias) + (3 if epilogue.shift else 2 if epilogue.shift is not None else int(epilogue.relu))
+    """Micro-ops per output entry that a tile spends outside its reduction: the bias
+    addition and ReLU of int32 outputs. The accumulator reset and a requantized (int8)
+    output's whole epilogue cost none: the first reduction step overwrites and the STORE
+    adds the bias, shifts and clamps (`gemforge.compiler.backends.accel.fusion`)."""
+    return 0 if epilogue.shift is not None else int(epilogue.bias) + int(epilogue.relu)
 
 
 def store_entry_bytes(epilogue: Epilogue, config) -> int:
@@ -58,7 +63,7 @@ class TilingCost:
     chunk_read_bytes: int    # input + weight bytes loaded per chunk
     chunk_loads: int         # LOAD instructions per chunk
     chunk_uops: int          # GEMM micro-ops per chunk
-    tile_uops: int           # micro-ops per tile outside the chunks (accumulator reset, epilogue)
+    tile_uops: int           # micro-ops per tile outside the chunks (the epilogue's)
     tile_read_bytes: int     # bytes loaded once per tile (bias)
     tile_store_bytes: int
     tile_stores: int         # STORE instructions per tile
@@ -100,6 +105,32 @@ class TilingCost:
     def best_order(self, config, threads: int) -> tuple[float, str]:
         """(cycles, order) of the faster thread order."""
         return min((self.cycles(config, threads, order), order) for order in VTHREAD_ORDERS)
+
+
+#: Tilings `TilingCost` ranks best whose programs are built and timed with the cycle model
+#: (`best_by_cycle_model`): the closed form treats a chunk's loads as fully hidden when they
+#: are shorter than its GEMM, so near-ties between tilings are decided by the model.
+CANDIDATE_PLANS = 8
+#: ... among those the closed form estimates within this fraction of the best.
+CANDIDATE_SLACK = 0.03
+
+
+def best_by_cycle_model(plans: list, build_plan: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """(plan, program) of the plan whose program the cycle model
+    (`gemforge.sim.cycle_model`) runs fastest; the first plan's wins ties."""
+    from gemforge.sim.cycle_model import run_cycle_model
+    best = None
+    for k, plan in enumerate(plans):
+        try:
+            program = build_plan(plan)
+        except CompileError:
+            if k == 0:
+                raise               # the planner's choice must build; a runner-up may not
+            continue
+        cycles = run_cycle_model(program.instructions, program.config).cycles if len(plans) > 1 else 0
+        if best is None or cycles < best[0]:
+            best = (cycles, plan, program)
+    return best[1], best[2]
 
 
 def divisors(n: int) -> list[int]:

@@ -21,6 +21,8 @@ exists in DRAM. `plan_conv2d` picks the tiles for any config and shape.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
@@ -32,11 +34,11 @@ from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
-    TilingCost, bias_input, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
-    store_entry_bytes,
+    CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, best_by_cycle_model, bias_input, divisors, epilogue_alu_ops,
+    plan_with_fallback, schedule_output_tile, store_entry_bytes,
 )
 
-__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "compile_conv2d"]
+__all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "rank_conv2d", "compile_conv2d"]
 
 
 
@@ -74,9 +76,16 @@ def conv2d_te(config: AccelConfig, data: tuple[int, int, int, int], kernel: tupl
 
 def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
                 epilogue: Epilogue) -> dict[str, int]:
+    """The best plan `rank_conv2d` finds."""
+    return rank_conv2d(config, data, kernel, stride, padding, threads=threads, epilogue=epilogue)[0]
+
+
+def rank_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
+                epilogue: Epilogue, count: int = 1) -> list[dict[str, int]]:
     """Tiles ``toc, toh, tow, tic, tkh, tkw`` (blocks / rows / columns / kernel rows / kernel
     columns) for the default schedule, minimizing the run time `TilingCost.cycles`
-    estimates. Kernel columns are split only when whole kernel rows do not fit, on one thread.
+    estimates (the ``count`` best, best first). Kernel columns are split only when whole
+    kernel rows do not fit, on one thread.
 
     Without padding, a stride above the kernel's extent along an axis (a 1×1
     kernel, or one kernel row per chunk) makes the input window strided: the
@@ -86,24 +95,24 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
     # Split kernel columns only as the last resort: after whole rows with double buffering
     # and with one thread (`plan_with_fallback` asks for two threads first) have failed.
     for tkw in reversed(divisors(kw)) if threads == 1 else [kw]:
-        plan = _plan_conv2d(config, data, kernel, stride, padding, threads, epilogue, tkw)
-        if plan is not None:
-            return plan
+        plans = _plan_conv2d(config, data, kernel, stride, padding, threads, epilogue, tkw, count)
+        if plans:
+            return plans
     c = config
     raise OpError(f"conv2d with a {kernel[2]}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
                   f"kernel tap of one channel block needs more input, weight or accumulator buffer than it has")
 
 
 def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, threads: int,
-                 epilogue: Epilogue, tkw: int) -> dict[str, int] | None:
-    """The best plan with kernel-column chunks of ``tkw``, or None when none fits."""
+                 epilogue: Epilogue, tkw: int, count: int) -> list[dict[str, int]]:
+    """The ``count`` best plans with kernel-column chunks of ``tkw`` (none when none fits)."""
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
     oh, ow = out_size(h, kh, stride, padding), out_size(w, kw, stride, padding)
     cols_strided = stride > 1 and padding == 0 and tkw == 1
     store_bytes = store_entry_bytes(epilogue, c)
-    best = None
+    ranked = []
     for tkh in reversed(divisors(kh)):
         rows_strided = stride > 1 and padding == 0 and tkh == 1
         for tow in reversed(divisors(ow)):
@@ -134,20 +143,22 @@ def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, t
                             chunk_loads=tic * (win_h if cols_strided else 1)
                             + (1 if tkh == kh and tkw == kw else toc * (1 if tkw == kw else tic)),
                             chunk_uops=toc * pixels * tic * tkh * tkw,
-                            tile_uops=toc * pixels * (1 + epilogue_alu_ops(epilogue)),
+                            tile_uops=toc * pixels * epilogue_alu_ops(epilogue),
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias else 0,
                             tile_store_bytes=toc * pixels * store_bytes,
                             tile_stores=1 if tow == ow else toc)
                         cost, order = work.best_order(c, threads)
-                        if best is None or cost < best[0]:
-                            best = (cost, toc, toh, tow, tic, tkh, order)
-    if best is None:
-        return None
-    plan = {"toc": best[1], "toh": best[2], "tow": best[3], "tic": best[4], "tkh": best[5], "threads": threads,
-            "order": best[6]}
-    if tkw != kw:
-        plan["tkw"] = tkw
-    return plan
+                        ranked.append((cost, toc, toh, tow, tic, tkh, order))
+    plans = []
+    ranked.sort()
+    for cost, toc, toh, tow, tic, tkh, order in ranked[:count]:
+        if cost > ranked[0][0] * (1 + CANDIDATE_SLACK):
+            break
+        plan = {"toc": toc, "toh": toh, "tow": tow, "tic": tic, "tkh": tkh, "threads": threads, "order": order}
+        if tkw != kw:
+            plan["tkw"] = tkw
+        plans.append(plan)
+    return plans
 
 
 def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[str, int]) -> Schedule:
@@ -192,11 +203,30 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
     return s
 
 
+@functools.lru_cache(maxsize=256)
+def _tuned_plan(config: AccelConfig, data, kernel, stride: int, padding: int, epilogue: Epilogue,
+                latency_hiding: bool) -> tuple:
+    """The plan (as items) of the candidates `rank_conv2d` ranks best that the cycle
+    model runs fastest; remembered per process, as a network repeats its layer shapes."""
+    plans = plan_with_fallback(
+        lambda threads: rank_conv2d(config, data, kernel, stride, padding, threads=threads, epilogue=epilogue,
+                                    count=CANDIDATE_PLANS),
+        latency_hiding)
+    tensors = conv2d_te(config, data, kernel, stride, padding, epilogue)
+    args = [tensors[k] for k in ("x", "w", "bias", "out") if k in tensors]
+    plan, _ = best_by_cycle_model(plans, lambda p: build(conv2d_schedule(config, tensors, p), config, args))
+    return tuple(plan.items())
+
+
 def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
                    weight_shape: tuple[int, int, int, int], *, stride: int = 1, padding: int = 0,
                    bias: bool = False, shift: int | None = None, relu: bool = False,
-                   latency_hiding: bool = True) -> CompiledOp:
+                   latency_hiding: bool = True, tune: bool = True) -> CompiledOp:
     """Compile a 2-D convolution of NCHW ``input_shape`` with OIHW ``weight_shape``.
+
+    With ``tune`` the planner's best few tilings are built and timed with the cycle model
+    (about a second or two per shape, remembered per process); without, the planner's
+    closed-form choice is built directly (what whole networks use, to compile in seconds).
 
     Inputs of the result: ``x`` (NCHW int8), ``w`` (OIHW int8), with ``bias`` a
     (O,) int32 ``bias``. The output is NCHW, int8 with ``shift``, else int32."""
@@ -224,13 +254,15 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
     epi = Epilogue(bias, shift, relu)
-    plan = plan_with_fallback(
-        lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
-        latency_hiding)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)
-    sch = conv2d_schedule(c, tensors, plan)
     inputs = ["x", "w"] + (["bias"] if bias else [])
-    program = build(sch, c, [tensors[k] for k in inputs] + [tensors["out"]])
+    if tune:
+        plan = dict(_tuned_plan(c, data, kernel, stride, padding, epi, latency_hiding))
+    else:
+        plan = plan_with_fallback(
+            lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
+            latency_hiding)
+    program = build(conv2d_schedule(c, tensors, plan), c, [tensors[k] for k in inputs] + [tensors["out"]])
 
     width = w
 

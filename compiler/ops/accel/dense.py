@@ -77,7 +77,7 @@ def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int,
                 work = TilingCost(
                     tiles=(mt // tm) * (nt // tn), chunks=kt // tk,
                     chunk_read_bytes=tm * tk * c.inp_entry_bytes + tn * tk * c.wgt_entry_bytes, chunk_loads=2,
-                    chunk_uops=tm * tn * tk, tile_uops=tm * tn * (1 + epilogue_alu_ops(epilogue)),
+                    chunk_uops=tm * tn * tk, tile_uops=tm * tn * epilogue_alu_ops(epilogue),
                     tile_read_bytes=tn * c.acc_entry_bytes if epilogue.bias else 0,
                     tile_store_bytes=tm * tn * store_entry_bytes(epilogue, c), tile_stores=1)
                 cost, order = work.best_order(c, threads)
