@@ -6,6 +6,7 @@ records the latest figures with the command that made them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -66,12 +67,15 @@ RESNET18_LAYERS = [row[:5] for row in RESNET18_CONVS]
 
 #: How each ResNet layer is compiled: (key, latency hiding, requantizing epilogue).
 #: Without the epilogue the output is the int32 accumulator; with it, the layer
-#: of a quantized network: ``clip((acc + bias) >> 8, 0, 127)`` as int8 (bias,
-#: shift and ReLU run on the ALU between the GEMMs).
+#: of a quantized network: ``clip((acc + bias) >> 8, 0, 127)`` as int8 — fused by
+#: default (an overwriting first GEMM, bias, shift and ReLU in the requantizing
+#: STORE), and on the ALU between the GEMMs with a reset GEMM in the ``_alu``
+#: variant (`gemforge.compiler.backends.accel.fusion.alu_epilogue`), the baseline.
 RESNET18_VARIANTS = [
     ("latency_hiding", True, False),
     ("no_latency_hiding", False, False),
     ("int8_epilogue", True, True),
+    ("int8_epilogue_alu", True, True),
 ]
 
 
@@ -92,9 +96,9 @@ def roofline(program) -> dict[str, Any]:
                 gemm += uops
                 resets += uops if insn.reset else 0
         elif isinstance(insn, Load):
-            read += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
+            read += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
         elif isinstance(insn, Store):
-            write += insn.y_size * insn.x_size * c.entry_bytes(insn.mem.buffer)
+            write += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
     beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
     return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
             "beats_written": beats_written,
@@ -130,6 +134,7 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
     dense 256×1024·1024×1024 and the ResNet-18 convolutions (`RESNET18_VARIANTS`), each
     with latency hiding on and off in the same run; compile time and tiling per operator."""
     from gemforge.compiler import compile_conv2d, compile_dense, conv2d_reference, dense_reference
+    from gemforge.compiler.backends.accel.fusion import alu_epilogue
     from .device import open_device
 
     rng = np.random.default_rng(0)
@@ -153,8 +158,9 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
             row = {}
             for key, hiding, epilogue in RESNET18_VARIANTS:
                 t0 = time.perf_counter()
-                op = compile_conv2d(config, xs, ws, stride=stride, padding=padding, latency_hiding=hiding,
-                                    bias=epilogue, shift=8 if epilogue else None, relu=epilogue)
+                with alu_epilogue() if key.endswith("_alu") else contextlib.nullcontext():
+                    op = compile_conv2d(config, xs, ws, stride=stride, padding=padding, latency_hiding=hiding,
+                                        bias=epilogue, shift=8 if epilogue else None, relu=epilogue)
                 compile_s = round(time.perf_counter() - t0, 3)
                 inputs = {"x": x, "w": w, **({"bias": bias} if epilogue else {})}
                 expected = conv2d_reference(x, w, bias if epilogue else None, stride=stride, padding=padding,

@@ -395,26 +395,30 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
         out += [
             "ResNet-18 convolutions after the first (batch 1, int8 inputs and weights). The first two",
             "utilization columns store the int32 accumulators; \"int8 epilogue\" is the layer of a",
-            "quantized network, `clip((acc + bias) >> 8, 0, 127)` as int8, with bias, shift and ReLU",
-            "on the ALU (latency hiding on).", "",
+            "quantized network, `clip((acc + bias) >> 8, 0, 127)` as int8 (latency hiding on): fused",
+            "(the first GEMM of each reduction overwrites, the STORE adds the bias, shifts and clamps),",
+            "and, as the baseline, on the ALU (a reset GEMM, then bias, shift and clip micro-ops).", "",
             "| layer | input (NCHW) | weight (OIHW) | stride | utilization, latency hiding | off | "
-            "int8 epilogue | roofline (bound by) | cycles with / without | tiling | compile time |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "int8 epilogue | int8, ALU epilogue | roofline (bound by) | cycles with / without | tiling | "
+            "compile time |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, row in rows.items():
             xs, ws, stride = _RESNET18_GEOMETRY.get(name, ("?", "?", "?"))
             lh, off = row["latency_hiding"], row["no_latency_hiding"]
-            epi = row.get("int8_epilogue")
+            epi, alu = row.get("int8_epilogue"), row.get("int8_epilogue_alu")
             out.append(
                 f"| {name} | {_shape(xs)} | {_shape(ws)} | {stride} | **{_pct(lh['utilization'])}** | "
                 f"{_pct(off['utilization'])} | {_pct(epi['utilization']) if epi else '—'} | "
+                f"{_pct(alu['utilization']) if alu else '—'} | "
                 f"{_pct(lh['roofline'])} ({_bound(lh)}) | {lh['cycles']:,} / {off['cycles']:,} | "
                 f"{_tiling(lh['plan'])} | {lh['compile_seconds']} s |")
-        means = {k: util.get(f"resnet18_mean_utilization_{k}")
-                 for k in ("latency_hiding", "no_latency_hiding", "int8_epilogue")}
-        out.append(f"| **mean** | | | | **{_pct(means['latency_hiding'])}** | "
-                   f"**{_pct(means['no_latency_hiding'])}** | "
-                   f"{'**' + _pct(means['int8_epilogue']) + '**' if means['int8_epilogue'] else '—'} | | | | |")
+        means = {k: util.get(f"resnet18_mean_utilization_{k}") for k in _UTILIZATION_KEYS}
+
+        def bold(k):
+            return "**" + _pct(means[k]) + "**" if means[k] else "—"
+        out.append(f"| **mean** | | | | {bold('latency_hiding')} | {bold('no_latency_hiding')} | "
+                   f"{bold('int8_epilogue')} | {bold('int8_epilogue_alu')} | | | | |")
         verdict = "meets" if means["latency_hiding"] >= 0.85 else "does not meet"
         out += [
             "",
@@ -422,6 +426,10 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
             f"for a mean of at least 85% with latency hiding; this run {verdict} it "
             f"({_pct(means['latency_hiding'])}).",
         ]
+        if means.get("int8_epilogue"):
+            verdict = "meets" if means["int8_epilogue"] >= 0.9 else "does not meet"
+            out.append(f"Issue 11 asks for a mean of at least 90% with the int8 epilogue; this run {verdict} it "
+                       f"({_pct(means['int8_epilogue'])}, against {bold('int8_epilogue_alu')} on the ALU).")
         limited = [name for name, row in rows.items() if row["latency_hiding"]["roofline"] < 0.9]
         if limited:
             out += [
@@ -434,11 +442,15 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
     return out
 
 
+#: The ResNet-18 variants the report shows (`gemforge.driver.bench.RESNET18_VARIANTS`).
+_UTILIZATION_KEYS = ("latency_hiding", "no_latency_hiding", "int8_epilogue", "int8_epilogue_alu")
+
+
 def _cycle_model_section(util: dict[str, Any]) -> list[str]:
     """The cycle model (`gemforge.sim.cycle_model`) against the RTL runs above: its error per
     layer and variant, and its speed beside the simulator's."""
     rows = util["resnet18"]
-    keys = [k for k in ("latency_hiding", "no_latency_hiding", "int8_epilogue") if all(k in r for r in rows.values())]
+    keys = [k for k in _UTILIZATION_KEYS if all(k in r for r in rows.values())]
     runs = [r[k] for r in rows.values() for k in keys]
     if not runs or "model_cycles" not in runs[0]:
         return []
