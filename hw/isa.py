@@ -45,7 +45,6 @@ from typing import ClassVar, Iterable, Union
 
 import numpy as np
 from amaranth.lib import enum as amaranth_enum
-
 from amaranth.utils import ceil_log2
 
 from .config import (
