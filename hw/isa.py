@@ -556,16 +556,17 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
             isinstance(insn, Store) and not isinstance(insn.mem, MemType):
         raise IsaError(f"{name} mem must be a MemType, not {insn.mem!r}")
     engine = engine_of(insn)            # refuses a LOAD into a buffer no engine loads
-    if isinstance(insn, Store) and insn.mem not in STORE_MEMS:
-        raise IsaError(f"STORE reads the {' or '.join(m.buffer for m in STORE_MEMS)} buffer, not {insn.mem.buffer}")
-    if isinstance(insn, Store) and insn.requant and insn.mem != MemType.ACC:
-        raise IsaError(f"a requantizing STORE reads the acc buffer, not {insn.mem.buffer}")
-    if isinstance(insn, Store) and not insn.requant and \
-            (insn.shift or insn.relu or insn.bias or insn.bias_per_row or insn.bias_base):
-        raise IsaError("STORE without requant takes no shift, relu or bias; shift, relu, bias, bias_per_row "
-                       "and bias_base must be 0")
-    if isinstance(insn, Store) and not insn.bias and (insn.bias_per_row or insn.bias_base):
-        raise IsaError("STORE without bias takes no bias_per_row or bias_base; they must be 0")
+    if isinstance(insn, Store):
+        if insn.mem not in STORE_MEMS:
+            raise IsaError(f"STORE reads the {' or '.join(m.buffer for m in STORE_MEMS)} buffer, "
+                           f"not {insn.mem.buffer}")
+        if insn.requant and insn.mem != MemType.ACC:
+            raise IsaError(f"a requantizing STORE reads the acc buffer, not {insn.mem.buffer}")
+        if not insn.requant and (insn.shift or insn.relu or insn.bias or insn.bias_per_row or insn.bias_base):
+            raise IsaError("STORE without requant takes no shift, relu or bias; shift, relu, bias, bias_per_row "
+                           "and bias_base must be 0")
+        if not insn.bias and (insn.bias_per_row or insn.bias_base):
+            raise IsaError("STORE without bias takes no bias_per_row or bias_base; they must be 0")
     if isinstance(insn, Load) and insn.mem == MemType.UOP and \
             (insn.y_pad0 or insn.y_pad1 or insn.x_pad0 or insn.x_pad1):
         raise IsaError("LOAD uop takes no padding; y_pad0, y_pad1, x_pad0 and x_pad1 must be 0")

@@ -100,19 +100,28 @@ def _overlaps(span: tuple[int, int] | None, lo: int, hi: int) -> bool:
     return span is not None and span[0] <= hi and lo <= span[1]
 
 
-def _dead_after(emitted: list[Emitted], start: int, entries: np.ndarray) -> bool:
-    """Whether no instruction from ``start`` on reads any of ``entries`` before writing it."""
-    live = np.unique(entries)
-    lo, hi = int(live[0]), int(live[-1])
-    for rec in emitted[start:]:
-        if not live.size:
-            return True
+def _accesses(emitted: list[Emitted], start: int, entries: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(index, accumulator entries read, written) of each instruction from ``start`` on that
+    touches any of ``entries`` (FINISH aside); the recorded ranges skip the others cheaply."""
+    lo, hi = int(entries.min()), int(entries.max())
+    for k in range(start, len(emitted)):
+        rec = emitted[k]
         if isinstance(rec.insn, Finish) or not _overlaps(_acc_span(rec), lo, hi):
             continue
         reads, writes = _acc_access(rec)
+        if np.isin(reads, entries).any() or np.isin(writes, entries).any():
+            yield k, reads, writes
+
+
+def _dead_after(emitted: list[Emitted], start: int, entries: np.ndarray) -> bool:
+    """Whether no instruction from ``start`` on reads any of ``entries`` before writing it."""
+    live = np.unique(entries)
+    for _, reads, writes in _accesses(emitted, start, live):
         if np.isin(reads, live).any():
             return False
-        live = np.setdiff1d(live, writes, assume_unique=False)
+        live = np.setdiff1d(live, writes)
+        if not live.size:
+            return True
     return True
 
 
@@ -129,21 +138,14 @@ def fuse_accumulator_init(build: AccelBuild) -> AccelBuild:
         if not (isinstance(rec.insn, Gemm) and rec.insn.reset) or rec.kernel is None:
             continue
         zeroed = np.unique(_loop_entries(rec, "dst"))
-        lo, hi = int(zeroed[0]), int(zeroed[-1])
-        for g in range(r + 1, len(emitted)):
-            if g in replace:
-                break
-            other = emitted[g]
-            if isinstance(other.insn, Finish) or not _overlaps(_acc_span(other), lo, hi):
-                continue
-            reads, writes = _acc_access(other)
-            if not (np.isin(reads, zeroed).any() or np.isin(writes, zeroed).any()):
-                continue
-            split = _split_first_step(other, zeroed, build.config)
-            if split is not None:
-                remove.add(r)
-                replace[g] = split
-            break
+        # The next instruction touching the zeroed entries must be the reduction's first GEMM.
+        # (Conservatively, none with a GEMM already split before it.)
+        g = next((g for g, _, _ in _accesses(emitted, r + 1, zeroed)), None)
+        split = None if g is None or any(r < x <= g for x in replace) else \
+            _split_first_step(emitted[g], zeroed, build.config)
+        if split is not None:
+            remove.add(r)
+            replace[g] = split
     if remove:
         out = []
         for k, rec in enumerate(emitted):
@@ -346,33 +348,23 @@ def _fusable_stores(emitted: list[Emitted], chain: _Chain) -> dict[int, dict] | 
     it, when nothing else reads those entries' accumulator values (which stay unshifted)
     and nothing writes a bias entry before its STORE reads it — else None."""
     entries = np.unique(chain.entries)
-    lo, hi = int(entries[0]), int(entries[-1])
     biases = np.unique(np.fromiter(chain.bias_of.values(), np.int64)) if chain.bias_of else np.empty(0, np.int64)
     covered = np.empty(0, np.int64)
     stores: dict[int, dict] = {}
-    k = chain.indices[-1] + 1
-    while k < len(emitted) and covered.size < entries.size:
-        rec = emitted[k]
-        k += 1
-        if isinstance(rec.insn, Finish):
-            continue
-        span = _acc_span(rec)
-        if biases.size and _overlaps(span, int(biases[0]), int(biases[-1])) and \
-                np.isin(_acc_access(rec)[1], biases).any():
+    for k, reads, writes in _accesses(emitted, chain.indices[-1] + 1, np.concatenate([entries, biases])):
+        if np.isin(writes, biases).any():
             return None                 # a bias entry rewritten before the STOREs read it
-        if not _overlaps(span, lo, hi):
-            continue
-        reads, writes = _acc_access(rec)
-        if not np.isin(np.union1d(reads, writes), entries).any():
-            continue
+        if not (np.isin(reads, entries).any() or np.isin(writes, entries).any()):
+            continue                    # reads a bias entry only
+        rec = emitted[k]
         if not (isinstance(rec.insn, Store) and rec.insn.mem == MemType.OUT and np.isin(reads, entries).all()
                 and not np.isin(reads, covered).any()):
             return None
         fields = _store_bias(rec.insn, chain.bias_of) if chain.bias_of else {}
         if fields is None:
             return None
-        stores[k - 1] = fields
+        stores[k] = fields
         covered = np.union1d(covered, reads)
-    if covered.size != entries.size or not _dead_after(emitted, k, entries):
-        return None
-    return stores
+        if covered.size == entries.size:
+            return stores if _dead_after(emitted, k + 1, entries) else None
+    return None
