@@ -21,8 +21,6 @@ exists in DRAM. `plan_conv2d` picks the tiles for any config and shape.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
@@ -203,19 +201,26 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
     return s
 
 
-@functools.lru_cache(maxsize=256)
-def _tuned_plan(config: AccelConfig, data, kernel, stride: int, padding: int, epilogue: Epilogue,
-                latency_hiding: bool) -> tuple:
-    """The plan (as items) of the candidates `rank_conv2d` ranks best that the cycle
-    model runs fastest; remembered per process, as a network repeats its layer shapes."""
+#: Tuned plans per (config, shapes, epilogue, latency hiding), remembered per process, as a
+#: network repeats its layer shapes.
+_TUNED_PLANS: dict[tuple, tuple] = {}
+
+
+def _tuned_build(config: AccelConfig, data, kernel, stride: int, padding: int, epilogue: Epilogue,
+                 latency_hiding: bool, build_plan) -> tuple[dict, object]:
+    """(plan, program) of the candidates `rank_conv2d` ranks best that the cycle model runs
+    fastest (``build_plan`` builds one); a remembered plan is built once, without timing."""
+    key = (config, data, kernel, stride, padding, epilogue, latency_hiding)
+    if key in _TUNED_PLANS:
+        plan = dict(_TUNED_PLANS[key])
+        return plan, build_plan(plan)
     plans = plan_with_fallback(
         lambda threads: rank_conv2d(config, data, kernel, stride, padding, threads=threads, epilogue=epilogue,
                                     count=CANDIDATE_PLANS),
         latency_hiding)
-    tensors = conv2d_te(config, data, kernel, stride, padding, epilogue)
-    args = [tensors[k] for k in ("x", "w", "bias", "out") if k in tensors]
-    plan, _ = best_by_cycle_model(plans, lambda p: build(conv2d_schedule(config, tensors, p), config, args))
-    return tuple(plan.items())
+    plan, program = best_by_cycle_model(plans, build_plan)
+    _TUNED_PLANS[key] = tuple(plan.items())
+    return plan, program
 
 
 def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
@@ -256,13 +261,17 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     epi = Epilogue(bias, shift, relu)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)
     inputs = ["x", "w"] + (["bias"] if bias else [])
+
+    def build_plan(plan):
+        return build(conv2d_schedule(c, tensors, plan), c, [tensors[k] for k in inputs] + [tensors["out"]])
+
     if tune:
-        plan = dict(_tuned_plan(c, data, kernel, stride, padding, epi, latency_hiding))
+        plan, program = _tuned_build(c, data, kernel, stride, padding, epi, latency_hiding, build_plan)
     else:
         plan = plan_with_fallback(
             lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
             latency_hiding)
-    program = build(conv2d_schedule(c, tensors, plan), c, [tensors[k] for k in inputs] + [tensors["out"]])
+        program = build_plan(plan)
 
     width = w
 
