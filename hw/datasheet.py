@@ -17,9 +17,11 @@ gateware by reading it and, where a test can, by tests/hw/test_datasheet.py.
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import json
 import re
+import warnings
 
 import numpy as np
 
@@ -63,19 +65,24 @@ def top_ports(config: AccelConfig) -> tuple[tuple[str, str, int, str], ...]:
     The clock and reset are those Amaranth creates for the default ``sync`` domain;
     the rest are the `Accelerator` signature's members, flattened with ``__``
     between path parts (how `amaranth.back.verilog` names them)."""
-    from amaranth.hdl import ClockDomain, Elaboratable, Shape
+    from amaranth.hdl import ClockDomain, Shape, UnusedElaboratable
     from amaranth.lib.wiring import In
 
     from .gateware.top import Accelerator
 
     domain = ClockDomain("sync")
     ports = [(domain.clk.name, "input", 1, "clock"), (domain.rst.name, "input", 1, "reset")]
-    top = Accelerator(config)
-    for part in (top, *vars(top).values()):     # only the signature is read: nothing to elaborate
-        if isinstance(part, Elaboratable):
-            part._MustUse__silence = True
+    gc.collect()        # earlier garbage is collected (and warns) outside the filter below
+    with warnings.catch_warnings():
+        # Only the top's signature is read; the top and the parts its constructor makes are
+        # never elaborated, which Amaranth would otherwise report as unused when they go.
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        top = Accelerator(config)
+        members = list(top.signature.members.flatten())
+        del top
+        gc.collect()
     interfaces = {"m_axi": "AXI4 master (DRAM)", "s_axil": "AXI4-Lite slave (registers)", "irq": "interrupt"}
-    for path, member in top.signature.members.flatten():
+    for path, member in members:
         if member.is_port:
             direction = "input" if member.flow == In else "output"
             ports.append(("__".join(map(str, path)), direction, Shape.cast(member.shape).width,

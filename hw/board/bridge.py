@@ -51,18 +51,19 @@ byte per cycle, far faster than the UART.
 """
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..gateware.axi import RESP_OKAY, AxiLiteSignature
+from ..gateware.checked import CheckedComponent
 from .memory import BytePortSignature
 from .protocol import BRIDGE_MAGIC, HEADER_BYTES, Opcode, Status
 
 __all__ = ["Bridge"]
 
 
-class Bridge(wiring.Component):
+class Bridge(CheckedComponent):
     """Parameters
     ----------
     mem_bytes : int
@@ -86,13 +87,14 @@ class Bridge(wiring.Component):
         The last status sent was not OK.
     """
 
-    def __init__(self, mem_bytes, reg_addr_bits, timeout_cycles):
+    @classmethod
+    def check_arguments(cls, mem_bytes, reg_addr_bits, timeout_cycles):
         if not isinstance(mem_bytes, int) or mem_bytes < 2 or mem_bytes & (mem_bytes - 1):
-            self._MustUse__silence = True
             raise ValueError(f"Memory size must be a power of two of at least 2 bytes, not {mem_bytes!r}")
         if not isinstance(timeout_cycles, int) or timeout_cycles < 1:
-            self._MustUse__silence = True
             raise ValueError(f"Timeout must be a positive number of cycles, not {timeout_cycles!r}")
+
+    def __init__(self, mem_bytes, reg_addr_bits, timeout_cycles):
         self._mem_bytes = mem_bytes
         self._timeout_cycles = timeout_cycles
         super().__init__({

@@ -19,6 +19,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..gateware.axi import Axi4Signature
+from ..gateware.checked import CheckedComponent
 
 __all__ = ["AxiMemory", "BytePortSignature", "RESP_SLVERR"]
 
@@ -37,7 +38,7 @@ class BytePortSignature(wiring.Signature):
                           "w_en": Out(1), "w_data": Out(8)})
 
 
-class AxiMemory(wiring.Component):
+class AxiMemory(CheckedComponent):
     """Parameters
     ----------
     data_bits : int
@@ -53,11 +54,13 @@ class AxiMemory(wiring.Component):
     bytes : In(BytePortSignature(log2(size_bytes)))
     """
 
-    def __init__(self, data_bits, size_bytes, id_bits):
+    @classmethod
+    def check_arguments(cls, data_bits, size_bytes, id_bits):
         beat = data_bits // 8 if isinstance(data_bits, int) else 0
         if not isinstance(size_bytes, int) or size_bytes < max(beat, 1) or size_bytes & (size_bytes - 1):
-            self._MustUse__silence = True
             raise ValueError(f"Memory size must be a power of two of at least one bus beat, not {size_bytes!r}")
+
+    def __init__(self, data_bits, size_bytes, id_bits):
         self._data_bits = data_bits
         self._size_bytes = size_bytes
         super().__init__({"axi": In(Axi4Signature(data_bits, id_bits)),

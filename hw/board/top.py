@@ -26,6 +26,7 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import AccelConfig
+from ..gateware.checked import CheckedComponent
 from ..gateware.top import Accelerator
 from .bridge import Bridge
 from .memory import AxiMemory
@@ -38,7 +39,7 @@ __all__ = ["BoardTop", "LEDS"]
 LEDS = ("irq", "bridge_busy", "bridge_error")
 
 
-class BoardTop(wiring.Component):
+class BoardTop(CheckedComponent):
     """Parameters
     ----------
     config : AccelConfig
@@ -56,16 +57,16 @@ class BoardTop(wiring.Component):
     led : Out(3)
     """
 
-    def __init__(self, config, mem_bytes, clk_hz, baud):
+    @classmethod
+    def check_arguments(cls, config, mem_bytes, clk_hz, baud):
         if not isinstance(config, AccelConfig):
-            self._MustUse__silence = True
             raise TypeError(f"Config must be an AccelConfig, not {config!r}")
         if not isinstance(mem_bytes, int) or mem_bytes < 4096 or mem_bytes & (mem_bytes - 1):
-            self._MustUse__silence = True
             raise ValueError(f"Memory size must be a power of two of at least 4096 bytes, not {mem_bytes!r}")
         if not isinstance(clk_hz, int) or not isinstance(baud, int) or baud <= 0 or clk_hz // baud < 4:
-            self._MustUse__silence = True
             raise ValueError(f"The clock ({clk_hz!r} Hz) must be at least 4 times the baud rate ({baud!r})")
+
+    def __init__(self, config, mem_bytes, clk_hz, baud):
         self._config = config
         self._mem_bytes = mem_bytes
         self._clk_hz = clk_hz

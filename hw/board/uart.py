@@ -8,20 +8,25 @@ and flagged on ``framing_error``.
 """
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import stream
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
+
+from ..gateware.checked import CheckedComponent
 
 __all__ = ["UartRx", "UartTx"]
 
 
-def _check_cycles(component, cycles_per_bit):
-    if not isinstance(cycles_per_bit, int) or cycles_per_bit < 4:
-        component._MustUse__silence = True      # a refused component is not an unused one
-        raise ValueError(f"Cycles per bit must be an integer of at least 4, not {cycles_per_bit!r}")
+class _UartComponent(CheckedComponent):
+    """What the receiver and transmitter share: the check of ``cycles_per_bit``."""
+
+    @classmethod
+    def check_arguments(cls, cycles_per_bit):
+        if not isinstance(cycles_per_bit, int) or cycles_per_bit < 4:
+            raise ValueError(f"Cycles per bit must be an integer of at least 4, not {cycles_per_bit!r}")
 
 
-class UartRx(wiring.Component):
+class UartRx(_UartComponent):
     """The receiver.
 
     Parameters
@@ -41,7 +46,6 @@ class UartRx(wiring.Component):
     """
 
     def __init__(self, cycles_per_bit):
-        _check_cycles(self, cycles_per_bit)
         self._cycles_per_bit = cycles_per_bit
         super().__init__({"rx": In(1, init=1), "source": Out(stream.Signature(8)),
                           "framing_error": Out(1), "overrun": Out(1)})
@@ -93,7 +97,7 @@ class UartRx(wiring.Component):
         return m
 
 
-class UartTx(wiring.Component):
+class UartTx(_UartComponent):
     """The transmitter.
 
     Parameters
@@ -109,7 +113,6 @@ class UartTx(wiring.Component):
     """
 
     def __init__(self, cycles_per_bit):
-        _check_cycles(self, cycles_per_bit)
         self._cycles_per_bit = cycles_per_bit
         super().__init__({"sink": In(stream.Signature(8)), "tx": Out(1, init=1)})
 

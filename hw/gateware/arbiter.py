@@ -10,15 +10,15 @@ other client asks. Priority is round-robin.
 """
 
 from amaranth import *
-from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadSignature
+from .checked import CheckedComponent
 
 __all__ = ["ReadArbiter"]
 
 
-class ReadArbiter(wiring.Component):
+class ReadArbiter(CheckedComponent):
     """Round-robin arbiter of ``count`` read clients onto one read port.
 
     Attributes
@@ -31,9 +31,12 @@ class ReadArbiter(wiring.Component):
         The client holding the channels (the AXI ARID).
     """
 
-    def __init__(self, data_bits, count):
+    @classmethod
+    def check_arguments(cls, data_bits, count):
         if not isinstance(count, int) or count < 1:
             raise TypeError(f"Client count must be a positive integer, not {count!r}")
+
+    def __init__(self, data_bits, count):
         self._count = count
         members = {f"client{i}": In(AxiReadSignature(data_bits)) for i in range(count)}
         members["bus"] = Out(AxiReadSignature(data_bits))

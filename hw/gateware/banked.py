@@ -26,6 +26,8 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from .checked import CheckedComponent
+
 __all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedMemory", "buffer_lanes"]
 
 
@@ -114,7 +116,7 @@ class GroupReadSignature(_GroupPortSignature):
         })
 
 
-class BankedMemory(wiring.Component):
+class BankedMemory(CheckedComponent):
     """A buffer of ``depth`` entries of ``width`` bits in ``banks`` SRAM banks.
 
     Parameters
@@ -132,8 +134,8 @@ class BankedMemory(wiring.Component):
         If a parameter is not of the form described.
     """
 
-    def __init__(self, *, width, depth, banks):
-        self._MustUse__silence = True   # a refused memory is not an unused one
+    @classmethod
+    def check_arguments(cls, *, width, depth, banks):
         if not isinstance(width, int) or width < 1:
             raise TypeError(f"Entry width must be a positive integer, not {width!r}")
         if not _is_pow2(depth):
@@ -141,11 +143,12 @@ class BankedMemory(wiring.Component):
         if not _is_pow2(banks) or banks > depth:
             raise TypeError(f"Bank count must be a power of two no larger than the depth ({depth}), "
                             f"not {banks!r}")
+
+    def __init__(self, *, width, depth, banks):
         self._width, self._depth, self._banks = width, depth, banks
         self._addr_width = max(1, exact_log2(depth))
         self._write_ports = []
         self._read_ports = []       # (port, transparent_for)
-        self._MustUse__silence = False
         super().__init__({})
 
     width = property(lambda self: self._width)

@@ -25,13 +25,14 @@ packs groups into write beats.
 """
 
 from amaranth import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import DMA_TRANSFER_FIELDS
 from .axi import ADDR_BITS
 from .banked import group_layout
+from .checked import CheckedComponent
 
 __all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "GroupDma", "dma_groups", "dma_lanes",
            "max_burst_beats", "refuse_unless_positive"]
@@ -63,7 +64,7 @@ def _check_sizes(entry_bytes, bus_bytes):
             raise TypeError(f"{name} must be a positive power of two, not {value!r}")
 
 
-class BurstGenerator(wiring.Component):
+class BurstGenerator(CheckedComponent):
     """Splits 2-D DMA commands into AXI bursts (byte address, AxLEN).
 
     Parameters
@@ -81,8 +82,11 @@ class BurstGenerator(wiring.Component):
         A command is being split.
     """
 
-    def __init__(self, entry_bytes, bus_bytes):
+    @classmethod
+    def check_arguments(cls, entry_bytes, bus_bytes):
         _check_sizes(entry_bytes, bus_bytes)
+
+    def __init__(self, entry_bytes, bus_bytes):
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
         super().__init__({
@@ -228,18 +232,20 @@ def dma_lanes(entry_bytes, bus_bytes, lanes):
     return lanes
 
 
-def refuse_unless_positive(component, value, what):
-    """Refuse a non-positive-integer constructor argument; the refused component is
-    marked so that Amaranth does not also warn that it was never used."""
+def refuse_unless_positive(value, what):
+    """Refuse a non-positive-integer constructor argument (from a `check_arguments`)."""
     if not isinstance(value, int) or value < 1:
-        component._MustUse__silence = True
         raise TypeError(f"{what} must be a positive integer, not {value!r}")
 
 
-class GroupDma(wiring.Component):
+class GroupDma(CheckedComponent):
     """What the reader and the writer share: entry and beat sizes, and the stream of
     entry groups (up to ``lanes`` entries) they exchange with the buffer side.
     ``members(group)`` gives the component's signature members for that stream."""
+
+    @classmethod
+    def check_arguments(cls, entry_bytes, bus_bytes, lanes, *args, **kwargs):
+        dma_lanes(entry_bytes, bus_bytes, lanes)
 
     def __init__(self, entry_bytes, bus_bytes, lanes, members):
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)

@@ -44,8 +44,12 @@ class DmaReader(GroupDma):
         A command is in flight.
     """
 
+    @classmethod
+    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4):
+        super().check_arguments(entry_bytes, bus_bytes, lanes)
+        refuse_unless_positive(depth, "Command depth")
+
     def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
-        refuse_unless_positive(self, depth, "Command depth")
         self._depth = depth
         super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),

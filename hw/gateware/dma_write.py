@@ -40,8 +40,12 @@ class DmaWriter(GroupDma):
         High until the last write response of the last command has arrived.
     """
 
+    @classmethod
+    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, responses=32):
+        super().check_arguments(entry_bytes, bus_bytes, lanes)
+        refuse_unless_positive(responses, "Outstanding responses")
+
     def __init__(self, entry_bytes, bus_bytes, lanes=None, responses=32):
-        refuse_unless_positive(self, responses, "Outstanding responses")
         self._responses = responses
         super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),

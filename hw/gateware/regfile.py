@@ -12,28 +12,32 @@ responses are always OKAY, reads of unmapped offsets return 0.
 """
 
 from amaranth import *
-from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..regmap import REG_BYTES, Register, address_bits
 from .axi import AxiLiteSignature
+from .checked import CheckedComponent
 
 __all__ = ["RegisterFile"]
 
 
-class RegisterFile(wiring.Component):
+class RegisterFile(CheckedComponent):
     """Parameters
     ----------
-    registers : list of Register
+    registers : list or tuple of Register
     """
 
-    def __init__(self, registers):
-        registers = list(registers)
+    @classmethod
+    def check_arguments(cls, registers):
+        if not isinstance(registers, (list, tuple)):
+            raise TypeError(f"Registers must be a list or tuple of gemforge.hw.regmap.Register, "
+                            f"not {registers!r}")
         for reg in registers:
             if not isinstance(reg, Register):
-                self._MustUse__silence = True   # a refused component is not an unused one
                 raise TypeError(f"Registers must be gemforge.hw.regmap.Register, not {reg!r}")
-        self._registers = registers
+
+    def __init__(self, registers):
+        self._registers = list(registers)
         self._addr_bits = address_bits(registers)
         members = {"bus": In(AxiLiteSignature(self._addr_bits))}
         for reg in registers:

@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 from ..isa import Opcode, fields_of
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
+from .checked import CheckedComponent
 from .dma import dma_command_from, refuse_unless_positive
 from .dma_read import DmaReader
 
@@ -36,7 +37,7 @@ def load_command_layout(config):
     return data.StructLayout({f.name: f.width for f in fields[first:]})
 
 
-class TileLoader(wiring.Component):
+class TileLoader(CheckedComponent):
     """Executes LOADs into one buffer.
 
     Parameters
@@ -61,11 +62,14 @@ class TileLoader(wiring.Component):
         Commands in flight (accepted, not yet written).
     """
 
-    def __init__(self, config, buffer, depth=4):
-        refuse_unless_positive(self, depth, "Command depth")
-        self._depth = depth
+    @classmethod
+    def check_arguments(cls, config, buffer, depth=4):
+        refuse_unless_positive(depth, "Command depth")
         if buffer not in ("inp", "wgt", "acc", "uop"):
             raise ValueError(f"LOAD targets inp, wgt, acc or uop, not {buffer!r}")
+
+    def __init__(self, config, buffer, depth=4):
+        self._depth = depth
         self._config = config
         self._buffer = buffer
         self._entry_bytes = config.entry_bytes(buffer)

@@ -9,6 +9,8 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from .checked import CheckedComponent
+
 __all__ = ["TokenQueue", "TokenPopSignature", "TokenPushSignature"]
 
 
@@ -26,7 +28,7 @@ class TokenPushSignature(wiring.Signature):
         super().__init__({"push": Out(1), "can_push": In(1)})
 
 
-class TokenQueue(wiring.Component):
+class TokenQueue(CheckedComponent):
     """A queue of up to ``capacity`` dependency tokens.
 
     Parameters
@@ -43,10 +45,12 @@ class TokenQueue(wiring.Component):
     count : Out(range(capacity + 1))
     """
 
-    def __init__(self, capacity):
+    @classmethod
+    def check_arguments(cls, capacity):
         if not isinstance(capacity, int) or capacity < 1:
-            self._MustUse__silence = True   # a refused component is not an unused one
             raise TypeError(f"Token queue capacity must be a positive integer, not {capacity!r}")
+
+    def __init__(self, capacity):
         self._capacity = capacity
         super().__init__({
             "pusher": In(TokenPushSignature()), "popper": In(TokenPopSignature()),

@@ -29,6 +29,7 @@ from ..regmap import (CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_WRI
 from .arbiter import ReadArbiter
 from .axi import BURST_INCR, RESP_OKAY, Axi4Signature, AxiLiteSignature
 from .banked import BankedMemory, buffer_lanes
+from .checked import CheckedComponent
 from .compute import ComputeEngine
 from .fetch import FetchEngine
 from .insn_check import FAULT_BITS
@@ -45,7 +46,7 @@ READ_CLIENTS = ("fetch", "load_inp", "load_wgt", "compute_acc", "compute_uop")
 AXI_ID_BITS = ceil_log2(len(READ_CLIENTS))
 
 
-class Accelerator(wiring.Component):
+class Accelerator(CheckedComponent):
     """The whole accelerator for one `AccelConfig`.
 
     Attributes
@@ -55,9 +56,12 @@ class Accelerator(wiring.Component):
     irq : Out(1)
     """
 
-    def __init__(self, config):
+    @classmethod
+    def check_arguments(cls, config):
         if not isinstance(config, AccelConfig):
             raise TypeError(f"config must be an AccelConfig, not {config!r}")
+
+    def __init__(self, config):
         self._config = config
         self._regfile = RegisterFile(REGISTERS)
         super().__init__({

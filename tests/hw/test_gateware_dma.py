@@ -327,7 +327,6 @@ def test_token_queue_counts_and_blocks():
     simulate(dut, tb)
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_token_queue_rejects_bad_capacity():
     with pytest.raises(TypeError, match="positive integer"):
         TokenQueue(0)

@@ -39,7 +39,6 @@ def test_register_file_reads_writes_and_strobes():
     simulate(dut, tb, processes=[monitor])
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_register_file_rejects_non_registers():
     with pytest.raises(TypeError, match="Register"):
         RegisterFile([("ID", 0)])
