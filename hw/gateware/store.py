@@ -123,8 +123,11 @@ class StoreEngine(wiring.Component):
         dma_cmd = Signal(DmaCommand)
         requant = Signal(data.StructLayout({name: layout[name].shape for name in _REQUANT_FIELDS}))
         layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in paths.items()}
-        group_bits = max(layout.size for layout in layouts.values())
-        m.submodules.queue = queue = fifo.SyncFIFO(width=group_bits, depth=_QUEUE_DEPTH)
+        # The queue holds one group of the reading path: a union of the paths' group layouts.
+        queue_layout = data.UnionLayout(layouts)
+        m.submodules.queue = queue = fifo.SyncFIFO(width=queue_layout.size, depth=_QUEUE_DEPTH)
+        queue_in = data.View(queue_layout, queue.w_data)
+        queue_out = data.View(queue_layout, queue.r_data)
         addr = Signal(c.sram_addr_bits)
         reading = Signal()
         inflight = Signal()
@@ -162,7 +165,7 @@ class StoreEngine(wiring.Component):
             m.d.comb += [group.entries[i].eq(e) for i, e in enumerate(entries)]
             m.d.comb += group.count.eq(inflight_count)
             with m.If(selected[name]):
-                m.d.comb += queue.w_data.eq(group.as_value())
+                m.d.comb += queue_in[name].eq(group)
         with m.If(can_issue):
             m.d.sync += addr.eq(addr + count)
             for name, walk in walks.items():
@@ -174,7 +177,7 @@ class StoreEngine(wiring.Component):
                 m.d.sync += reading.eq(0)
         m.d.comb += self.bytes_written.eq(0)
         for name, writer in writers.items():
-            m.d.comb += writer.inp.p.eq(queue.r_data[:len(writer.inp.p.as_value())])
+            m.d.comb += writer.inp.p.eq(queue_out[name])
             with m.If(selected[name]):
                 m.d.comb += [writer.inp.valid.eq(queue.r_rdy), queue.r_en.eq(writer.inp.ready)]
                 with m.If(queue.r_en & queue.r_rdy):
