@@ -32,7 +32,7 @@ class Mutant:
 
 
 def _alu_min_unsigned() -> Callable[[], None]:
-    from gemforge.hw.gateware import compute
+    from gemforge.hw.gateware import pipeline
     from gemforge.hw.gateware.alu import TensorAlu
     from gemforge.hw.gateware.gemm import lanes
     from gemforge.hw.isa import AluOp
@@ -50,11 +50,11 @@ def _alu_min_unsigned() -> Callable[[], None]:
                                                  for a, b in zip(lanes(self.a, n, w), lanes(self.b, n, w)))))
             return m
 
-    original = compute.TensorAlu
-    compute.TensorAlu = MinComparesUnsigned
+    original = pipeline.TensorAlu
+    pipeline.TensorAlu = MinComparesUnsigned
 
     def remove() -> None:
-        compute.TensorAlu = original
+        pipeline.TensorAlu = original
     return remove
 
 

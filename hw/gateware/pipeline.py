@@ -1,0 +1,194 @@
+"""The GEMM/ALU pipeline: one micro-op per cycle, from the micro-op loop to the write-back.
+
+GEMM and ALU share five stages:
+
+====  ==============================================================
+S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); read micro-op ``u``
+S1    indices = micro-op fields + loop offsets; read inp, wgt
+S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
+S3    adder tree (GEMM) or operand select (ALU); forward from S4
+S4    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write back
+====  ==============================================================
+
+The multipliers and the adder tree are separate stages so neither shares a
+cycle with a block-RAM read. The accumulator is read one stage later than the
+inputs (S2), so its data arrives with the dot products.
+
+Read-after-write: the accumulator read ports are transparent to the write
+port, so a micro-op sees every write made up to the cycle it reads (S2). The
+only write it can miss is that of the micro-op directly ahead of it, which is
+in S4 while it is in S3: S3 takes S4's result instead of the memory's when the
+indices match. Hence micro-ops behave exactly sequentially, as the ISA says,
+at one micro-op per cycle. The compute engine drains the pipeline (``busy``)
+before an instruction completes, so nothing crosses an instruction boundary.
+
+A micro-op whose index plus loop offset lies beyond its buffer would wrap in
+the address bits; it raises ``index_fault`` (`Fault.BUFFER_RANGE`, as fsim does)
+and writes nothing.
+"""
+
+from amaranth import *
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import Opcode, insn_bits, uop_fields
+from .alu import TensorAlu
+from .banked import GroupReadSignature, GroupWriteSignature
+from .engine import insn_layout
+from .gemm import GemmCore, lanes
+from .uop_loop import OFFSET_BITS, UopLoop
+
+__all__ = ["ComputePipeline", "uop_layout"]
+
+
+def uop_layout(config):
+    """`data.StructLayout` of a packed micro-op (dst | src | wgt from bit 0)."""
+    return data.StructLayout({f.name: f.width for f in uop_fields(config)})
+
+
+class ComputePipeline(wiring.Component):
+    """Runs the micro-ops of one GEMM or ALU instruction.
+
+    Attributes
+    ----------
+    insn : In(insn_bits)
+        The instruction, held from ``start`` until ``busy`` falls.
+    start : In(1)
+        Begin the instruction's micro-op loop (fetch dispatches no empty loop: `InsnChecker`).
+    issuing : Out(1)
+        S0 issues a micro-op this cycle (the loop is running).
+    busy : Out(1)
+        A micro-op is in S0–S4.
+    uop_rd, inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
+        Synchronous read ports (data one cycle after the address); the accumulator ports
+        must be transparent to the buffer's write port (see the module docstring).
+    wb : Out(GroupWriteSignature) of one lane
+        S4's write-back into the accumulator (``en`` only for a micro-op within range).
+    index_fault : Out(1)
+        A micro-op's index plus its loop offsets lies beyond its buffer; raised the cycle
+        after the micro-op's S1.
+    gemm_active, gemm_reset, alu_active : Out(1)
+        A GEMM micro-op (a resetting one) / an ALU micro-op enters the pipeline this cycle.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        c = config
+        acc_w = c.acc_entry_bytes * 8
+        super().__init__({
+            "insn": In(insn_bits(c)), "start": In(1), "issuing": Out(1), "busy": Out(1),
+            "uop_rd": Out(GroupReadSignature(c.uop_bits, 1, c.uop_index_bits)),
+            "inp_rd": Out(GroupReadSignature(c.inp_entry_bytes * 8, 1, c.inp_index_bits)),
+            "wgt_rd": Out(GroupReadSignature(c.wgt_entry_bytes * 8, 1, c.wgt_index_bits)),
+            "acc_rda": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
+            "acc_rdb": Out(GroupReadSignature(acc_w, 1, c.acc_index_bits)),
+            "wb": Out(GroupWriteSignature(acc_w, 1, c.acc_index_bits)),
+            "index_fault": Out(1),
+            "gemm_active": Out(1), "gemm_reset": Out(1), "alu_active": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        acc_bits = c.acc_index_bits
+
+        # The GEMM and ALU layouts share their loop fields' names; pick by opcode.
+        header_l, gm_l, al_l = (insn_layout(c, op) for op in (Opcode.FINISH, Opcode.GEMM, Opcode.ALU))
+        header = data.View(header_l, self.insn[:header_l.size])
+        gm = data.View(gm_l, self.insn[:gm_l.size])
+        al = data.View(al_l, self.insn[:al_l.size])
+        is_alu = header.opcode == Opcode.ALU
+
+        def loop_field(name):
+            return Mux(is_alu, getattr(al, name), getattr(gm, name))
+
+        factors = {
+            "dst": (loop_field("dst_factor_out"), loop_field("dst_factor_in")),
+            "src": (loop_field("src_factor_out"), loop_field("src_factor_in")),
+            "wgt": (gm.wgt_factor_out, gm.wgt_factor_in),
+        }
+
+        # ---------------------------------------------------------------- S0: the micro-op loop
+        m.submodules.uop_loop = loop = UopLoop(c.uop_index_bits, kinds=tuple(factors))
+        m.d.comb += [loop.start.eq(self.start),
+                     loop.uop_bgn.eq(loop_field("uop_bgn")), loop.uop_end.eq(loop_field("uop_end")),
+                     loop.iter_out.eq(loop_field("iter_out")), loop.iter_in.eq(loop_field("iter_in"))]
+        for k, (fo, fi) in factors.items():
+            m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
+        issue = loop.running
+        off = {k: getattr(loop, f"{k}_offset") for k in factors}
+        m.d.comb += self.uop_rd.addr.eq(loop.uop)
+
+        # ---------------------------------------------------------------- S1: indices, operand reads
+        s1_valid = Signal()
+        s1_off = {k: Signal(OFFSET_BITS, name=f"s1_{k}_off") for k in factors}
+        m.d.sync += s1_valid.eq(issue)
+        for k in factors:
+            m.d.sync += s1_off[k].eq(off[k])
+        uop = data.View(uop_layout(c), self.uop_rd.data[0][:uop_layout(c).size])
+        s1_dst = Signal(acc_bits)
+        s1_src_acc = Signal(acc_bits)
+        # The whole sums are compared against the depths (not the wrapped address bits).
+        full = {k: getattr(uop, k) + s1_off[k] for k in factors}
+        beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
+                     (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
+        m.d.sync += self.index_fault.eq(s1_valid & beyond)   # registered: off the address path
+        # The stages carry the fact to the write-back, which then writes nothing.
+        s2_bad, s3_bad, s4_bad = Signal(), Signal(), Signal()
+        m.d.sync += [s2_bad.eq(beyond), s3_bad.eq(s2_bad), s4_bad.eq(s3_bad)]
+        m.d.comb += [
+            s1_dst.eq(uop.dst + s1_off["dst"]),
+            s1_src_acc.eq(uop.src + s1_off["src"]),
+            self.inp_rd.addr.eq(uop.src + s1_off["src"]),
+            self.wgt_rd.addr.eq(uop.wgt + s1_off["wgt"]),
+        ]
+
+        # ---------------------------------------------------------------- S2: products, accumulator reads
+        s2_valid = Signal()
+        s2_dst = Signal(acc_bits)
+        s2_src = Signal(acc_bits)
+        m.d.sync += [s2_valid.eq(s1_valid), s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
+        m.submodules.gemm = gemm = GemmCore(c)
+        m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0]),
+                     self.acc_rda.addr.eq(s2_dst), self.acc_rdb.addr.eq(s2_src)]
+
+        # ---------------------------------------------------------------- S3: dot / operand, forwarding
+        s3_valid = Signal()
+        s3_dst = Signal(acc_bits)
+        s3_src = Signal(acc_bits)
+        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_src.eq(s2_src)]
+
+        s4_valid = Signal()
+        s4_dst = Signal(acc_bits)
+        s4_acc = Signal(c.acc_entry_bytes * 8)
+        s4_b = Signal(c.acc_entry_bytes * 8)
+        s4_result = Signal(c.acc_entry_bytes * 8)
+
+        fwd_a = Mux(s4_valid & (s4_dst == s3_dst), s4_result, self.acc_rda.data[0])
+        fwd_b = Mux(s4_valid & (s4_dst == s3_src), s4_result, self.acc_rdb.data[0])
+        lane_count = c.batch * c.block_out
+        imm_lane = Signal(c.acc_width)
+        m.d.comb += imm_lane.eq(al.imm.as_signed())
+        operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
+        # An overwriting GEMM adds its product to zero instead of the entry's value.
+        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
+                     s4_b.eq(Mux(is_alu, operand, gemm.dot))]
+
+        # ---------------------------------------------------------------- S4: result, write-back
+        m.submodules.alu = alu = TensorAlu(c)
+        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s4_acc), alu.b.eq(s4_b)]
+        sums = [a + b for a, b in zip(lanes(s4_acc, lane_count, c.acc_width),
+                                      lanes(s4_b, lane_count, c.acc_width))]
+        gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
+        m.d.comb += s4_result.eq(Mux(is_alu, alu.result, gemm_result))
+        m.d.comb += [self.wb.addr.eq(s4_dst), self.wb.count.eq(1), self.wb.data[0].eq(s4_result),
+                     self.wb.en.eq(s4_valid & ~s4_bad)]
+
+        m.d.comb += [
+            self.issuing.eq(issue),
+            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid),
+            self.gemm_active.eq(issue & ~is_alu),
+            self.gemm_reset.eq(issue & ~is_alu & gm.reset),
+            self.alu_active.eq(issue & is_alu),
+        ]
+        return m
