@@ -16,7 +16,7 @@ previous LOAD's data still arrives, and ``done`` marks each tile's end in order.
 """
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import Opcode, fields_of
@@ -27,6 +27,23 @@ from .dma import dma_command_from, refuse_unless_positive
 from .dma_read import DmaReader
 
 __all__ = ["TileLoader", "load_command_layout"]
+
+
+class _Section(enum.Enum, shape=2):
+    """The tile writer's section of rows: padding above, data rows, padding below, done."""
+    TOP = 0
+    MID = 1
+    BOT = 2
+    DONE = 3
+
+
+class _Run(enum.Enum, shape=2):
+    """The tile writer's run within a row: a data row's left padding, data, right padding,
+    or a whole padding row."""
+    LEFT = 0
+    DATA = 1
+    RIGHT = 2
+    FULL = 3
 
 
 def load_command_layout(config):
@@ -104,30 +121,50 @@ class TileLoader(CheckedComponent):
             queue.w_en.eq(self.cmd.valid & self.cmd.ready),
         ]
 
-        # Writer: walks the padded tile of `cmd` while ``active``.
+        # Writer: walks the padded tile of `cmd` while ``active``, run by run. A tile is up to
+        # three sections of rows (y_pad0 padding rows, y_size data rows, y_pad1 padding rows); a
+        # padding row is one run of `pitch` zeros, a data row up to three runs (x_pad0 zeros,
+        # x_size entries from the reader, x_pad1 zeros); empty sections and runs are skipped.
+        # Sections and runs are counted down in registers, and what follows each is chosen
+        # from registered fields, so no command field's arithmetic lies between a register and
+        # the write (the tile walk was the design's longest path when it compared positions).
         cmd = Signal(layout)
         active = Signal()
         empty = Signal()        # the tile has no positions
-        rows = Signal(len(cmd.y_size) + 1)      # a size plus two pads
-        pitch = Signal(len(cmd.x_size) + 1)
-        m.d.comb += [rows.eq(cmd.y_pad0 + cmd.y_size + cmd.y_pad1),
-                     pitch.eq(cmd.x_pad0 + cmd.x_size + cmd.x_pad1)]
-        r = Signal.like(rows)
-        c = Signal.like(pitch)
+        pitch = Signal(len(cmd.x_size) + 1)     # a size plus two pads
         addr = Signal(len(self.wr.addr))
         m.d.comb += self.wr.addr.eq(addr)
 
-        data_row = (r >= cmd.y_pad0) & (r < cmd.y_pad0 + cmd.y_size)
-        data_end = cmd.x_pad0 + cmd.x_size
-        is_data = data_row & (c >= cmd.x_pad0) & (c < data_end)
-        # A padding run ends at the data (left padding of a data row) or at the row's end.
-        run_end = Mux(data_row & (c < cmd.x_pad0), cmd.x_pad0, pitch)
-        pad_left = Signal.like(pitch)
+        section = Signal(_Section)
+        rows_left = Signal(len(cmd.y_size))     # rows of `section` left, this one included
+        run = Signal(_Run)
+        left = Signal(len(pitch))               # positions of `run` left
+
+        def first_run(fields, row_pitch, data_row):
+            """(run, length) of a row's first run: a padding row's whole pitch, else the first
+            non-empty run of a data row."""
+            return (Mux(data_row, Mux(fields.x_pad0 != 0, _Run.LEFT, Mux(fields.x_size != 0, _Run.DATA, _Run.RIGHT)),
+                        _Run.FULL),
+                    Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
+                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch))
+
+        def first_section(fields, after):
+            """(section, rows) of the first non-empty section after ``after`` (None: from the
+            start); `_Section.DONE` when none is left."""
+            order = [(_Section.TOP, fields.y_pad0), (_Section.MID, fields.y_size), (_Section.BOT, fields.y_pad1)]
+            if after is not None:
+                order = order[[s for s, _ in order].index(after) + 1:]
+            section_value, rows_value = C(_Section.DONE.value, _Section), C(0, len(cmd.y_size))
+            for name, rows in reversed(order):
+                section_value = Mux(rows != 0, name, section_value)
+                rows_value = Mux(rows != 0, rows, rows_value)
+            return section_value, rows_value
+
+        is_data = run == _Run.DATA
+        pad_count = Mux(left < lanes, left, lanes)
         count = Signal(range(lanes + 1))
-        m.d.comb += [
-            pad_left.eq(run_end - c),
-            count.eq(Mux(is_data, reader.out.p.count, Mux(pad_left < lanes, pad_left, lanes))),
-        ]
+        m.d.comb += count.eq(Mux(is_data, reader.out.p.count, pad_count))
+        run_end = Mux(is_data, left == reader.out.p.count, left <= lanes)
 
         writing = active & ~empty
         with m.If(writing):
@@ -142,22 +179,51 @@ class TileLoader(CheckedComponent):
         with m.If(active & empty):
             m.d.comb += self.done.eq(1)
         with m.If(self.wr.en):
-            m.d.sync += addr.eq(addr + count)
-            with m.If(c + count == pitch):
-                m.d.sync += [c.eq(0), r.eq(r + 1)]
-                with m.If(r + 1 == rows):
-                    m.d.comb += self.done.eq(1)
-            with m.Else():
-                m.d.sync += c.eq(c + count)
+            m.d.sync += [addr.eq(addr + count), left.eq(left - count)]
+            with m.If(run_end):
+                # The next run of this row, if any; else the next row.
+                row_end = Signal()
+                with m.Switch(run):
+                    with m.Case(_Run.LEFT):
+                        with m.If(cmd.x_size != 0):
+                            m.d.sync += [run.eq(_Run.DATA), left.eq(cmd.x_size)]
+                        with m.Elif(cmd.x_pad1 != 0):
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
+                        with m.Else():
+                            m.d.comb += row_end.eq(1)
+                    with m.Case(_Run.DATA):
+                        with m.If(cmd.x_pad1 != 0):
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
+                        with m.Else():
+                            m.d.comb += row_end.eq(1)
+                    with m.Default():
+                        m.d.comb += row_end.eq(1)
+                with m.If(row_end):
+                    with m.If(rows_left != 1):
+                        next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
+                        m.d.sync += [rows_left.eq(rows_left - 1), run.eq(next_run), left.eq(next_left)]
+                    with m.Else():
+                        with m.Switch(section):
+                            for current in (_Section.TOP, _Section.MID, _Section.BOT):
+                                with m.Case(current):
+                                    following_section, following_rows = first_section(cmd, current)
+                                    next_run, next_left = first_run(cmd, pitch, following_section == _Section.MID)
+                                    m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
+                                                 run.eq(next_run), left.eq(next_left)]
+                                    with m.If(following_section == _Section.DONE):
+                                        m.d.comb += self.done.eq(1)
         with m.If(self.done):
             m.d.sync += active.eq(0)
         with m.If(queue.r_rdy & (~active | self.done)):
             following = data.View(layout, queue.r_data)
+            following_pitch = following.x_pad0 + following.x_size + following.x_pad1
+            start_section, start_rows = first_section(following, None)
+            start_run, start_left = first_run(following, following_pitch, start_section == _Section.MID)
             m.d.comb += queue.r_en.eq(1)
             m.d.sync += [
-                cmd.eq(following), active.eq(1), r.eq(0), c.eq(0), addr.eq(following.sram_base),
-                empty.eq((following.y_pad0 + following.y_size + following.y_pad1 == 0) |
-                         (following.x_pad0 + following.x_size + following.x_pad1 == 0)),
+                cmd.eq(following), active.eq(1), addr.eq(following.sram_base), pitch.eq(following_pitch),
+                section.eq(start_section), rows_left.eq(start_rows), run.eq(start_run), left.eq(start_left),
+                empty.eq((start_section == _Section.DONE) | (following_pitch == 0)),
             ]
 
         m.d.comb += self.busy.eq(active | queue.r_rdy | reader.busy)
