@@ -102,35 +102,38 @@ class BurstGenerator(CheckedComponent):
         beat_bits = ADDR_BITS - n_log
 
         cmd = Signal(DmaCommand)
-        row = Signal.like(cmd.y_size)
+        rows_left = Signal.like(cmd.y_size)     # rows to split, this one included
         row_addr = Signal.like(cmd.base)
         beat = Signal(beat_bits)
-        left = Signal(32)
+        x_max = (1 << len(cmd.x_size)) - 1
 
+        # A row's beats. With k entries per beat, a row of x entries from entry q·k + r spans
+        # beats q .. q + (r + x - 1) // k: only r (the low bits) enters the sum, so the
+        # count is a narrow add, not an address-wide one.
         first_beat = Signal(beat_bits)
-        beat_count = Signal(32)
         if e_log >= n_log:
+            beat_count = Signal(range((x_max << (e_log - n_log)) + 1))
             m.d.comb += [first_beat.eq(row_addr << (e_log - n_log)),
                          beat_count.eq(cmd.x_size << (e_log - n_log))]
         else:
             k_log = n_log - e_log
-            last = Signal(33)
-            m.d.comb += [last.eq(row_addr + cmd.x_size - 1),
-                         first_beat.eq(row_addr >> k_log),
-                         beat_count.eq((last >> k_log) - (row_addr >> k_log) + 1)]
+            beat_count = Signal(range(((1 << k_log) - 1 + x_max - 1 >> k_log) + 2))
+            m.d.comb += [first_beat.eq(row_addr >> k_log),
+                         beat_count.eq(((row_addr[:k_log] + cmd.x_size - 1) >> k_log) + 1)]
+        left = Signal.like(beat_count)          # beats of the row left to burst
 
         to_boundary = Signal(range(maxb + 1))
         m.d.comb += to_boundary.eq(maxb - beat[:exact_log2(maxb)])
         length = Signal(range(maxb + 1))
         m.d.comb += length.eq(Mux(left < to_boundary, left, to_boundary))
         m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1),
-                     self.burst.p.last.eq((left == length) & (row + 1 == cmd.y_size))]
+                     self.burst.p.last.eq((left == length) & (rows_left == 1))]
 
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
-                    m.d.sync += [cmd.eq(self.cmd.p), row.eq(0), row_addr.eq(self.cmd.p.base)]
+                    m.d.sync += [cmd.eq(self.cmd.p), rows_left.eq(self.cmd.p.y_size), row_addr.eq(self.cmd.p.base)]
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.busy.eq(1)
@@ -141,8 +144,8 @@ class BurstGenerator(CheckedComponent):
                 with m.If(self.burst.ready):
                     m.d.sync += [beat.eq(beat + length), left.eq(left - length)]
                     with m.If(left == length):
-                        m.d.sync += [row.eq(row + 1), row_addr.eq(row_addr + cmd.x_stride)]
-                        with m.If(row + 1 == cmd.y_size):
+                        m.d.sync += [rows_left.eq(rows_left - 1), row_addr.eq(row_addr + cmd.x_stride)]
+                        with m.If(rows_left == 1):
                             m.next = "IDLE"
                         with m.Else():
                             m.next = "ROW"
@@ -168,7 +171,7 @@ class DmaWalk:
 
     def __init__(self, m, cmd, k_log, lanes=1):
         assert 1 <= lanes <= 1 << k_log and lanes & (lanes - 1) == 0
-        self.row = Signal.like(cmd.y_size)
+        self.rows_left = Signal.like(cmd.y_size)    # rows left, this one included
         self.left = Signal.like(cmd.x_size)         # entries left in this row
         self.row_addr = Signal.like(cmd.base)
         self.lane = Signal(max(1, k_log))
@@ -183,12 +186,12 @@ class DmaWalk:
             limit = Mux(to_beat_end < lanes, to_beat_end, lanes)
             m.d.comb += self.count.eq(Mux(self.left < limit, self.left, limit))
         self.row_end = self.left == self.count
-        self.last = self.row_end & (self.row + 1 == cmd.y_size)
+        self.last = self.row_end & (self.rows_left == 1)
 
     def start(self, cmd):
         """Statements for a new command (``cmd`` is the incoming payload, not yet latched)."""
         m = self._m
-        m.d.sync += [self.row.eq(0), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base)]
+        m.d.sync += [self.rows_left.eq(cmd.y_size), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base)]
         if self._k_log:
             m.d.sync += self.lane.eq(cmd.base[:self._k_log])
 
@@ -197,7 +200,7 @@ class DmaWalk:
         m, cmd = self._m, self._cmd
         with m.If(self.row_end):
             next_addr = self.row_addr + cmd.x_stride
-            m.d.sync += [self.row.eq(self.row + 1), self.left.eq(cmd.x_size),
+            m.d.sync += [self.rows_left.eq(self.rows_left - 1), self.left.eq(cmd.x_size),
                          self.row_addr.eq(next_addr)]
             if self._k_log:
                 m.d.sync += self.lane.eq(next_addr[:self._k_log])
