@@ -7,9 +7,11 @@ the SRAM read and the queue, so a quantized layer's epilogue costs the compute
 pipeline nothing).
 
 Entries are read from SRAM contiguously from ``sram_base`` into a small
-queue (reads are issued only with room to spare, so the one-cycle read
-latency never overflows it) and streamed to the DMA writer of the buffer's
-entry size. Reads go by groups: each read takes, through the buffer's group
+queue, through one register stage (the requantizer's bias add before it, its
+shift and clamp after it, so neither shares a cycle with the block-RAM read),
+and streamed to the DMA writer of the buffer's entry size. Reads are issued
+only with room to spare, so the reads and the stage in flight never overflow
+the queue. Reads go by groups: each read takes, through the buffer's group
 read port, exactly the entries the writer will pack into one beat (the same
 `DmaWalk` over the DRAM side of the command), so narrow entries leave at a
 beat per cycle. The instruction completes when the last write response
@@ -40,7 +42,9 @@ from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine"]
 
-_QUEUE_DEPTH = 4
+#: Groups the store queue holds: with a read and a staged group in flight, reads go on every
+#: cycle while the writer takes a group per cycle.
+_QUEUE_DEPTH = 5
 
 #: The store engine's paths, one DMA writer each: (buffer read, buffer whose entries DRAM
 #: receives). ``req`` is the requantizing STORE (acc read, out-sized entries written).
@@ -115,11 +119,12 @@ class StoreEngine(wiring.Component):
             with m.If(selected[name]):
                 m.d.comb += connect_when_selected(self.bus, writer.bus)
 
-        # SRAM → queue → writer, a group per read. Each path has its own walk (its
+        # SRAM → stage → queue → writer, a group per read. Each path has its own walk (its
         # entries per beat); only the selected one advances. `dma_cmd` holds the
         # command being read, and `requant` its requantization, as the instruction word
-        # moves on at launch. A requantizing path converts a group as it enters the
-        # queue, so the queue holds the writer's groups whatever STORE comes next.
+        # moves on at launch. A requantizing path converts a group on its way into the
+        # queue (its shift and ReLU staged with it), so the queue holds the writer's groups
+        # whatever STORE comes next.
         dma_cmd = Signal(DmaCommand)
         requant = Signal(data.StructLayout({name: layout[name].shape for name in _REQUANT_FIELDS}))
         layouts = {name: group_layout(entry * 8, lanes) for name, (_, entry, lanes) in paths.items()}
@@ -128,6 +133,12 @@ class StoreEngine(wiring.Component):
         m.submodules.queue = queue = fifo.SyncFIFO(width=queue_layout.size, depth=_QUEUE_DEPTH)
         queue_in = data.View(queue_layout, queue.w_data)
         queue_out = data.View(queue_layout, queue.r_data)
+        # The stage holds what a read produced: the final group, or for the requantizing
+        # path its lanes with the bias added (shift and clamp follow into the queue).
+        biased = data.ArrayLayout(c.acc_entry_bytes * 8, paths["req"][2])
+        staged = Signal(data.UnionLayout({**layouts, "req": biased}))
+        staged_valid = Signal()
+        staged_requant = Signal(data.StructLayout({"shift": requant.shift.shape(), "relu": 1}))
         addr = Signal(c.sram_addr_bits)
         reading = Signal()
         inflight = Signal()
@@ -140,7 +151,7 @@ class StoreEngine(wiring.Component):
         bias_pending = Signal()         # its read was issued last cycle: the data is on the port
         need_bias = selected["req"] & requant.bias & ~bias_valid
         bias_read = reading & need_bias & ~bias_pending
-        can_issue = reading & (queue.level + inflight < _QUEUE_DEPTH - 1) & (~need_bias | bias_pending)
+        can_issue = reading & (queue.level + inflight + staged_valid < _QUEUE_DEPTH - 1) & (~need_bias | bias_pending)
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in paths.items()}
         count = Signal(range(max(lanes for _, _, lanes in paths.values()) + 1))
@@ -149,21 +160,31 @@ class StoreEngine(wiring.Component):
             with m.If(selected[name]):
                 m.d.comb += [count.eq(walk.count), last.eq(walk.last)]
         inflight_count = Signal.like(count)
-        m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count)]
+        staged_count = Signal.like(count)
+        m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count),
+                     staged_valid.eq(inflight), staged_count.eq(inflight_count),
+                     staged_requant.shift.eq(requant.shift), staged_requant.relu.eq(requant.relu)]
         m.d.comb += [ports["out"].addr.eq(addr), ports["acc"].addr.eq(Mux(bias_read, bias_index, addr))]
         m.d.sync += bias_pending.eq(bias_read)
         with m.If(bias_pending):
             m.d.sync += [bias_entry.eq(ports["acc"].data[0]), bias_valid.eq(1)]
-        m.d.comb += queue.w_en.eq(inflight)
+        m.d.comb += queue.w_en.eq(staged_valid)
         for name, (buffer, entry, lanes) in paths.items():
-            group = Signal(layouts[name], name=f"{name}_group")
             read = ports[buffer].data
+            group = Signal(layouts[name], name=f"{name}_group")     # what enters the queue
             if name == "req":
-                entries = [requantize(c, read[i], bias_entry, requant) for i in range(lanes)]
+                stage_in = [add_bias(c, read[i], bias_entry, requant.bias) for i in range(lanes)]
+                entries = [shift_and_clamp(c, staged[name][i], staged_requant) for i in range(lanes)]
             else:
-                entries = [read[i] for i in range(lanes)]
+                stage_in = [read[i] for i in range(lanes)]
+                entries = [staged[name].entries[i] for i in range(lanes)]
+            with m.If(inflight & selected[name]):
+                if name == "req":
+                    m.d.sync += [staged[name][i].eq(e) for i, e in enumerate(stage_in)]
+                else:
+                    m.d.sync += [staged[name].entries[i].eq(e) for i, e in enumerate(stage_in)]
             m.d.comb += [group.entries[i].eq(e) for i, e in enumerate(entries)]
-            m.d.comb += group.count.eq(inflight_count)
+            m.d.comb += group.count.eq(staged_count)
             with m.If(selected[name]):
                 m.d.comb += queue_in[name].eq(group)
         with m.If(can_issue):
@@ -222,16 +243,22 @@ class StoreEngine(wiring.Component):
         return m
 
 
-def requantize(config, acc_entry, bias_entry, requant):
-    """The output entry of a requantizing STORE: each accumulator lane ``v`` (plus its bias
-    lane when ``requant.bias``) becomes ``clamp((v + bias) >> shift)``, out_width bits
-    (the ISA's `Store`)."""
+def add_bias(config, acc_entry, bias_entry, enabled):
+    """A requantizing STORE's first step: each accumulator lane plus its bias lane (when
+    ``enabled``), wrapping at acc_width bits (the ISA's `Store`)."""
+    n, width = config.batch * config.block_out, config.acc_width
+    return Cat(*((lane.as_signed() + Mux(enabled, bias.as_signed(), 0))[:width]
+                 for lane, bias in zip(lanes(acc_entry, n, width), lanes(bias_entry, n, width))))
+
+
+def shift_and_clamp(config, biased_entry, requant):
+    """A requantizing STORE's second step: each biased lane ``v`` becomes
+    ``clamp(v >> shift)`` as out_width bits, clamped below at 0 with ``requant.relu``."""
     n, width = config.batch * config.block_out, config.acc_width
     low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
     out = []
-    for lane, bias in zip(lanes(acc_entry, n, width), lanes(bias_entry, n, width)):
-        value = (lane.as_signed() + Mux(requant.bias, bias.as_signed(), 0))[:width].as_signed()
-        shifted = value >> requant.shift
+    for lane in lanes(biased_entry, n, width):
+        shifted = lane.as_signed() >> requant.shift
         floor = Mux(requant.relu, 0, low)
         clamped = Mux(shifted < floor, floor, Mux(shifted > high, high, shifted))
         out.append(clamped[:config.out_width])
