@@ -169,15 +169,15 @@ class StoreEngine(wiring.Component):
         with m.If(bias_pending):
             m.d.sync += [bias_entry.eq(ports["acc"].data[0]), bias_valid.eq(1)]
         m.d.comb += queue.w_en.eq(staged_valid)
-        for name, (buffer, entry, lanes) in paths.items():
+        for name, (buffer, entry, group_lanes) in paths.items():
             read = ports[buffer].data
             group = Signal(layouts[name], name=f"{name}_group")     # what enters the queue
             if name == "req":
-                stage_in = [add_bias(c, read[i], bias_entry, requant.bias) for i in range(lanes)]
-                entries = [shift_and_clamp(c, staged[name][i], staged_requant) for i in range(lanes)]
+                stage_in = [add_bias(c, read[i], bias_entry, requant.bias) for i in range(group_lanes)]
+                entries = [shift_and_clamp(c, staged[name][i], staged_requant) for i in range(group_lanes)]
             else:
-                stage_in = [read[i] for i in range(lanes)]
-                entries = [staged[name].entries[i] for i in range(lanes)]
+                stage_in = [read[i] for i in range(group_lanes)]
+                entries = [staged[name].entries[i] for i in range(group_lanes)]
             with m.If(inflight & selected[name]):
                 if name == "req":
                     m.d.sync += [staged[name][i].eq(e) for i, e in enumerate(stage_in)]

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 from amaranth import Elaboratable, Module, unsigned
-from amaranth.lib import memory, wiring
+from amaranth.lib import memory
 
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.gateware.pipeline import ComputePipeline
