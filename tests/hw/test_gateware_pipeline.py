@@ -13,7 +13,7 @@ from amaranth.lib import memory
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.gateware.pipeline import ComputePipeline
 from gemforge.hw.gateware.testbench import simulate
-from gemforge.hw.isa import Alu, AluOp, Gemm, Uop, encode, uop_fields
+from gemforge.hw.isa import Alu, AluOp, Gemm, Uop, encode, encode_uops
 from gemforge.sim.fsim import Fsim
 
 NONSQUARE = AccelConfig(name="pipeline-test", batch=2, block_in=4, block_out=2, inp_buffer_bytes=128,
@@ -21,18 +21,14 @@ NONSQUARE = AccelConfig(name="pipeline-test", batch=2, block_in=4, block_out=2, 
 CONFIGS = [PRESETS["tiny"], NONSQUARE]
 
 
-def pack(values, width):
-    """An entry's elements, row-major, ``width`` bits each from bit 0 (the DRAM layout)."""
-    word = 0
-    for i, v in enumerate(np.asarray(values).reshape(-1)):
-        word |= (int(v) & ((1 << width) - 1)) << (i * width)
-    return word
+def entry_word(values, width):
+    """An entry as the integer its memory holds: its elements in their DRAM byte layout."""
+    return int.from_bytes(np.asarray(values, f"<i{width // 8}").tobytes(), "little")
 
 
-def unpack(word, shape, width):
+def entry_values(word, shape, width):
     count = int(np.prod(shape))
-    values = [(word >> (i * width)) & ((1 << width) - 1) for i in range(count)]
-    return np.array([v - (1 << width) if v >> (width - 1) else v for v in values], np.int64).reshape(shape)
+    return np.frombuffer(word.to_bytes(count * width // 8, "little"), f"<i{width // 8}").astype(np.int64).reshape(shape)
 
 
 class Harness(Elaboratable):
@@ -95,18 +91,14 @@ def random_insn(c, rng, kind):
 
 
 def run_pipeline(c, insn, uops, state):
-    uop_words = []
-    for u in uops:                          # dst | src | wgt from bit 0 (`isa.uop_fields`)
-        word, lo = 0, 0
-        for field in uop_fields(c):
-            word |= getattr(u, field.name) << lo
-            lo += field.width
-        uop_words.append(word)
+    uop_bytes = c.uop_bits // 8
+    encoded = encode_uops(uops, c)          # the micro-op buffer's entries, as a LOAD writes them
+    uop_words = [int.from_bytes(encoded[i:i + uop_bytes], "little") for i in range(0, len(encoded), uop_bytes)]
     init = {
         "uop": uop_words + [0] * (c.uop_depth - len(uops)),
-        "inp": [pack(e, c.inp_width) for e in state["inp"]],
-        "wgt": [pack(e, c.wgt_width) for e in state["wgt"]],
-        "acc": [pack(e, c.acc_width) for e in state["acc"]],
+        "inp": [entry_word(e, c.inp_width) for e in state["inp"]],
+        "wgt": [entry_word(e, c.wgt_width) for e in state["wgt"]],
+        "acc": [entry_word(e, c.acc_width) for e in state["acc"]],
     }
     dut = Harness(c, init)
     result = {}
@@ -126,7 +118,7 @@ def run_pipeline(c, insn, uops, state):
             await ctx.tick()
         result["faults"], result["cycles"] = faults, cycles
         acc = dut.mems["acc"].data
-        result["acc"] = np.stack([unpack(ctx.get(acc[i]), (c.batch, c.block_out), c.acc_width)
+        result["acc"] = np.stack([entry_values(ctx.get(acc[i]), (c.batch, c.block_out), c.acc_width)
                                   for i in range(c.acc_depth)])
 
     simulate(dut, tb)
