@@ -83,15 +83,18 @@ def roofline(program) -> dict[str, Any]:
     """The best utilization a program's work allows on an ideal machine: every engine
     busy all the time, reads and writes each at one beat per cycle on their own AXI
     channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
-    the shared compute pipeline."""
+    the shared compute pipeline (an ALU MUL's one per `Timing.mul_interval` cycles)."""
     from gemforge.hw.isa import Alu, Gemm, Load, Store
+    from gemforge.hw.timing import compute_cycles, timing_of
     c = program.config
-    gemm = resets = alu = read = write = 0
+    timing = timing_of(c)
+    gemm = resets = alu = alu_cycles = read = write = 0
     for insn in program.instructions:
         if isinstance(insn, (Gemm, Alu)):
             uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
             if isinstance(insn, Alu):
                 alu += uops
+                alu_cycles += compute_cycles(insn, timing)
             else:
                 gemm += uops
                 resets += uops if insn.reset else 0
@@ -102,7 +105,7 @@ def roofline(program) -> dict[str, Any]:
     beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
     return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
             "beats_written": beats_written,
-            "roofline": round((gemm - resets) / max(gemm + alu, beats_read, beats_written), 4)}
+            "roofline": round((gemm - resets) / max(gemm + alu_cycles, beats_read, beats_written), 4)}
 
 
 def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:

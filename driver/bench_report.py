@@ -26,6 +26,7 @@ _CORE_FIGURES = {
     "store_insn_fixed_cycles": ("back-to-back short STOREs: cycles per instruction beyond its beats", "—"),
     "alu_imm_uops_per_cycle": ("ALU micro-ops per cycle, immediate operand", "1"),
     "alu_reg_uops_per_cycle": ("ALU micro-ops per cycle, register operand", "≥ 0.5"),
+    "alu_mul_uops_per_cycle": ("ALU MUL micro-ops per cycle (a two-stage product: half rate)", "0.5"),
     "sim_cycles_per_s": ("Verilator simulated cycles per second (GEMM-bound run)", "≥ 100,000"),
 }
 _BUS_FIGURES = {

@@ -5,7 +5,8 @@
 * ``gemm_uops_per_cycle``: extra cycles for 102,400 more GEMM micro-ops in one
   instruction (two runs differing only in ``iter_out``), so fixed costs cancel;
 * ``alu_imm_uops_per_cycle`` / ``alu_reg_uops_per_cycle``: the same for ALU ADD with an
-  immediate and with a register (accumulator) operand;
+  immediate and with a register (accumulator) operand, and ``alu_mul_uops_per_cycle`` for
+  ALU MUL (register operand), which issues at half rate (`gemforge.hw.timing.Timing.mul_interval`);
 * ``gemm_fixed_cycles``: cycles of a whole run (fetch, micro-op load, GEMM, FINISH)
   beyond one per micro-op;
 * ``gemm_insn_fixed_cycles``: cycles each GEMM instruction of a program costs beyond
@@ -104,10 +105,10 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
             _uop_load(c, base), Gemm(uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64, dst_factor_in=1),
             Finish()]
 
-    def alu(iter_out, imm):
+    def alu(iter_out, imm, op=AluOp.ADD):
         return lambda base: [
             _uop_load(c, base),
-            Alu(op=AluOp.ADD, imm=imm, uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64,
+            Alu(op=op, imm=imm, uop_bgn=0, uop_end=16, iter_out=iter_out, iter_in=64,
                 dst_factor_in=1, src_factor_in=1), Finish()]
 
     def load(rows):
@@ -148,8 +149,9 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
     wgt_rows, acc_rows = min(33, c.wgt_depth // 8), min(33, c.acc_depth // 8)
     g1, _ = _run(c, simulator, gemm(1), uops)
     g2, _ = _run(c, simulator, gemm(101), uops)
-    alu_rate = {kind: 100 * 64 * 16 / _extra_cycles(c, simulator, lambda n, imm=imm: alu(n, imm), 1, 101, uops)
-                for kind, imm in (("imm", 5), ("reg", None))}
+    alu_rate = {kind: 100 * 64 * 16 / _extra_cycles(c, simulator, lambda n, imm=imm, op=op: alu(n, imm, op),
+                                                    1, 101, uops)
+                for kind, imm, op in (("imm", 5, AluOp.ADD), ("reg", None, AluOp.ADD), ("mul", None, AluOp.MUL))}
     big, wall = _run(c, simulator, gemm(1000), uops)
     extra_uops = 100 * 64 * 16
     return {
@@ -159,6 +161,7 @@ def measure(config: AccelConfig, simulator: str = "verilator") -> dict:
         "gemm_insn_fixed_cycles": _extra_cycles(c, simulator, gemm_insns, 1, 101, uops) / 100 - 16,
         "alu_imm_uops_per_cycle": alu_rate["imm"],
         "alu_reg_uops_per_cycle": alu_rate["reg"],
+        "alu_mul_uops_per_cycle": alu_rate["mul"],
         **dma_insn_fixed_cycles(c, simulator),
         "load_bus_efficiency": (wgt_rows - 1) * 8 * c.wgt_entry_bytes
         / _extra_cycles(c, simulator, load, 1, wgt_rows, uops) / c.bus_bytes,

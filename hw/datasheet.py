@@ -395,7 +395,8 @@ def _counters() -> str:
         "- `insns_retired` counts **FINISH** too (it retires on the compute engine like any "
         "other instruction): after a complete run it equals `INSN_COUNT`.",
         "- `fetch_busy` counts while instructions remain to be dispatched; `gemm_active` and "
-        "`alu_active` count micro-op issue slots (one per cycle at most), so `gemm_active` / "
+        "`alu_active` count micro-ops issued (one per cycle at most; an ALU MUL instruction issues "
+        "one every second cycle, its product taking two stages), so `gemm_active` / "
         "`cycles` is the GEMM core's utilisation.",
     ])
 

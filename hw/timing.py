@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .isa import insn_bytes
+from .isa import Alu, AluOp, insn_bytes
 
-__all__ = ["Timing", "timing_of", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
+__all__ = ["Timing", "timing_of", "compute_cycles", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
 
 #: Cycles a LOAD costs beyond its data beats when it cannot overlap the previous one
 #: (issue, arbitration, DRAM latency, the last entry written, the push), from runs of 1 and 101
@@ -73,10 +73,23 @@ class Timing:
     #: GEMM/ALU: every cycle an instruction costs beyond its micro-ops, its take, pop and push
     #: included (the rest is dispatch into the pipeline and its drain)
     compute_fixed: int = COMPUTE_FIXED
+    #: an ALU MUL issues a micro-op every this many cycles, and drains through one more stage
+    #: (its product is registered before the final add: `gemforge.hw.gateware.alu`)
+    mul_interval: int = 2
     #: micro-op and accumulator LOADs of the compute engine: the last beat to the entries written
     compute_load_write: int = 1
     #: FINISH retiring to DONE
     finish: int = 2
+
+
+def compute_cycles(insn, timing: Timing) -> int:
+    """The micro-op cycles of a GEMM or ALU instruction ``insn``: from its first micro-op's
+    issue to the cycle after its last (an ALU MUL's: its micro-ops ``mul_interval`` apart,
+    and one more stage to drain); the rest of the instruction is ``compute_fixed``."""
+    uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+    if isinstance(insn, Alu) and insn.op == AluOp.MUL:
+        return (uops - 1) * timing.mul_interval + 2
+    return uops
 
 
 def timing_of(config) -> Timing:

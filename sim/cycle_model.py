@@ -28,7 +28,7 @@ import numpy as np
 from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Finish, Gemm, Instruction, Load, MemType, Store,
                              engine_of)
 from gemforge.hw.gateware.top import READ_CLIENTS
-from gemforge.hw.timing import FETCH_CHUNK, Timing, timing_of
+from gemforge.hw.timing import FETCH_CHUNK, Timing, compute_cycles, timing_of
 
 
 __all__ = ["CycleModelError", "CycleReport", "run_cycle_model", "dma_beats"]
@@ -330,7 +330,8 @@ class _Model:
                     self.counters["gemm_reset"] += uops if insn.reset else 0
                 else:
                     self.counters["alu_active"] += uops
-                rec.finish = start + uops + t.compute_fixed - t.take_to_pop - t.pop_to_exec - t.push_after
+                rec.finish = start + compute_cycles(insn, t) + t.compute_fixed - t.take_to_pop - t.pop_to_exec \
+                    - t.push_after
             elif isinstance(insn, Load):
                 _, cycles = dma_beats(insn, self.config, t)
                 # Like the load engine's, its tile loader takes the command a cycle after EXEC.

@@ -43,7 +43,7 @@ def _alu_min_unsigned() -> Callable[[], None]:
             c = self._config
             m.submodules.correct = correct = TensorAlu(c)
             m.d.comb += [correct.op.eq(self.op), correct.a.eq(self.a), correct.b.eq(self.b),
-                         self.result.eq(correct.result)]
+                         self.result.eq(correct.result), self.product.eq(correct.product)]
             n, w = c.batch * c.block_out, c.acc_width
             with m.If(self.op == AluOp.MIN):
                 m.d.comb += self.result.eq(Cat(*(Mux(a < b, a, b)

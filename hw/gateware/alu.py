@@ -4,6 +4,12 @@ Semantics (`gemforge.hw.isa.Alu`): MIN/MAX compare signed; ADD and MUL wrap at
 acc_width; SHR shifts arithmetically right by the operand, or left by its
 negation when negative; an amount of acc_width or more gives the sign fill
 (right) or zero (left).
+
+MIN, MAX, ADD and SHR are combinational. MUL takes two cycles: the low
+acc_width bits of a product need three half-width products (``al·bl``, and the
+low halves of ``al·bh`` and ``ah·bl``), which are registered before the final
+add. A one-cycle MUL put the multipliers in the compute pipeline's forwarding
+loop (S4's result feeds S3's operand), the design's critical path on the ECP5.
 """
 
 from amaranth import *
@@ -17,7 +23,7 @@ __all__ = ["TensorAlu"]
 
 
 class TensorAlu(wiring.Component):
-    """Combinational ``result = op(a, b)`` lane by lane.
+    """``op(a, b)`` lane by lane.
 
     Attributes
     ----------
@@ -26,12 +32,16 @@ class TensorAlu(wiring.Component):
     a, b : In(batch·block_out·acc_width)
         Accumulator entries (``b`` is the operand: acc[src] or the broadcast immediate).
     result : Out(batch·block_out·acc_width)
+        ``op(a, b)`` in the same cycle, for MIN, MAX, ADD and SHR.
+    product : Out(batch·block_out·acc_width)
+        ``a · b`` (wrapped) of the previous cycle's ``a`` and ``b``, whatever ``op`` is.
     """
 
     def __init__(self, config):
         self._config = config
         width = config.batch * config.block_out * config.acc_width
-        super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width), "result": Out(width)})
+        super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width), "result": Out(width),
+                          "product": Out(width)})
 
     def elaborate(self, platform):
         m = Module()
@@ -39,8 +49,9 @@ class TensorAlu(wiring.Component):
         w = c.acc_width
         sh_bits = (w - 1).bit_length()          # enough for 0..w-1
         n = c.batch * c.block_out
-        results = []
+        results, products = [], []
         for i, (a, b) in enumerate(zip(lanes(self.a, n, w), lanes(self.b, n, w))):
+            products.append(self._product(m, i, a, b))
             a, b = a.as_signed(), b.as_signed()
             r = Signal(w, name=f"lane{i}")
             right = Signal(sh_bits, name=f"right{i}")
@@ -56,8 +67,6 @@ class TensorAlu(wiring.Component):
                     m.d.comb += r.eq(Mux(a > b, a, b))
                 with m.Case(AluOp.ADD):
                     m.d.comb += r.eq(a + b)
-                with m.Case(AluOp.MUL):
-                    m.d.comb += r.eq(a * b)
                 with m.Case(AluOp.SHR):
                     with m.If(b >= 0):
                         m.d.comb += r.eq(a >> right)
@@ -66,5 +75,15 @@ class TensorAlu(wiring.Component):
                     with m.Else():
                         m.d.comb += r.eq(a << left[:sh_bits])
             results.append(r)
-        m.d.comb += self.result.eq(Cat(*results))
+        m.d.comb += [self.result.eq(Cat(*results)), self.product.eq(Cat(*products))]
         return m
+
+    def _product(self, m, i, a, b):
+        """The low w bits of a·b, from half-width products registered this cycle (the sign
+        of the operands does not change a product's low w bits)."""
+        w = self._config.acc_width
+        h = w // 2
+        low = Signal(w, name=f"mul_low{i}")           # al·bl
+        cross = Signal(h, name=f"mul_cross{i}")       # al·bh + ah·bl, low h bits
+        m.d.sync += [low.eq(a[:h] * b[:h]), cross.eq(a[:h] * b[h:] + a[h:] * b[:h])]
+        return (low + Cat(C(0, h), cross))[:w]

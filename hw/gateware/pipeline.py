@@ -1,13 +1,14 @@
 """The GEMM/ALU pipeline: one micro-op per cycle, from the micro-op loop to the write-back.
 
-GEMM and ALU share five stages:
+GEMM and ALU share five stages; an ALU MUL has a sixth:
 
 ====  ==============================================================
 S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); read micro-op ``u``
 S1    indices = micro-op fields + loop offsets; read inp, wgt
 S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
-S3    adder tree (GEMM) or operand select (ALU); forward from S4
+S3    adder tree (GEMM) or operand select (ALU); forward from the write-back
 S4    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write back
+S5    MUL only: the product's final add (`TensorAlu`); write back
 ====  ==============================================================
 
 The multipliers and the adder tree are separate stages so neither shares a
@@ -17,10 +18,13 @@ inputs (S2), so its data arrives with the dot products.
 Read-after-write: the accumulator read ports are transparent to the write
 port, so a micro-op sees every write made up to the cycle it reads (S2). The
 only write it can miss is that of the micro-op directly ahead of it, which is
-in S4 while it is in S3: S3 takes S4's result instead of the memory's when the
-indices match. Hence micro-ops behave exactly sequentially, as the ISA says,
-at one micro-op per cycle. The compute engine drains the pipeline (``busy``)
-before an instruction completes, so nothing crosses an instruction boundary.
+writing back while it is in S3: S3 takes that result instead of the memory's
+when the indices match. An ALU MUL writes back from S5, two stages ahead of S3,
+so its instruction issues a micro-op every second cycle (the micro-op ahead is
+then in S5, and S4 holds a bubble). Hence micro-ops behave exactly
+sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
+cycle). The compute engine drains the pipeline (``busy``) before an instruction
+completes, so nothing crosses an instruction boundary.
 
 A micro-op whose index plus loop offset lies beyond its buffer would wrap in
 the address bits; it raises ``index_fault`` (`Fault.BUFFER_RANGE`, as fsim does)
@@ -31,7 +35,7 @@ from amaranth import *
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import Opcode, insn_bits, uop_fields
+from ..isa import AluOp, Opcode, insn_bits, uop_fields
 from .alu import TensorAlu
 from .banked import GroupReadSignature, GroupWriteSignature
 from .engine import insn_layout
@@ -98,6 +102,8 @@ class ComputePipeline(wiring.Component):
         gm = data.View(gm_l, self.insn[:gm_l.size])
         al = data.View(al_l, self.insn[:al_l.size])
         is_alu = header.opcode == Opcode.ALU
+        is_mul = Signal()       # the instruction is an ALU MUL: half rate, written back from S5
+        m.d.comb += is_mul.eq(is_alu & (al.op == AluOp.MUL))
 
         def loop_field(name):
             return Mux(is_alu, getattr(al, name), getattr(gm, name))
@@ -112,7 +118,8 @@ class ComputePipeline(wiring.Component):
         m.submodules.uop_loop = loop = UopLoop(c.uop_index_bits, kinds=tuple(factors))
         m.d.comb += [loop.start.eq(self.start),
                      loop.uop_bgn.eq(loop_field("uop_bgn")), loop.uop_end.eq(loop_field("uop_end")),
-                     loop.iter_out.eq(loop_field("iter_out")), loop.iter_in.eq(loop_field("iter_in"))]
+                     loop.iter_out.eq(loop_field("iter_out")), loop.iter_in.eq(loop_field("iter_in")),
+                     loop.half_rate.eq(is_mul)]
         for k, (fo, fi) in factors.items():
             m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
         issue = loop.running
@@ -134,8 +141,8 @@ class ComputePipeline(wiring.Component):
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
         m.d.sync += self.index_fault.eq(s1_valid & beyond)   # registered: off the address path
         # The stages carry the fact to the write-back, which then writes nothing.
-        s2_bad, s3_bad, s4_bad = Signal(), Signal(), Signal()
-        m.d.sync += [s2_bad.eq(beyond), s3_bad.eq(s2_bad), s4_bad.eq(s3_bad)]
+        s2_bad, s3_bad, s4_bad, s5_bad = Signal(), Signal(), Signal(), Signal()
+        m.d.sync += [s2_bad.eq(beyond), s3_bad.eq(s2_bad), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad)]
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
@@ -163,9 +170,22 @@ class ComputePipeline(wiring.Component):
         s4_acc = Signal(c.acc_entry_bytes * 8)
         s4_b = Signal(c.acc_entry_bytes * 8)
         s4_result = Signal(c.acc_entry_bytes * 8)
+        s5_valid = Signal()
+        s5_dst = Signal(acc_bits)
+        m.submodules.alu = alu = TensorAlu(c)
 
-        fwd_a = Mux(s4_valid & (s4_dst == s3_dst), s4_result, self.acc_rda.data[0])
-        fwd_b = Mux(s4_valid & (s4_dst == s3_src), s4_result, self.acc_rdb.data[0])
+        # The write-back: S4's, or S5's for a MUL (whose S4 then holds a bubble).
+        wb_valid = Signal()
+        wb_dst = Signal(acc_bits)
+        m.d.comb += [wb_valid.eq(Mux(is_mul, s5_valid, s4_valid)), wb_dst.eq(Mux(is_mul, s5_dst, s4_dst))]
+
+        def forward(index, memory):
+            # S4's result is the late signal: it passes one multiplexer; the selects are registered.
+            s5_data = Mux(s5_valid & (s5_dst == index), alu.product, memory)
+            return Mux(s4_valid & ~is_mul & (s4_dst == index), s4_result, s5_data)
+
+        fwd_a = forward(s3_dst, self.acc_rda.data[0])
+        fwd_b = forward(s3_src, self.acc_rdb.data[0])
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
@@ -175,18 +195,21 @@ class ComputePipeline(wiring.Component):
                      s4_b.eq(Mux(is_alu, operand, gemm.dot))]
 
         # ---------------------------------------------------------------- S4: result, write-back
-        m.submodules.alu = alu = TensorAlu(c)
         m.d.comb += [alu.op.eq(al.op), alu.a.eq(s4_acc), alu.b.eq(s4_b)]
         sums = [a + b for a, b in zip(lanes(s4_acc, lane_count, c.acc_width),
                                       lanes(s4_b, lane_count, c.acc_width))]
         gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
         m.d.comb += s4_result.eq(Mux(is_alu, alu.result, gemm_result))
-        m.d.comb += [self.wb.addr.eq(s4_dst), self.wb.count.eq(1), self.wb.data[0].eq(s4_result),
-                     self.wb.en.eq(s4_valid & ~s4_bad)]
+
+        # ---------------------------------------------------------------- S5: a MUL's product, write-back
+        m.d.sync += [s5_valid.eq(s4_valid & is_mul), s5_dst.eq(s4_dst)]
+        m.d.comb += [self.wb.addr.eq(wb_dst), self.wb.count.eq(1),
+                     self.wb.data[0].eq(Mux(is_mul, alu.product, s4_result)),
+                     self.wb.en.eq(wb_valid & ~Mux(is_mul, s5_bad, s4_bad))]
 
         m.d.comb += [
             self.issuing.eq(issue),
-            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid),
+            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid | s5_valid),
             self.gemm_active.eq(issue & ~is_alu),
             self.gemm_reset.eq(issue & ~is_alu & gm.reset),
             self.alu_active.eq(issue & is_alu),

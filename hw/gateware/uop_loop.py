@@ -1,7 +1,7 @@
 """The micro-op loop of a GEMM or ALU instruction (stage S0 of the compute pipeline).
 
 For ``i`` in ``[0, iter_out)``, ``j`` in ``[0, iter_in)`` and ``u`` in ``[uop_bgn, uop_end)``,
-innermost last, one micro-op issues per cycle with the offsets ``i·factor_out + j·factor_in``
+innermost last, one micro-op issues per cycle (or every second cycle, at ``half_rate``) with the offsets ``i·factor_out + j·factor_in``
 of each index kind (``dst``, ``src``, ``wgt``): the order and the offsets of the ISA's loop
 (`gemforge.sim.fsim.Fsim`'s loop indices are the micro-op's fields plus these offsets).
 The offsets are kept as running sums, so no multiplier is needed.
@@ -37,8 +37,10 @@ class UopLoop(wiring.Component):
     uop_bgn, uop_end : In(uop_index_bits + 1)
     iter_out, iter_in : In(LOOP_ITER_BITS)
     <kind>_factor_out, <kind>_factor_in : In(OFFSET_BITS)
+    half_rate : In(1)
+        Issue a micro-op every second cycle (held like the parameters above).
     running : Out(1)
-        A micro-op issues this cycle (the loop is not finished).
+        A micro-op issues this cycle.
     uop : Out(uop_index_bits + 1)
         The micro-op issuing.
     <kind>_offset : Out(OFFSET_BITS)
@@ -49,7 +51,7 @@ class UopLoop(wiring.Component):
         self._kinds = tuple(kinds)
         index = uop_index_bits + 1
         members = {"start": In(1), "uop_bgn": In(index), "uop_end": In(index),
-                   "iter_out": In(LOOP_ITER_BITS), "iter_in": In(LOOP_ITER_BITS),
+                   "iter_out": In(LOOP_ITER_BITS), "iter_in": In(LOOP_ITER_BITS), "half_rate": In(1),
                    "running": Out(1), "uop": Out(index)}
         for k in self._kinds:
             members.update({f"{k}_factor_out": In(OFFSET_BITS), f"{k}_factor_in": In(OFFSET_BITS),
@@ -64,16 +66,22 @@ class UopLoop(wiring.Component):
         m = Module()
         i = Signal(LOOP_ITER_BITS)
         j = Signal(LOOP_ITER_BITS)
-        u, run = self.uop, self.running
+        u = self.uop
+        run = Signal()          # micro-ops remain
+        gap = Signal()          # half rate: the cycle after an issue issues nothing
+        m.d.comb += self.running.eq(run & ~gap)
         base = {k: Signal(OFFSET_BITS, name=f"{k}_base") for k in self._kinds}    # i · factor_out
         off = {k: getattr(self, f"{k}_offset") for k in self._kinds}              # + j · factor_in
         factor = {k: (getattr(self, f"{k}_factor_out"), getattr(self, f"{k}_factor_in")) for k in self._kinds}
 
         with m.If(self.start):
-            m.d.sync += [run.eq(1), i.eq(0), j.eq(0), u.eq(self.uop_bgn)]
+            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0), u.eq(self.uop_bgn)]
             for k in self._kinds:
                 m.d.sync += [base[k].eq(0), off[k].eq(0)]
+        with m.Elif(gap):
+            m.d.sync += gap.eq(0)
         with m.Elif(run):
+            m.d.sync += gap.eq(self.half_rate)
             with m.If(u + 1 == self.uop_end):
                 m.d.sync += u.eq(self.uop_bgn)
                 with m.If(j + 1 == self.iter_in):

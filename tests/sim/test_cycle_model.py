@@ -11,7 +11,7 @@ from gemforge.compiler import compile_conv2d, compile_dense
 from gemforge.driver.bench import RESNET18_LAYERS
 from gemforge.driver.device import open_device
 from gemforge.hw.config import PRESETS
-from gemforge.hw.isa import Finish, Gemm, Load, MemType, Store, encode_program
+from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program
 from gemforge.hw.timing import timing_of
 from gemforge.sim.cosim import harness
 from gemforge.sim.cycle_model import CycleModelError, dma_beats, run_cycle_model
@@ -42,6 +42,35 @@ def test_gemm_runs_one_micro_op_per_cycle():
     short, long = (run_cycle_model(gemm_program(n), c) for n in (100, 1100))
     assert long.cycles - short.cycles == 1000
     assert long.counters["gemm_active"] == 1100 and long.counters["gemm_reset"] == 0
+
+
+def alu_program(op: AluOp, uops: int, imm: int | None = None) -> list:
+    """A micro-op LOAD and one ALU instruction of ``uops`` micro-ops over 16 entries."""
+    return [Load(mem=MemType.UOP, sram_base=0, dram_base=0, y_size=1, x_size=16, x_stride=16),
+            Alu(op=op, imm=imm, uop_bgn=0, uop_end=16, iter_out=uops // 16, iter_in=1), Finish()]
+
+
+def test_an_alu_mul_issues_at_half_rate_and_other_ops_at_full_rate():
+    c, t = PRESETS["tiny"], timing_of(PRESETS["tiny"])
+    for op, per_uop in ((AluOp.MUL, t.mul_interval), (AluOp.ADD, 1), (AluOp.SHR, 1)):
+        short, long = (run_cycle_model(alu_program(op, n), c) for n in (160, 1760))
+        assert long.cycles - short.cycles == 1600 * per_uop
+        assert long.counters["alu_active"] == 1760
+
+
+@needs_verilator
+def test_alu_instructions_take_the_cycles_the_model_gives_them_on_verilator():
+    from gemforge.driver.rtl_perf import _run
+    c = PRESETS["tiny"]
+    uops = [Uop(dst=i % 8, src=(i * 3) % 16) for i in range(16)]
+    for op, imm in ((AluOp.MUL, None), (AluOp.MUL, 3), (AluOp.ADD, None), (AluOp.MAX, -2)):
+        for n in (16, 320):
+            program = alu_program(op, n, imm)
+            rtl = _run(c, "verilator", lambda base: [Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes,
+                                                          y_size=1, x_size=16, x_stride=16), *program[1:]],
+                       uops)[0].cycles
+            model = run_cycle_model(program, c).cycles
+            assert model == rtl, f"{op.name} × {n}: RTL {rtl} cycles, model {model}"
 
 
 def test_a_gemm_waits_for_the_load_that_feeds_it():

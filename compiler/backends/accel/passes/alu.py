@@ -10,12 +10,12 @@ statement per operation, in place on ``P`` (the hardware ALU updates
 and its readers read ``P``. A stage with no operation is a pure alias (no
 instructions). A chain that starts from an entry at another index (max
 pooling: ``max(x[2i], x[2i+1])``) keeps its own buffer and starts by copying
-that entry in (``E = E·0 + x[2i]``: the ALU has no move).
+that entry in (``E = (E << 32) + x[2i]``, a clearing shift: the ALU has no move).
 """
 
 from __future__ import annotations
 
-from gemforge.hw.config import AccelConfig
+from gemforge.hw.config import SUPPORTED_ACC_WIDTHS, AccelConfig
 
 from ....errors import CompileError
 from ....ir import (
@@ -68,7 +68,7 @@ def _lower(nest: Stmt, aliases: dict[Buffer, Buffer], imm_range: tuple[int, int]
     base, ops = found
     if base is _OWN:
         # The chain starts from another entry: the stage keeps its buffer and
-        # first copies that entry in (x·0 + y, since the ALU has no move).
+        # first copies that entry in ((x << 32) + y, since the ALU has no move).
         base = store.buffer
     else:
         aliases[store.buffer] = base
@@ -91,6 +91,9 @@ def _lower(nest: Stmt, aliases: dict[Buffer, Buffer], imm_range: tuple[int, int]
 
 
 _OWN = object()  # marker: the chain starts by copying an entry into the stage's own buffer
+#: A left shift (SHR by a negative amount) of acc_width bits or more clears an entry; it
+#: runs at one micro-op per cycle, where a MUL by zero would take two.
+_CLEARING_SHIFT = max(SUPPORTED_ACC_WIDTHS)
 
 
 def _in_place_ok(base: Buffer, store: BufferStore) -> bool:
@@ -115,7 +118,7 @@ def _chain(e: Expr, index: tuple, entry: tuple[Var, Var], in_place: bool):
             return e.buffer, []
         ref = _operand(e, entry)
         if isinstance(ref, BufferRef):
-            return _OWN, [("mul", 0), ("add", ref)]
+            return _OWN, [("shr", -_CLEARING_SHIFT), ("add", ref)]
         return None
     if isinstance(e, BinOp) and type(e) in (*_OPS, Sub):
         orders = [(e.a, e.b)] + ([(e.b, e.a)] if isinstance(e, _COMMUTATIVE) else [])
