@@ -13,8 +13,12 @@ names the platforms this was written for:
 * ``icebreaker``: 1BitSquared iCEBreaker, iCE40UP5K, 12 MHz, UART through the FTDI's
   second channel. The design elaborates with its pins, but even the ``tiny`` accelerator
   does not fit the UP5K (synth_ice40, 4 KiB board memory, measured: 17,479 LUT4 of 5,280,
-  93 RAM40 of 30, 31 MAC16 of 8): it needs a config smaller than any preset, and the
-  board memory in SPRAM, which the dual-ported `AxiMemory` does not map to.
+  93 RAM40 of 30, 31 MAC16 of 8), and a smaller config does not help: a 1×1 core with a
+  16-bit accumulator, the smallest buffers and queues of depth 2 still needs 16,356 LUT4
+  (bare accelerator). The core is a fifth of the logic; the DMA tile loaders, the store
+  engine's writers and requantizer, fetch and the registers are the rest. A UP5K build
+  needs a serial control plane (one shared DMA engine, narrower counters), and the board
+  memory in SPRAM, which the dual-ported `AxiMemory` does not map to.
 
 Build a bitstream with ``gemforge synth --config ulx3s --target ecp5-85f --bitstream -o DIR``
 (`gemforge.hw.synth`, which points Amaranth's build at the YoWASP tools: YOSYS,

@@ -98,8 +98,12 @@ def test_ice40_counts_every_flip_flop_flavour():
 
 def test_cells_over_the_luts_are_refused_naming_need_and_capacity():
     with pytest.raises(FitError, match=r"^tiny needs 10,170 LUT4 after synthesis but the iCE40UP5K has "
-                                       r"5,280 logic cells; it also needs 6,305 flip-flops of 5,280; choose"):
+                                       r"5,280 logic cells; it also needs 6,305 flip-flops of 5,280; a smaller "
+                                       r"core does not help on this part: .*; use --target ecp5-85f$"):
         check_cells("tiny", {"SB_LUT4": 10170, "SB_DFFE": 6305, "SB_MAC16": 8}, ICE40)
+    with pytest.raises(FitError, match=r"needs 9 SB_MAC16 after synthesis but the iCE40UP5K has 8 SB_MAC16; "
+                                       r"choose a smaller core"):
+        check_cells("tiny", {"SB_LUT4": 100, "SB_MAC16": 9}, ICE40)
 
 
 def test_cells_over_the_dsps_are_refused():
