@@ -164,9 +164,9 @@ class Accelerator(CheckedComponent):
         # START (when idle) begins a program; it ends with DONE, or with ERROR and a fault
         # code. A fault (or ABORT) first drains the bus: no new AR/AW is issued (one
         # already presented stays valid until accepted, as AXI requires), R beats are
-        # taken, and the transactions in flight complete; then one cycle of `soft_reset`
-        # returns the engines and queues to their reset state (registers, counters and
-        # buffer contents are kept), so the accelerator is idle again.
+        # taken, and the transactions in flight complete; then, the cycle after, one cycle of
+        # `soft_reset` returns the engines and queues to their reset state (registers,
+        # counters and buffer contents are kept), so the accelerator is idle again.
         busy, done, error = Signal(), Signal(), Signal()
         finished = Signal()
         fault_code = Signal(FAULT_BITS)
@@ -235,10 +235,13 @@ class Accelerator(CheckedComponent):
         with m.If(start_req):
             m.d.sync += [busy.eq(start), done.eq(0), error.eq(~start), finished.eq(0),
                          fault_code.eq(start_fault), fault_info.eq(0)]
+        with m.Elif(soft_reset):
+            m.d.sync += [soft_reset.eq(0), busy.eq(0), aborting.eq(0), error.eq(1)]
         with m.Elif(busy & aborting):
+            # Registered: the reset fans out to most of the design's flip-flops, so it starts
+            # from one (the drain's gating still holds in its cycle).
             with m.If(bus_quiet):
-                m.d.comb += soft_reset.eq(1)
-                m.d.sync += [busy.eq(0), aborting.eq(0), error.eq(1)]
+                m.d.sync += soft_reset.eq(1)
         with m.Elif(busy):
             with m.If(fault != Fault.NONE):
                 m.d.sync += [aborting.eq(1), fault_code.eq(fault), fault_info.eq(info)]
