@@ -1,8 +1,9 @@
 """The micro-op loop of a GEMM or ALU instruction (stage S0 of the compute pipeline).
 
 For ``i`` in ``[0, iter_out)``, ``j`` in ``[0, iter_in)`` and ``u`` in ``[uop_bgn, uop_end)``,
-innermost last, one micro-op issues per cycle (or every second cycle, at ``half_rate``) with the offsets ``i·factor_out + j·factor_in``
-of each index kind (``dst``, ``src``, ``wgt``): the order and the offsets of the ISA's loop
+innermost last, one micro-op issues per cycle (every second cycle at ``half_rate``) with the
+offsets ``i·factor_out + j·factor_in`` of each index kind (``dst``, ``src``, ``wgt``): the
+order and the offsets of the ISA's loop
 (`gemforge.sim.fsim.Fsim`'s loop indices are the micro-op's fields plus these offsets).
 The offsets are kept as running sums, so no multiplier is needed.
 """
