@@ -54,8 +54,8 @@ class Timing:
     pending_pushes: int
     #: command-queue write to the engine seeing it (a buffered FIFO)
     queue_latency: int = 2
-    #: fetch: a fetched word's register stage and check before its queue
-    fetch_check: int = 3
+    #: fetch: a fetched word's register stages and check (`InsnChecker.LATENCY`) before its queue
+    fetch_check: int = 4
     #: engine states: IDLE takes the word, POP pops, LAUNCH/EXEC starts
     take_to_pop: int = 1
     pop_to_exec: int = 1

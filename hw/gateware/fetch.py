@@ -66,8 +66,8 @@ class FetchEngine(wiring.Component):
         m.submodules.reader = reader = DmaReader(insn_bytes(c), c.bus_bytes, lanes=1)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         # Each queue entry carries its instruction's check result and destination, worked out
-        # in a register stage before the queue (the check's own two stages straddle it), so
-        # neither the check's multiplier nor the decode lies on the dispatch path.
+        # in register stages before the queue (as many as the check's latency), so neither
+        # the check's multiplier nor the decode lies on the dispatch path.
         entry = data.StructLayout({"word": insn_bits(c), "fault": FAULT_BITS, "to": range(len(PIPELINE))})
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size, depth=2 * CHUNK)
 
@@ -96,9 +96,11 @@ class FetchEngine(wiring.Component):
         mem = data.View(ld_l, word[:ld_l.size]).mem
         staged = Signal(entry)
         staged_valid = Signal()
-        # The check's first stage runs beside `staged`; its second stage feeds the queue.
+        queued = Signal(entry)       # `staged` a cycle later, when the check's fault is ready
+        queued_valid = Signal()
+        assert InsnChecker.LATENCY == 2
         m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total), check.en.eq(got)]
-        m.d.sync += staged_valid.eq(got)
+        m.d.sync += [staged_valid.eq(got), queued_valid.eq(staged_valid), queued.eq(staged)]
         # The engine (its index in PIPELINE) by the ISA's routing; an instruction the check
         # refuses is never dispatched, so where it would have gone does not matter.
         to = Signal.like(staged.to)
@@ -114,9 +116,9 @@ class FetchEngine(wiring.Component):
         with m.If(got):
             m.d.sync += [staged.word.eq(word), arrived.eq(arrived + 1), staged.to.eq(to)]
         written = Signal(entry)
-        m.d.comb += [written.word.eq(staged.word), written.to.eq(staged.to), written.fault.eq(check.fault),
-                     queue.w_data.eq(written), queue.w_en.eq(staged_valid)]
-        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - staged_valid)
+        m.d.comb += [written.word.eq(queued.word), written.to.eq(queued.to), written.fault.eq(check.fault),
+                     queue.w_data.eq(written), queue.w_en.eq(queued_valid)]
+        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - queued_valid)
         with m.If(req_fire):
             m.d.sync += [next_entry.eq(next_entry + chunk), to_read.eq(to_read - chunk)]
 

@@ -43,8 +43,9 @@ def one_of(value, choices):
 
 
 class InsnChecker(wiring.Component):
-    """Check of one instruction word, in two stages: the decode checks and the operands of the
-    tile-size product in the cycle ``en`` is high, the product and the fault in the next.
+    """Check of one instruction word, in three stages: the decode checks and the operands of
+    the tile-size product in the cycle ``en`` is high, the product in the next, the tile's end
+    and the fault in the one after.
 
     Attributes
     ----------
@@ -52,8 +53,8 @@ class InsnChecker(wiring.Component):
     last : In(1)
         The word is the program's last instruction.
     en : In(1)
-        Take ``word`` and ``last`` this cycle; ``fault`` gives their result from the next
-        cycle on (until the next ``en``).
+        Take ``word`` and ``last`` this cycle; ``fault`` gives their result `LATENCY` cycles
+        later, and holds it until `LATENCY` cycles after the next ``en``.
     fault : Out(FAULT_BITS)
         `Fault.NONE`, or the fault the instruction raises: `INVALID_INSTRUCTION`,
         `BUFFER_RANGE` (a LOAD/STORE tile or a micro-op range outside its buffer) or
@@ -61,7 +62,7 @@ class InsnChecker(wiring.Component):
     """
 
     #: Cycles from ``en`` to ``fault``.
-    LATENCY = 1
+    LATENCY = 2
 
     def __init__(self, config):
         self._config = config
@@ -133,13 +134,21 @@ class InsnChecker(wiring.Component):
                                                            ("base", base), ("mem", mem))]
             m.d.sync += finish_bad.eq((opcode == Opcode.FINISH) & ~self.last)
 
-        # Stage 2: the tile's end against its buffer, and the fault in fsim's order.
-        out_of_range = q["index_range_bad"] | (q["tile"] & self._beyond(q["mem"], q["base"] + q["rows"] * q["cols"]))
-        with m.If(q["invalid"]):
+        # Stage 2: the tile's size (a multiplier: registered, so the add and the compare
+        # after it get a cycle of their own).
+        q2 = {name: Signal.like(sig, name=f"q2_{name}") for name, sig in q.items() if name not in ("rows", "cols")}
+        q2_finish_bad = Signal(name="q2_finish_bad")
+        area = Signal(len(rows) + len(cols), name="q2_area")
+        m.d.sync += [q2[name].eq(q[name]) for name in q2]
+        m.d.sync += [q2_finish_bad.eq(finish_bad), area.eq(q["rows"] * q["cols"])]
+
+        # Stage 3: the tile's end against its buffer, and the fault in fsim's order.
+        out_of_range = q2["index_range_bad"] | (q2["tile"] & self._beyond(q2["mem"], q2["base"] + area))
+        with m.If(q2["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
         with m.Elif(out_of_range):
             m.d.comb += self.fault.eq(Fault.BUFFER_RANGE)
-        with m.Elif(finish_bad):
+        with m.Elif(q2_finish_bad):
             m.d.comb += self.fault.eq(Fault.FINISH_NOT_LAST)
         with m.Else():
             m.d.comb += self.fault.eq(Fault.NONE)
