@@ -91,7 +91,7 @@ def roofline(program) -> dict[str, Any]:
     gemm = resets = alu = alu_cycles = read = write = 0
     for insn in program.instructions:
         if isinstance(insn, (Gemm, Alu)):
-            uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+            uops = insn.uop_count
             if isinstance(insn, Alu):
                 alu += uops
                 alu_cycles += compute_cycles(insn, timing)

@@ -305,8 +305,22 @@ class Store(_Deps):
         return range(self.bias_base, self.bias_base + (self.y_size if self.bias_per_row else 1))
 
 
+class _MicroOpLoop:
+    """The loop GEMM and ALU share: ``iter_out × iter_in × (uop_end − uop_bgn)`` micro-ops."""
+
+    uop_bgn: int
+    uop_end: int
+    iter_out: int
+    iter_in: int
+
+    @property
+    def uop_count(self) -> int:
+        """Micro-ops the instruction issues."""
+        return (self.uop_end - self.uop_bgn) * self.iter_out * self.iter_in
+
+
 @dataclass(frozen=True, kw_only=True)
-class Gemm(_Deps):
+class Gemm(_Deps, _MicroOpLoop):
     """GEMM: for ``i`` in ``iter_out``, ``j`` in ``iter_in``, micro-op ``u`` in
     ``[uop_bgn, uop_end)``, in that order::
 
@@ -344,7 +358,7 @@ class Gemm(_Deps):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Alu(_Deps):
+class Alu(_Deps, _MicroOpLoop):
     """ALU: the loop of GEMM over ``[uop_bgn, uop_end)``, where for each micro-op
     ``d = u.dst + i·dst_factor_out + j·dst_factor_in`` and
     ``s = u.src + i·src_factor_out + j·src_factor_in`` both index the

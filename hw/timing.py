@@ -86,10 +86,9 @@ def compute_cycles(insn, timing: Timing) -> int:
     """The micro-op cycles of a GEMM or ALU instruction ``insn``: from its first micro-op's
     issue to the cycle after its last (an ALU MUL's: its micro-ops ``mul_interval`` apart,
     and one more stage to drain); the rest of the instruction is ``compute_fixed``."""
-    uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
     if isinstance(insn, Alu) and insn.op == AluOp.MUL:
-        return (uops - 1) * timing.mul_interval + 2
-    return uops
+        return (insn.uop_count - 1) * timing.mul_interval + 2
+    return insn.uop_count
 
 
 def timing_of(config) -> Timing:

@@ -324,7 +324,7 @@ class _Model:
         st.records.append(rec)
         if e is Engine.COMPUTE:
             if isinstance(insn, (Gemm, Alu)):
-                uops = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+                uops = insn.uop_count
                 if isinstance(insn, Gemm):
                     self.counters["gemm_active"] += uops
                     self.counters["gemm_reset"] += uops if insn.reset else 0

@@ -450,7 +450,7 @@ def _size(case: Case) -> tuple[int, int, int]:
     for insn in case.program.instructions:
         extras += sum(getattr(insn, flag) for flag in DEP_FLAGS)
         if isinstance(insn, (Gemm, Alu)):
-            work += insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+            work += insn.uop_count
             extras += int(isinstance(insn, Gemm) and insn.reset)
         elif isinstance(insn, (Load, Store)):
             work += insn.y_size * insn.x_size

@@ -96,11 +96,14 @@ class FetchEngine(wiring.Component):
         mem = data.View(ld_l, word[:ld_l.size]).mem
         staged = Signal(entry)
         staged_valid = Signal()
-        queued = Signal(entry)       # `staged` a cycle later, when the check's fault is ready
-        queued_valid = Signal()
-        assert InsnChecker.LATENCY == 2
         m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total), check.en.eq(got)]
-        m.d.sync += [staged_valid.eq(got), queued_valid.eq(staged_valid), queued.eq(staged)]
+        m.d.sync += staged_valid.eq(got)
+        # `staged`, delayed until the check's fault is ready (`InsnChecker.LATENCY` cycles after `got`).
+        queued, queued_valid = staged, staged_valid
+        for k in range(InsnChecker.LATENCY - 1):
+            later, later_valid = Signal(entry, name=f"queued{k}"), Signal(name=f"queued{k}_valid")
+            m.d.sync += [later.eq(queued), later_valid.eq(queued_valid)]
+            queued, queued_valid = later, later_valid
         # The engine (its index in PIPELINE) by the ISA's routing; an instruction the check
         # refuses is never dispatched, so where it would have gone does not matter.
         to = Signal.like(staged.to)
