@@ -9,7 +9,7 @@ MIN, MAX, ADD and SHR are combinational. MUL takes two cycles: the low
 acc_width bits of a product need three half-width products (``al·bl``, and the
 low halves of ``al·bh`` and ``ah·bl``), which are registered before the final
 add. A one-cycle MUL put the multipliers in the compute pipeline's forwarding
-loop (S4's result feeds S3's operand), the design's critical path on the ECP5.
+loop (the write-back feeds the operand select), the design's critical path on the ECP5.
 """
 
 from amaranth import *

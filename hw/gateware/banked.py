@@ -219,7 +219,11 @@ class BankedMemory(CheckedComponent):
             tset = [[wps for p, wps in zip(self._write_ports, bank_wps) if p is wp][0] for wp in transparent_for]
             rps = [mem.read_port(transparent_for=[wps[b] for wps in tset]) for b, mem in enumerate(mems)]
             for b, rp in enumerate(rps):
-                m.d.comb += rp.addr.eq(bank_row(port.addr, b))
+                # A one-entry read needs only bank ``addr mod banks``, at row ``addr div banks``: every
+                # bank reads that row, which keeps bank_row's incrementer off the address path (a
+                # compute read's address is already a sum; the add after it limited Fmax on the ECP5).
+                row = split(port.addr)[1] if len(port.data) == 1 else bank_row(port.addr, b)
+                m.d.comb += rp.addr.eq(row)
             if lb:
                 first = Signal(lb)      # bank of the entry read, for the data one cycle later
                 m.d.sync += first.eq(port.addr[:lb])

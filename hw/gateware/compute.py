@@ -1,6 +1,6 @@
 """The compute engine: GEMM/ALU instructions, accumulator and micro-op loads.
 
-GEMM and ALU instructions run through the five-stage `pipeline.ComputePipeline`
+GEMM and ALU instructions run through the six-stage `pipeline.ComputePipeline`
 (one micro-op per cycle); the engine pops the instruction's tokens, starts the
 pipeline, waits for it to drain and pushes. The pipeline's write-back and the
 accumulator LOADs share the accumulator's group write port (never in the same
@@ -58,7 +58,7 @@ class ComputeEngine(wiring.Component):
         Pulses when FINISH retires.
     index_fault : Out(1)
         A micro-op's index plus its loop offsets lies beyond its buffer (`Fault.BUFFER_RANGE`);
-        raised the cycle after the micro-op's S1.
+        raised the cycle after the micro-op's S2.
     gemm_active, alu_active : Out(1)
         A GEMM / ALU micro-op enters the pipeline this cycle.
     gemm_reset : Out(1)

@@ -1,12 +1,15 @@
 """The GEMM core's arithmetic: one micro-op's ``batch × block_out`` dot products.
 
 ``dot[b][o] = Σ_k inp[b][k] · wgt[o][k]`` over ``block_in`` signed products,
-i.e. ``batch · block_in · block_out`` multiplies per cycle. The products are
-registered and summed by an adder tree in the next cycle, so the multipliers
-and the tree are in separate pipeline stages (the path from a buffer's read
-data through both in one cycle limited Fmax). The sums are returned modulo
-2^acc_width (the accumulator adds them with wrap-around, so dropping the high
-bits here changes nothing).
+i.e. ``batch · block_in · block_out`` multiplies per cycle, in three steps of a
+cycle each: the operands are registered as they arrive, the products are
+registered, and an adder tree sums them in the next cycle. So neither the
+multipliers nor the tree share a cycle with a buffer's block-RAM read (on the
+ECP5 the path from a DP16KD's read data through a MULT18X18D into the product
+register was tiny's critical path at 58 MHz, most of it the block RAM's
+clock-to-out and routing). The sums are returned modulo 2^acc_width (the
+accumulator adds them with wrap-around, so dropping the high bits here changes
+nothing).
 """
 
 from amaranth import *
@@ -22,7 +25,7 @@ def lanes(value, count, width):
 
 
 class GemmCore(wiring.Component):
-    """Dot products of one input entry with one weight entry, one cycle after them.
+    """Dot products of one input entry with one weight entry, `LATENCY` cycles after them.
 
     Attributes
     ----------
@@ -30,11 +33,11 @@ class GemmCore(wiring.Component):
     wgt : In(block_out·block_in·wgt_width)
     dot : Out(batch·block_out·acc_width)
         Row-major ``[b][o]`` lanes, like an accumulator entry: the dot products of
-        the ``inp`` and ``wgt`` of the previous cycle (`LATENCY`).
+        the ``inp`` and ``wgt`` of `LATENCY` cycles before (operand and product registers).
     """
 
     #: Cycles from ``inp``/``wgt`` to ``dot``.
-    LATENCY = 1
+    LATENCY = 2
 
     def __init__(self, config):
         self._config = config
@@ -48,8 +51,10 @@ class GemmCore(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self._config
-        x = [v.as_signed() for v in lanes(self.inp, c.batch * c.block_in, c.inp_width)]
-        w = [v.as_signed() for v in lanes(self.wgt, c.block_out * c.block_in, c.wgt_width)]
+        inp, wgt = Signal.like(self.inp, name="inp_r"), Signal.like(self.wgt, name="wgt_r")
+        m.d.sync += [inp.eq(self.inp), wgt.eq(self.wgt)]
+        x = [v.as_signed() for v in lanes(inp, c.batch * c.block_in, c.inp_width)]
+        w = [v.as_signed() for v in lanes(wgt, c.block_out * c.block_in, c.wgt_width)]
         out = []
         for b in range(c.batch):
             for o in range(c.block_out):

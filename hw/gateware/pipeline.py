@@ -1,27 +1,28 @@
 """The GEMM/ALU pipeline: one micro-op per cycle, from the micro-op loop to the write-back.
 
-GEMM and ALU share five stages; an ALU MUL has a sixth:
+GEMM and ALU share six stages; an ALU MUL has a seventh:
 
 ====  ==============================================================
 S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); read micro-op ``u``
 S1    indices = micro-op fields + loop offsets; read inp, wgt
-S2    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
-S3    adder tree (GEMM) or operand select (ALU); forward from the write-back
-S4    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write back
-S5    MUL only: the product's final add (`TensorAlu`); write back
+S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths
+S3    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
+S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
+S5    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write back
+S6    MUL only: the product's final add (`TensorAlu`); write back
 ====  ==============================================================
 
-The multipliers and the adder tree are separate stages so neither shares a
-cycle with a block-RAM read. The accumulator is read one stage later than the
-inputs (S2), so its data arrives with the dot products.
+The block-RAM reads, the multipliers and the adder tree each have a cycle of
+their own (`GemmCore`). The accumulator is read `GemmCore.LATENCY` stages after
+the inputs (S3), so its data arrives with the dot products.
 
 Read-after-write: the accumulator read ports are transparent to the write
-port, so a micro-op sees every write made up to the cycle it reads (S2). The
+port, so a micro-op sees every write made up to the cycle it reads (S3). The
 only write it can miss is that of the micro-op directly ahead of it, which is
-writing back while it is in S3: S3 takes that result instead of the memory's
-when the indices match. An ALU MUL writes back from S5, two stages ahead of S3,
+writing back while it is in S4: S4 takes that result instead of the memory's
+when the indices match. An ALU MUL writes back from S6, two stages ahead of S4,
 so its instruction issues a micro-op every second cycle (the micro-op ahead is
-then in S5, and S4 holds a bubble). Hence micro-ops behave exactly
+then in S6, and S5 holds a bubble). Hence micro-ops behave exactly
 sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
 cycle). The compute engine drains the pipeline (``busy``) before an instruction
 completes, so nothing crosses an instruction boundary.
@@ -62,15 +63,15 @@ class ComputePipeline(wiring.Component):
     issuing : Out(1)
         S0 issues a micro-op this cycle (the loop is running).
     busy : Out(1)
-        A micro-op is in S0–S4.
+        A micro-op is in S0–S6.
     uop_rd, inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
         Synchronous read ports (data one cycle after the address); the accumulator ports
         must be transparent to the buffer's write port (see the module docstring).
     wb : Out(GroupWriteSignature) of one lane
-        S4's write-back into the accumulator (``en`` only for a micro-op within range).
+        S5's (a MUL's: S6's) write-back into the accumulator (``en`` only for a micro-op within range).
     index_fault : Out(1)
         A micro-op's index plus its loop offsets lies beyond its buffer; raised the cycle
-        after the micro-op's S1.
+        after the micro-op's S2 (where the index sums are compared).
     gemm_active, gemm_reset, alu_active : Out(1)
         A GEMM micro-op (a resetting one) / an ALU micro-op enters the pipeline this cycle.
     """
@@ -135,14 +136,19 @@ class ComputePipeline(wiring.Component):
         uop = data.View(uop_layout(c), self.uop_rd.data[0][:uop_layout(c).size])
         s1_dst = Signal(acc_bits)
         s1_src_acc = Signal(acc_bits)
-        # The whole sums are compared against the depths (not the wrapped address bits).
-        full = {k: getattr(uop, k) + s1_off[k] for k in factors}
+        # The whole sums (32-bit offsets) are compared against the depths, not the wrapped
+        # address bits; registered first, so the compare runs in S2, off the carry chains of S1.
+        full = {k: Signal(OFFSET_BITS + 1, name=f"s2_{k}_full") for k in factors}
+        for k in factors:
+            m.d.sync += full[k].eq(getattr(uop, k) + s1_off[k])
+        s2_valid = Signal()
+        m.d.sync += s2_valid.eq(s1_valid)
         beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
-        m.d.sync += self.index_fault.eq(s1_valid & beyond)   # registered: off the address path
+        m.d.sync += self.index_fault.eq(s2_valid & beyond)
         # The stages carry the fact to the write-back, which then writes nothing.
-        s2_bad, s3_bad, s4_bad, s5_bad = Signal(), Signal(), Signal(), Signal()
-        m.d.sync += [s2_bad.eq(beyond), s3_bad.eq(s2_bad), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad)]
+        s3_bad, s4_bad, s5_bad, s6_bad = (Signal(name=f"s{k}_bad") for k in range(3, 7))
+        m.d.sync += [s3_bad.eq(beyond), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad), s6_bad.eq(s5_bad)]
         m.d.comb += [
             s1_dst.eq(uop.dst + s1_off["dst"]),
             s1_src_acc.eq(uop.src + s1_off["src"]),
@@ -150,66 +156,71 @@ class ComputePipeline(wiring.Component):
             self.wgt_rd.addr.eq(uop.wgt + s1_off["wgt"]),
         ]
 
-        # ---------------------------------------------------------------- S2: products, accumulator reads
-        s2_valid = Signal()
+        # ---------------------------------------------------------------- S2: operand registers, range check
         s2_dst = Signal(acc_bits)
         s2_src = Signal(acc_bits)
-        m.d.sync += [s2_valid.eq(s1_valid), s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
-        m.submodules.gemm = gemm = GemmCore(c)
-        m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0]),
-                     self.acc_rda.addr.eq(s2_dst), self.acc_rdb.addr.eq(s2_src)]
+        m.d.sync += [s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
+        m.submodules.gemm = gemm = GemmCore(c)      # its LATENCY: S2 registers the operands, S3 the products
+        m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0])]
 
-        # ---------------------------------------------------------------- S3: dot / operand, forwarding
+        # ---------------------------------------------------------------- S3: products, accumulator reads
         s3_valid = Signal()
         s3_dst = Signal(acc_bits)
         s3_src = Signal(acc_bits)
         m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_src.eq(s2_src)]
+        m.d.comb += [self.acc_rda.addr.eq(s3_dst), self.acc_rdb.addr.eq(s3_src)]
 
+        # ---------------------------------------------------------------- S4: dot / operand, forwarding
         s4_valid = Signal()
         s4_dst = Signal(acc_bits)
-        s4_acc = Signal(c.acc_entry_bytes * 8)
-        s4_b = Signal(c.acc_entry_bytes * 8)
-        s4_result = Signal(c.acc_entry_bytes * 8)
+        s4_src = Signal(acc_bits)
+        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_src.eq(s3_src)]
+
         s5_valid = Signal()
         s5_dst = Signal(acc_bits)
+        s5_acc = Signal(c.acc_entry_bytes * 8)
+        s5_b = Signal(c.acc_entry_bytes * 8)
+        s5_result = Signal(c.acc_entry_bytes * 8)
+        s6_valid = Signal()
+        s6_dst = Signal(acc_bits)
         m.submodules.alu = alu = TensorAlu(c)
 
-        # The write-back: S4's, or S5's for a MUL (whose S4 then holds a bubble).
+        # The write-back: S5's, or S6's for a MUL (whose S5 then holds a bubble).
         wb_valid = Signal()
         wb_dst = Signal(acc_bits)
-        m.d.comb += [wb_valid.eq(Mux(is_mul, s5_valid, s4_valid)), wb_dst.eq(Mux(is_mul, s5_dst, s4_dst))]
+        m.d.comb += [wb_valid.eq(Mux(is_mul, s6_valid, s5_valid)), wb_dst.eq(Mux(is_mul, s6_dst, s5_dst))]
 
         def forward(index, memory):
-            # S4's result is the late signal: it passes one multiplexer; the selects are registered.
-            s5_data = Mux(s5_valid & (s5_dst == index), alu.product, memory)
-            return Mux(s4_valid & ~is_mul & (s4_dst == index), s4_result, s5_data)
+            # S5's result is the late signal: it passes one multiplexer; the selects are registered.
+            s6_data = Mux(s6_valid & (s6_dst == index), alu.product, memory)
+            return Mux(s5_valid & ~is_mul & (s5_dst == index), s5_result, s6_data)
 
-        fwd_a = forward(s3_dst, self.acc_rda.data[0])
-        fwd_b = forward(s3_src, self.acc_rdb.data[0])
+        fwd_a = forward(s4_dst, self.acc_rda.data[0])
+        fwd_b = forward(s4_src, self.acc_rdb.data[0])
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
         # An overwriting GEMM adds its product to zero instead of the entry's value.
-        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
-                     s4_b.eq(Mux(is_alu, operand, gemm.dot))]
+        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
+                     s5_b.eq(Mux(is_alu, operand, gemm.dot))]
 
-        # ---------------------------------------------------------------- S4: result, write-back
-        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s4_acc), alu.b.eq(s4_b)]
-        sums = [a + b for a, b in zip(lanes(s4_acc, lane_count, c.acc_width),
-                                      lanes(s4_b, lane_count, c.acc_width))]
+        # ---------------------------------------------------------------- S5: result, write-back
+        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s5_acc), alu.b.eq(s5_b)]
+        sums = [a + b for a, b in zip(lanes(s5_acc, lane_count, c.acc_width),
+                                      lanes(s5_b, lane_count, c.acc_width))]
         gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
-        m.d.comb += s4_result.eq(Mux(is_alu, alu.result, gemm_result))
+        m.d.comb += s5_result.eq(Mux(is_alu, alu.result, gemm_result))
 
-        # ---------------------------------------------------------------- S5: a MUL's product, write-back
-        m.d.sync += [s5_valid.eq(s4_valid & is_mul), s5_dst.eq(s4_dst)]
+        # ---------------------------------------------------------------- S6: a MUL's product, write-back
+        m.d.sync += [s6_valid.eq(s5_valid & is_mul), s6_dst.eq(s5_dst)]
         m.d.comb += [self.wb.addr.eq(wb_dst), self.wb.count.eq(1),
-                     self.wb.data[0].eq(Mux(is_mul, alu.product, s4_result)),
-                     self.wb.en.eq(wb_valid & ~Mux(is_mul, s5_bad, s4_bad))]
+                     self.wb.data[0].eq(Mux(is_mul, alu.product, s5_result)),
+                     self.wb.en.eq(wb_valid & ~Mux(is_mul, s6_bad, s5_bad))]
 
         m.d.comb += [
             self.issuing.eq(issue),
-            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid | s5_valid),
+            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid | s5_valid | s6_valid),
             self.gemm_active.eq(issue & ~is_alu),
             self.gemm_reset.eq(issue & ~is_alu & gm.reset),
             self.alu_active.eq(issue & is_alu),

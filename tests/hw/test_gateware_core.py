@@ -43,14 +43,19 @@ def test_gemm_core_dot_products():
               for _ in range(20)]
 
     async def tb(ctx):
-        for x, w in cases:
-            ctx.set(dut.inp, pack(x, c.inp_width))
-            ctx.set(dut.wgt, pack(w, c.wgt_width))
-            await ctx.tick()          # GemmCore.LATENCY: the products are registered
-            got = unpack(ctx.get(dut.dot), c.batch * c.block_out, c.acc_width)
-            np.testing.assert_array_equal(got, wrap(x @ w.T, c.acc_width).reshape(-1))
+        # A new pair every cycle; each pair's dot products appear LATENCY cycles later.
+        expected = [wrap(x @ w.T, c.acc_width).reshape(-1) for x, w in cases]
+        for cycle in range(len(cases) + GemmCore.LATENCY - 1):
+            if cycle < len(cases):
+                x, w = cases[cycle]
+                ctx.set(dut.inp, pack(x, c.inp_width))
+                ctx.set(dut.wgt, pack(w, c.wgt_width))
+            await ctx.tick()
+            done = cycle + 1 - GemmCore.LATENCY
+            if done >= 0:
+                got = unpack(ctx.get(dut.dot), c.batch * c.block_out, c.acc_width)
+                np.testing.assert_array_equal(got, expected[done])
 
-    assert GemmCore.LATENCY == 1
     simulate(dut, tb)
 
 

@@ -113,7 +113,7 @@ def run_pipeline(c, insn, uops, state):
             faults += ctx.get(dut.pipe.index_fault)
             await ctx.tick()
             cycles += 1
-        for _ in range(2):                  # a fault is raised the cycle after S1
+        for _ in range(2):                  # a fault is raised the cycle after S2, before the drain
             faults += ctx.get(dut.pipe.index_fault)
             await ctx.tick()
         result["faults"], result["cycles"] = faults, cycles
@@ -144,15 +144,15 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     issued = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
     assert result["faults"] == 0
-    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S4.
+    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S5.
     interval = 2 if kind == "alu" and insn.op == AluOp.MUL else 1
-    assert result["cycles"] == issued * interval + 4
+    assert result["cycles"] == issued * interval + 5
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("operand", ["imm", "acc"])
 def test_back_to_back_products_see_each_other(config, operand):
-    """MUL writes back from S5: each micro-op here reads the entry the one before it wrote
+    """MUL writes back from S6: each micro-op here reads the entry the one before it wrote
     (dst, or src = the previous dst), so a wrong forward or a missing gap shows."""
     rng = np.random.default_rng([config.block_out, operand == "imm"])
     state = random_state(config, rng)
@@ -161,7 +161,7 @@ def test_back_to_back_products_see_each_other(config, operand):
     insn = Alu(op=AluOp.MUL, imm=imm, uop_bgn=0, uop_end=len(uops), iter_out=2, iter_in=3)
     result = run_pipeline(config, insn, uops, state)
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
-    assert result["cycles"] == 2 * 2 * 3 * len(uops) + 4
+    assert result["cycles"] == 2 * 2 * 3 * len(uops) + 5
 
 
 def test_pipeline_reports_a_micro_op_beyond_the_accumulator_and_skips_its_write():
