@@ -134,13 +134,17 @@ class ComputePipeline(wiring.Component):
         for k in factors:
             m.d.sync += s1_off[k].eq(off[k])
         uop = data.View(uop_layout(c), self.uop_rd.data[0][:uop_layout(c).size])
-        s1_dst = Signal(acc_bits)
-        s1_src_acc = Signal(acc_bits)
-        # The whole sums (32-bit offsets) are compared against the depths, not the wrapped
-        # address bits; registered first, so the compare runs in S2, off the carry chains of S1.
+        # Each index = micro-op field + loop offset, whole (32-bit offsets): its low bits address
+        # inp and wgt now and the accumulator in S3; the whole sum is registered and compared
+        # against the depths in S2 (not the wrapped address bits), off the carry chains of S1.
+        index = {k: Signal(OFFSET_BITS + 1, name=f"s1_{k}_index") for k in factors}
         full = {k: Signal(OFFSET_BITS + 1, name=f"s2_{k}_full") for k in factors}
         for k in factors:
-            m.d.sync += full[k].eq(getattr(uop, k) + s1_off[k])
+            m.d.comb += index[k].eq(getattr(uop, k) + s1_off[k])
+            m.d.sync += full[k].eq(index[k])
+        m.d.comb += [self.inp_rd.addr.eq(index["src"]), self.wgt_rd.addr.eq(index["wgt"])]
+
+        # ---------------------------------------------------------------- S2: operand registers, range check
         s2_valid = Signal()
         m.d.sync += s2_valid.eq(s1_valid)
         beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
@@ -149,17 +153,6 @@ class ComputePipeline(wiring.Component):
         # The stages carry the fact to the write-back, which then writes nothing.
         s3_bad, s4_bad, s5_bad, s6_bad = (Signal(name=f"s{k}_bad") for k in range(3, 7))
         m.d.sync += [s3_bad.eq(beyond), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad), s6_bad.eq(s5_bad)]
-        m.d.comb += [
-            s1_dst.eq(uop.dst + s1_off["dst"]),
-            s1_src_acc.eq(uop.src + s1_off["src"]),
-            self.inp_rd.addr.eq(uop.src + s1_off["src"]),
-            self.wgt_rd.addr.eq(uop.wgt + s1_off["wgt"]),
-        ]
-
-        # ---------------------------------------------------------------- S2: operand registers, range check
-        s2_dst = Signal(acc_bits)
-        s2_src = Signal(acc_bits)
-        m.d.sync += [s2_dst.eq(s1_dst), s2_src.eq(s1_src_acc)]
         m.submodules.gemm = gemm = GemmCore(c)      # its LATENCY: S2 registers the operands, S3 the products
         m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0])]
 
@@ -167,7 +160,7 @@ class ComputePipeline(wiring.Component):
         s3_valid = Signal()
         s3_dst = Signal(acc_bits)
         s3_src = Signal(acc_bits)
-        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(s2_dst), s3_src.eq(s2_src)]
+        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(full["dst"][:acc_bits]), s3_src.eq(full["src"][:acc_bits])]
         m.d.comb += [self.acc_rda.addr.eq(s3_dst), self.acc_rdb.addr.eq(s3_src)]
 
         # ---------------------------------------------------------------- S4: dot / operand, forwarding
