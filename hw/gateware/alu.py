@@ -54,11 +54,19 @@ class TensorAlu(wiring.Component):
             products.append(self._product(m, i, a, b))
             a, b = a.as_signed(), b.as_signed()
             r = Signal(w, name=f"lane{i}")
+            # SHR's amount decoded from the operand's bits, without an adder or a wide compare:
+            # this lane's result feeds the next micro-op's operand through the forward (the
+            # pipeline's one-cycle loop), and a negation plus two 32-bit compares in it were
+            # tiny's critical path on the ECP5. With lo = b's low sh_bits bits and hi the rest:
+            # b ≥ 0 shifts right by min(b, w-1): w-1 when any bit of hi is set;
+            # b < 0 shifts left by k = -b when k ≤ w-1, i.e. when hi is all ones (b ≥ -2^sh_bits)
+            # and lo ≥ 2^sh_bits - (w-1); then k = 2^sh_bits - lo, and a << k = (a << 1) << ~lo.
+            lo, hi = b[:sh_bits], b[sh_bits:]
             right = Signal(sh_bits, name=f"right{i}")
-            left = Signal(w, name=f"left{i}")       # |b| when b < 0
+            left_ok = Signal(name=f"left_ok{i}")
             m.d.comb += [
-                right.eq(Mux(b >= w - 1, w - 1, b[:sh_bits])),
-                left.eq(-b),
+                right.eq(Mux(hi.any() | (lo >= w - 1), w - 1, lo)),
+                left_ok.eq(hi.all() & (lo >= (1 << sh_bits) - (w - 1))),
             ]
             with m.Switch(self.op):
                 with m.Case(AluOp.MIN):
@@ -68,12 +76,12 @@ class TensorAlu(wiring.Component):
                 with m.Case(AluOp.ADD):
                     m.d.comb += r.eq(a + b)
                 with m.Case(AluOp.SHR):
-                    with m.If(b >= 0):
+                    with m.If(~b[w - 1]):
                         m.d.comb += r.eq(a >> right)
-                    with m.Elif(left >= w):
-                        m.d.comb += r.eq(0)
+                    with m.Elif(left_ok):
+                        m.d.comb += r.eq((a << 1) << ~lo)
                     with m.Else():
-                        m.d.comb += r.eq(a << left[:sh_bits])
+                        m.d.comb += r.eq(0)
             results.append(r)
         m.d.comb += [self.result.eq(Cat(*results)), self.product.eq(Cat(*products))]
         return m

@@ -12,6 +12,8 @@ from gemforge.hw.isa import AluOp
 
 SMALL = AccelConfig(name="core-test", batch=2, block_in=4, block_out=4, inp_buffer_bytes=64,
                     wgt_buffer_bytes=256, acc_buffer_bytes=512, out_buffer_bytes=128, uop_buffer_bytes=64)
+NARROW = AccelConfig(name="core-test-acc16", batch=1, block_in=4, block_out=4, acc_width=16, inp_buffer_bytes=64,
+                     wgt_buffer_bytes=256, acc_buffer_bytes=256, out_buffer_bytes=128, uop_buffer_bytes=64)
 
 
 def pack(values, width):
@@ -78,15 +80,22 @@ def alu_reference(op, a, b, width):
     return np.array(out, np.int64)
 
 
+@pytest.mark.parametrize("config", [SMALL, NARROW], ids=lambda c: f"acc{c.acc_width}")
 @pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
-def test_tensor_alu(op):
-    c = SMALL
+def test_tensor_alu(op, config):
+    c = config
     n, w = c.batch * c.block_out, c.acc_width
     dut = TensorAlu(c)
-    rng = np.random.default_rng(int(op))
-    edge = [-(1 << (w - 1)), (1 << (w - 1)) - 1, 0, -1, 1, w, -w, w - 1, -(w - 1), 40, -40, 1 << 20]
+    rng = np.random.default_rng([int(op), w])
+    lo, hi = -(1 << (w - 1)), 1 << (w - 1)
+    edge = [lo, hi - 1, 0, -1, 1, w, -w, w - 1, -(w - 1), 40, -40, 1 << (w - 12)]
     cases = [(rng.choice(edge, n), rng.choice(edge, n)) for _ in range(10)]
-    cases += [(rng.integers(-(1 << 31), 1 << 31, n), rng.integers(-40, 40, n)) for _ in range(10)]
+    cases += [(rng.integers(lo, hi, n), rng.integers(-40, 40, n)) for _ in range(10)]
+    # Every operand from -2w-2 to 2w+2 (SHR's amounts around both ends of its range) and
+    # powers of two around the sign bit, against random values.
+    around = np.concatenate([np.arange(-2 * w - 2, 2 * w + 3), [lo, lo + 1, hi - 1],
+                             [sign * (1 << k) + d for k in range(4, w - 1) for sign in (1, -1) for d in (-1, 0, 1)]])
+    cases += [(rng.integers(lo, hi, n), around[k:k + n]) for k in range(0, len(around) - n + 1, n)]
 
     async def tb(ctx):
         ctx.set(dut.op, int(op))
