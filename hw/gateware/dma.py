@@ -122,12 +122,19 @@ class BurstGenerator(CheckedComponent):
                          beat_count.eq(((row_addr[:k_log] + cmd.x_size - 1) >> k_log) + 1)]
         left = Signal.like(beat_count)          # beats of the row left to burst
 
-        to_boundary = Signal(range(maxb + 1))
-        m.d.comb += to_boundary.eq(maxb - beat[:exact_log2(maxb)])
-        length = Signal(range(maxb + 1))
-        m.d.comb += length.eq(Mux(left < to_boundary, left, to_boundary))
+        # The burst on offer is registered (`length`, `row_end`), so that a handshake only loads
+        # registers and never waits on the length arithmetic (a subtract, a compare and a mux
+        # that otherwise sat between the AXI ready and every register's enable). Only a row's
+        # first burst can start off a boundary: once a burst stops at one (it is shorter than
+        # what is left), the next starts on it and is simply min(left, maxb) long.
+        length = Signal(range(maxb + 1))        # beats of the burst on offer
+        row_end = Signal()                      # the burst on offer ends its row
+        to_boundary = Signal(range(maxb + 1))   # beats from a row's first beat to the next boundary
+        m.d.comb += to_boundary.eq(maxb - first_beat[:exact_log2(maxb)])
+        rest = Signal.like(left)                # what the row has left after the burst on offer
+        m.d.comb += rest.eq(left - length)
         m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1),
-                     self.burst.p.last.eq((left == length) & (rows_left == 1))]
+                     self.burst.p.last.eq(row_end & (rows_left == 1))]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -137,13 +144,16 @@ class BurstGenerator(CheckedComponent):
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [beat.eq(first_beat), left.eq(beat_count)]
+                m.d.sync += [beat.eq(first_beat), left.eq(beat_count),
+                             length.eq(Mux(beat_count < to_boundary, beat_count, to_boundary)),
+                             row_end.eq(beat_count <= to_boundary)]
                 m.next = "BURST"
             with m.State("BURST"):
                 m.d.comb += [self.busy.eq(1), self.burst.valid.eq(1)]
                 with m.If(self.burst.ready):
-                    m.d.sync += [beat.eq(beat + length), left.eq(left - length)]
-                    with m.If(left == length):
+                    m.d.sync += [beat.eq(beat + length), left.eq(rest),
+                                 length.eq(Mux(rest < maxb, rest, maxb)), row_end.eq(rest <= maxb)]
+                    with m.If(row_end):
                         m.d.sync += [rows_left.eq(rows_left - 1), row_addr.eq(row_addr + cmd.x_stride)]
                         with m.If(rows_left == 1):
                             m.next = "IDLE"

@@ -143,32 +143,57 @@ def test_reader_streams_a_beat_per_cycle():
     assert cycles[-1] - cycles[0] == len(cycles) - 1, "the groups did not stream back to back"
 
 
-def test_bursts_split_at_boundaries():
-    """Rows longer than a burst split at max-burst (hence 4 KiB) boundaries, in order."""
-    entry, bus = 256, 8
-    dut = BurstGenerator(entry, bus)
+def expected_bursts(cmd, entry, bus):
+    """The bursts a command splits into: each row from its first beat to its last, cut at every
+    max-burst boundary (hence never across 4 KiB), as (byte address, beats, last)."""
     maxb = max_burst_beats(bus)
     bursts = []
+    for row in range(cmd["y_size"]):
+        first = (cmd["base"] + row * cmd["x_stride"]) * entry
+        beat, end = first // bus, -(-(first + cmd["x_size"] * entry) // bus)
+        while beat < end:
+            n = min(end - beat, maxb - beat % maxb)
+            bursts.append((beat * bus, n, row == cmd["y_size"] - 1 and beat + n == end))
+            beat += n
+    return bursts
 
-    async def tb(ctx):
-        ctx.set(dut.burst.ready, 1)
-        await stream_put(ctx, dut.cmd, dict(base=1, y_size=2, x_size=3, x_stride=5))
-        for _ in range(40):
-            _, _, valid, addr, length = await ctx.tick().sample(dut.burst.valid, dut.burst.p.addr, dut.burst.p.len)
-            if valid:
-                bursts.append((addr, length + 1))
 
-    simulate(dut, tb)
-    beats_per_entry = entry // bus
-    expected = []
-    for row in range(2):
-        beat, left = (1 + row * 5) * beats_per_entry, 3 * beats_per_entry
-        while left:
-            n = min(left, maxb - beat % maxb)
-            expected.append((beat * bus, n))
-            beat, left = beat + n, left - n
+@pytest.mark.parametrize("entry,bus", [(256, 8), (4, 8), (1, 32), (64, 64), (16, 16)])
+def test_bursts_split_at_boundaries(entry, bus):
+    """Rows from one beat to several maximal bursts long, starting anywhere, split at
+    max-burst (hence 4 KiB) boundaries into the longest bursts allowed, in order, with the
+    command's last burst marked; the AXI side stalls at random."""
+    rng = random.Random(entry * 1000 + bus)
+    dut = BurstGenerator(entry, bus)
+    maxb = max_burst_beats(bus)
+    row_entries = maxb * bus // entry       # entries in one maximal burst (at least one)
+    cmds = [dict(base=rng.randrange(4 * row_entries + 8), y_size=rng.randint(1, 3),
+                 x_size=rng.randint(1, max(1, 3 * row_entries + 5)), x_stride=rng.randint(1, 5 * row_entries + 9))
+            for _ in range(6)]
+    cmds.append(dict(base=row_entries - 1, y_size=2, x_size=2 * row_entries + 1, x_stride=4 * row_entries))
+    expected = [b for cmd in cmds for b in expected_bursts(cmd, entry, bus)]
+    assert max(n for _, n, _ in expected) == maxb and sum(n == maxb for _, n, _ in expected) >= 3
+    bursts = []
+
+    async def feed(ctx):
+        for cmd in cmds:
+            await stream_put(ctx, dut.cmd, cmd)
+        ctx.set(dut.cmd.valid, 0)
+
+    async def take(ctx):
+        for _ in range(50 * len(expected) + 100):      # bounded: a stuck generator fails, not hangs
+            if len(bursts) == len(expected):
+                break
+            ready = rng.random() < 0.7
+            ctx.set(dut.burst.ready, ready)
+            _, _, valid, addr, length, last = await ctx.tick().sample(
+                dut.burst.valid, dut.burst.p.addr, dut.burst.p.len, dut.burst.p.last)
+            if valid and ready:
+                bursts.append((addr, length + 1, bool(last)))
+
+    simulate(dut, feed, take)
     assert bursts == expected
-    for addr, n in bursts:
+    for addr, n, _ in bursts:
         assert addr // 4096 == (addr + n * bus - 1) // 4096
 
 
