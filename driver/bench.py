@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -248,24 +249,45 @@ SYNTH_POINTS = (("tiny", "generic", None), ("default", "generic", None), ("large
                 ("tiny", "ecp5-85f", None), ("tiny", "ice40-up5k", None), ("ulx3s", "ecp5-85f", "ulx3s"))
 
 
-def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None) -> dict[str, Any]:
+#: nextpnr's seeds `bench_synth` tries in turn: a placement that router1 cannot route within
+#: `SYNTH_PLACE_TIMEOUT_S` (a congested draw can take it hours) is placed again with the next seed.
+SYNTH_SEEDS = (1, 2, 3)
+SYNTH_PLACE_TIMEOUT_S = 1800.0
+
+
+def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SEEDS,
+                timeout_s: float | None = SYNTH_PLACE_TIMEOUT_S) -> dict[str, Any]:
     """Resources and Fmax of each (preset, target) of ``points`` (`gemforge.hw.synth.run_synth`);
-    a point that does not fit is recorded with the reason (that is a result too)."""
+    a point that does not fit is recorded with the reason (that is a result too). Place and route
+    uses the first of ``seeds`` that finishes within ``timeout_s``; the point records the seed."""
     import tempfile
 
     from gemforge.hw.config import PRESETS
-    from gemforge.hw.synth import FitError, SynthError, run_synth
+    from gemforge.hw.synth import FitError, PlaceOptions, PlaceTimeout, SynthError, run_synth
     out: dict[str, Any] = {"points": []}
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         for name, target, board in points:
             start = time.perf_counter()
-            try:
-                report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}-{board}", board=board)
-            except FitError as exc:
-                report = {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}
-            except SynthError as exc:        # recorded, and the other points still run
-                report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
+            timed_out = []
+            for attempt, seed in enumerate(seeds, 1):
+                place = PlaceOptions(seed=seed, timeout_s=timeout_s)
+                try:
+                    report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}-{board}-{seed}",
+                                       board=board, place=place if target != "generic" else None)
+                except FitError as exc:
+                    report = {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}
+                except PlaceTimeout as exc:
+                    report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
+                    timed_out.append(seed)
+                    if attempt < len(seeds):
+                        print(f"bench synth: {name} on {target} with seed {seed}: {exc}; trying seed "
+                              f"{seeds[attempt]}", file=sys.stderr)
+                        continue
+                except SynthError as exc:        # recorded, and the other points still run
+                    report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
+                break
             report["board"] = board
+            report["seeds_timed_out"] = timed_out
             report["wall_s"] = round(time.perf_counter() - start, 1)
             paths = report.get("place_and_route", {}).get("critical_paths", [])
             worst = max(paths, key=lambda p: p["delay_ns"]) if paths else None
@@ -273,7 +295,8 @@ def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None) -> dict[str, A
                 if worst else None
             out["points"].append({k: report.get(k) for k in ("config", "target", "board", "device", "status",
                                                              "reason", "resources", "fmax_mhz", "freq_mhz_requested",
-                                                             "timing_met", "critical_path", "wall_s")})
+                                                             "timing_met", "place_options", "seeds_timed_out",
+                                                             "critical_path", "wall_s")})
     return out
 
 

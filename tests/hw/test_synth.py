@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.synth import (
-    DEVICES, TARGETS, FitError, SynthError, cell_resources, check_cells, check_pins, memory_bits,
+    DEVICES, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells, check_pins, memory_bits,
     parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown, run_synth,
 )
 from gemforge.hw.synth import _post_route_resources
@@ -160,6 +162,67 @@ def test_a_failing_tool_is_reported_by_its_last_error_line(tmp_path):
         _run([sys.executable, "-c", script], tmp_path, tmp_path / "yosys.log", "yosys")
 
 
+def test_a_tool_past_its_time_limit_is_stopped_with_everything_it_started(tmp_path):
+    """A build script's nextpnr is the script's child: the timeout must stop it too."""
+    from gemforge.hw.synth import _run
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    start = time.perf_counter()
+    with pytest.raises(SynthError, match=r"^the board build ran past the 0.5 s limit and was stopped; another --seed "
+                                         r"or --router router2 may route sooner \(log: .*top.tim\)$"):
+        _run(["sh", "-c", script], tmp_path, tmp_path / "top.tim", "the board build", timeout_s=0.5,
+             hint=PlaceOptions(timeout_s=0.5).hint)
+    assert time.perf_counter() - start < 10
+    child = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
+    assert PlaceOptions().nextpnr_args() == ["--router", "router1"]
+    assert PlaceOptions(seed=7, router="router2").nextpnr_args() == ["--seed", "7", "--router", "router2"]
+    assert PlaceOptions(seed=3, timeout_s=60).summary() == {"seed": 3, "router": "router1", "timeout_s": 60}
+    for kwargs, message in [({"seed": -1}, "--seed must be an integer from 0 to 2147483647, not -1"),
+                            ({"router": "router3"}, "unknown router 'router3'; choose router1 or router2"),
+                            ({"timeout_s": 0}, "--place-timeout must be a positive number of seconds, not 0")]:
+        with pytest.raises(SynthError, match=message):
+            PlaceOptions(**kwargs)
+
+
+def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
+    """`_place` hands the seed and router to nextpnr and its time limit to `_run`."""
+    import gemforge.hw.synth as synth
+    calls = []
+
+    def fake_run(args, cwd, log, what, **kwargs):
+        calls.append((args, kwargs))
+        (cwd / ".nextpnr.json.partial").write_text(json.dumps(NEXTPNR_REPORT))
+
+    monkeypatch.setattr(synth, "_run", fake_run)
+    place = PlaceOptions(seed=11, router="router2", timeout_s=900)
+    pnr = synth._place(TARGETS["ecp5-85f"], tmp_path, "nextpnr", 100.0, place)
+    (args, kwargs), = calls
+    assert args[args.index("--seed") + 1] == "11" and args[args.index("--router") + 1] == "router2"
+    assert kwargs["timeout_s"] == 900 and pnr["fmax_mhz"] == pytest.approx(42.07)
+
+
+def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(tmp_path, monkeypatch):
+    import gemforge.hw.synth as synth
+    seen = []
+    cells = {"LUT4": 100, "TRELLIS_FF": 50, "MULT18X18D": 1, "DP16KD": 2}
+    monkeypatch.setattr(synth, "_tool", lambda name: name)
+    monkeypatch.setattr(synth, "_synthesize", lambda t, out, yosys: {
+        "cells": cells, "resources": {r: {"used": 1, "available": c, "unit": "x", "stage": "synthesis"}
+                                      for r, c in t.device.capacity.items()}})
+    monkeypatch.setattr(synth, "_place", lambda t, out, nextpnr, freq, place: seen.append(place) or
+                        parse_nextpnr_report(NEXTPNR_REPORT))
+    place = PlaceOptions(seed=5, router="router2", timeout_s=100)
+    report = run_synth(PRESETS["tiny"], "ecp5-85f", tmp_path, place=place, verilog=False)
+    assert seen == [place] and report["status"] == "ok"
+    assert json.loads((tmp_path / "report.json").read_text())["place_options"] == \
+        {"seed": 5, "router": "router2", "timeout_s": 100}
+
+
 def test_render_markdown_has_the_resource_table_and_fmax():
     pnr = parse_nextpnr_report(NEXTPNR_REPORT)
     report = {"config": "tiny", "target": "ecp5-85f", "description": "ECP5", "status": "ok",
@@ -182,6 +245,9 @@ def run(capsys, *argv):
     (["--target", "virtex"], "unknown target 'virtex'; choose one of generic, ecp5-85f, ice40-up5k"),
     (["--target", "generic", "--freq", "50"], "the generic target has no place and route"),
     (["--target", "generic", "--bitstream"], "--bitstream needs a device"),
+    (["--target", "generic", "--seed", "2"], "the generic target has no place and route"),
+    (["--target", "ecp5-85f", "--seed", "-3"], "--seed must be an integer from 0 to 2147483647, not -3"),
+    (["--target", "ecp5-85f", "--place-timeout", "0"], "--place-timeout must be a positive number of seconds"),
     (["--target", "ecp5-85f", "--board", "icebreaker"], "use --target ice40-up5k with --board icebreaker"),
     (["--target", "ice40-up5k", "--bitstream", "--board-memory", "3000"], "a power of two of at least 4096"),
     (["--target", "ice40-up5k", "--config", "default"], "default needs 3,932,160 bits of RAM"),
