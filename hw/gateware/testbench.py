@@ -215,10 +215,12 @@ class AxiWriteMemory:
 
 
 def run_accelerator(config, dram: bytearray, insn_addr: int, insn_count: int, *, stall=0.0,
-                    max_cycles=20000, seed=0):
+                    max_cycles=20000, seed=0, read_at_irq=None):
     """Run a program on `Accelerator` in Amaranth's simulator; ``dram`` is updated in place.
 
-    Returns the counters read back over AXI4-Lite."""
+    Returns the counters read back over AXI4-Lite. With ``read_at_irq`` (a counter's name) the
+    IRQ is enabled and that counter's low word read in the cycle it rises, the earliest a host
+    can (returned as ``"at_irq"``), before the others."""
     from gemforge.hw.gateware.top import Accelerator
     from gemforge.hw.regmap import COUNTERS, by_name
 
@@ -232,7 +234,15 @@ def run_accelerator(config, dram: bytearray, insn_addr: int, insn_count: int, *,
         bus = dut.s_axil
         await axil_write(ctx, bus, by_name("INSN_ADDR").offset, insn_addr)
         await axil_write(ctx, bus, by_name("INSN_COUNT").offset, insn_count)
+        if read_at_irq:
+            await axil_write(ctx, bus, by_name("IRQ_ENABLE").offset, 1)
         await axil_write(ctx, bus, by_name("CTRL").offset, 1)
+        if read_at_irq:
+            # The read is presented in the very cycle the IRQ rises, as a host whose ARVALID
+            # follows the IRQ combinationally would (the register file takes it at the next edge).
+            while not ctx.get(dut.irq):
+                await ctx.changed(dut.irq)
+            result["at_irq"] = await axil_read(ctx, bus, by_name(f"{read_at_irq.upper()}_LO").offset)
         for _ in range(max_cycles // 16):
             for _ in range(16):
                 await ctx.tick()

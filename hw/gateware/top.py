@@ -269,10 +269,22 @@ class Accelerator(CheckedComponent):
             events[f"{name}_mem_stall"] = engine.mem_stall
         for name, _doc in COUNTERS:
             counter = Signal(64, name=f"count_{name}")
+            event, counting = Value.cast(events[name]), busy
+            if not isinstance(event, Const):
+                # Registered, and added a cycle later: the engines' status logic and the 64-bit
+                # carry chain, placed far apart, were one path (tiny's critical path on the ECP5).
+                # No count is late where it can be read: a program ends (BUSY clears) after a cycle
+                # with every engine idle, hence no event, so the counters are final in the cycle
+                # DONE rises (tests/hw/test_gateware_accelerator.py reads them then). After a
+                # fault, whose drain can end on a busy engine, that last cycle is added a cycle
+                # after ERROR rises. `cycles` (a constant event) still counts directly.
+                registered = Signal(event.shape(), name=f"event_{name}")
+                m.d.sync += registered.eq(Mux(busy, event, 0))
+                event, counting = registered, Const(1)
             with m.If(start_req):        # also a START refused at once (EMPTY_PROGRAM, MISALIGNED_PROGRAM)
                 m.d.sync += counter.eq(0)
-            with m.Elif(busy):
-                m.d.sync += counter.eq(counter + events[name])
+            with m.Elif(counting):
+                m.d.sync += counter.eq(counter + event)
             m.d.comb += [getattr(regs, f"{name}_lo").eq(counter[:32]),
                          getattr(regs, f"{name}_hi").eq(counter[32:])]
 
