@@ -231,6 +231,14 @@ class Accelerator(CheckedComponent):
                                      Mux(all_idle, Fault.NO_FINISH, Fault.DEADLOCK)))
         with m.Elif(finished & all_idle & tokens_left):
             m.d.comb += fault.eq(Fault.TOKEN_IMBALANCE)
+        # Acted on a cycle later: the fault sources sit all over the design (the AXI response
+        # beside the engines, the fetch, the compute pipeline), and their priority mux feeding
+        # the fault registers' enables was tiny's critical path on the ECP5 (14.3 ns, 80% of it
+        # routing). A cycle later is still before the program could end: every source but
+        # ABORT is raised while its engine is busy, and a token imbalance holds DONE back itself.
+        fault_seen = Signal(FAULT_BITS)
+        info_seen = Signal(32)
+        m.d.sync += [fault_seen.eq(Mux(busy & ~aborting, fault, Fault.NONE)), info_seen.eq(info)]
 
         with m.If(start_req):
             m.d.sync += [busy.eq(start), done.eq(0), error.eq(~start), finished.eq(0),
@@ -243,12 +251,12 @@ class Accelerator(CheckedComponent):
             with m.If(bus_quiet):
                 m.d.sync += soft_reset.eq(1)
         with m.Elif(busy):
-            with m.If(fault != Fault.NONE):
-                m.d.sync += [aborting.eq(1), fault_code.eq(fault), fault_info.eq(info)]
+            with m.If(fault_seen != Fault.NONE):
+                m.d.sync += [aborting.eq(1), fault_code.eq(fault_seen), fault_info.eq(info_seen)]
             with m.Else():
                 with m.If(compute.finish):
                     m.d.sync += finished.eq(1)
-                with m.If(finished & all_idle):
+                with m.If(finished & all_idle & ~tokens_left):
                     m.d.sync += [busy.eq(0), done.eq(1)]
         m.d.comb += self.irq.eq((done | error) & regs.irq_enable["ENABLE"])
 
