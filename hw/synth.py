@@ -370,8 +370,9 @@ class PlaceOptions:
             raise SynthError(f"--seed must be an integer from 0 to {2 ** 31 - 1}, not {self.seed}")
         if self.router not in ROUTERS:
             raise SynthError(f"unknown router {self.router!r}; choose {' or '.join(ROUTERS)}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise SynthError(f"--place-timeout must be a positive number of seconds, not {self.timeout_s:g}")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= 7 * 86400:
+            raise SynthError(f"--place-timeout must be a positive number of seconds up to a week (604800), "
+                             f"not {self.timeout_s:g}")
 
     def nextpnr_args(self) -> list[str]:
         return (["--seed", str(self.seed)] if self.seed is not None else []) + ["--router", self.router]

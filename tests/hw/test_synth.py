@@ -184,7 +184,9 @@ def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
     assert PlaceOptions(seed=3, timeout_s=60).summary() == {"seed": 3, "router": "router1", "timeout_s": 60}
     for kwargs, message in [({"seed": -1}, "--seed must be an integer from 0 to 2147483647, not -1"),
                             ({"router": "router3"}, "unknown router 'router3'; choose router1 or router2"),
-                            ({"timeout_s": 0}, "--place-timeout must be a positive number of seconds, not 0")]:
+                            ({"timeout_s": 0}, r"--place-timeout must be a positive number of seconds up to a week "
+                                               r"\(604800\), not 0"),
+                            ({"timeout_s": float("inf")}, "not inf"), ({"timeout_s": float("nan")}, "not nan")]:
         with pytest.raises(SynthError, match=message):
             PlaceOptions(**kwargs)
 
