@@ -31,12 +31,14 @@ Every device fact lives in `DEVICES`; `run_synth` writes ``report.json`` and ``r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,23 +396,46 @@ def _tool(name: str) -> str:
     return found
 
 
+@contextlib.contextmanager
+def _exit_on_termination():
+    """SIGTERM and SIGHUP raise SystemExit (so that ``finally`` and ``except`` clauses run)
+    while inside; only the main thread can set handlers, elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _run(args: list[str], cwd: Path, log: Path, what: str, *, timeout_s: float | None = None,
          env: dict[str, str] | None = None, hint: str = "") -> None:
     """Run a tool; a failure (or a run past ``timeout_s``, which kills the tool and everything it
     started) raises `SynthError` with the log's last error line."""
-    # A session of its own, so that a timeout kills the whole tree (a build script's nextpnr too).
+    # A session of its own, so that a timeout kills the whole tree (a build script's nextpnr
+    # too); being outside our process group, the tree is also stopped here when we are
+    # interrupted (Ctrl-C) or terminated (SIGTERM, SIGHUP: a CI job cancelled, a terminal closed).
     process = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise PlaceTimeout(f"{what} ran past the {timeout_s:g} s limit and was stopped{hint} (log: {log})") from None
-    except BaseException:                      # Ctrl-C: leave no tool running behind
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
+    with _exit_on_termination():
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise PlaceTimeout(f"{what} ran past the {timeout_s:g} s limit and was stopped{hint} "
+                               f"(log: {log})") from None
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
     result = subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
     if result.returncode != 0:
         text = (log.read_text(errors="replace") if log.exists() else "") + result.stdout + result.stderr

@@ -178,6 +178,27 @@ def test_a_tool_past_its_time_limit_is_stopped_with_everything_it_started(tmp_pa
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
+def test_terminating_synth_stops_the_tool_it_runs(tmp_path):
+    """The tool runs in a session of its own (for the timeout's sake): SIGTERM to gemforge must
+    still stop it, as it would a tool in gemforge's own process group."""
+    import signal
+    import subprocess
+    pid_file = tmp_path / "child.pid"
+    code = ("import sys; from pathlib import Path; from gemforge.hw.synth import _run; "
+            f"_run(['sh', '-c', 'sleep 60 & echo $! > {pid_file}; wait'], Path({str(tmp_path)!r}), "
+            f"Path({str(tmp_path / 'x.log')!r}), 'the board build')")
+    runner = subprocess.Popen([sys.executable, "-c", code])
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=20) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
 def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
     assert PlaceOptions().nextpnr_args() == ["--router", "router1"]
     assert PlaceOptions(seed=7, router="router2").nextpnr_args() == ["--seed", "7", "--router", "router2"]
