@@ -622,10 +622,14 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         env = {**os.environ, **tools}
         if t.device.family == "ecp5":
             env.setdefault("OPENFPGALOADER", "/bin/true")     # the platform asks for it; nothing is programmed
-        plan.extract(build_dir)
-        # Amaranth's script, run as `execute_local` would, but killable at the time limit.
-        _run(["sh", f"{plan.script}.sh"], build_dir, build_dir / "top.tim", "the board build", timeout_s=place.timeout_s,
-             env=env, hint=place.hint)
+        try:
+            plan.extract(build_dir)
+        except OSError as exc:
+            raise SynthError(f"cannot write the board build's files to {build_dir}: {exc.strerror}") from None
+        # Amaranth's script, run as `execute_local` would, but stoppable at the time limit;
+        # nextpnr's log is top.tim (Yosys's top.rpt), errors come from the script's output.
+        _run(["sh", f"{plan.script}.sh"], build_dir, build_dir / "top.tim", "the board build",
+             timeout_s=place.timeout_s, env=env, hint=place.hint)
         try:
             pnr = parse_nextpnr_report(json.loads((build_dir / "nextpnr.json").read_text()))
         except (OSError, ValueError, KeyError) as exc:
