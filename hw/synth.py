@@ -504,17 +504,20 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     and `SynthError` for a request that cannot be carried out or a tool that fails.
     """
     t = _target(target)
+
+    def no_place_and_route(options: str) -> SynthError:
+        devices = " or ".join(n for n in TARGETS if TARGETS[n].device is not None)
+        return SynthError(f"{options}; the generic target has no place and route (choose {devices})")
+
     if place is not None and place != PlaceOptions() and t.device is None:
-        raise SynthError("--seed, --router and --place-timeout set how nextpnr places and routes; the generic "
-                         f"target has no place and route (choose {' or '.join(n for n in TARGETS if n != 'generic')})")
+        raise no_place_and_route("--seed, --router and --place-timeout set how nextpnr places and routes")
     place = place or PlaceOptions()
     if board is not None or (bitstream and t.device is not None):
         return _run_board(config, t, board or DEFAULT_BOARD[t.name], Path(out_dir), board_memory, freq_mhz,
                           place, on_step)
     if freq_mhz is not None:
         if t.device is None:
-            raise SynthError("--freq sets nextpnr's target clock; the generic target has no place and route "
-                             f"(choose {' or '.join(n for n in TARGETS if n != 'generic')})")
+            raise no_place_and_route("--freq sets nextpnr's target clock")
         if not 1 <= freq_mhz <= 1000:
             raise SynthError(f"--freq must be between 1 and 1000 MHz, not {freq_mhz:g}")
     freq = freq_mhz if freq_mhz is not None else float(config.clock_mhz)

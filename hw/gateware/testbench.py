@@ -240,8 +240,9 @@ def run_accelerator(config, dram: bytearray, insn_addr: int, insn_count: int, *,
         if read_at_irq:
             # The read is presented in the very cycle the IRQ rises, as a host whose ARVALID
             # follows the IRQ combinationally would (the register file takes it at the next edge).
-            while not ctx.get(dut.irq):
-                await ctx.changed(dut.irq)
+            await ctx.changed(dut.irq).delay(max_cycles * 1e-6)     # bounded: 1 MHz clock
+            if not ctx.get(dut.irq):
+                raise AssertionError(f"no IRQ after {max_cycles} cycles")
             result["at_irq"] = await axil_read(ctx, bus, by_name(f"{read_at_irq.upper()}_LO").offset)
         for _ in range(max_cycles // 16):
             for _ in range(16):

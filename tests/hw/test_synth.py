@@ -162,6 +162,12 @@ def test_a_failing_tool_is_reported_by_its_last_error_line(tmp_path):
         _run([sys.executable, "-c", script], tmp_path, tmp_path / "yosys.log", "yosys")
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (it may linger as a zombie until its parent reaps it)."""
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
 def test_a_tool_past_its_time_limit_is_stopped_with_everything_it_started(tmp_path):
     """A build script's nextpnr is the script's child: the timeout must stop it too."""
     from gemforge.hw.synth import _run
@@ -175,7 +181,7 @@ def test_a_tool_past_its_time_limit_is_stopped_with_everything_it_started(tmp_pa
     assert time.perf_counter() - start < 10
     child = int(pid_file.read_text())
     time.sleep(0.2)
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert gone(child)
 
 
 def test_terminating_synth_stops_the_tool_it_runs(tmp_path):
@@ -196,7 +202,7 @@ def test_terminating_synth_stops_the_tool_it_runs(tmp_path):
     runner.send_signal(signal.SIGTERM)
     assert runner.wait(timeout=20) == 128 + signal.SIGTERM
     time.sleep(0.2)
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert gone(child)
 
 
 def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
