@@ -422,9 +422,10 @@ def _run(args: list[str], cwd: Path, log: Path, what: str, *, timeout_s: float |
     # A session of its own, so that a timeout kills the whole tree (a build script's nextpnr
     # too); being outside our process group, the tree is also stopped here when we are
     # interrupted (Ctrl-C) or terminated (SIGTERM, SIGHUP: a CI job cancelled, a terminal closed).
-    process = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    # The handlers are in place before the tool starts: a SIGTERM in between would orphan it.
     with _exit_on_termination():
+        process = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
