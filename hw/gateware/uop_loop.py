@@ -44,6 +44,9 @@ class UopLoop(wiring.Component):
         A micro-op issues this cycle.
     uop : Out(uop_index_bits + 1)
         The micro-op issuing.
+    uop_next : Out(uop_index_bits + 1)
+        What ``uop`` will be next cycle (the micro-op issuing then, if any): its address
+        for a synchronous read whose data then arrives in the micro-op's issue cycle.
     <kind>_offset : Out(OFFSET_BITS)
         Its offsets.
     """
@@ -53,7 +56,7 @@ class UopLoop(wiring.Component):
         index = uop_index_bits + 1
         members = {"start": In(1), "uop_bgn": In(index), "uop_end": In(index),
                    "iter_out": In(LOOP_ITER_BITS), "iter_in": In(LOOP_ITER_BITS), "half_rate": In(1),
-                   "running": Out(1), "uop": Out(index)}
+                   "running": Out(1), "uop": Out(index), "uop_next": Out(index)}
         for k in self._kinds:
             members.update({f"{k}_factor_out": In(OFFSET_BITS), f"{k}_factor_in": In(OFFSET_BITS),
                             f"{k}_offset": Out(OFFSET_BITS)})
@@ -75,8 +78,13 @@ class UopLoop(wiring.Component):
         off = {k: getattr(self, f"{k}_offset") for k in self._kinds}              # + j · factor_in
         factor = {k: (getattr(self, f"{k}_factor_out"), getattr(self, f"{k}_factor_in")) for k in self._kinds}
 
+        # ``u`` follows ``uop_next``, so the next micro-op's index is known a cycle ahead.
+        u_next = self.uop_next
+        m.d.comb += u_next.eq(u)
+        m.d.sync += u.eq(u_next)
         with m.If(self.start):
-            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0), u.eq(self.uop_bgn)]
+            m.d.comb += u_next.eq(self.uop_bgn)
+            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0)]
             for k in self._kinds:
                 m.d.sync += [base[k].eq(0), off[k].eq(0)]
         with m.Elif(gap):
@@ -84,7 +92,7 @@ class UopLoop(wiring.Component):
         with m.Elif(run):
             m.d.sync += gap.eq(self.half_rate)
             with m.If(u + 1 == self.uop_end):
-                m.d.sync += u.eq(self.uop_bgn)
+                m.d.comb += u_next.eq(self.uop_bgn)
                 with m.If(j + 1 == self.iter_in):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
                     for k, (fo, _fi) in factor.items():
@@ -96,5 +104,5 @@ class UopLoop(wiring.Component):
                     for k, (_fo, fi) in factor.items():
                         m.d.sync += off[k].eq(off[k] + fi)
             with m.Else():
-                m.d.sync += u.eq(u + 1)
+                m.d.comb += u_next.eq(u + 1)
         return m
