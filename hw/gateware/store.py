@@ -31,7 +31,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..isa import Engine, MemType, Opcode, insn_bits
+from ..isa import Engine, MemType, Opcode, insn_bits, requant_shift_bits
 from .axi import AxiWriteSignature, connect_when_selected
 from .banked import GroupReadSignature, buffer_lanes, group_layout
 from .dma import DmaCommand, DmaWalk, dma_command_from
@@ -40,7 +40,7 @@ from .gemm import lanes
 from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
 from ..regmap import ENGINE_STATES
 
-__all__ = ["StoreEngine"]
+__all__ = ["StoreEngine", "requant_stage_layout", "requant_stage", "shift_and_clamp"]
 
 #: Groups the store queue holds: with a read and a staged group in flight, reads go on every
 #: cycle while the writer takes a group per cycle.
@@ -138,7 +138,7 @@ class StoreEngine(wiring.Component):
         biased = data.ArrayLayout(c.acc_entry_bytes * 8, paths["req"][2])
         staged = Signal(data.UnionLayout({**layouts, "req": biased}))
         staged_valid = Signal()
-        staged_requant = Signal(data.StructLayout({"shift": requant.shift.shape(), "relu": 1}))
+        staged_requant = Signal(requant_stage_layout(c))
         addr = Signal(c.sram_addr_bits)
         reading = Signal()
         inflight = Signal()
@@ -163,7 +163,7 @@ class StoreEngine(wiring.Component):
         staged_count = Signal.like(count)
         m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count),
                      staged_valid.eq(inflight), staged_count.eq(inflight_count),
-                     staged_requant.shift.eq(requant.shift), staged_requant.relu.eq(requant.relu)]
+                     staged_requant.eq(requant_stage(c, requant.shift, requant.relu))]
         m.d.comb += [ports["out"].addr.eq(addr), ports["acc"].addr.eq(Mux(bias_read, bias_index, addr))]
         m.d.sync += bias_pending.eq(bias_read)
         with m.If(bias_pending):
@@ -251,15 +251,47 @@ def add_bias(config, acc_entry, bias_entry, enabled):
                  for lane, bias in zip(lanes(acc_entry, n, width), lanes(bias_entry, n, width))))
 
 
-def shift_and_clamp(config, biased_entry, requant):
+def requant_stage_layout(config):
+    """What the requantizer's second step needs beside the biased lanes: the shift, ReLU, and
+    the saturation bounds of that shift (`requant_stage`)."""
+    width = config.acc_width + 1
+    return data.StructLayout({"shift": requant_shift_bits(config), "relu": 1,
+                              "below": signed(width), "above": signed(width)})
+
+
+def requant_stage(config, shift, relu):
+    """The `requant_stage_layout` value of a STORE's ``shift`` and ``relu``.
+
+    ``clamp(v >> shift)`` saturates low exactly when ``v < low·2^shift`` and high exactly when
+    ``v ≥ (high+1)·2^shift`` (floor division by 2^shift is monotonic and exact at multiples of
+    2^shift). These bounds depend on the shift alone, so they are looked up once per command and
+    registered: the saturation test of each lane is then a compare against a register, in
+    parallel with the shift, instead of a compare after it (the ECP5's critical path was the
+    shifter followed by two acc_width-bit compares). A bound beyond acc_width's range is clipped
+    to one no lane reaches.
+    """
+    width = config.acc_width
+    low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
+    v_min, v_max = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    amounts = range(1 << requant_shift_bits(config))
+    below = Array(C(max(low << k, v_min), signed(width + 1)) for k in amounts)
+    above = Array(C(min((high + 1) << k, v_max + 1), signed(width + 1)) for k in amounts)
+    return Cat(shift, relu, below[shift], above[shift])
+
+
+def shift_and_clamp(config, biased_entry, stage):
     """A requantizing STORE's second step: each biased lane ``v`` becomes
-    ``clamp(v >> shift)`` as out_width bits, clamped below at 0 with ``requant.relu``."""
+    ``clamp(v >> shift)`` as out_width bits, clamped below at 0 with ``stage.relu``
+    (``stage``: a `requant_stage_layout` value)."""
     n, width = config.batch * config.block_out, config.acc_width
     low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
     out = []
     for lane in lanes(biased_entry, n, width):
-        shifted = lane.as_signed() >> requant.shift
-        floor = Mux(requant.relu, 0, low)
-        clamped = Mux(shifted < floor, floor, Mux(shifted > high, high, shifted))
+        v = lane.as_signed()
+        shifted = v >> stage.shift
+        # With ReLU the floor is 0, which v >> shift falls below exactly when v is negative.
+        under = Mux(stage.relu, v[-1], v < stage.below)
+        floor = Mux(stage.relu, 0, low)
+        clamped = Mux(under, floor, Mux(v >= stage.above, high, shifted))
         out.append(clamped[:config.out_width])
     return Cat(*out)
