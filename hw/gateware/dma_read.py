@@ -2,12 +2,13 @@
 entries (the DMA's shared parts and conventions are in `gemforge.hw.gateware.dma`)."""
 
 from amaranth import *
-from amaranth.lib import fifo, stream
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .axi import AxiReadSignature
 from .dma import BurstGenerator, DmaCommand, DmaWalk, GroupDma, refuse_unless_positive
+from .skid import SkidBuffer
 
 __all__ = ["DmaReader"]
 
@@ -61,6 +62,12 @@ class DmaReader(GroupDma):
     def elaborate(self, platform):
         m = Module()
         m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
+        # The groups leave through a skid buffer: the consumer's ready (a tile loader's
+        # choice between padding and data) would otherwise run through this reader's
+        # handshake, its walk and its command queue in the same cycle.
+        m.submodules.skid = skid = SkidBuffer(self.out.p.shape())
+        wiring.connect(m, skid.o, wiring.flipped(self.out))
+        out = skid.i
         e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         k_log = max(0, n_log - e_log)
         bus = self.bus
@@ -73,7 +80,7 @@ class DmaReader(GroupDma):
         active = Signal()
         walk = DmaWalk(m, cmd, k_log, self._lanes)
         in_flight = Signal()
-        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy)
+        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy | skid.holding)
         admit = pending.w_rdy & (~in_flight | ~bus.contended)
 
         m.d.comb += [
@@ -88,7 +95,7 @@ class DmaReader(GroupDma):
             bursts.burst.ready.eq(bus.arready & bus.gnt),
             bus.req.eq(in_flight),
             self.busy.eq(in_flight),
-            self.out.p.count.eq(walk.count),
+            out.p.count.eq(walk.count),
         ]
         finishing = Signal()
 
@@ -101,15 +108,15 @@ class DmaReader(GroupDma):
             full = count == beats
             take = Signal()
             m.d.comb += [
-                self.out.valid.eq(full),
-                self.out.p.entries[0].eq(entry),
-                bus.rready.eq(active & (~full | self.out.ready)),
+                out.valid.eq(full),
+                out.p.entries[0].eq(entry),
+                bus.rready.eq(active & (~full | out.ready)),
                 take.eq(bus.rvalid & bus.rready),
             ]
             shifted = Cat(entry[width:], bus.rdata) if beats > 1 else bus.rdata
             with m.If(take):
                 m.d.sync += entry.eq(shifted)
-            with m.If(self.out.valid & self.out.ready):
+            with m.If(out.valid & out.ready):
                 m.d.sync += count.eq(take)
                 walk.advance()
                 with m.If(walk.last):
@@ -122,10 +129,10 @@ class DmaReader(GroupDma):
             # beat when its last lane or the row's last entry is taken.
             k = 1 << k_log
             bits = self._entry_bytes * 8
-            m.d.comb += self.out.valid.eq(active & bus.rvalid)
+            m.d.comb += out.valid.eq(active & bus.rvalid)
             for i in range(self._lanes):
-                m.d.comb += self.out.p.entries[i].eq(bus.rdata.word_select((walk.lane + i)[:k_log], bits))
-            with m.If(self.out.valid & self.out.ready):
+                m.d.comb += out.p.entries[i].eq(bus.rdata.word_select((walk.lane + i)[:k_log], bits))
+            with m.If(out.valid & out.ready):
                 walk.advance()
                 m.d.comb += bus.rready.eq(walk.row_end | (walk.lane + walk.count == k))
                 with m.If(walk.last):

@@ -203,9 +203,15 @@ class ComputePipeline(wiring.Component):
         # An overwriting GEMM adds its product to zero instead of the entry's value.
         m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
                      s5_b.eq(Mux(is_alu, operand, gemm.dot))]
+        # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
+        # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b.
+        s5_mul_a = Signal.like(s5_acc)
+        s5_mul_b = Signal.like(s5_b)
+        with m.If(is_mul):
+            m.d.sync += [s5_mul_a.eq(fwd_a), s5_mul_b.eq(operand)]
 
         # ---------------------------------------------------------------- S5: result, write-back
-        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s5_acc), alu.b.eq(s5_b)]
+        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
         sums = [a + b for a, b in zip(lanes(s5_acc, lane_count, c.acc_width),
                                       lanes(s5_b, lane_count, c.acc_width))]
         gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))

@@ -187,7 +187,11 @@ class Accelerator(CheckedComponent):
         # Bus transactions in flight, and the drain's gating of new requests.
         reads_out, writes_out = Signal(16), Signal(16)
         ar_fire = axi.arvalid & axi.arready
-        r_last = axi.rvalid & axi.rready & axi.rlast
+        # A read's last beat is counted a cycle after its handshake: RREADY is the end of the
+        # granted reader's decision, and the counter's adder after it was on tiny's critical
+        # path on the ECP5. The bus counts as quiet only once that cycle has passed.
+        r_last = Signal()
+        m.d.sync += r_last.eq(axi.rvalid & axi.rready & axi.rlast)
         aw_fire = axi.awvalid & axi.awready
         b_fire = axi.bvalid & axi.bready
         m.d.sync += [reads_out.eq(reads_out + ar_fire - r_last), writes_out.eq(writes_out + aw_fire - b_fire),

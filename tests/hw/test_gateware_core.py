@@ -100,14 +100,16 @@ def test_tensor_alu(op, config):
     async def tb(ctx):
         ctx.set(dut.op, int(op))
         for a, b in cases:
-            ctx.set(dut.a, pack(a, w))
-            ctx.set(dut.b, pack(b, w))
             if op == AluOp.MUL:             # the product is registered: it comes a cycle later
+                ctx.set(dut.mul_a, pack(a, w))
+                ctx.set(dut.mul_b, pack(b, w))
                 await ctx.tick()
-                ctx.set(dut.a, 0)
-                ctx.set(dut.b, 0)
+                ctx.set(dut.mul_a, 0)
+                ctx.set(dut.mul_b, 0)
                 got = unpack(ctx.get(dut.product), n, w)
             else:
+                ctx.set(dut.a, pack(a, w))
+                ctx.set(dut.b, pack(b, w))
                 got = unpack(ctx.get(dut.result), n, w)
             np.testing.assert_array_equal(got, alu_reference(op, a, b, w), err_msg=f"a={a} b={b}")
 
