@@ -13,7 +13,9 @@ stage           what it does
 ``synthesize``  Yosys: ``synth_ecp5``, ``synth_ice40 -dsp -spram``, or the generic
                 `GENERIC_SYNTH_PASSES` (``netlist.json``, cell counts in ``stat.json``)
 ``check``       refuses cell counts above the device's capacity, or more ports than pins
-``place``       nextpnr: placement, routing, utilization and Fmax (``nextpnr.json``)
+``place``       nextpnr: placement, routing, utilization and Fmax (``nextpnr.json``), and
+                the routed design's delays (``routed.sdf``), from which the report lists
+                the slowest paths (`timing_paths.slowest_paths`: nextpnr names only the worst)
 ==============  =========================================================================
 
 The bare accelerator's ports (an AXI4 master, an AXI4-Lite slave, ``irq``) are not board
@@ -48,6 +50,7 @@ from gemforge.files import move_atomic, write_text_atomic
 
 from .config import AccelConfig
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
+from .timing_paths import parse_sdf, slowest_paths
 
 __all__ = [
     "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError", "PlaceTimeout", "PlaceOptions", "ROUTERS",
@@ -351,6 +354,9 @@ def parse_nextpnr_report(data: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- the flow
 
+#: (source signal → endpoint signal) pairs the report lists, slowest first.
+SLOWEST_PATHS = 12
+
 #: nextpnr's routers: router1 (its default, rip-up and reroute net by net) and router2
 #: (negotiated congestion, usually faster on congested designs).
 ROUTERS = ("router1", "router2")
@@ -621,7 +627,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
     def build() -> None:
         build_dir = out / "build"
         plan = platform.prepare(BoardDesign(config, board_memory), name="top",
-                                nextpnr_opts=" ".join(["--report nextpnr.json --timing-allow-fail",
+                                nextpnr_opts=" ".join(["--report nextpnr.json --sdf routed.sdf --timing-allow-fail",
                                                        *place.nextpnr_args()]))
         env = {**os.environ, **tools}
         if t.device.family == "ecp5":
@@ -639,6 +645,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         except (OSError, ValueError, KeyError) as exc:
             raise SynthError(f"the board build wrote no readable nextpnr report ({exc}); see the logs in "
                              f"{build_dir}") from None
+        pnr["slowest_paths"] = _slowest_paths(build_dir / "routed.sdf")
         report["place_and_route"] = pnr
         report["resources"] = _post_route_resources(t.device, pnr["utilization"], report["resources"])
         report["fmax_mhz"] = round(pnr["fmax_mhz"], 2) if pnr["fmax_mhz"] is not None else None
@@ -681,12 +688,25 @@ def _synthesize(t: Target, out: Path, yosys: str) -> dict[str, Any]:
 def _place(t: Target, out: Path, nextpnr: str, freq: float, place: PlaceOptions) -> dict[str, Any]:
     log = out / "nextpnr.log"
     partial = out / ".nextpnr.json.partial"
+    sdf = out / ".routed.sdf.partial"
     args = [nextpnr, *t.device.nextpnr_args, "--json", "netlist.json", "--report", partial.name,
-            "--freq", f"{freq:g}", "--timing-allow-fail", "-q", "-l", log.name, *place.nextpnr_args()]
+            "--sdf", sdf.name, "--freq", f"{freq:g}", "--timing-allow-fail", "-q", "-l", log.name,
+            *place.nextpnr_args()]
     args += ["--out-of-context"] if t.out_of_context else ["--pcf-allow-unconstrained"]
     _run(args, out, log, f"yowasp-nextpnr-{t.device.family}", timeout_s=place.timeout_s, hint=place.hint)
     move_atomic(partial, out / "nextpnr.json")
-    return parse_nextpnr_report(json.loads((out / "nextpnr.json").read_text()))
+    move_atomic(sdf, out / "routed.sdf")
+    pnr = parse_nextpnr_report(json.loads((out / "nextpnr.json").read_text()))
+    pnr["slowest_paths"] = _slowest_paths(out / "routed.sdf")
+    return pnr
+
+
+def _slowest_paths(sdf: Path) -> list[dict[str, Any]]:
+    """The report's slowest paths from nextpnr's SDF (`timing_paths`)."""
+    try:
+        return slowest_paths(parse_sdf(sdf.read_text()), SLOWEST_PATHS)
+    except (OSError, ValueError) as exc:
+        raise SynthError(f"nextpnr's routed delays ({sdf}) could not be read: {exc}") from None
 
 
 def _post_route_resources(device: Device, utilization: dict[str, dict[str, int]],
@@ -727,6 +747,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             worst = max(paths, key=lambda p: p["delay_ns"])
             lines.append(f"Critical path: {worst['delay_ns']:.2f} ns, {worst['logic_levels']} logic levels, "
                          f"`{worst['start']}` → `{worst['end']}`.")
+        slowest = report.get("place_and_route", {}).get("slowest_paths", [])
+        if slowest:
+            lines += ["", "Slowest paths (the worst endpoint of each source → endpoint signal pair, from "
+                          "`routed.sdf`; setup included):", "",
+                      "| delay | MHz | endpoints | from | to |", "| ---: | ---: | ---: | --- | --- |"]
+            for path in slowest:
+                lines.append(f"| {path['delay_ns']:.2f} ns | {1000 / path['delay_ns']:.1f} | {path['endpoints']} | "
+                             f"`{path['from']}` | `{path['to']}` |")
     elif report.get("device") is None and report["status"] == "ok":
         lines += ["", "Generic synthesis has no timing model: no Fmax."]
     if report.get("bitstream"):

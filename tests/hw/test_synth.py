@@ -17,6 +17,9 @@ from gemforge.hw.synth import (
     parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown, run_synth,
 )
 from gemforge.hw.synth import _post_route_resources
+from gemforge.hw.timing_paths import parse_sdf, slowest_paths
+
+from test_timing_paths import SDF
 
 ECP5, ICE40 = DEVICES["LFE5U-85F"], DEVICES["iCE40UP5K"]
 
@@ -226,6 +229,7 @@ def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
     def fake_run(args, cwd, log, what, **kwargs):
         calls.append((args, kwargs))
         (cwd / ".nextpnr.json.partial").write_text(json.dumps(NEXTPNR_REPORT))
+        (cwd / args[args.index("--sdf") + 1]).write_text(SDF)
 
     monkeypatch.setattr(synth, "_run", fake_run)
     place = PlaceOptions(seed=11, router="router2", timeout_s=900)
@@ -233,6 +237,9 @@ def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
     (args, kwargs), = calls
     assert args[args.index("--seed") + 1] == "11" and args[args.index("--router") + 1] == "router2"
     assert kwargs["timeout_s"] == 900 and pnr["fmax_mhz"] == pytest.approx(42.07)
+    # The routed delays are kept (routed.sdf) and summarized as the slowest paths.
+    assert (tmp_path / "routed.sdf").read_text() == SDF
+    assert [(p["from"], p["to"]) for p in pnr["slowest_paths"]] == [("unit.a", "unit.y"), ("unit.b", "unit.z")]
 
 
 def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(tmp_path, monkeypatch):
@@ -254,6 +261,7 @@ def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(t
 
 def test_render_markdown_has_the_resource_table_and_fmax():
     pnr = parse_nextpnr_report(NEXTPNR_REPORT)
+    pnr["slowest_paths"] = slowest_paths(parse_sdf(SDF))
     report = {"config": "tiny", "target": "ecp5-85f", "description": "ECP5", "status": "ok",
               "resources": {"LUT": {"used": 16021, "available": 83640, "unit": "TRELLIS_COMB",
                                     "stage": "place and route"}},
@@ -262,6 +270,7 @@ def test_render_markdown_has_the_resource_table_and_fmax():
     text = render_markdown(report)
     assert "| LUT | 16,021 | 83,640 | 19.2 % | TRELLIS_COMB | place and route |" in text
     assert "**42.07 MHz** (target 100 MHz, not met)" in text and "2.10 ns" in text
+    assert "| 2.65 ns | 377.4 | 1 | `unit.a` | `unit.y` |" in text
 
 
 def run(capsys, *argv):
@@ -303,6 +312,11 @@ def test_tiny_on_ecp5_places_and_routes(tmp_path, capsys):
         assert r["stage"] == "place and route"
     assert report["resources"]["DSP"]["used"] == report["cells"]["MULT18X18D"]
     assert "Post-route Fmax" in (tmp_path / "report.md").read_text()
+    # The SDF replay finds nextpnr's critical path: its worst delay is the Fmax's period
+    # (nextpnr rounds the period to 10 ps; the replay adds the endpoint's setup time).
+    slowest = report["place_and_route"]["slowest_paths"]
+    assert slowest and 0 <= slowest[0]["delay_ns"] - 1000 / report["fmax_mhz"] < 0.5
+    assert "Slowest paths" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.slow
