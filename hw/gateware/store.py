@@ -251,6 +251,11 @@ def add_bias(config, acc_entry, bias_entry, enabled):
                  for lane, bias in zip(lanes(acc_entry, n, width), lanes(bias_entry, n, width))))
 
 
+def _out_range(config):
+    """The signed out_width range requantized values are clamped to."""
+    return -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
+
+
 def requant_stage_layout(config):
     """What the requantizer's second step needs beside the biased lanes: the shift, ReLU, and
     the saturation bounds of that shift (`requant_stage`)."""
@@ -271,7 +276,7 @@ def requant_stage(config, shift, relu):
     to one no lane reaches.
     """
     width = config.acc_width
-    low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
+    low, high = _out_range(config)
     v_min, v_max = -(1 << (width - 1)), (1 << (width - 1)) - 1
     amounts = range(1 << requant_shift_bits(config))
     below = Array(C(max(low << k, v_min), signed(width + 1)) for k in amounts)
@@ -284,7 +289,7 @@ def shift_and_clamp(config, biased_entry, stage):
     ``clamp(v >> shift)`` as out_width bits, clamped below at 0 with ``stage.relu``
     (``stage``: a `requant_stage_layout` value)."""
     n, width = config.batch * config.block_out, config.acc_width
-    low, high = -(1 << (config.out_width - 1)), (1 << (config.out_width - 1)) - 1
+    low, high = _out_range(config)
     out = []
     for lane in lanes(biased_entry, n, width):
         v = lane.as_signed()

@@ -83,9 +83,13 @@ def _env_path() -> None:
         os.environ["PATH"] = f"{vbin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+#: The executable each simulator is found by.
+_EXECUTABLES = {"verilator": "verilator", "icarus": "iverilog"}
+
+
 def simulator_available(simulator: str) -> bool:
     _env_path()
-    return shutil.which({"verilator": "verilator", "icarus": "iverilog"}[simulator]) is not None
+    return shutil.which(_EXECUTABLES[simulator]) is not None
 
 
 def toolchain_identity(simulator: str) -> list[str]:
@@ -93,7 +97,7 @@ def toolchain_identity(simulator: str) -> list[str]:
     cocotb's libraries from the Python environment that built it, by absolute path, so a build
     made from another checkout's environment (since deleted, perhaps) must not be reused."""
     _env_path()
-    tool = shutil.which({"verilator": "verilator", "icarus": "iverilog"}[simulator])
+    tool = shutil.which(_EXECUTABLES[simulator])
     return [sys.prefix, str(Path(tool).resolve()) if tool else ""]
 
 
