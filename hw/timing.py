@@ -26,9 +26,9 @@ __all__ = ["Timing", "timing_of", "compute_cycles", "LOAD_FIXED", "COMPUTE_FIXED
 #: (issue, arbitration, DRAM latency, the last entry written, the push), from runs of 1 and 101
 #: back-to-back LOADs (`rtl_perf.dma_insn_fixed_cycles`, `default`).
 LOAD_FIXED = 12
-#: Cycles a GEMM or ALU instruction costs beyond its micro-ops: dispatch and the six-stage
-#: compute pipeline's drain (`rtl_perf` ``gemm_insn_fixed_cycles``, 10.54 on `tiny`).
-COMPUTE_FIXED = 10
+#: Cycles a GEMM or ALU instruction costs beyond its micro-ops: dispatch and the seven-stage
+#: compute pipeline's drain (`rtl_perf` ``gemm_insn_fixed_cycles``, 11.54 on `tiny`).
+COMPUTE_FIXED = 11
 #: Instructions fetch reads per burst (its local queue holds two such chunks).
 FETCH_CHUNK = 16
 
@@ -73,8 +73,8 @@ class Timing:
     #: GEMM/ALU: every cycle an instruction costs beyond its micro-ops, its take, pop and push
     #: included (the rest is dispatch into the pipeline and its drain)
     compute_fixed: int = COMPUTE_FIXED
-    #: an ALU MUL issues a micro-op every this many cycles, and drains through one more stage
-    #: (its product is registered before the final add: `gemforge.hw.gateware.alu`)
+    #: an ALU MUL issues a micro-op every this many cycles (its product is registered before
+    #: the final add, too late for the next micro-op's forward: `gemforge.hw.gateware.alu`)
     mul_interval: int = 2
     #: micro-op and accumulator LOADs of the compute engine: the last beat to the entries written
     compute_load_write: int = 1
@@ -84,10 +84,10 @@ class Timing:
 
 def compute_cycles(insn, timing: Timing) -> int:
     """The micro-op cycles of a GEMM or ALU instruction ``insn``: from its first micro-op's
-    issue to the cycle after its last (an ALU MUL's: its micro-ops ``mul_interval`` apart,
-    and one more stage to drain); the rest of the instruction is ``compute_fixed``."""
+    issue to the cycle after its last (an ALU MUL's micro-ops are ``mul_interval`` apart);
+    the rest of the instruction is ``compute_fixed``."""
     if isinstance(insn, Alu) and insn.op == AluOp.MUL:
-        return (insn.uop_count - 1) * timing.mul_interval + 2
+        return (insn.uop_count - 1) * timing.mul_interval + 1
     return insn.uop_count
 
 

@@ -1,6 +1,6 @@
 """The GEMM/ALU pipeline: one micro-op per cycle, from the micro-op loop to the write-back.
 
-GEMM and ALU share six stages; an ALU MUL has a seventh:
+GEMM and ALU share seven stages:
 
 ====  ==============================================================
 S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); micro-op ``u`` arrives
@@ -9,8 +9,9 @@ S1    indices = micro-op fields + loop offsets; read inp, wgt
 S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths
 S3    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
 S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
-S5    acc[dst] = acc + dot (0 + dot when overwriting), or op(acc, operand); write back
-S6    MUL only: the product's final add (`TensorAlu`); write back
+S5    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
+      when overwriting); forward from S6's result register at the ALU's inputs
+S6    the result, registered (R6), is written back; an ALU MUL's product has its final add here
 ====  ==============================================================
 
 The block-RAM reads, the multipliers and the adder tree each have a cycle of
@@ -19,18 +20,28 @@ the inputs (S3), so its data arrives with the dot products.
 
 Read-after-write: the accumulator read ports are transparent to the write
 port, so a micro-op sees every write made up to the cycle it reads (S3). The
-only write it can miss is that of the micro-op directly ahead of it, which is
-writing back while it is in S4: S4 takes that result instead of the memory's
-when the indices match. An ALU MUL writes back from S6, two stages ahead of S4,
-so its instruction issues a micro-op every second cycle (the micro-op ahead is
-then in S6, and S5 holds a bubble). Hence micro-ops behave exactly
-sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
-cycle). The compute engine drains the pipeline (``busy``) before an instruction
-completes, so nothing crosses an instruction boundary.
+writes it can miss are those of the two micro-ops ahead of it:
+
+- the one two ahead writes back while this one is in S4, and S4 takes the
+  written value instead of the memory's when the indices match;
+- the one directly ahead has its result in R6 while this one is in S5, and the
+  ALU's inputs take R6 instead of S5's operand registers when the indices match
+  (the selects are computed in S4 and registered).
+
+The pipeline's one-cycle loop is then R6 → a 2:1 multiplexer → the op → R6; the
+write port and the block RAMs' transparency logic are outside it (a write-back
+from S5's unregistered result put both in the loop, tiny's critical path on the
+ECP5). An ALU MUL registers half-width products in S5 and adds them in S6
+(`TensorAlu`), too late for R6, so its instruction issues a micro-op every second
+cycle: the micro-op behind it is two stages back and takes the product from the
+write-back in S4. Hence micro-ops behave exactly sequentially, as the ISA says,
+at one micro-op per cycle (a MUL's every second cycle). The compute engine drains
+the pipeline (``busy``) before an instruction completes, so nothing crosses an
+instruction boundary.
 
 A micro-op whose index plus loop offset lies beyond its buffer would wrap in
 the address bits; it raises ``index_fault`` (`Fault.BUFFER_RANGE`, as fsim does)
-and writes nothing.
+and writes (and forwards) nothing.
 """
 
 from amaranth import *
@@ -41,7 +52,7 @@ from ..isa import AluOp, Opcode, insn_bits, uop_fields
 from .alu import TensorAlu
 from .banked import GroupReadSignature, GroupWriteSignature
 from .engine import insn_layout
-from .gemm import GemmCore, lanes
+from .gemm import GemmCore
 from .uop_loop import OFFSET_BITS, UopLoop
 
 __all__ = ["ComputePipeline", "uop_layout"]
@@ -69,7 +80,7 @@ class ComputePipeline(wiring.Component):
         Synchronous read ports (data one cycle after the address); the accumulator ports
         must be transparent to the buffer's write port (see the module docstring).
     wb : Out(GroupWriteSignature) of one lane
-        S5's (a MUL's: S6's) write-back into the accumulator (``en`` only for a micro-op within range).
+        S6's write-back into the accumulator (``en`` only for a micro-op within range).
     index_fault : Out(1)
         A micro-op's index plus its loop offsets lies beyond its buffer; raised the cycle
         after the micro-op's S2 (where the index sums are compared).
@@ -104,7 +115,7 @@ class ComputePipeline(wiring.Component):
         gm = data.View(gm_l, self.insn[:gm_l.size])
         al = data.View(al_l, self.insn[:al_l.size])
         is_alu = header.opcode == Opcode.ALU
-        is_mul = Signal()       # the instruction is an ALU MUL: half rate, written back from S5
+        is_mul = Signal()       # the instruction is an ALU MUL: half rate, its product added in S6
         m.d.comb += is_mul.eq(is_alu & (al.op == AluOp.MUL))
 
         def loop_field(name):
@@ -179,20 +190,18 @@ class ComputePipeline(wiring.Component):
         s5_dst = Signal(acc_bits)
         s5_acc = Signal(c.acc_entry_bytes * 8)
         s5_b = Signal(c.acc_entry_bytes * 8)
-        s5_result = Signal(c.acc_entry_bytes * 8)
         s6_valid = Signal()
         s6_dst = Signal(acc_bits)
+        s6_result = Signal(c.acc_entry_bytes * 8)        # R6
         m.submodules.alu = alu = TensorAlu(c)
 
-        # The write-back: S5's, or S6's for a MUL (whose S5 then holds a bubble).
-        wb_valid = Signal()
-        wb_dst = Signal(acc_bits)
-        m.d.comb += [wb_valid.eq(Mux(is_mul, s6_valid, s5_valid)), wb_dst.eq(Mux(is_mul, s6_dst, s5_dst))]
+        # Every micro-op writes back from S6: R6, or a MUL's product.
+        wb_data = Signal(c.acc_entry_bytes * 8)
+        m.d.comb += wb_data.eq(Mux(is_mul, alu.product, s6_result))
 
         def forward(index, memory):
-            # S5's result is the late signal: it passes one multiplexer; the selects are registered.
-            s6_data = Mux(s6_valid & (s6_dst == index), alu.product, memory)
-            return Mux(s5_valid & ~is_mul & (s5_dst == index), s5_result, s6_data)
+            # The micro-op two ahead writes back now; this one's S3 read came a cycle too early.
+            return Mux(s6_valid & ~s6_bad & (s6_dst == index), wb_data, memory)
 
         fwd_a = forward(s4_dst, self.acc_rda.data[0])
         fwd_b = forward(s4_src, self.acc_rdb.data[0])
@@ -200,28 +209,36 @@ class ComputePipeline(wiring.Component):
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
-        # An overwriting GEMM adds its product to zero instead of the entry's value.
-        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_acc.eq(Mux(~is_alu & gm.overwrite, 0, fwd_a)),
-                     s5_b.eq(Mux(is_alu, operand, gemm.dot))]
+        # A GEMM that overwrites adds its dot product to zero; one that resets adds zero to zero.
+        # Both are decided here, so S5's loop carries no such select.
+        zero_acc = ~is_alu & (gm.overwrite | gm.reset)
+        zero_b = ~is_alu & gm.reset
+        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_acc.eq(Mux(zero_acc, 0, fwd_a)),
+                     s5_b.eq(Mux(zero_b, 0, Mux(is_alu, operand, gemm.dot)))]
+        # S5's forward selects: the micro-op now in S5 (in R6 next cycle) writes what this one reads.
+        ahead = s5_valid & ~s5_bad & ~is_mul
+        s5_take_a = Signal()
+        s5_take_b = Signal()
+        m.d.sync += [s5_take_a.eq(ahead & (s5_dst == s4_dst) & ~zero_acc),
+                     s5_take_b.eq(ahead & (s5_dst == s4_src) & is_alu & ~al.use_imm)]
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
-        # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b.
+        # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
+        # needs no S5 forward: the micro-op ahead of it is two stages on.
         s5_mul_a = Signal.like(s5_acc)
         s5_mul_b = Signal.like(s5_b)
         with m.If(is_mul):
             m.d.sync += [s5_mul_a.eq(fwd_a), s5_mul_b.eq(operand)]
 
-        # ---------------------------------------------------------------- S5: result, write-back
-        m.d.comb += [alu.op.eq(al.op), alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
-        sums = [a + b for a, b in zip(lanes(s5_acc, lane_count, c.acc_width),
-                                      lanes(s5_b, lane_count, c.acc_width))]
-        gemm_result = Mux(gm.reset, 0, Cat(*(s[:c.acc_width] for s in sums)))
-        m.d.comb += s5_result.eq(Mux(is_alu, alu.result, gemm_result))
+        # ---------------------------------------------------------------- S5: the op, R6
+        # A GEMM's accumulate is the ALU's ADD: the loop passes one operation multiplexer.
+        m.d.comb += [alu.op.eq(Mux(is_alu, al.op, AluOp.ADD)),
+                     alu.a.eq(Mux(s5_take_a, s6_result, s5_acc)), alu.b.eq(Mux(s5_take_b, s6_result, s5_b)),
+                     alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
+        m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
 
-        # ---------------------------------------------------------------- S6: a MUL's product, write-back
-        m.d.sync += [s6_valid.eq(s5_valid & is_mul), s6_dst.eq(s5_dst)]
-        m.d.comb += [self.wb.addr.eq(wb_dst), self.wb.count.eq(1),
-                     self.wb.data[0].eq(Mux(is_mul, alu.product, s5_result)),
-                     self.wb.en.eq(wb_valid & ~Mux(is_mul, s6_bad, s5_bad))]
+        # ---------------------------------------------------------------- S6: write-back
+        m.d.comb += [self.wb.addr.eq(s6_dst), self.wb.count.eq(1), self.wb.data[0].eq(wb_data),
+                     self.wb.en.eq(s6_valid & ~s6_bad)]
 
         m.d.comb += [
             self.issuing.eq(issue),

@@ -144,24 +144,44 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     issued = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
     assert result["faults"] == 0
-    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S5.
+    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S6.
     interval = 2 if kind == "alu" and insn.op == AluOp.MUL else 1
-    assert result["cycles"] == issued * interval + 5
+    assert result["cycles"] == (issued - 1) * interval + 7
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("operand", ["imm", "acc"])
-def test_back_to_back_products_see_each_other(config, operand):
-    """MUL writes back from S6: each micro-op here reads the entry the one before it wrote
-    (dst, or src = the previous dst), so a wrong forward or a missing gap shows."""
-    rng = np.random.default_rng([config.block_out, operand == "imm"])
+@pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
+def test_back_to_back_results_see_each_other(config, operand, op):
+    """Each micro-op here reads the entry the one before it wrote (dst, or src = the previous
+    dst), or the one two before: the result register's forward (S5), the write-back's (S4),
+    and a MUL's half rate (its product is added in S6) each show when wrong."""
+    rng = np.random.default_rng([config.block_out, operand == "imm", int(op)])
     state = random_state(config, rng)
-    uops = [Uop(dst=0, src=1), Uop(dst=1, src=0), Uop(dst=1, src=1), Uop(dst=2, src=1), Uop(dst=0, src=2)]
-    imm = int(rng.integers(-(1 << 15), 1 << 15)) if operand == "imm" else None
-    insn = Alu(op=AluOp.MUL, imm=imm, uop_bgn=0, uop_end=len(uops), iter_out=2, iter_in=3)
+    uops = [Uop(dst=0, src=1), Uop(dst=1, src=0), Uop(dst=1, src=1), Uop(dst=2, src=1), Uop(dst=0, src=2),
+            Uop(dst=3, src=2), Uop(dst=2, src=0)]
+    imm = None
+    if operand == "imm":
+        imm = int(rng.integers(-40, 40)) if op == AluOp.SHR else int(rng.integers(-(1 << 15), 1 << 15))
+    insn = Alu(op=op, imm=imm, uop_bgn=0, uop_end=len(uops), iter_out=2, iter_in=3)
     result = run_pipeline(config, insn, uops, state)
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
-    assert result["cycles"] == 2 * 2 * 3 * len(uops) + 5
+    interval = 2 if op == AluOp.MUL else 1
+    assert result["cycles"] == interval * (2 * 3 * len(uops) - 1) + 7
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("flag", ["accumulate", "overwrite", "reset"])
+def test_back_to_back_gemms_see_each_other(config, flag):
+    """GEMM micro-ops accumulating into the entry of the one before (and the one two before)."""
+    rng = np.random.default_rng([config.block_out, len(flag)])
+    state = random_state(config, rng)
+    uops = [Uop(dst=0, src=1, wgt=2), Uop(dst=0, src=0, wgt=1), Uop(dst=1, src=2, wgt=0), Uop(dst=0, src=3, wgt=3)]
+    insn = Gemm(reset=flag == "reset", overwrite=flag == "overwrite", uop_bgn=0, uop_end=len(uops),
+                iter_out=2, iter_in=2)
+    result = run_pipeline(config, insn, uops, state)
+    np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
+    assert result["cycles"] == 2 * 2 * len(uops) - 1 + 7
 
 
 def test_pipeline_reports_a_micro_op_beyond_the_accumulator_and_skips_its_write():
