@@ -6,8 +6,10 @@ GEMM and ALU share seven stages:
 S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); micro-op ``u`` arrives
       (read the cycle before, at the loop's next index) and is registered
 S1    indices = micro-op fields + loop offsets; read inp, wgt
-S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths
-S3    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
+S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths;
+      read acc[dst], acc[src]
+S3    products (GEMM, registered in `GemmCore`); the accumulator's data registered, forward
+      from the write-back
 S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
 S5    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
       when overwriting); forward from S6's result register at the ALU's inputs
@@ -15,26 +17,27 @@ S6    the result, registered (R6), is written back; an ALU MUL's product has its
 ====  ==============================================================
 
 The block-RAM reads, the multipliers and the adder tree each have a cycle of
-their own (`GemmCore`). The accumulator is read `GemmCore.LATENCY` stages after
-the inputs (S3), so its data arrives with the dot products.
+their own (`GemmCore`), and so does the accumulator's read: its data is
+registered in S3 and meets the dot products in S4.
 
 Read-after-write: the accumulator read ports are transparent to the write
-port, so a micro-op sees every write made up to the cycle it reads (S3). The
-writes it can miss are those of the two micro-ops ahead of it:
+port, so a micro-op sees every write made up to the cycle it reads (S2). The
+writes it can miss are those of the three micro-ops ahead of it:
 
-- the one two ahead writes back while this one is in S4, and S4 takes the
-  written value instead of the memory's when the indices match;
+- the one three ahead writes back while this one is in S3, and the one two
+  ahead while it is in S4: each stage takes the written value instead of the
+  memory's when the indices match;
 - the one directly ahead has its result in R6 while this one is in S5, and the
   ALU's inputs take R6 instead of S5's operand registers when the indices match
   (the selects are computed in S4 and registered).
 
 The pipeline's one-cycle loop is then R6 → a 2:1 multiplexer → the op → R6; the
-write port and the block RAMs' transparency logic are outside it (a write-back
+write port, the block RAMs' outputs and their transparency logic are outside it (a write-back
 from S5's unregistered result put both in the loop, tiny's critical path on the
 ECP5). An ALU MUL registers half-width products in S5 and adds them in S6
 (`TensorAlu`), too late for R6, so its instruction issues a micro-op every second
 cycle: the micro-op behind it is two stages back and takes the product from the
-write-back in S4. Hence micro-ops behave exactly sequentially, as the ISA says,
+write-back in S4 (the one ahead of that, in S2's read). Hence micro-ops behave exactly sequentially, as the ISA says,
 at one micro-op per cycle (a MUL's every second cycle). The compute engine drains
 the pipeline (``busy``) before an instruction completes, so nothing crosses an
 instruction boundary.
@@ -173,19 +176,7 @@ class ComputePipeline(wiring.Component):
         m.submodules.gemm = gemm = GemmCore(c)      # its LATENCY: S2 registers the operands, S3 the products
         m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0])]
 
-        # ---------------------------------------------------------------- S3: products, accumulator reads
-        s3_valid = Signal()
-        s3_dst = Signal(acc_bits)
-        s3_src = Signal(acc_bits)
-        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(full["dst"][:acc_bits]), s3_src.eq(full["src"][:acc_bits])]
-        m.d.comb += [self.acc_rda.addr.eq(s3_dst), self.acc_rdb.addr.eq(s3_src)]
-
-        # ---------------------------------------------------------------- S4: dot / operand, forwarding
-        s4_valid = Signal()
-        s4_dst = Signal(acc_bits)
-        s4_src = Signal(acc_bits)
-        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_src.eq(s3_src)]
-
+        # The later stages' registers, declared here for the forwards into S3 and S4.
         s5_valid = Signal()
         s5_dst = Signal(acc_bits)
         s5_acc = Signal(c.acc_entry_bytes * 8)
@@ -199,12 +190,34 @@ class ComputePipeline(wiring.Component):
         wb_data = Signal(c.acc_entry_bytes * 8)
         m.d.comb += wb_data.eq(Mux(is_mul, alu.product, s6_result))
 
-        def forward(index, memory):
-            # The micro-op two ahead writes back now; this one's S3 read came a cycle too early.
-            return Mux(s6_valid & ~s6_bad & (s6_dst == index), wb_data, memory)
+        def forward(index, value):
+            # ``value`` of entry ``index``, unless the micro-op in S6 writes that entry now.
+            return Mux(s6_valid & ~s6_bad & (s6_dst == index), wb_data, value)
 
-        fwd_a = forward(s4_dst, self.acc_rda.data[0])
-        fwd_b = forward(s4_src, self.acc_rdb.data[0])
+        # The accumulator is read in S2, from the registered index sums, and its data registered
+        # in S3: a block RAM's output (5.6 ns on the ECP5) then ends at a register after one
+        # forward instead of running through the operand selects into S5.
+        m.d.comb += [self.acc_rda.addr.eq(full["dst"][:acc_bits]), self.acc_rdb.addr.eq(full["src"][:acc_bits])]
+
+        # ---------------------------------------------------------------- S3: products, accumulator data
+        s3_valid = Signal()
+        s3_dst = Signal(acc_bits)
+        s3_src = Signal(acc_bits)
+        m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(full["dst"][:acc_bits]), s3_src.eq(full["src"][:acc_bits])]
+        # The micro-op three ahead writes back now; this one's read came a cycle before.
+        s4_acc_a = Signal(c.acc_entry_bytes * 8)
+        s4_acc_b = Signal(c.acc_entry_bytes * 8)
+        m.d.sync += [s4_acc_a.eq(forward(s3_dst, self.acc_rda.data[0])),
+                     s4_acc_b.eq(forward(s3_src, self.acc_rdb.data[0]))]
+
+        # ---------------------------------------------------------------- S4: dot / operand, forwarding
+        s4_valid = Signal()
+        s4_dst = Signal(acc_bits)
+        s4_src = Signal(acc_bits)
+        m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_src.eq(s3_src)]
+        # The micro-op two ahead writes back now, after this one's data was registered.
+        fwd_a = forward(s4_dst, s4_acc_a)
+        fwd_b = forward(s4_src, s4_acc_b)
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())

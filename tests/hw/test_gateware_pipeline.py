@@ -153,13 +153,15 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
 @pytest.mark.parametrize("operand", ["imm", "acc"])
 @pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
 def test_back_to_back_results_see_each_other(config, operand, op):
-    """Each micro-op here reads the entry the one before it wrote (dst, or src = the previous
-    dst), or the one two before: the result register's forward (S5), the write-back's (S4),
-    and a MUL's half rate (its product is added in S6) each show when wrong."""
+    """Micro-ops read the entries written by the ones just before them: each forward (R6's
+    into S5, the write-back's into S4 and S3) and a MUL's half rate (its product is added in
+    S6) show when wrong."""
     rng = np.random.default_rng([config.block_out, operand == "imm", int(op)])
     state = random_state(config, rng)
-    uops = [Uop(dst=0, src=1), Uop(dst=1, src=0), Uop(dst=1, src=1), Uop(dst=2, src=1), Uop(dst=0, src=2),
-            Uop(dst=3, src=2), Uop(dst=2, src=0)]
+    # Each of dst and src reads the entry written one, two and three micro-ops before (and not
+    # in between): R6's forward, the write-back's into S4, and into S3's data registers.
+    pairs = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (1, 0), (2, 3), (2, 1), (1, 2), (2, 0)]
+    uops = [Uop(dst=d, src=s) for d, s in pairs]
     imm = None
     if operand == "imm":
         imm = int(rng.integers(-40, 40)) if op == AluOp.SHR else int(rng.integers(-(1 << 15), 1 << 15))
@@ -173,10 +175,12 @@ def test_back_to_back_results_see_each_other(config, operand, op):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("flag", ["accumulate", "overwrite", "reset"])
 def test_back_to_back_gemms_see_each_other(config, flag):
-    """GEMM micro-ops accumulating into the entry of the one before (and the one two before)."""
+    """GEMM micro-ops accumulating into the entries the ones one, two and three before wrote."""
     rng = np.random.default_rng([config.block_out, len(flag)])
     state = random_state(config, rng)
-    uops = [Uop(dst=0, src=1, wgt=2), Uop(dst=0, src=0, wgt=1), Uop(dst=1, src=2, wgt=0), Uop(dst=0, src=3, wgt=3)]
+    # dst as the one, two and three micro-ops before wrote it
+    dsts = [0, 0, 1, 0, 2, 3, 0]
+    uops = [Uop(dst=d, src=int(rng.integers(0, 4)), wgt=int(rng.integers(0, 4))) for d in dsts]
     insn = Gemm(reset=flag == "reset", overwrite=flag == "overwrite", uop_bgn=0, uop_end=len(uops),
                 iter_out=2, iter_in=2)
     result = run_pipeline(config, insn, uops, state)
