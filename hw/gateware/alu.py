@@ -55,6 +55,9 @@ class TensorAlu(wiring.Component):
         sh_bits = (w - 1).bit_length()          # enough for 0..w-1
         n = c.batch * c.block_out
         results, products = [], []
+        is_max, is_minmax, is_add, is_shr = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [is_max.eq(self.op == AluOp.MAX), is_minmax.eq((self.op == AluOp.MIN) | is_max),
+                     is_add.eq(self.op == AluOp.ADD), is_shr.eq(self.op == AluOp.SHR)]
         for i, (mul_a, mul_b) in enumerate(zip(lanes(self.mul_a, n, w), lanes(self.mul_b, n, w))):
             products.append(self._product(m, i, mul_a, mul_b))
         for i, (a, b) in enumerate(zip(lanes(self.a, n, w), lanes(self.b, n, w))):
@@ -74,20 +77,19 @@ class TensorAlu(wiring.Component):
                 right.eq(Mux(hi.any() | (lo >= w - 1), w - 1, lo)),
                 left_ok.eq(hi.all() & (lo >= (1 << sh_bits) - (w - 1))),
             ]
-            with m.Switch(self.op):
-                with m.Case(AluOp.MIN):
-                    m.d.comb += r.eq(Mux(a < b, a, b))
-                with m.Case(AluOp.MAX):
-                    m.d.comb += r.eq(Mux(a > b, a, b))
-                with m.Case(AluOp.ADD):
-                    m.d.comb += r.eq(a + b)
-                with m.Case(AluOp.SHR):
-                    with m.If(~b[w - 1]):
-                        m.d.comb += r.eq(a >> right)
-                    with m.Elif(left_ok):
-                        m.d.comb += r.eq((a << 1) << ~lo)
-                    with m.Else():
-                        m.d.comb += r.eq(0)
+            # One comparison serves MIN and MAX (equal operands give the same value either
+            # way), and the op's result is an AND-OR of one-hot selects (decoded from the
+            # instruction, static during it) rather than a multiplexer tree: fewer logic levels
+            # after the carry chains, which end the pipeline's loop.
+            take_a = Signal(name=f"take_a{i}")
+            shifted = Signal(w, name=f"shifted{i}")
+            m.d.comb += take_a.eq((a < b) ^ is_max)
+            with m.If(~b[w - 1]):
+                m.d.comb += shifted.eq(a >> right)
+            with m.Elif(left_ok):
+                m.d.comb += shifted.eq((a << 1) << ~lo)
+            m.d.comb += r.eq((Mux(take_a, a, b) & is_minmax.replicate(w)) | ((a + b)[:w] & is_add.replicate(w)) |
+                             (shifted & is_shr.replicate(w)))
             results.append(r)
         m.d.comb += [self.result.eq(Cat(*results)), self.product.eq(Cat(*products))]
         return m

@@ -12,7 +12,7 @@ S3    products (GEMM, registered in `GemmCore`); the accumulator's data register
       from the write-back
 S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
 S5    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
-      when overwriting); forward from S6's result register at the ALU's inputs
+      when overwriting); the result goes round to S5's registers for the micro-op behind
 S6    the result, registered (R6), is written back; an ALU MUL's product has its final add here
 ====  ==============================================================
 
@@ -27,20 +27,22 @@ writes it can miss are those of the three micro-ops ahead of it:
 - the one three ahead writes back while this one is in S3, and the one two
   ahead while it is in S4: each stage takes the written value instead of the
   memory's when the indices match;
-- the one directly ahead has its result in R6 while this one is in S5, and the
-  ALU's inputs take R6 instead of S5's operand registers when the indices match
-  (the selects are computed in S4 and registered).
+- the one directly ahead is in S5: its result, as it leaves the ALU, goes into
+  S5's operand registers instead of this one's S4 value when the indices match
+  (the selects come from registered indices, early in the cycle).
 
-The pipeline's one-cycle loop is then R6 → a 2:1 multiplexer → the op → R6; the
-write port, the block RAMs' outputs and their transparency logic are outside it (a write-back
-from S5's unregistered result put both in the loop, tiny's critical path on the
-ECP5). An ALU MUL registers half-width products in S5 and adds them in S6
-(`TensorAlu`), too late for R6, so its instruction issues a micro-op every second
-cycle: the micro-op behind it is two stages back and takes the product from the
-write-back in S4 (the one ahead of that, in S2's read). Hence micro-ops behave exactly sequentially, as the ISA says,
-at one micro-op per cycle (a MUL's every second cycle). The compute engine drains
-the pipeline (``busy``) before an instruction completes, so nothing crosses an
-instruction boundary.
+The pipeline's one-cycle loop is then S5's registers → the op → a 2:1
+multiplexer → S5's registers. The write-back comes from R6, a register of the
+result, so the write port, the block RAMs' outputs and their transparency logic
+are outside the loop (a write-back from S5's unregistered result, forwarded
+through S4's selects, was tiny's critical path on the ECP5). An ALU MUL registers
+half-width products in S5 and adds them in S6 (`TensorAlu`), too late for that
+forward, so its instruction issues a micro-op every second cycle: the micro-op
+behind it is two stages back and takes the product from the write-back in S4
+(the one ahead of that, in S2's read). Hence micro-ops behave exactly
+sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
+cycle). The compute engine drains the pipeline (``busy``) before an instruction
+completes, so nothing crosses an instruction boundary.
 
 A micro-op whose index plus loop offset lies beyond its buffer would wrap in
 the address bits; it raises ``index_fault`` (`Fault.BUFFER_RANGE`, as fsim does)
@@ -226,14 +228,17 @@ class ComputePipeline(wiring.Component):
         # Both are decided here, so S5's loop carries no such select.
         zero_acc = ~is_alu & (gm.overwrite | gm.reset)
         zero_b = ~is_alu & gm.reset
-        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_acc.eq(Mux(zero_acc, 0, fwd_a)),
-                     s5_b.eq(Mux(zero_b, 0, Mux(is_alu, operand, gemm.dot)))]
-        # S5's forward selects: the micro-op now in S5 (in R6 next cycle) writes what this one reads.
+        # The micro-op now in S5 writes what this one reads: S5's registers take its result as
+        # it leaves the ALU. The selects come from registered indices, early in the cycle, so the
+        # result passes one 2:1 multiplexer on its way round (and R6 takes it for the write-back).
         ahead = s5_valid & ~s5_bad & ~is_mul
-        s5_take_a = Signal()
-        s5_take_b = Signal()
-        m.d.sync += [s5_take_a.eq(ahead & (s5_dst == s4_dst) & ~zero_acc),
-                     s5_take_b.eq(ahead & (s5_dst == s4_src) & is_alu & ~al.use_imm)]
+        take_a = Signal()
+        take_b = Signal()
+        m.d.comb += [take_a.eq(ahead & (s5_dst == s4_dst) & ~zero_acc),
+                     take_b.eq(ahead & (s5_dst == s4_src) & is_alu & ~al.use_imm)]
+        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
+                     s5_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
+                     s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(is_alu, operand, gemm.dot))))]
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
         # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
         # needs no S5 forward: the micro-op ahead of it is two stages on.
@@ -245,7 +250,7 @@ class ComputePipeline(wiring.Component):
         # ---------------------------------------------------------------- S5: the op, R6
         # A GEMM's accumulate is the ALU's ADD: the loop passes one operation multiplexer.
         m.d.comb += [alu.op.eq(Mux(is_alu, al.op, AluOp.ADD)),
-                     alu.a.eq(Mux(s5_take_a, s6_result, s5_acc)), alu.b.eq(Mux(s5_take_b, s6_result, s5_b)),
+                     alu.a.eq(s5_acc), alu.b.eq(s5_b),
                      alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
         m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
 
