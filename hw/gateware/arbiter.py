@@ -6,7 +6,11 @@ always belongs to the granted client and no IDs need tracking. Clients hold
 the bus only for work they can finish without waiting on anything else (DMA
 commands already accepted), so holding cannot deadlock. A client may chain
 further commands under its grant while ``contended`` is low, i.e. while no
-other client asks. Priority is round-robin.
+other client asks. ``contended`` is registered (the other clients' requests of
+the cycle before): a request passed on the same cycle ran from one client's
+in-flight state through every other client's command acceptance into its
+burst generator. So a client may accept one more command in the cycle another
+starts asking; the next cycle it sees the request. Priority is round-robin.
 """
 
 from amaranth import *
@@ -75,9 +79,11 @@ class ReadArbiter(CheckedComponent):
             for j, other in enumerate(clients):
                 if j != i:
                     others = others | other.req
+            contended = Signal(name=f"contended{i}")
+            m.d.sync += contended.eq(others)
             m.d.comb += [
                 client.gnt.eq(mine),
-                client.contended.eq(others),
+                client.contended.eq(contended),
                 client.arready.eq(mine & self.bus.arready),
                 client.rdata.eq(self.bus.rdata),
                 client.rlast.eq(self.bus.rlast),
