@@ -248,7 +248,7 @@ class ComputePipeline(wiring.Component):
             m.d.sync += [s5_mul_a.eq(fwd_a), s5_mul_b.eq(operand)]
 
         # ---------------------------------------------------------------- S5: the op, R6
-        # A GEMM's accumulate is the ALU's ADD: the loop passes one operation multiplexer.
+        # A GEMM's accumulate is the ALU's ADD, so the loop has no GEMM/ALU select of its own.
         m.d.comb += [alu.op.eq(Mux(is_alu, al.op, AluOp.ADD)),
                      alu.a.eq(s5_acc), alu.b.eq(s5_b),
                      alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
