@@ -54,24 +54,23 @@ class ReadArbiter(CheckedComponent):
     def elaborate(self, platform):
         m = Module()
         clients = self.clients
-        granted = Signal()
         owner = Signal(range(max(2, self._count)))
         # The owner again, one-hot: each client's R handshake gates on a register of its own
         # instead of a compare of ``owner`` (a path into every client's beat counter).
         holder = Signal(self._count)
         m.d.comb += self.grant_id.eq(owner)
 
-        with m.If(~granted):
+        with m.If(~holder.any()):
             # Round robin: the first requester after the last owner.
             for offset in reversed(range(1, self._count + 1)):
                 for i in range(self._count):
                     with m.If((owner == i) & clients[(i + offset) % self._count].req):
                         chosen = (i + offset) % self._count
-                        m.d.sync += [owner.eq(chosen), granted.eq(1), holder.eq(1 << chosen)]
+                        m.d.sync += [owner.eq(chosen), holder.eq(1 << chosen)]
         with m.Else():
             for i, client in enumerate(clients):
                 with m.If(holder[i] & ~client.req):
-                    m.d.sync += [granted.eq(0), holder.eq(0)]
+                    m.d.sync += holder.eq(0)
 
         for i, client in enumerate(clients):
             mine = holder[i]
