@@ -185,6 +185,13 @@ class DmaWalk:
         self.left = Signal.like(cmd.x_size)         # entries left in this row
         self.row_addr = Signal.like(cmd.base)
         self.lane = Signal(max(1, k_log))
+        # A step's count and the row's end need only min(left, k + 1): k + 1 exceeds every
+        # count, so the clamp changes neither. Kept in a narrow register of its own, it takes
+        # the row's wide compares (and the carry chains of left) off the path from the lane
+        # to the counters' enables, which was tiny's slowest on the ECP5.
+        self._cap = (1 << k_log) + 1
+        self._lanes = lanes
+        self.near = Signal(range(self._cap + 1))    # min(left, cap)
         self._m, self._cmd, self._k_log = m, cmd, k_log
         if lanes == 1:
             self.count = C(1, 1)
@@ -194,14 +201,18 @@ class DmaWalk:
             self.count = Signal(range(lanes + 1))
             m.d.comb += to_beat_end.eq(k - self.lane)
             limit = Mux(to_beat_end < lanes, to_beat_end, lanes)
-            m.d.comb += self.count.eq(Mux(self.left < limit, self.left, limit))
-        self.row_end = self.left == self.count
+            m.d.comb += self.count.eq(Mux(self.near < limit, self.near, limit))
+        self.row_end = self.near == self.count
         self.last = self.row_end & (self.rows_left == 1)
+
+    def _clamped(self, size):
+        return Mux(size >= self._cap, self._cap, size)
 
     def start(self, cmd):
         """Statements for a new command (``cmd`` is the incoming payload, not yet latched)."""
         m = self._m
-        m.d.sync += [self.rows_left.eq(cmd.y_size), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base)]
+        m.d.sync += [self.rows_left.eq(cmd.y_size), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base),
+                     self.near.eq(self._clamped(cmd.x_size))]
         if self._k_log:
             m.d.sync += self.lane.eq(cmd.base[:self._k_log])
 
@@ -211,11 +222,17 @@ class DmaWalk:
         with m.If(self.row_end):
             next_addr = self.row_addr + cmd.x_stride
             m.d.sync += [self.rows_left.eq(self.rows_left - 1), self.left.eq(cmd.x_size),
-                         self.row_addr.eq(next_addr)]
+                         self.row_addr.eq(next_addr), self.near.eq(self._clamped(cmd.x_size))]
             if self._k_log:
                 m.d.sync += self.lane.eq(next_addr[:self._k_log])
         with m.Else():
-            m.d.sync += self.left.eq(self.left - self.count)
+            # min(left - count, cap) without waiting on a wide subtract: whether left - count
+            # stays at or above cap is a compare of left with a constant per possible count,
+            # and below cap the difference fits the narrow width (left < cap + lanes ≤ 2·cap).
+            width = len(self.near)
+            stays = Array(self.left >= self._cap + n for n in range(self._lanes + 1))[self.count]
+            m.d.sync += [self.left.eq(self.left - self.count),
+                         self.near.eq(Mux(stays, self._cap, (self.left[:width] - self.count)[:width]))]
             if self._k_log:
                 m.d.sync += self.lane.eq(self.lane + self.count)
 

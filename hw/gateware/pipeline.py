@@ -122,6 +122,20 @@ class ComputePipeline(wiring.Component):
         is_alu = header.opcode == Opcode.ALU
         is_mul = Signal()       # the instruction is an ALU MUL: half rate, its product added in S6
         m.d.comb += is_mul.eq(is_alu & (al.op == AluOp.MUL))
+        # What S4–S6 select on, decoded once and registered: the instruction is held from
+        # ``start`` and its first micro-op reaches S1 the cycle after, so the registers are
+        # valid for every micro-op. S4's operand selects then start from flip-flops, not from
+        # the instruction word's decode (which fanned out to every operand bit: on the ECP5
+        # the instruction → S5 path was next after the loop). S0 decodes from the word itself,
+        # since the loop takes its bounds in the start cycle.
+        r_is_alu, r_is_mul, r_use_imm, zero_acc, zero_b = (
+            Signal(name=name) for name in ("r_is_alu", "r_is_mul", "r_use_imm", "zero_acc", "zero_b"))
+        r_alu_op = Signal.like(al.op)
+        # A GEMM that overwrites adds its dot product to zero; one that resets adds zero to zero.
+        # Both are decided in S4, so S5's loop carries no such select.
+        m.d.sync += [r_is_alu.eq(is_alu), r_is_mul.eq(is_mul), r_use_imm.eq(al.use_imm),
+                     zero_acc.eq(~is_alu & (gm.overwrite | gm.reset)), zero_b.eq(~is_alu & gm.reset),
+                     r_alu_op.eq(Mux(is_alu, al.op, AluOp.ADD))]
 
         def loop_field(name):
             return Mux(is_alu, getattr(al, name), getattr(gm, name))
@@ -169,7 +183,7 @@ class ComputePipeline(wiring.Component):
         # ---------------------------------------------------------------- S2: operand registers, range check
         s2_valid = Signal()
         m.d.sync += s2_valid.eq(s1_valid)
-        beyond = Mux(is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
+        beyond = Mux(r_is_alu, (full["dst"] >= c.acc_depth) | (full["src"] >= c.acc_depth),
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
         m.d.sync += self.index_fault.eq(s2_valid & beyond)
         # The stages carry the fact to the write-back, which then writes nothing.
@@ -190,7 +204,7 @@ class ComputePipeline(wiring.Component):
 
         # Every micro-op writes back from S6: R6, or a MUL's product.
         wb_data = Signal(c.acc_entry_bytes * 8)
-        m.d.comb += wb_data.eq(Mux(is_mul, alu.product, s6_result))
+        m.d.comb += wb_data.eq(Mux(r_is_mul, alu.product, s6_result))
 
         def forward(index, value):
             # ``value`` of entry ``index``, unless the micro-op in S6 writes that entry now.
@@ -223,33 +237,29 @@ class ComputePipeline(wiring.Component):
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
-        operand = Mux(al.use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
-        # A GEMM that overwrites adds its dot product to zero; one that resets adds zero to zero.
-        # Both are decided here, so S5's loop carries no such select.
-        zero_acc = ~is_alu & (gm.overwrite | gm.reset)
-        zero_b = ~is_alu & gm.reset
+        operand = Mux(r_use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
         # The micro-op now in S5 writes what this one reads: S5's registers take its result as
         # it leaves the ALU. The selects come from registered indices, early in the cycle, so the
         # result passes one 2:1 multiplexer on its way round (and R6 takes it for the write-back).
-        ahead = s5_valid & ~s5_bad & ~is_mul
+        ahead = s5_valid & ~s5_bad & ~r_is_mul
         take_a = Signal()
         take_b = Signal()
         m.d.comb += [take_a.eq(ahead & (s5_dst == s4_dst) & ~zero_acc),
-                     take_b.eq(ahead & (s5_dst == s4_src) & is_alu & ~al.use_imm)]
+                     take_b.eq(ahead & (s5_dst == s4_src) & r_is_alu & ~r_use_imm)]
         m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
                      s5_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
-                     s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(is_alu, operand, gemm.dot))))]
+                     s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(r_is_alu, operand, gemm.dot))))]
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
         # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
         # needs no S5 forward: the micro-op ahead of it is two stages on.
         s5_mul_a = Signal.like(s5_acc)
         s5_mul_b = Signal.like(s5_b)
-        with m.If(is_mul):
+        with m.If(r_is_mul):
             m.d.sync += [s5_mul_a.eq(fwd_a), s5_mul_b.eq(operand)]
 
         # ---------------------------------------------------------------- S5: the op, R6
         # A GEMM's accumulate is the ALU's ADD, so the loop has no GEMM/ALU select of its own.
-        m.d.comb += [alu.op.eq(Mux(is_alu, al.op, AluOp.ADD)),
+        m.d.comb += [alu.op.eq(r_alu_op),
                      alu.a.eq(s5_acc), alu.b.eq(s5_b),
                      alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
         m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
