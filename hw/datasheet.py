@@ -381,7 +381,7 @@ def _counters() -> str:
         "64-bit, low word first. Every counter is cleared by START and counts only while BUSY "
         "(from the cycle after START to the end of the program); they hold their values "
         "afterwards, final in the cycle DONE rises (after a fault, the engine counters may add "
-        "the drain's last cycle in the cycle after ERROR rises). The two halves are separate "
+        "the drain's last cycles in the two cycles after ERROR rises). The two halves are separate "
         "reads: read them when BUSY is clear, or read "
         "HI, LO, HI and retry if HI changed.",
         "",

@@ -134,16 +134,22 @@ class InsnChecker(wiring.Component):
                                                            ("base", base), ("mem", mem))]
             m.d.sync += finish_bad.eq((opcode == Opcode.FINISH) & ~self.last)
 
-        # Stage 2: the tile's size (a multiplier: registered, so the add and the compare
-        # after it get a cycle of their own).
-        q2 = {name: Signal.like(sig, name=f"q2_{name}") for name, sig in q.items() if name not in ("rows", "cols")}
+        # Stage 2: the tile's size (a multiplier: registered, so the compare after it gets a
+        # cycle of its own), and beside it the room the buffer has from the tile's base.
+        q2 = {name: Signal.like(sig, name=f"q2_{name}")
+              for name, sig in q.items() if name in ("invalid", "index_range_bad", "tile")}
         q2_finish_bad = Signal(name="q2_finish_bad")
         area = Signal(len(rows) + len(cols), name="q2_area")
+        room = Signal(signed(max(len(base), max(c.depth(kind.buffer) for kind in MemType).bit_length()) + 1),
+                      name="q2_room")
         m.d.sync += [q2[name].eq(q[name]) for name in q2]
-        m.d.sync += [q2_finish_bad.eq(finish_bad), area.eq(q["rows"] * q["cols"])]
+        m.d.sync += [q2_finish_bad.eq(finish_bad), area.eq(q["rows"] * q["cols"]),
+                     room.eq(self._depth(q["mem"]) - q["base"])]
 
-        # Stage 3: the tile's end against its buffer, and the fault in fsim's order.
-        out_of_range = q2["index_range_bad"] | (q2["tile"] & self._beyond(q2["mem"], q2["base"] + area))
+        # Stage 3: the tile's end (base + area) against its buffer's depth, as area against the
+        # room (one compare: base + area, then a compare, ran into fetch's queue on the ECP5),
+        # and the fault in fsim's order.
+        out_of_range = q2["index_range_bad"] | (q2["tile"] & (area > room))
         with m.If(q2["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
         with m.Elif(out_of_range):
@@ -154,10 +160,11 @@ class InsnChecker(wiring.Component):
             m.d.comb += self.fault.eq(Fault.NONE)
         return m
 
-    def _beyond(self, mem, end):
-        """``end`` (one past the last entry written or read) lies beyond the buffer ``mem``."""
+    def _depth(self, mem):
+        """The depth of the buffer ``mem`` names (0 for a value that names none: such an
+        instruction is invalid, and that fault comes first)."""
         c = self._config
         result = Const(0)
         for kind in MemType:
-            result = result | ((mem == kind) & (end > c.depth(kind.buffer)))
+            result = Mux(mem == kind, c.depth(kind.buffer), result)
         return result

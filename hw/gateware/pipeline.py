@@ -206,9 +206,16 @@ class ComputePipeline(wiring.Component):
         wb_data = Signal(c.acc_entry_bytes * 8)
         m.d.comb += wb_data.eq(Mux(r_is_mul, alu.product, s6_result))
 
-        def forward(index, value):
-            # ``value`` of entry ``index``, unless the micro-op in S6 writes that entry now.
-            return Mux(s6_valid & ~s6_bad & (s6_dst == index), wb_data, value)
+        # Every forward's select is a register, set the cycle before it is used: the stages
+        # advance every cycle, so "the micro-op in S6 writes the entry the one in S3 reads" is
+        # "the micro-op in S5 writes the entry the one in S2 reads" a cycle earlier. The selects
+        # then reach the multiplexers early, from flip-flops, with no index compare before them.
+        s5_writes = s5_valid & ~s5_bad      # the micro-op in S5 writes back (from S6, next cycle)
+
+        def select_next(condition, name):
+            select = Signal(name=name)
+            m.d.sync += select.eq(condition)
+            return select
 
         # The accumulator is read in S2, from the registered index sums, and its data registered
         # in S3: a block RAM's output (5.6 ns on the ECP5) then ends at a register after one
@@ -221,10 +228,12 @@ class ComputePipeline(wiring.Component):
         s3_src = Signal(acc_bits)
         m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(full["dst"][:acc_bits]), s3_src.eq(full["src"][:acc_bits])]
         # The micro-op three ahead writes back now; this one's read came a cycle before.
+        wb3_a = select_next(s5_writes & (s5_dst == full["dst"][:acc_bits]), "wb3_a")
+        wb3_b = select_next(s5_writes & (s5_dst == full["src"][:acc_bits]), "wb3_b")
         s4_acc_a = Signal(c.acc_entry_bytes * 8)
         s4_acc_b = Signal(c.acc_entry_bytes * 8)
-        m.d.sync += [s4_acc_a.eq(forward(s3_dst, self.acc_rda.data[0])),
-                     s4_acc_b.eq(forward(s3_src, self.acc_rdb.data[0]))]
+        m.d.sync += [s4_acc_a.eq(Mux(wb3_a, wb_data, self.acc_rda.data[0])),
+                     s4_acc_b.eq(Mux(wb3_b, wb_data, self.acc_rdb.data[0]))]
 
         # ---------------------------------------------------------------- S4: dot / operand, forwarding
         s4_valid = Signal()
@@ -232,20 +241,21 @@ class ComputePipeline(wiring.Component):
         s4_src = Signal(acc_bits)
         m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_src.eq(s3_src)]
         # The micro-op two ahead writes back now, after this one's data was registered.
-        fwd_a = forward(s4_dst, s4_acc_a)
-        fwd_b = forward(s4_src, s4_acc_b)
+        wb4_a = select_next(s5_writes & (s5_dst == s3_dst), "wb4_a")
+        wb4_b = select_next(s5_writes & (s5_dst == s3_src), "wb4_b")
+        fwd_a = Mux(wb4_a, wb_data, s4_acc_a)
+        fwd_b = Mux(wb4_b, wb_data, s4_acc_b)
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         operand = Mux(r_use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
         # The micro-op now in S5 writes what this one reads: S5's registers take its result as
-        # it leaves the ALU. The selects come from registered indices, early in the cycle, so the
-        # result passes one 2:1 multiplexer on its way round (and R6 takes it for the write-back).
-        ahead = s5_valid & ~s5_bad & ~r_is_mul
-        take_a = Signal()
-        take_b = Signal()
-        m.d.comb += [take_a.eq(ahead & (s5_dst == s4_dst) & ~zero_acc),
-                     take_b.eq(ahead & (s5_dst == s4_src) & r_is_alu & ~r_use_imm)]
+        # it leaves the ALU. The selects are registers (set when the two were in S4 and S3), so
+        # the result passes one 2:1 multiplexer on its way round (and R6 takes it for the
+        # write-back). A MUL's result is not ready here (see the module docstring).
+        ahead = s4_valid & ~s4_bad & ~r_is_mul
+        take_a = select_next(ahead & (s4_dst == s3_dst) & ~zero_acc, "take_a")
+        take_b = select_next(ahead & (s4_dst == s3_src) & r_is_alu & ~r_use_imm, "take_b")
         m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
                      s5_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
                      s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(r_is_alu, operand, gemm.dot))))]

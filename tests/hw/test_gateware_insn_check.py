@@ -1,0 +1,71 @@
+"""`InsnChecker`'s tile-range check against the ISA's rule, at and around every buffer's end.
+
+A LOAD writes ``sram_base .. sram_base + (y_pad0 + y_size + y_pad1)·(x_pad0 + x_size + x_pad1) - 1``
+and a STORE reads ``sram_base .. sram_base + y_size·x_size - 1``; either is `Fault.BUFFER_RANGE`
+when that range passes the buffer's depth (`gemforge.sim.fsim`'s rule). The checker compares
+the tile's area with the room the buffer has from its base, so the test aims at the boundary:
+tiles ending exactly at the depth, one entry past it, and bases at or beyond it.
+"""
+
+import random
+
+import pytest
+
+from gemforge.hw.config import PRESETS
+from gemforge.hw.gateware.engine import insn_layout
+from gemforge.hw.gateware.insn_check import InsnChecker
+from gemforge.hw.gateware.testbench import simulate
+from gemforge.hw.isa import Finish, Load, MemType, Opcode, Store, encode
+from gemforge.hw.regmap import Fault
+
+
+def _field_max(config, opcode, name):
+    return (1 << insn_layout(config, opcode)[name].shape.width) - 1
+
+
+def _random_tile(config, rng):
+    """A LOAD or STORE whose tile ends near its buffer's end, and the fault fsim's rule gives."""
+    if rng.random() < 0.6:
+        mem = rng.choice([MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP])
+        pads = {name: 0 if mem == MemType.UOP else rng.choice([0, 0, 1, 2]) for name in
+                ("y_pad0", "y_pad1", "x_pad0", "x_pad1")}
+        y_size, x_size = rng.randint(1, 5), rng.randint(1, 9)
+        area = (pads["y_pad0"] + y_size + pads["y_pad1"]) * (pads["x_pad0"] + x_size + pads["x_pad1"])
+        kind = Opcode.LOAD
+    else:
+        mem = rng.choice([MemType.OUT, MemType.ACC])
+        y_size, x_size = rng.randint(1, 5), rng.randint(1, 9)
+        pads, area = {}, y_size * x_size
+        kind = Opcode.STORE
+    depth = config.depth(mem.buffer)
+    base = rng.choice([depth - area, depth - area + 1, depth - area - 1, depth, depth + rng.randint(1, 50),
+                       rng.randint(0, depth), _field_max(config, kind, "sram_base")])
+    base = max(0, min(base, _field_max(config, kind, "sram_base")))
+    fields = dict(mem=mem, sram_base=base, dram_base=0, y_size=y_size, x_size=x_size, x_stride=x_size)
+    insn = Load(**fields, **pads) if kind == Opcode.LOAD else Store(**fields)
+    return insn, Fault.BUFFER_RANGE if base + area > depth else Fault.NONE
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default", "large"])
+def test_tile_range_at_the_buffer_end(preset):
+    config = PRESETS[preset]
+    rng = random.Random(preset)
+    cases = [_random_tile(config, rng) for _ in range(120)]
+    cases.append((Finish(), Fault.NONE))
+    dut = InsnChecker(config)
+    seen = []
+
+    async def tb(ctx):
+        for insn, _ in cases:
+            ctx.set(dut.word, encode(insn, config))
+            ctx.set(dut.last, 1)
+            ctx.set(dut.en, 1)
+            await ctx.tick()
+            ctx.set(dut.en, 0)
+            await ctx.tick().repeat(InsnChecker.LATENCY - 1)
+            seen.append(Fault(ctx.get(dut.fault)))
+
+    simulate(dut, tb)
+    for (insn, expected), got in zip(cases, seen):
+        assert got == expected, f"{insn}: {got.name}, expected {expected.name}"
+    assert {expected for _, expected in cases} == {Fault.NONE, Fault.BUFFER_RANGE}
