@@ -28,8 +28,11 @@ writes it can miss are those of the three micro-ops ahead of it:
   ahead while it is in S4: each stage takes the written value instead of the
   memory's when the indices match;
 - the one directly ahead is in S5: its result, as it leaves the ALU, goes into
-  S5's operand registers instead of this one's S4 value when the indices match
-  (the selects come from registered indices, early in the cycle).
+  S5's operand registers instead of this one's S4 value when the indices match.
+
+Every such select is a flip-flop, its indices compared the cycle before (the
+stages advance together, so the pair of micro-ops is then one stage further
+back), and so are the instruction's decoded fields the stages select on.
 
 The pipeline's one-cycle loop is then S5's registers → the op → a 2:1
 multiplexer → S5's registers. The write-back comes from R6, a register of the
