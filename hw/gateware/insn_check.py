@@ -147,8 +147,8 @@ class InsnChecker(wiring.Component):
                      room.eq(self._depth(q["mem"]) - q["base"])]
 
         # Stage 3: the tile's end (base + area) against its buffer's depth, as area against the
-        # room (one compare: base + area, then a compare, ran into fetch's queue on the ECP5),
-        # and the fault in fsim's order.
+        # room: one compare, where an add and then a compare ran into fetch's queue (on the
+        # ECP5, next after the compute pipeline's paths). Then the fault in fsim's order.
         out_of_range = q2["index_range_bad"] | (q2["tile"] & (area > room))
         with m.If(q2["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
