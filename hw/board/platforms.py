@@ -8,8 +8,8 @@ names the platforms this was written for:
 
 * ``ulx3s-85f``: Radiona ULX3S, LFE5U-85F, 25 MHz, UART through the on-board FTDI (US1).
   The ``ulx3s`` config (tiny's core) with 64 KiB of board memory places and routes
-  (nextpnr-ecp5 seed 1, `make bench-synth` at 5ec895f): 24,096 of 83,640 LUT4-sites, 9,979
-  flip-flops, 86 of 208 DP16KD, 29 of 156 MULT18X18D, 64.23 MHz against the 25 MHz clock.
+  (nextpnr-ecp5 seed 1, `make bench-synth` at bc79444): 24,482 of 83,640 LUT4-sites, 10,008
+  flip-flops, 86 of 208 DP16KD, 29 of 156 MULT18X18D, 63.05 MHz against the 25 MHz clock.
 * ``icebreaker``: 1BitSquared iCEBreaker, iCE40UP5K, 12 MHz, UART through the FTDI's
   second channel. The design elaborates with its pins, but even the ``tiny`` accelerator
   does not fit the UP5K (synth_ice40, 4 KiB board memory, measured: 17,479 LUT4 of 5,280,
