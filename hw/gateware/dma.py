@@ -110,17 +110,29 @@ class BurstGenerator(CheckedComponent):
         # A row's beats. With k entries per beat, a row of x entries from entry q·k + r spans
         # beats q .. q + (r + x - 1) // k: only r (the low bits) enters the sum, so the
         # count is a narrow add, not an address-wide one.
-        first_beat = Signal(beat_bits)
         if e_log >= n_log:
             beat_count = Signal(range((x_max << (e_log - n_log)) + 1))
-            m.d.comb += [first_beat.eq(row_addr << (e_log - n_log)),
-                         beat_count.eq(cmd.x_size << (e_log - n_log))]
+
+            def row_beats(addr, x_size):
+                return addr << (e_log - n_log), x_size << (e_log - n_log)
         else:
             k_log = n_log - e_log
             beat_count = Signal(range(((1 << k_log) - 1 + x_max - 1 >> k_log) + 2))
-            m.d.comb += [first_beat.eq(row_addr >> k_log),
-                         beat_count.eq(((row_addr[:k_log] + cmd.x_size - 1) >> k_log) + 1)]
+
+            def row_beats(addr, x_size):
+                return addr >> k_log, ((addr[:k_log] + x_size - 1) >> k_log) + 1
+        # The row's first beat, its beat count and the beats to its first boundary are registered
+        # with the row's address (computed from the address being loaded), so the ROW state's
+        # compare starts at flip-flops rather than behind two carry chains.
+        first_beat = Signal(beat_bits)
+        to_boundary = Signal(range(maxb + 1))   # beats from a row's first beat to the next boundary
         left = Signal.like(beat_count)          # beats of the row left to burst
+
+        def load_row(addr, x_size):
+            """Statements that make the row at entry ``addr``, ``x_size`` entries long, the one to split."""
+            first, count = row_beats(addr, x_size)
+            m.d.sync += [row_addr.eq(addr), first_beat.eq(first), beat_count.eq(count),
+                         to_boundary.eq(maxb - first[:exact_log2(maxb)])]
 
         # The burst on offer is registered (`length`, `row_end`), so that a handshake only loads
         # registers and never waits on the length arithmetic (a subtract, a compare and a mux
@@ -129,8 +141,6 @@ class BurstGenerator(CheckedComponent):
         # what is left), the next starts on it and is simply min(left, maxb) long.
         length = Signal(range(maxb + 1))        # beats of the burst on offer
         row_end = Signal()                      # the burst on offer ends its row
-        to_boundary = Signal(range(maxb + 1))   # beats from a row's first beat to the next boundary
-        m.d.comb += to_boundary.eq(maxb - first_beat[:exact_log2(maxb)])
         rest = Signal.like(left)                # what the row has left after the burst on offer
         m.d.comb += rest.eq(left - length)
         m.d.comb += [self.burst.p.addr.eq(beat << n_log), self.burst.p.len.eq(length - 1),
@@ -140,7 +150,8 @@ class BurstGenerator(CheckedComponent):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
-                    m.d.sync += [cmd.eq(self.cmd.p), rows_left.eq(self.cmd.p.y_size), row_addr.eq(self.cmd.p.base)]
+                    m.d.sync += [cmd.eq(self.cmd.p), rows_left.eq(self.cmd.p.y_size)]
+                    load_row(self.cmd.p.base, self.cmd.p.x_size)
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.busy.eq(1)
@@ -154,7 +165,8 @@ class BurstGenerator(CheckedComponent):
                     m.d.sync += [beat.eq(beat + length), left.eq(rest),
                                  length.eq(Mux(rest < maxb, rest, maxb)), row_end.eq(rest <= maxb)]
                     with m.If(row_end):
-                        m.d.sync += [rows_left.eq(rows_left - 1), row_addr.eq(row_addr + cmd.x_stride)]
+                        m.d.sync += rows_left.eq(rows_left - 1)
+                        load_row((row_addr + cmd.x_stride)[:len(row_addr)], cmd.x_size)
                         with m.If(rows_left == 1):
                             m.next = "IDLE"
                         with m.Else():
@@ -192,9 +204,14 @@ class DmaWalk:
         self._cap = (1 << k_log) + 1
         self._lanes = lanes
         self.near = Signal(range(self._cap + 1))    # min(left, cap)
+        # rows_left == 1, kept in a flip-flop: the command's end is then the row's end and a
+        # register, not a compare of the row counter behind it (on the handshake's path into
+        # every counter's enable).
+        self.final_row = Signal()
         self._m, self._cmd, self._k_log = m, cmd, k_log
         if lanes == 1:
             self.count = C(1, 1)
+            self.row_end = self.near == 1
         else:
             k = 1 << k_log
             to_beat_end = Signal(k_log + 1)
@@ -202,8 +219,10 @@ class DmaWalk:
             m.d.comb += to_beat_end.eq(k - self.lane)
             limit = Mux(to_beat_end < lanes, to_beat_end, lanes)
             m.d.comb += self.count.eq(Mux(self.near < limit, self.near, limit))
-        self.row_end = self.near == self.count
-        self.last = self.row_end & (self.rows_left == 1)
+            # The step takes the rest of the row exactly when it fits the limit: near ≤ limit
+            # is near == count without the count's mux before it.
+            self.row_end = self.near <= limit
+        self.last = self.row_end & self.final_row
 
     def _clamped(self, size):
         return Mux(size >= self._cap, self._cap, size)
@@ -212,7 +231,7 @@ class DmaWalk:
         """Statements for a new command (``cmd`` is the incoming payload, not yet latched)."""
         m = self._m
         m.d.sync += [self.rows_left.eq(cmd.y_size), self.left.eq(cmd.x_size), self.row_addr.eq(cmd.base),
-                     self.near.eq(self._clamped(cmd.x_size))]
+                     self.near.eq(self._clamped(cmd.x_size)), self.final_row.eq(cmd.y_size == 1)]
         if self._k_log:
             m.d.sync += self.lane.eq(cmd.base[:self._k_log])
 
@@ -222,7 +241,8 @@ class DmaWalk:
         with m.If(self.row_end):
             next_addr = self.row_addr + cmd.x_stride
             m.d.sync += [self.rows_left.eq(self.rows_left - 1), self.left.eq(cmd.x_size),
-                         self.row_addr.eq(next_addr), self.near.eq(self._clamped(cmd.x_size))]
+                         self.row_addr.eq(next_addr), self.near.eq(self._clamped(cmd.x_size)),
+                         self.final_row.eq(self.rows_left == 2)]
             if self._k_log:
                 m.d.sync += self.lane.eq(next_addr[:self._k_log])
         with m.Else():

@@ -204,6 +204,19 @@ class StoreEngine(wiring.Component):
                 with m.If(queue.r_en & queue.r_rdy):
                     m.d.comb += self.bytes_written.eq(writer.inp.p.count * paths[name][1])
 
+        # The owner's writer is busy, a cycle late: a flip-flop, so that the write responses'
+        # queue levels behind a writer's busy do not run into every register a launch loads. A
+        # launch sets it (the writer's busy rises the cycle after it takes a command, and only
+        # then), so it is never low while the writer is busy; it falls a cycle after the writer
+        # goes idle, which delays only a STORE that changes writers.
+        owner_busy = Signal()
+        launched = Signal()
+        owner_busy_now = Signal()
+        for name, writer in writers.items():
+            with m.If(selected[name]):
+                m.d.comb += owner_busy_now.eq(writer.busy)
+        m.d.sync += owner_busy.eq(owner_busy_now | launched)
+
         seq = EngineSequencer(m, c, self.cmd, word, token_ports(self, Engine.STORE))
         pushes = PendingPushes(m, token_ports(self, Engine.STORE), [w.done for w in writers.values()])
         exec_state = ENGINE_STATES["exec"]
@@ -215,10 +228,6 @@ class StoreEngine(wiring.Component):
                 # (Fetch dispatches no STORE with a zero size: `InsnChecker`.)
                 # The reads of the previous STORE are issued; a change of writer also
                 # waits for the previous owner's last write response.
-                owner_busy = Signal()
-                for name, writer in writers.items():
-                    with m.If(selected[name]):
-                        m.d.comb += owner_busy.eq(writer.busy)
                 switch_ok = (insn_path == owner) | ~owner_busy
                 launch_ok = ~reading & pushes.ready & switch_ok
                 for name, writer in writers.items():
@@ -231,6 +240,7 @@ class StoreEngine(wiring.Component):
                             for walk in walks.values():
                                 walk.start(insn_cmd)
                             pushes.add(m, seq.header, insn_path)
+                            m.d.comb += launched.eq(1)
                             m.next = "IDLE"
 
         state, busy, token_stall = pushes.engine_status(m, seq)

@@ -108,18 +108,6 @@ class TileLoader(CheckedComponent):
         m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes,
                                                  depth=self._depth)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
-        m.submodules.queue = queue = fifo.SyncFIFO(width=layout.size, depth=self._depth)
-
-        # Accept: the data part (if any) to the reader, the whole command to the writer's queue.
-        incoming = self.cmd.p
-        incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
-        m.d.comb += [
-            *dma_command_from(reader.cmd.p, incoming),
-            reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
-            self.cmd.ready.eq(queue.w_rdy & (~incoming_data | reader.cmd.ready)),
-            queue.w_data.eq(incoming),
-            queue.w_en.eq(self.cmd.valid & self.cmd.ready),
-        ]
 
         # Writer: walks the padded tile of `cmd` while ``active``, run by run. A tile is up to
         # three sections of rows (y_pad0 padding rows, y_size data rows, y_pad1 padding rows); a
@@ -137,6 +125,7 @@ class TileLoader(CheckedComponent):
 
         section = Signal(_Section)
         rows_left = Signal(len(cmd.y_size))     # rows of `section` left, this one included
+        final_row = Signal()                    # rows_left == 1 (a flip-flop, off the compare)
         run = Signal(_Run)
         left = Signal(len(pitch))               # positions of `run` left
 
@@ -159,6 +148,32 @@ class TileLoader(CheckedComponent):
                 section_value = Mux(rows != 0, name, section_value)
                 rows_value = Mux(rows != 0, rows, rows_value)
             return section_value, rows_value
+
+        # Accept: the data part (if any) to the reader, the whole command to the writer's queue
+        # together with where its walk starts. That start is computed here, as the command
+        # enters the queue, so the writer takes a command by loading registers from the queue:
+        # the pitch's adds and the section and run choices sat between the queue's read and the
+        # walk's registers, on the path from the previous tile's last write.
+        start_layout = data.StructLayout({
+            "cmd": layout, "pitch": len(pitch), "section": _Section, "rows": len(rows_left), "final_row": 1,
+            "run": _Run, "left": len(left), "empty": 1})
+        m.submodules.queue = queue = fifo.SyncFIFO(width=start_layout.size, depth=self._depth)
+        incoming = self.cmd.p
+        incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
+        entering = data.View(start_layout, queue.w_data)
+        incoming_pitch = incoming.x_pad0 + incoming.x_size + incoming.x_pad1
+        start_section, start_rows = first_section(incoming, None)
+        start_run, start_left = first_run(incoming, incoming_pitch, start_section == _Section.MID)
+        m.d.comb += [
+            *dma_command_from(reader.cmd.p, incoming),
+            reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
+            self.cmd.ready.eq(queue.w_rdy & (~incoming_data | reader.cmd.ready)),
+            entering.cmd.eq(incoming), entering.pitch.eq(incoming_pitch),
+            entering.section.eq(start_section), entering.rows.eq(start_rows),
+            entering.final_row.eq(start_rows == 1), entering.run.eq(start_run), entering.left.eq(start_left),
+            entering.empty.eq((start_section == _Section.DONE) | (incoming_pitch == 0)),
+            queue.w_en.eq(self.cmd.valid & self.cmd.ready),
+        ]
 
         is_data = run == _Run.DATA
         pad_count = Mux(left < lanes, left, lanes)
@@ -199,9 +214,10 @@ class TileLoader(CheckedComponent):
                     with m.Default():
                         m.d.comb += row_end.eq(1)
                 with m.If(row_end):
-                    with m.If(rows_left != 1):
+                    with m.If(~final_row):
                         next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
-                        m.d.sync += [rows_left.eq(rows_left - 1), run.eq(next_run), left.eq(next_left)]
+                        m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2),
+                                     run.eq(next_run), left.eq(next_left)]
                     with m.Else():
                         with m.Switch(section):
                             for current in (_Section.TOP, _Section.MID, _Section.BOT):
@@ -209,21 +225,19 @@ class TileLoader(CheckedComponent):
                                     following_section, following_rows = first_section(cmd, current)
                                     next_run, next_left = first_run(cmd, pitch, following_section == _Section.MID)
                                     m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
+                                                 final_row.eq(following_rows == 1),
                                                  run.eq(next_run), left.eq(next_left)]
                                     with m.If(following_section == _Section.DONE):
                                         m.d.comb += self.done.eq(1)
         with m.If(self.done):
             m.d.sync += active.eq(0)
         with m.If(queue.r_rdy & (~active | self.done)):
-            following = data.View(layout, queue.r_data)
-            following_pitch = following.x_pad0 + following.x_size + following.x_pad1
-            start_section, start_rows = first_section(following, None)
-            start_run, start_left = first_run(following, following_pitch, start_section == _Section.MID)
+            following = data.View(start_layout, queue.r_data)
             m.d.comb += queue.r_en.eq(1)
             m.d.sync += [
-                cmd.eq(following), active.eq(1), addr.eq(following.sram_base), pitch.eq(following_pitch),
-                section.eq(start_section), rows_left.eq(start_rows), run.eq(start_run), left.eq(start_left),
-                empty.eq((start_section == _Section.DONE) | (following_pitch == 0)),
+                cmd.eq(following.cmd), active.eq(1), addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
+                section.eq(following.section), rows_left.eq(following.rows), final_row.eq(following.final_row),
+                run.eq(following.run), left.eq(following.left), empty.eq(following.empty),
             ]
 
         m.d.comb += self.busy.eq(active | queue.r_rdy | reader.busy)
