@@ -21,7 +21,7 @@ from ..isa import Engine, MemType, Opcode, insn_bits
 from ..regmap import ENGINE_STATES
 from .axi import AxiReadSignature
 from .banked import GroupReadSignature, GroupWriteSignature, buffer_lanes
-from .engine import STATE_BITS, EngineSequencer, insn_layout, token_members, token_ports
+from .engine import STATE_BITS, EngineSequencer, insn_layout, registered_stall, token_members, token_ports
 from .gemm import lanes
 from .pipeline import ComputePipeline
 from .tile_load import TileLoader
@@ -63,6 +63,10 @@ class ComputeEngine(wiring.Component):
         A GEMM / ALU micro-op enters the pipeline this cycle.
     gemm_reset : Out(1)
         The GEMM micro-op entering is a reset (it multiplies nothing).
+    state, busy, token_stall, mem_stall, retire
+        Status for counters and debug, as the other engines'; ``mem_stall``: the
+        accumulator or micro-op loader waited for DRAM or the bus the cycle before
+        (`engine.registered_stall`).
     """
 
     def __init__(self, config):
@@ -175,8 +179,8 @@ class ComputeEngine(wiring.Component):
             self.gemm_active.eq(pipe.gemm_active),
             self.gemm_reset.eq(pipe.gemm_reset),
             self.alu_active.eq(pipe.alu_active),
-            self.mem_stall.eq(acc_loader.mem_stall | uop_loader.mem_stall |
-                              (acc_loader.bus.req & ~acc_loader.bus.gnt) |
-                              (uop_loader.bus.req & ~uop_loader.bus.gnt)),
+            self.mem_stall.eq(registered_stall(m, **{
+                name: loader.mem_stall | (loader.bus.req & ~loader.bus.gnt)
+                for name, loader in (("acc", acc_loader), ("uop", uop_loader))})),
         ]
         return m

@@ -24,7 +24,8 @@ from ..isa import TOKEN_QUEUES, AluOp, MemType, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
-__all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer", "PendingPushes"]
+__all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer",
+           "PendingPushes", "registered_stall"]
 
 #: Width of an engine's state code (its field in the DEBUG_STATE register).
 STATE_BITS = ENGINE_STATE_BITS
@@ -65,6 +66,20 @@ def insn_layout(config, opcode):
 
 #: Instruction fields whose shape is an ISA enumeration.
 _ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
+
+
+def registered_stall(m, **terms):
+    """An engine's memory-stall event, a cycle late: each term (a DMA client's stall: its data
+    waits for DRAM, or its bus request for the grant) registered on its own, where it arises,
+    and the registers ORed. An engine's clients can lie far apart (tiny on the ECP5 placed the
+    load engine's two tile loaders across the die, and their OR before one register was a
+    3-LUT path with 10 ns of routes); each register stays by its client."""
+    stalls = []
+    for name, term in terms.items():
+        stall = Signal(name=f"{name}_stall_q")
+        m.d.sync += stall.eq(term)
+        stalls.append(stall)
+    return Cat(*stalls).any()
 
 
 class EngineSequencer:

@@ -14,7 +14,8 @@ from amaranth.lib.wiring import In, Out
 from ..isa import Engine, MemType, Opcode, insn_bits
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
+from .engine import (STATE_BITS, EngineSequencer, PendingPushes, insn_layout, registered_stall, token_members,
+                     token_ports)
 from ..regmap import ENGINE_STATES
 from .tile_load import TileLoader
 
@@ -38,7 +39,8 @@ class LoadEngine(wiring.Component):
     state, busy, token_stall, mem_stall, retire : status for counters and debug.
         ``busy``: an instruction is being popped or launched, or a launched one has
         not been retired (data in flight or push pending); ``retire``: an
-        instruction's pushes are done (its data is in SRAM).
+        instruction's pushes are done (its data is in SRAM); ``mem_stall``: a tile
+        loader waited for DRAM or the bus the cycle before (`engine.registered_stall`).
     """
 
     def __init__(self, config):
@@ -94,8 +96,7 @@ class LoadEngine(wiring.Component):
         m.d.comb += [
             self.state.eq(state), self.busy.eq(busy), self.token_stall.eq(token_stall),
             self.retire.eq(pushes.retire),
-            self.mem_stall.eq(loaders["inp"].mem_stall | loaders["wgt"].mem_stall |
-                              (loaders["inp"].bus.req & ~loaders["inp"].bus.gnt) |
-                              (loaders["wgt"].bus.req & ~loaders["wgt"].bus.gnt)),
+            self.mem_stall.eq(registered_stall(m, **{
+                name: loader.mem_stall | (loader.bus.req & ~loader.bus.gnt) for name, loader in loaders.items()})),
         ]
         return m

@@ -37,7 +37,8 @@ from .banked import GroupReadSignature, buffer_lanes, group_layout
 from .dma import DmaCommand, DmaWalk, dma_command_from
 from .dma_write import DmaWriter
 from .gemm import lanes
-from .engine import STATE_BITS, EngineSequencer, PendingPushes, insn_layout, token_members, token_ports
+from .engine import (STATE_BITS, EngineSequencer, PendingPushes, insn_layout, registered_stall, token_members,
+                     token_ports)
 from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine", "requant_stage_layout", "requant_stage", "shift_and_clamp"]
@@ -69,7 +70,8 @@ class StoreEngine(wiring.Component):
     state, busy, token_stall, mem_stall, retire : status for counters and debug.
         ``busy``: an instruction is being popped or launched, or a launched one has
         not been retired (data or write responses in flight, push pending);
-        ``retire``: an instruction's pushes are done (its data is in DRAM).
+        ``retire``: an instruction's pushes are done (its data is in DRAM);
+        ``mem_stall``: a write waited for the bus the cycle before (`engine.registered_stall`).
     bytes_written : Out(range(largest group's bytes + 1))
         Bytes accepted by the DMA writers this cycle (for the counter): a group of
         entries, at most a beat when entries are narrower, one entry otherwise.
@@ -247,8 +249,8 @@ class StoreEngine(wiring.Component):
         m.d.comb += [
             self.state.eq(state), self.busy.eq(busy), self.token_stall.eq(token_stall),
             self.retire.eq(pushes.retire),
-            self.mem_stall.eq(busy & ((self.bus.awvalid & ~self.bus.awready) |
-                                      (self.bus.wvalid & ~self.bus.wready))),
+            self.mem_stall.eq(registered_stall(m, write=busy & ((self.bus.awvalid & ~self.bus.awready) |
+                                                                (self.bus.wvalid & ~self.bus.wready)))),
         ]
         return m
 

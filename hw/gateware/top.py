@@ -278,12 +278,11 @@ class Accelerator(CheckedComponent):
         for name, engine in engines.items():
             events[f"{name}_busy"] = engine.busy
             events[f"{name}_token_stall"] = engine.token_stall
-            # A memory stall is registered once more, where the engine is: its DMA clients and
-            # bus grants lie far from the counters (on the ECP5 the routes alone took 9 ns). The
-            # count is as final at DONE: an engine's last busy cycle (its push) is never a stall.
-            stall = Signal(name=f"{name}_mem_stall_q")
-            m.d.sync += stall.eq(engine.mem_stall)
-            events[f"{name}_mem_stall"] = stall
+            # An engine's memory stall comes a cycle late, registered where it arises
+            # (`engine.registered_stall`): its DMA clients and bus grants lie far from the
+            # counters (on the ECP5 the routes alone took 9 ns). The count is as final at DONE:
+            # an engine's last busy cycle (its push) is never a stall.
+            events[f"{name}_mem_stall"] = engine.mem_stall
         for name, _doc in COUNTERS:
             counter = Signal(64, name=f"count_{name}")
             event, counting = Value.cast(events[name]), busy
