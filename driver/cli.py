@@ -25,7 +25,7 @@ from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
-from gemforge.files import write_bytes_atomic
+from gemforge.files import npz_bytes, write_bytes_atomic
 from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
@@ -73,9 +73,7 @@ def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) ->
         raise UsageError(f"{what} must be {np.dtype(dtype).name}, but {path} holds {array.dtype.name}")
     if ndim is not None and array.ndim != ndim:
         raise UsageError(f"{what} must have {ndim} dimensions, but {path} has shape {list(array.shape)}")
-    if ndim is None and array.ndim == 0:
-        raise UsageError(f"{what} must be an array, but {path} holds a scalar")
-    return array
+    return array           # a 0-d array too: a model's scalar input (the model checks each shape)
 
 
 def _save_npy(path: str, array: np.ndarray) -> None:
@@ -103,9 +101,11 @@ def cmd_info(args: argparse.Namespace) -> None:
 def cmd_asm(args: argparse.Namespace) -> None:
     from gemforge.hw.asm import assemble
     try:
-        text = Path(args.source).read_text()
+        text = Path(args.source).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {args.source}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{args.source} is not an assembly source: not UTF-8 text (byte {exc.start})") from None
     program = assemble(text, _config(args), runnable=True)
     program.save(args.output)
 
@@ -263,9 +263,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     if isinstance(y, dict):
         if not args.output.endswith(".npz"):
             raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
-        buffer = io.BytesIO()
-        np.savez(buffer, **y)
-        write_bytes_atomic(args.output, buffer.getvalue())
+        write_bytes_atomic(args.output, npz_bytes(y))
     else:
         _save_npy(args.output, y)
     if args.profile is not None:

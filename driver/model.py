@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 import zipfile
 import zlib
@@ -46,7 +47,7 @@ from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import OPS, Graph, GraphError, Node, Value
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
-from gemforge.files import write_bytes_atomic
+from gemforge.files import npz_bytes, write_bytes_atomic
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import insn_bytes
 from gemforge.hw.program import Program, ProgramError
@@ -182,7 +183,7 @@ class Model:
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         if not isinstance(inputs, dict):
             if len(self.graph.inputs) != 1:
-                raise ModelError(f"the model has inputs {', '.join(self.graph.inputs)}; pass a dict by name")
+                raise ModelError(f"the model has inputs {', '.join(self.graph.inputs)}; pass a dict by name (on the command line, a .npz of arrays by input name)")
             inputs = {self.graph.inputs[0]: inputs}
         feeds = {}
         for name, shape in self.inputs.items():
@@ -384,11 +385,9 @@ class Model:
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
-            consts = io.BytesIO()
             # Every constant, including the weights the accelerator programs carry packed:
             # `--device cpu` runs an int8 artefact's every layer on the host.
-            np.savez(consts, **g.constants)
-            z.writestr("constants.npz", consts.getvalue())
+            z.writestr("constants.npz", npz_bytes(g.constants))
             for i, layer in enumerate(self.net.layers.values()):
                 z.writestr(f"programs/{i}.gfp", layer.program.to_bytes())
         return buffer.getvalue()
@@ -442,7 +441,7 @@ class Model:
         except ModelError:
             raise
         except (zipfile.BadZipFile, zlib.error, KeyError, IndexError, ValueError, TypeError, AttributeError,
-                GraphError, ProgramError) as exc:
+                ArithmeticError, RecursionError, GraphError, ProgramError) as exc:
             raise ModelError(f"{source} is not a valid gemforge model ({type(exc).__name__}: {exc})") from None
         return cls(net)
 
@@ -457,6 +456,16 @@ def _check_network(net: CompiledNetwork) -> None:
     defined = set(g.inputs) | set(g.constants)
     stored = {k: v.shape for k, v in g.values.items()}
     for node in g.nodes:
+        if not (isinstance(node.name, str) and isinstance(node.output, str) and isinstance(node.attrs, dict)
+                and all(isinstance(i, str) for i in node.inputs)):
+            raise ModelError(f"node {node.name!r}: names must be strings and attributes a table")
+        for key, value in node.attrs.items():
+            if not _ATTR_TYPES.get(key, lambda v: True)(value):
+                raise ModelError(f"node {node.name!r}: attribute {key} = {str(value)[:40]} has the wrong type")
+        required = _REQUIRED_ATTRS.get(node.op, ()) + (_INT8_ATTRS.get(node.op, ()) if net.dtype == "int8" else ())
+        missing_attrs = [k for k in required if k not in node.attrs]
+        if missing_attrs:
+            raise ModelError(f"node {node.name!r} ({node.op}) lacks attribute(s) {', '.join(missing_attrs)}")
         if node.op not in OPS or node.device not in ("cpu", "accel"):
             raise ModelError(f"node {node.name!r} has an unknown operator {node.op!r} or device {node.device!r}")
         missing = [i for i in node.inputs if i not in defined or i not in g.values]
@@ -466,15 +475,72 @@ def _check_network(net: CompiledNetwork) -> None:
             layer = net.layers.get(node.name)
             if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
                 raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
+            if layer.data_shape != g.values[node.inputs[0]].shape or layer.out_shape != g.values[node.output].shape:
+                raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
         defined.add(node.output)
     if any(o not in defined for o in g.outputs) or any(c.shape != g.values[k].shape for k, c in g.constants.items()):
         raise ModelError("the graph's outputs or constants do not match its tensors")
     infer_shapes(g)
     if any(g.values[k].shape != shape for k, shape in stored.items()):
         raise ModelError("the stored tensor shapes disagree with the graph's operators")
-    peak = net.plan.get("peak_bytes", 0)
-    if any(not 0 <= t["offset"] <= t["offset"] + t["nbytes"] <= peak for t in net.plan.get("tensors", [])):
-        raise ModelError("the memory plan places a tensor outside its arena")
+    _check_memory_plan(net)
+
+
+def _integers(value, minimum: int | None = None) -> bool:
+    """An integer (or a tuple of them, or None: not set), each at least ``minimum``."""
+    values = value if isinstance(value, tuple) else () if value is None else (value,)
+    return all(isinstance(v, int) and not isinstance(v, bool) and (minimum is None or v >= minimum) for v in values)
+
+
+#: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
+_ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
+    **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups")},
+    "padding": lambda v: _integers(v, 0),
+    **{k: _integers for k in ("shift", "exponent", "axis", "flatten_axis", "lshift", "shape")},
+    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad")},
+    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) for k in ("lo", "hi", "epsilon")},
+}
+
+
+#: The attributes a run reads of each operator (`cpu_kernels`, `evaluate`), and those of an int8 graph.
+_REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
+    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), "add": ("relu",), "mul": ("relu",),
+    "clip": ("lo", "hi"), "max_pool": ("kernel", "stride", "padding"), "avg_pool": ("kernel", "stride", "padding"),
+    "reshape": ("shape",), "concat": ("axis",), "softmax": ("axis",), "batch_norm": ("epsilon",),
+    "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
+}
+_INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",), "add": ("lshift", "shift"),
+                                           "mul": ("lshift", "shift")}
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_memory_plan(net: CompiledNetwork) -> None:
+    """The memory plan's entries are well formed, inside the arena, and give every accelerator
+    node's input and output a slot large enough for its packed layout (what a run looks up)."""
+    plan = net.plan
+    peak, alignment, tensors = plan.get("peak_bytes", 0), plan.get("alignment", 1), plan.get("tensors", [])
+    if not (_whole(peak) and _whole(alignment) and alignment > 0 and isinstance(tensors, list)):
+        raise ModelError("the memory plan's peak_bytes, alignment or tensors are malformed")
+    slots = {}
+    for t in tensors:
+        if not (isinstance(t, dict) and isinstance(t.get("tensor"), str) and isinstance(t.get("dtype"), str)
+                and isinstance(t.get("shape"), list) and all(_whole(d) for d in t["shape"])
+                and all(_whole(t.get(k)) for k in ("offset", "nbytes", "first", "last"))):
+            raise ModelError(f"the memory plan has a malformed entry {str(t)[:120]}")
+        if not t["offset"] + t["nbytes"] <= peak:
+            raise ModelError("the memory plan places a tensor outside its arena")
+        slots[slot_key(t["tensor"], (t["shape"], t["dtype"]))] = t
+    for node in net.graph.nodes:
+        if node.device != "accel":
+            continue
+        layer = net.layers[node.name]
+        for tensor, (shape, dtype) in ((node.inputs[0], layer.packed_in), (node.output, layer.packed_out)):
+            slot = slots.get(slot_key(tensor, (shape, dtype)))
+            if slot is None or slot["nbytes"] < math.prod(shape) * np.dtype(dtype).itemsize:
+                raise ModelError(f"the memory plan has no slot for {tensor!r} of accelerator node {node.name!r}")
 
 
 def _json_default(value):

@@ -71,6 +71,14 @@ _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, as
             ast.Gt: operator.gt, ast.GtE: operator.ge}
 
 
+#: Most values one field may take.
+_MAX_FIELD_VALUES = 10_000
+#: Most points a space may span (every one is expanded and checked before the sweep runs).
+_MAX_POINTS = 100_000
+#: Largest exponent a constraint's ``**`` takes (a huge one would run for ever).
+_MAX_EXPONENT = 256
+
+
 class SweepError(ValueError):
     """A space file or sweep request that cannot be carried out; the message says why."""
 
@@ -104,22 +112,30 @@ def _values(name: str, spec: Any) -> list:
         if unknown or "start" not in spec or "stop" not in spec or ("step" in spec) == ("factor" in spec):
             raise SweepError(f"field {name!r}: a range is {{start, stop, step}} or {{start, stop, factor}} "
                              f"(stop included), not {spec}")
+        for key, value in spec.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SweepError(f"field {name!r}: the range's {key} must be a finite number, not {value!r}")
         start, stop = spec["start"], spec["stop"]
         values, v = [], start
+        # The count first, so a range far too long is refused before it is built.
         if "step" in spec:
             if not spec["step"] or (stop - start) * spec["step"] < 0:
                 raise SweepError(f"field {name!r}: step {spec['step']} never reaches {stop} from {start}")
+            count = math.floor((stop - start) / spec["step"]) + 1
+        else:
+            if not (spec["factor"] > 1 and start > 0):
+                raise SweepError(f"field {name!r}: a geometric range needs start > 0 and factor > 1")
+            count = math.floor(math.log(stop / start) / math.log(spec["factor"])) + 1 if stop >= start else 0
+        if count > _MAX_FIELD_VALUES:
+            raise SweepError(f"field {name!r} expands to {count} values; at most {_MAX_FIELD_VALUES}")
+        if "step" in spec:
             while (v <= stop) if spec["step"] > 0 else (v >= stop):
                 values.append(v)
                 v += spec["step"]
         else:
-            if not (isinstance(spec["factor"], (int, float)) and spec["factor"] > 1 and start > 0):
-                raise SweepError(f"field {name!r}: a geometric range needs start > 0 and factor > 1")
             while v <= stop:
                 values.append(v)
                 v *= spec["factor"]
-        if len(values) > 10_000:
-            raise SweepError(f"field {name!r} expands to {len(values)} values; at most 10000")
         return values or [start]
     return [spec]
 
@@ -131,6 +147,8 @@ def load_space(path: str | Path) -> Space:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SweepError(f"space file {path} does not exist") from None
+    except OSError as exc:
+        raise SweepError(f"cannot read space file {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SweepError(f"space file {path} is not valid TOML: {exc}") from None
     return space_from_dict(data, source=str(path), root=path.parent)
@@ -169,6 +187,10 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
         if name not in known:
             raise SweepError(f"{source}: {name!r} is not a config field; the fields are {', '.join(known)}")
         fields[name] = _values(name, spec)
+    points = math.prod(len(values) for values in fields.values())
+    if points > _MAX_POINTS:
+        raise SweepError(f"{source}: the fields span {points:,} points; at most {_MAX_POINTS:,} (fewer values "
+                         "per field, or constraints on a smaller space)")
     constraints = data.get("constraints", [])
     if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
         raise SweepError(f"{source}: constraints is a list of expressions (strings)")
@@ -217,7 +239,10 @@ def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
     if isinstance(node, ast.Name):
         return env[node.id]
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_evaluate(node.left, env), _evaluate(node.right, env))
+        left, right = _evaluate(node.left, env), _evaluate(node.right, env)
+        if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
+            raise ArithmeticError(f"exponent {right} is beyond {_MAX_EXPONENT}")
+        return _BINOPS[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         value = _evaluate(node.operand, env)
         return not value if isinstance(node.op, ast.Not) else -value if isinstance(node.op, ast.USub) else value
@@ -254,7 +279,16 @@ def expand(space: Space) -> list[dict[str, Any]]:
             points.append(point)
             continue
         env = {**config.to_dict(), "macs_per_cycle": config.macs_per_uop}
-        failed = next((expr for expr, tree in trees if not _evaluate(tree, env)), None)
+        failed = None
+        for expr, tree in trees:
+            try:
+                holds = _evaluate(tree, env)
+            except (ArithmeticError, TypeError, ValueError) as exc:
+                raise SweepError(f"constraint {expr!r} cannot be evaluated at point {index} ({params}): "
+                                 f"{exc}") from None
+            if not holds:
+                failed = expr
+                break
         if failed is not None:
             point.update(status="invalid", reason=f"excluded by the constraint {failed!r}")
         else:

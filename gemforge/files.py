@@ -3,14 +3,18 @@ write leaves the previous file in place."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic"]
+import numpy as np
+
+__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic", "npz_bytes"]
 
 
 def _target(path: str | Path) -> tuple[Path, bool]:
@@ -28,8 +32,14 @@ def _target(path: str | Path) -> tuple[Path, bool]:
 def _replacing(path: Path) -> Iterator[str]:
     """A temporary file next to the regular-file place ``path``: the block fills it, then
     it is renamed over ``path`` (removed instead if the block fails)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileExistsError as exc:          # a file where a folder of the path should be
+        raise NotADirectoryError(exc.errno, f"{exc.filename} is a file, not a folder to write into",
+                                 str(path)) from None
+    except OSError as exc:                  # name the file asked for, not the temporary one
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     os.close(fd)
     try:
         yield tmp
@@ -77,3 +87,16 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """An ``.npz`` archive of ``arrays`` (what ``np.savez`` writes, read back by ``np.load``).
+    Written entry by entry rather than through ``np.savez(file, **arrays)``, whose own
+    parameters would take an array named ``file`` or ``allow_pickle`` (ONNX tensor names
+    are free text)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
+    return buffer.getvalue()

@@ -370,9 +370,11 @@ class AccelConfig:
     def load(cls, path: str | Path) -> AccelConfig:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
         try:
             if path.suffix == ".toml":
                 data = tomllib.loads(text)
@@ -382,6 +384,8 @@ class AccelConfig:
                 raise ConfigError(f"config file {path} must end in .toml or .json")
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} nests too deeply; a config is one table of fields") from None
         return cls.from_file_dict(data, source=f"config file {path}")
 
     @classmethod
@@ -393,7 +397,7 @@ class AccelConfig:
         data = dict(data)
         base = data.pop("base", None)
         if base is not None:
-            if base not in PRESETS:
+            if not isinstance(base, str) or base not in PRESETS:
                 raise ConfigError(f"{source}: base must name a preset ({', '.join(PRESETS)}), not {base!r}")
             data = {**PRESETS[base].to_dict(), **data}
         known = {f.name for f in dataclasses.fields(cls)}

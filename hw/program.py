@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,9 @@ class TensorRegion:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        # Python's integers: a shape read from a file may be far beyond int64 (then refused by
+        # the arena check, not wrapped).
+        return math.prod(int(d) for d in self.shape) * np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict:
         return {"name": self.name, "offset": self.offset, "shape": list(self.shape), "dtype": self.dtype}

@@ -33,3 +33,20 @@ def test_directory_is_refused_in_one_line(tmp_path, capsys):
     assert main(["config", "--config", "tiny", "-o", str(target)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a directory" in err and ".tmp" not in err
+
+
+def test_an_unwritable_place_is_named_as_the_caller_gave_it(tmp_path):
+    (tmp_path / "f").write_bytes(b"a file")
+    with pytest.raises(NotADirectoryError) as caught:
+        write_bytes_atomic(tmp_path / "f" / "a.bin", b"x")
+    assert caught.value.filename == str(tmp_path / "f" / "a.bin") and "is a file, not a folder" in caught.value.strerror
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked").chmod(0o500)
+    try:
+        if os.access(tmp_path / "locked", os.W_OK):
+            return                  # root writes anywhere: nothing to refuse
+        with pytest.raises(PermissionError) as caught:
+            write_bytes_atomic(tmp_path / "locked" / "a.bin", b"x")
+        assert caught.value.filename == str(tmp_path / "locked" / "a.bin")
+    finally:
+        (tmp_path / "locked").chmod(0o700)

@@ -163,6 +163,9 @@ def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: 
     if shapes[0] != out_shape and shapes[1] == out_shape:
         order = [1, 0]
     x_shape, y_shape = out_shape, shapes[order[1]]
+    scalar = out_shape == ()      # rank 0 (both operands too) runs as one element
+    if scalar:
+        x_shape = y_shape = (1,)
     if dtype == "int8":
         lshift = tuple(a["lshift"][i] for i in order)
         op = quantized_elementwise(target, node.op, x_shape, y_shape, lshift, a["shift"], a["relu"])
@@ -172,14 +175,18 @@ def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: 
              for i, param in zip(order, ("x", "y")) if node.inputs[i] in graph.constants}
     if "x" in fixed:
         fixed["x"] = _contiguous(np.broadcast_to(fixed["x"], x_shape))
+    if scalar and "y" in fixed:
+        fixed["y"] = fixed["y"].reshape(y_shape)
 
     def prepare(args):
         arrays = dict(fixed)
         if "x" not in arrays:
             arrays["x"] = _contiguous(np.broadcast_to(args[order[0]], x_shape))
         if "y" not in arrays:
-            arrays["y"] = _contiguous(args[order[1]])
+            arrays["y"] = _contiguous(np.reshape(args[order[1]], y_shape))
         return arrays
+    if scalar:
+        return HostKernel(node, op, prepare, lambda out: out.reshape(()))
     return HostKernel(node, op, prepare)
 
 

@@ -32,6 +32,9 @@ def _window_out(node: Node, size: tuple[int, int], pooling: bool = True) -> tupl
     out = []
     for axis in range(2):
         k, s, p = a["kernel"][axis], a["stride"][axis], a["padding"][axis]
+        if k < 1 or s < 1 or p < 0:
+            raise _fail(node, f"window {list(a['kernel'])}, strides {list(a['stride'])} and padding "
+                              f"{list(a['padding'])}: the window and strides must be positive, the padding ≥ 0")
         if pooling and p >= k:
             raise _fail(node, f"padding {p} must be smaller than the window ({k})")
         n = out_size(size[axis], k, s, p)

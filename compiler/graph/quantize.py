@@ -49,6 +49,12 @@ def exponent_for(max_abs: float) -> int:
 def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
     """The largest ``|value|`` of every tensor over the samples (each input's samples
     stacked on a new first axis), from the float network in numpy."""
+    if not isinstance(samples, dict):
+        raise GraphError(f"calibration samples are a dict of arrays by input name, not {type(samples).__name__}")
+    for name, stack in samples.items():
+        if np.ndim(stack) == 0:
+            raise GraphError(f"calibration samples of input {name!r} must be stacked on a new first axis (an array "
+                             f"of rank ≥ 1), not {type(stack).__name__} {stack!r}"[:200])
     counts = {name: len(samples[name]) for name in graph.inputs if name in samples}
     unknown = sorted(set(samples) - set(graph.inputs))
     if unknown:

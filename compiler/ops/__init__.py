@@ -21,7 +21,7 @@ from .reference import (
     softmax_reference,
 )
 
-__all__ = ["CompiledOp", "Epilogue", "OpError",
+__all__ = ["CompiledOp", "Epilogue", "OpError", "accumulator_overflow",
            "compile_dense", "run_dense", "dense_reference", "compile_conv2d", "run_conv2d", "conv2d_reference",
            "compile_add", "compile_relu", "compile_clip", "compile_max_pool2d", "compile_elementwise",
            "compile_pool2d", "compile_softmax", "max_pool2d_reference", "avg_pool2d_reference",
@@ -135,6 +135,50 @@ def _target_for_operands(device, op: str, x: np.ndarray, y: np.ndarray):
     return target
 
 
+def _peak(array: np.ndarray | None) -> int:
+    return int(np.abs(array.astype(np.int64)).max()) if array is not None and array.size else 0
+
+
+def accumulator_overflow(config, op: str, first: np.ndarray, second: np.ndarray | None = None,
+                         bias: np.ndarray | None = None, *, stride: int = 1, padding: int = 0) -> str | None:
+    """Why integer operands of ``op`` (``"dense"``, ``"conv2d"`` or ``"add"``) would leave the
+    accumulator of ``config``, or None when every exact result (product sums + bias, or the
+    sum) fits its ``acc_width``: the hardware wraps them (as fsim does), so such a run would
+    differ from the arithmetic asked for without a word."""
+    lo, hi = -(1 << (config.acc_width - 1)), (1 << (config.acc_width - 1)) - 1
+    if bias is not None and bias.size and (bias.min() < lo or bias.max() > hi):
+        return (f"the bias holds values up to {_peak(bias)}, beyond the int{config.acc_width} accumulator of "
+                f"config {config.name!r} ({lo}..{hi})")
+    if op in ("dense", "conv2d"):
+        terms = first.shape[1] if op == "dense" else int(np.prod(second.shape[1:]))
+        if terms * _peak(first) * _peak(second) + _peak(bias) <= hi:
+            return None         # no sum can reach the bounds: the exact results are not needed
+        if op == "dense":
+            exact = first.astype(np.int64) @ second.astype(np.int64)
+        else:
+            exact = conv2d_reference(first.astype(np.int64), second.astype(np.int64), None, stride, padding)
+    elif op == "add":
+        exact = first.astype(np.int64) + second.astype(np.int64)
+    else:
+        return None             # relu, clip and max-pool cannot leave their input's range
+    if bias is not None:
+        shape = [1] * exact.ndim
+        shape[1] = -1
+        exact = exact + bias.astype(np.int64).reshape(shape)
+    if exact.size and (exact.min() < lo or exact.max() > hi):
+        return (f"the exact {op} results reach {int(max(-exact.min(), exact.max()))}, beyond the "
+                f"int{config.acc_width} accumulator of config {config.name!r} ({lo}..{hi}), which would wrap them; "
+                "use a config with a wider acc_width, or smaller operands")
+    return None
+
+
+def _refuse_overflow(target, op: str, *args, **kwargs) -> None:
+    if target.kind == "accel" and np.asarray(args[0]).dtype.kind == "i":
+        problem = accumulator_overflow(target.config, op, *args, **kwargs)
+        if problem:
+            raise OpError(problem)
+
+
 def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, shift: int | None = None,
               relu: bool = False, latency_hiding: bool = True):
     """``A @ B`` (+ epilogue) on ``device``; the arrays' type picks the arithmetic.
@@ -142,6 +186,7 @@ def run_dense(device, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = No
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise OpError(f"dense needs A (M, K) and B (K, N); got A{list(a.shape)} and B{list(b.shape)}")
     target = _target_for_operands(device, "dense", a, b)
+    _refuse_overflow(target, "dense", a, b, bias)
     op = compile_dense(target, a.shape[0], a.shape[1], b.shape[1], dtype=a.dtype.name, bias=bias is not None,
                        shift=shift, relu=relu, latency_hiding=latency_hiding)
     return op.run(device, a=a, b=b, bias=bias)
@@ -154,6 +199,8 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = N
     if x.ndim != 4 or w.ndim != 4:
         raise OpError(f"conv2d needs x in NCHW and w in OIHW; got {list(x.shape)} and {list(w.shape)}")
     target = _target_for_operands(device, "conv2d", x, w)
+    if groups == 1:
+        _refuse_overflow(target, "conv2d", x, w, bias, stride=stride, padding=padding)
     op = compile_conv2d(target, x.shape, w.shape, stride=stride, padding=padding, groups=groups,
                         dtype=x.dtype.name, bias=bias is not None, shift=shift, relu=relu,
                         latency_hiding=latency_hiding)

@@ -248,8 +248,13 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
     if op not in ELEMENTWISE_OPS:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     shape = tuple(_positive("element-wise dimension", v) for v in shape)
-    if not shape:
-        raise OpError("element-wise operators need a tensor of rank 1 or more")
+    # A rank-0 tensor (an ONNX scalar) runs as a tensor of one element, reshaped on the way in
+    # and out; its y can only be rank 0 as well.
+    scalar = not shape
+    if scalar:
+        if y_shape is not None and tuple(y_shape):
+            raise OpError(f"y of shape {list(y_shape)} does not broadcast to x's shape []")
+        shape, y_shape = (1,), (None if y_shape is None else (1,))
     dtype = _check_dtype(op, dtype, ("int8", "int32", "float32"))
     if op in ("add", "mul"):
         y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)
@@ -279,6 +284,9 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name=op)
 
     def pack(x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if scalar:
+            x = _array(x, "x", dtype, ()).reshape(shape)
+            y = y if y is None or "y" not in t else _array(y, "y", dtype, ()).reshape(shape)
         arrays = {"x": _array(x, "x", dtype, shape)}
         if "y" in t:
             arrays["y"] = _array(y, "y", dtype, t["y"].shape)
@@ -286,7 +294,8 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
             raise OpError(f"{op} takes one input")
         return arrays
 
-    return CompiledOp(op, kernel, names, "out", pack, lambda out: out, plan={"dtype": dtype})
+    return CompiledOp(op, kernel, names, "out", pack, (lambda out: out.reshape(())) if scalar else (lambda out: out),
+                      plan={"dtype": dtype})
 
 
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:

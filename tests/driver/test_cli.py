@@ -370,3 +370,57 @@ def test_results_beyond_a_16_bit_accumulator_are_refused_not_wrapped(tmp_path, c
     code, _, err = run(capsys, "run-op", "dense", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "--bias",
                        tmp_path / "bias.npy", "-o", tmp_path / "c.npy", "--config", config)
     assert code == 2 and "the bias holds values up to 40000, beyond the int16 accumulator" in err
+
+
+def test_run_op_takes_the_configs_own_input_width(tmp_path, capsys):
+    config = tmp_path / "w16.toml"
+    config.write_text('base = "tiny"\nname = "w16"\ninp_width = 16\nwgt_width = 16\ninp_buffer_bytes = 2048\n'
+                      'wgt_buffer_bytes = 8192\n')
+    rng = np.random.default_rng(16)
+    a = rng.integers(-3000, 3000, (5, 12), dtype=np.int16)
+    b = rng.integers(-3000, 3000, (12, 7), dtype=np.int16)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "-o",
+                       tmp_path / "c.npy", "--config", config)
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a.astype(np.int64) @ b.astype(np.int64))
+    # int16 products can leave a 32-bit accumulator: refused, as for a narrow accumulator.
+    np.save(tmp_path / "a.npy", np.full((2, 4), -32768, np.int16))
+    np.save(tmp_path / "b.npy", np.full((4, 4), -32768, np.int16))
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "-o",
+                       tmp_path / "c.npy", "--config", config)
+    assert code == 2 and "reach 4294967296, beyond the int32 accumulator of config 'w16'" in err
+
+
+def test_the_python_api_refuses_what_the_accumulator_would_wrap():
+    from gemforge.compiler import run_dense
+    from gemforge.compiler.ops import OpError
+    from gemforge.driver.device import open_device
+    config = PRESETS["tiny"].replace(name="acc16", acc_width=16, out_buffer_bytes=2048)
+    a = np.full((2, 8), -128, np.int8)
+    with pytest.raises(OpError, match="reach 131072, beyond the int16 accumulator"):
+        run_dense(open_device("fsim", config), a, a.T.copy())
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"base": ["tiny"]}', "base must name a preset"),
+    ('{"base": {"x": 1}}', "base must name a preset"),
+    (b'{"base": "tiny", "name": "\xff"}', "is not UTF-8 text"),
+    ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+])
+def test_malformed_config_files_are_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "c.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, _, err = run(capsys, "info", "--config", path)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_asm_refuses_binary_sources_and_shapes_beyond_any_arena(tmp_path, capsys):
+    (tmp_path / "bin.s").write_bytes(b"\x93\x00binary")
+    code, _, err = run(capsys, "asm", tmp_path / "bin.s", "-o", tmp_path / "p.gfp")
+    assert code == 2 and "not UTF-8 text" in err
+    (tmp_path / "big.s").write_text(".config tiny\n.arena_bytes 16384\n"
+                                    ".tensor out offset=0 shape=99999999999999999999999999 dtype=int32\nfinish\n")
+    code, _, err = run(capsys, "asm", tmp_path / "big.s", "-o", tmp_path / "p.gfp", "--config", "tiny")
+    assert code == 2 and "past the 16384-byte arena" in err

@@ -43,10 +43,26 @@ def write_space(tmp_path: Path, data: dict) -> Path:
     ({"workload": "alexnet"}, "unknown workload 'alexnet'"),
     ({"base": "no-such-config.toml"}, "base config"),
     ({"rtl_sample": -1}, "rtl_sample"),
+    # Ranges are checked and counted before they are built: never a hang or a Python error.
+    ({"fields": {"block_in": {"start": 4, "stop": "x", "step": 1}}}, "stop must be a finite number"),
+    ({"fields": {"block_in": {"start": 1, "stop": float("inf"), "step": 1}}}, "stop must be a finite number"),
+    ({"fields": {"block_in": {"start": 1, "stop": 1e9, "factor": 1.0000001}}}, "expands to 207232669 values"),
+    ({"fields": {"inp_buffer_bytes": {"start": 1, "stop": 1000, "step": 1},
+                 "wgt_buffer_bytes": {"start": 1, "stop": 1000, "step": 1}}}, "span 1,000,000 points"),
 ])
 def test_bad_spaces_are_refused_with_the_reason(change, message):
     with pytest.raises(SweepError, match=message):
         space_from_dict({**QUICK, **change})
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ("inp_buffer_bytes / (block_in - 4) > 1", "division by zero"),
+    ("block_in ** 100000 > 1", "exponent 100000 is beyond"),
+])
+def test_a_constraint_that_cannot_be_evaluated_names_itself_and_the_point(constraint, message):
+    space = space_from_dict({**QUICK, "constraints": [constraint], "fields": {"block_in": [4]}})
+    with pytest.raises(SweepError, match=rf"constraint .* cannot be evaluated at point 0 .*{message}"):
+        expand(space)
 
 
 def test_ranges_and_constraints_expand_into_valid_and_listed_invalid_points():

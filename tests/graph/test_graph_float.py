@@ -147,6 +147,40 @@ def test_resnet18_float_on_cpu():
     _check(m, {"input": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("nodes, initializers", [
+    ([helper.make_node("Relu", ["x"], ["y"])], {}),
+    ([helper.make_node("Add", ["x", "c"], ["y"])], {"c": np.float32(2.5)}),
+    ([helper.make_node("Mul", ["x", "x"], ["y"])], {}),
+    ([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], {"lo": np.float32(-1), "hi": np.float32(1)}),
+])
+def test_rank_0_tensors_run_as_onnx_runtime_runs_them(nodes, initializers):
+    m = model(nodes, [("x", [])], [("y", [])], initializers)
+    for value in (-1.75, 0.5, 3.0):
+        _check(m, {"x": np.array(value, np.float32)})
+
+
+def test_tensors_named_like_numpys_own_parameters_survive_save_and_load(tmp_path):
+    """``file`` and ``allow_pickle`` are np.savez's own parameters: a constant or an output so
+    named still reaches the saved artefact and the outputs' .npz."""
+    from gemforge.driver.cli import main
+    from gemforge.driver.model import Model
+    rng = np.random.default_rng(5)
+    weights = rng.normal(size=(3, 4)).astype(np.float32)
+    m = model([helper.make_node("MatMul", ["x", "file"], ["allow_pickle"]), helper.make_node("Relu", ["x"], ["other"])],
+              [("x", [2, 3])], [("allow_pickle", [2, 4]), ("other", [2, 3])], {"file": weights})
+    x = rng.normal(size=(2, 3)).astype(np.float32)
+    compile_model(m).save(tmp_path / "m.gfm")
+    loaded = Model.load(tmp_path / "m.gfm")
+    expected = ort_run(m, {"x": x})
+    got = loaded.run(x, "cpu")
+    np.testing.assert_allclose(got["allow_pickle"], expected[0], rtol=1e-5)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "m.gfm"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    with np.load(tmp_path / "y.npz") as y:
+        assert sorted(y.files) == ["allow_pickle", "other"]
+        np.testing.assert_allclose(y["other"], expected[1], rtol=1e-6)
+
+
 # ------------------------------------------------------------------------ refusals
 
 def _error(m, match, **options):

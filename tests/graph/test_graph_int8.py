@@ -76,6 +76,53 @@ def test_artefact_round_trip_and_batch_chunks(tmp_path):
     assert loaded.summary()["model_sha256"] == model.summary()["model_sha256"] is not None
 
 
+@pytest.mark.parametrize("samples", [np.float32(1.0), "abc", {"x": np.float32(1.0)}])
+def test_calibration_samples_without_a_sample_axis_are_refused(samples):
+    from gemforge.compiler.graph import GraphError
+    m = small_cnn(np.random.default_rng(0), channels=4, image=4)
+    name = m.graph.input[0].name
+    samples = {name: samples["x"]} if isinstance(samples, dict) else samples
+    with pytest.raises(GraphError, match="calibration samples"):
+        compile_model(m, quantize="int8", calibrate=samples, config="tiny")
+
+
+def _edit_manifest(data: bytes, edit) -> bytes:
+    import io
+    import json
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(files["manifest.json"])
+    edit(manifest)
+    files["manifest.json"] = json.dumps(manifest).encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, content in files.items():
+            z.writestr(name, content)
+    return out.getvalue()
+
+
+def _accel_node(manifest):
+    return next(n for n in manifest["graph"]["nodes"] if n["device"] == "accel")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["plan"]["tensors"][0].update(tensor="bogus"), "memory plan has no slot"),
+    (lambda m: m["plan"]["tensors"][0].update(last="x"), "memory plan has a malformed entry"),
+    (lambda m: m["plan"]["tensors"][0].update(shape=5), "memory plan has a malformed entry"),
+    (lambda m: m["plan"]["tensors"][0].update(nbytes=1), "memory plan has no slot"),
+    (lambda m: m["graph"]["nodes"][0].update(name=["a"]), "names must be strings"),
+    (lambda m: _accel_node(m)["attrs"].update(shift=["a"]), "attribute shift"),
+    (lambda m: _accel_node(m)["attrs"].pop("relu"), "lacks attribute"),
+    (lambda m: _accel_node(m)["attrs"].update(stride=0), "attribute stride"),
+    (lambda m: m["layers"][_accel_node(m)["name"]].update(out_shape=[1, 0]), "layer shapes disagree"),
+])
+def test_an_edited_manifest_is_refused_when_loaded_not_when_run(edit, message):
+    _, model, _ = _compile(3, "tiny", channels=8)
+    with pytest.raises(ModelError, match=f"not a valid gemforge model.*{message}"):
+        Model.from_bytes(_edit_manifest(model.to_bytes(), edit))
+
+
 def test_runtime_refusals(tmp_path):
     m, model, rng = _compile(5, "tiny")
     with pytest.raises(ModelError, match=r"compiled for \[2, 3, 8, 8\], or a multiple of its batch 2"):
