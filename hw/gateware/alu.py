@@ -83,7 +83,7 @@ class TensorAlu(wiring.Component):
             # after the carry chains, which end the pipeline's loop.
             take_a = Signal(name=f"take_a{i}")
             shifted = Signal(w, name=f"shifted{i}")
-            m.d.comb += take_a.eq(_signed_less(a, b) ^ is_max)
+            m.d.comb += take_a.eq((a < b) ^ is_max)
             with m.If(~b[w - 1]):
                 m.d.comb += shifted.eq(a >> right)
             with m.Elif(left_ok):
@@ -103,17 +103,3 @@ class TensorAlu(wiring.Component):
         cross = Signal(h, name=f"mul_cross{i}")       # al·bh + ah·bl, low h bits
         m.d.sync += [low.eq(a[:h] * b[:h]), cross.eq(a[:h] * b[h:] + a[h:] * b[:h])]
         return (low + Cat(C(0, h), cross))[:w]
-
-
-def _signed_less(a, b):
-    """``a < b`` for two signed values of one width, as two half-width compares side by side:
-    the high halves signed, the low halves unsigned when the high halves are equal. Two short
-    carry chains and an equality tree in parallel, instead of one chain across the whole width
-    (on the ECP5 nextpnr split that chain, and its route between the parts sat in the ALU's
-    forwarding loop)."""
-    width = len(a)
-    h = width // 2
-    if h == 0:
-        return a < b
-    high_less = a[h:].as_signed() < b[h:].as_signed()
-    return high_less | ((a[h:] == b[h:]) & (a[:h] < b[:h]))
