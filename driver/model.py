@@ -183,7 +183,8 @@ class Model:
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         if not isinstance(inputs, dict):
             if len(self.graph.inputs) != 1:
-                raise ModelError(f"the model has inputs {', '.join(self.graph.inputs)}; pass a dict by name (on the command line, a .npz of arrays by input name)")
+                raise ModelError(f"the model has inputs {', '.join(self.graph.inputs)}; pass a dict by name (on the "
+                                 "command line, a .npz of arrays by input name)")
             inputs = {self.graph.inputs[0]: inputs}
         feeds = {}
         for name, shape in self.inputs.items():

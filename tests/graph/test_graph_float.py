@@ -175,7 +175,8 @@ def test_tensors_named_like_numpys_own_parameters_survive_save_and_load(tmp_path
     got = loaded.run(x, "cpu")
     np.testing.assert_allclose(got["allow_pickle"], expected[0], rtol=1e-5)
     np.save(tmp_path / "x.npy", x)
-    assert main(["run", str(tmp_path / "m.gfm"), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    argv = ["run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npz"]
+    assert main([str(a) for a in argv]) == 0
     with np.load(tmp_path / "y.npz") as y:
         assert sorted(y.files) == ["allow_pickle", "other"]
         np.testing.assert_allclose(y["other"], expected[1], rtol=1e-6)
