@@ -25,7 +25,7 @@ from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
 __all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer",
-           "PendingPushes", "registered_stall"]
+           "PendingPushes", "loader_stall", "registered_stall"]
 
 #: Width of an engine's state code (its field in the DEBUG_STATE register).
 STATE_BITS = ENGINE_STATE_BITS
@@ -66,6 +66,12 @@ def insn_layout(config, opcode):
 
 #: Instruction fields whose shape is an ISA enumeration.
 _ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
+
+
+def loader_stall(loader):
+    """A tile loader's memory stall this cycle: a data position waits for DRAM, or its bus
+    request waits for the grant."""
+    return loader.mem_stall | (loader.bus.req & ~loader.bus.gnt)
 
 
 def registered_stall(m, **terms):
