@@ -62,7 +62,8 @@ def _elementwise_epilogue(p: argparse.ArgumentParser) -> None:
 _X = ("x", "input", "X")
 
 OPERATORS: dict[str, Operator] = {
-    "gemm": Operator("C = A @ B: A (M, K), B (K, N) int8 (or float32 on cpu/gpu); C int32 (float32)",
+    "gemm": Operator("C = A @ B: A (M, K), B (K, N) int8 (the config's inp_width on the accelerator, int16 with "
+                     "inp_width = 16; float32 on cpu/gpu); C int32 (float32)",
                      (("a", "a", "A: (M, K)"), ("b", "b", "B: (K, N)")), {"a": 2, "b": 2}),
     "dense": Operator("C = A @ B with a fused epilogue: int8 → clip((acc + bias) >> shift, lo, 127) as int8 "
                       "(lo = 0 with --relu, else -128), without --shift the int32 acc + bias; float32 → "
