@@ -332,7 +332,8 @@ def lanes_for_dsps(config: AccelConfig, dsp_need: int, dsp_capacity: int) -> int
 
 def _check_lut_lanes(config: AccelConfig, lut_lanes: int | None) -> None:
     total = gemm_lanes(config)
-    if lut_lanes is not None and not (isinstance(lut_lanes, int) and 0 <= lut_lanes <= total):
+    whole = isinstance(lut_lanes, int) and not isinstance(lut_lanes, bool)
+    if lut_lanes is not None and not (whole and 0 <= lut_lanes <= total):
         raise SynthError(f"--lut-lanes must be a whole number from 0 to {total} ({config.name}'s GEMM lanes: "
                          f"batch × block_out), not {lut_lanes!r}")
 

@@ -154,6 +154,7 @@ def test_run_synth_refuses_before_generating_and_reports_why(tmp_path):
     ({"lut_lanes": 5}, r"--lut-lanes must be a whole number from 0 to 4 \(tiny's GEMM lanes"),
     ({"lut_lanes": -1}, "--lut-lanes must be a whole number from 0 to 4"),
     ({"lut_lanes": 1.5, "board": "ulx3s"}, "--lut-lanes must be a whole number from 0 to 4"),
+    ({"lut_lanes": True}, "--lut-lanes must be a whole number from 0 to 4"),
 ])
 def test_run_synth_refuses_bad_requests(tmp_path, options, message):
     with pytest.raises(SynthError, match=message):
