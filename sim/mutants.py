@@ -42,7 +42,8 @@ def _alu_min_unsigned() -> Callable[[], None]:
             m = Module()
             c = self._config
             m.submodules.correct = correct = TensorAlu(c)
-            m.d.comb += [correct.op.eq(self.op), correct.a.eq(self.a), correct.b.eq(self.b),
+            m.d.comb += [correct.op.eq(self.op), correct.a.eq(self.a), correct.b.eq(self.b), correct.lt.eq(self.lt),
+                         correct.mul_a.eq(self.mul_a), correct.mul_b.eq(self.mul_b),
                          self.result.eq(correct.result), self.product.eq(correct.product)]
             n, w = c.batch * c.block_out, c.acc_width
             with m.If(self.op == AluOp.MIN):

@@ -5,7 +5,11 @@ acc_width; SHR shifts arithmetically right by the operand, or left by its
 negation when negative; an amount of acc_width or more gives the sign fill
 (right) or zero (left).
 
-MIN, MAX, ADD and SHR are combinational. MUL takes two cycles: the low
+MIN, MAX, ADD and SHR are combinational, but MIN and MAX take their compare
+(``lt``: a < b, signed, per lane) from the caller: the compute pipeline
+computes it a cycle ahead, since a 32-bit compare followed by the operand
+select was the longest part of its one-cycle forwarding loop on the ECP5
+(`gemforge.hw.gateware.pipeline`). MUL takes two cycles: the low
 acc_width bits of a product need three half-width products (``al·bl``, and the
 low halves of ``al·bh`` and ``ah·bl``), which are registered before the final
 add. A one-cycle MUL put the multipliers in the compute pipeline's forwarding
@@ -31,6 +35,8 @@ class TensorAlu(wiring.Component):
         An `AluOp` value.
     a, b : In(batch·block_out·acc_width)
         Accumulator entries (``b`` is the operand: acc[src] or the broadcast immediate).
+    lt : In(batch·block_out)
+        Lane ``i``'s ``a < b`` (signed), which MIN and MAX select by; the other ops ignore it.
     result : Out(batch·block_out·acc_width)
         ``op(a, b)`` in the same cycle, for MIN, MAX, ADD and SHR.
     mul_a, mul_b : In(batch·block_out·acc_width)
@@ -45,7 +51,8 @@ class TensorAlu(wiring.Component):
     def __init__(self, config):
         self._config = config
         width = config.batch * config.block_out * config.acc_width
-        super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width), "result": Out(width),
+        super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width),
+                          "lt": In(config.batch * config.block_out), "result": Out(width),
                           "mul_a": In(width), "mul_b": In(width), "product": Out(width)})
 
     def elaborate(self, platform):
@@ -83,7 +90,7 @@ class TensorAlu(wiring.Component):
             # after the carry chains, which end the pipeline's loop.
             take_a = Signal(name=f"take_a{i}")
             shifted = Signal(w, name=f"shifted{i}")
-            m.d.comb += take_a.eq((a < b) ^ is_max)
+            m.d.comb += take_a.eq(self.lt[i] ^ is_max)
             with m.If(~b[w - 1]):
                 m.d.comb += shifted.eq(a >> right)
             with m.Elif(left_ok):

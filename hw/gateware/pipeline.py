@@ -35,7 +35,10 @@ stages advance together, so the pair of micro-ops is then one stage further
 back), and so are the instruction's decoded fields the stages select on.
 
 The pipeline's one-cycle loop is then S5's registers → the op → a 2:1
-multiplexer → S5's registers. The write-back comes from R6, a register of the
+multiplexer → S5's registers. The op holds no compare: MIN and MAX select by
+``a < b`` computed a cycle ahead, into a register of its own, from S4's
+values and S5's operands (the result a forward brings is one of the latter).
+The write-back comes from R6, a register of the
 result, so the write port, the block RAMs' outputs and their transparency logic
 are outside the loop (a write-back from S5's unregistered result, forwarded
 through S4's selects, was tiny's critical path on the ECP5). An ALU MUL registers
@@ -60,7 +63,7 @@ from ..isa import AluOp, Opcode, insn_bits, uop_fields
 from .alu import TensorAlu
 from .banked import GroupReadSignature, GroupWriteSignature
 from .engine import insn_layout
-from .gemm import GemmCore
+from .gemm import GemmCore, lanes
 from .uop_loop import OFFSET_BITS, UopLoop
 
 __all__ = ["ComputePipeline", "uop_layout"]
@@ -262,6 +265,34 @@ class ComputePipeline(wiring.Component):
         m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
                      s5_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
                      s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(r_is_alu, operand, gemm.dot))))]
+        # MIN/MAX's compare of the operands S5 takes next, a cycle ahead (`TensorAlu.lt`), so the
+        # loop holds no compare. Only a MIN or MAX instruction reads it, and there S5's result is
+        # one of its operands, ``r`` = ``a`` where the lane takes a, else ``b``. An operand taken
+        # from that result is then one of the two, and its compare one of two precomputed ones:
+        # the next (a, b) is (r, r), (r, B), (A, r) or (A, B), A and B being S4's values. These
+        # take the write-back from R6 directly (MIN/MAX has no MUL product in it) and B is the
+        # immediate or the register operand (no GEMM's dot or zero): ALU values only.
+        s5_lt = Signal(lane_count)
+        lane_w = c.acc_width
+
+        def signed_lanes(value):
+            return [v.as_signed() for v in lanes(value, lane_count, lane_w)]
+        takes_a = Signal(lane_count)      # where the lane's MIN/MAX result is its a (else its b)
+        m.d.comb += takes_a.eq(s5_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
+        def less(x, y):
+            # The sign of the 33-bit difference: the carry chain's last sum bit, where ``x < y``
+            # costs a sign correction after the chain (a LUT level more on the ECP5).
+            return (x - y)[-1]
+        next_lt = []
+        for i, (a5, b5, a4, b4) in enumerate(zip(
+                signed_lanes(s5_acc), signed_lanes(s5_b),
+                signed_lanes(Mux(wb4_a, s6_result, s4_acc_a)),
+                signed_lanes(Mux(r_use_imm, Cat(*([imm_lane] * lane_count)), Mux(wb4_b, s6_result, s4_acc_b))))):
+            result_lt_b4 = Mux(takes_a[i], less(a5, b4), less(b5, b4))
+            a4_lt_result = Mux(takes_a[i], less(a4, a5), less(a4, b5))
+            next_lt.append(Mux(take_a, ~take_b & result_lt_b4, Mux(take_b, a4_lt_result, less(a4, b4))))
+        m.d.sync += s5_lt.eq(Cat(*next_lt))
+
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
         # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
         # needs no S5 forward: the micro-op ahead of it is two stages on.
@@ -273,7 +304,7 @@ class ComputePipeline(wiring.Component):
         # ---------------------------------------------------------------- S5: the op, R6
         # A GEMM's accumulate is the ALU's ADD, so the loop has no GEMM/ALU select of its own.
         m.d.comb += [alu.op.eq(r_alu_op),
-                     alu.a.eq(s5_acc), alu.b.eq(s5_b),
+                     alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.lt.eq(s5_lt),
                      alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
         m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
 

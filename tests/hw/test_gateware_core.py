@@ -110,6 +110,7 @@ def test_tensor_alu(op, config):
             else:
                 ctx.set(dut.a, pack(a, w))
                 ctx.set(dut.b, pack(b, w))
+                ctx.set(dut.lt, sum(1 << i for i in range(n) if a[i] < b[i]))   # the pipeline's compare
                 got = unpack(ctx.get(dut.result), n, w)
             np.testing.assert_array_equal(got, alu_reference(op, a, b, w), err_msg=f"a={a} b={b}")
 

@@ -160,7 +160,10 @@ def test_back_to_back_results_see_each_other(config, operand, op):
     state = random_state(config, rng)
     # Each of dst and src reads the entry written one, two and three micro-ops before (and not
     # in between): R6's forward, the write-back's into S4, and into S3's data registers.
-    pairs = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (1, 0), (2, 3), (2, 1), (1, 2), (2, 0)]
+    # Then a run into one entry (as max pooling does), with dst and src both the entry written
+    # just before: each case of the compare MIN and MAX take a cycle ahead.
+    pairs = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (1, 0), (2, 3), (2, 1), (1, 2), (2, 0),
+             (0, 3), (0, 0), (0, 1), (0, 2), (0, 0), (3, 0), (0, 3)]
     uops = [Uop(dst=d, src=s) for d, s in pairs]
     imm = None
     if operand == "imm":
@@ -170,6 +173,27 @@ def test_back_to_back_results_see_each_other(config, operand, op):
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     interval = 2 if op == AluOp.MUL else 1
     assert result["cycles"] == interval * (2 * 3 * len(uops) - 1) + 7
+
+
+@pytest.mark.parametrize("op", [AluOp.MIN, AluOp.MAX], ids=lambda op: op.name)
+@pytest.mark.parametrize("seed", range(3))
+def test_min_max_chains_compare_the_forwarded_value(op, seed):
+    """MIN and MAX take their compare from a cycle ahead, where an operand forwarded from the
+    micro-op before is one of that micro-op's operands: runs whose dst or src (or both) is the
+    entry just written, over entries that stay distinct (a value between the previous pair's
+    operands is what tells a compare of the wrong one)."""
+    config = PRESETS["tiny"]
+    rng = np.random.default_rng([seed, int(op)])
+    state = random_state(config, rng)
+    uops, dst = [], 0
+    for _ in range(40):
+        kind = rng.integers(0, 4)           # dst and/or src the entry just written, or neither
+        src = dst if kind in (1, 2) else int(rng.integers(0, 16))
+        dst = dst if kind in (0, 1) else int(rng.integers(0, 16))
+        uops.append(Uop(dst=dst, src=src))
+    insn = Alu(op=op, uop_bgn=0, uop_end=len(uops), iter_out=1, iter_in=1)
+    result = run_pipeline(config, insn, uops, state)
+    np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
