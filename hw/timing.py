@@ -37,7 +37,8 @@ FETCH_CHUNK = 16
 class Timing:
     """Latencies of one config's gateware, in cycles (the cycle model's parameters).
 
-    Read channel: a client is granted the AXI read channels after ``read_grant`` cycles and
+    Read channel: a client is granted the AXI read channels ``read_grant`` cycles after its
+    request is seen (``request_latency`` after it asks) and the channels are free, and
     keeps them until its last beat (`gemforge.hw.gateware.arbiter`); its first beat arrives
     ``read_latency`` cycles after the grant. Commands of the granted client chain under the
     grant while no other client asks, paying ``chain_gap`` instead of the grant and latency.
@@ -62,6 +63,10 @@ class Timing:
     #: a push is performed this many cycles after its instruction's work ends
     push_after: int = 1
     read_grant: int = 2
+    #: a client's request reaches the arbiter's grant logic this many cycles after it asks
+    #: (registered there: `gemforge.hw.gateware.arbiter`); a request already waiting when the
+    #: channels come free is granted ``read_grant`` cycles after that
+    request_latency: int = 1
     read_latency: int = 3
     chain_gap: int = 1
     burst_issue: int = 2

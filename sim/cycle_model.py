@@ -193,6 +193,7 @@ class _Model:
         self.reads: list[_Read] = []
         self.read_free = 0
         self.read_owner = 0          # index in _CLIENTS (round robin starts after it)
+        self.read_granted = False    # a read has been granted (the first one waits for its request)
         # the load and store engines' units
         self.loader_free = {MemType.INP: 0, MemType.WGT: 0}
         self.store_sram_free = 0
@@ -223,7 +224,7 @@ class _Model:
         if self.reads:
             first = min(r.request for r in self.reads)
             # Granted after every step that could still ask earlier (tie order last).
-            out.append((max(first, self.read_free), 9, "grant", None))
+            out.append((max(first + t.request_latency, self.read_free), 9, "grant", None))
         return out
 
     def _token(self, queue: str, index: int) -> int | None:
@@ -277,13 +278,16 @@ class _Model:
 
     def _grant(self, when: int) -> None:
         t = self.t
-        waiting = [r for r in self.reads if r.request <= when]
+        waiting = [r for r in self.reads if r.request + t.request_latency <= when]
         owner = _CLIENTS[self.read_owner]
         chained = [r for r in waiting if r.client == owner and r.request <= self.read_free]
         others = [r for r in waiting if r.client != owner and r.request <= (chained[0].request if chained else 0)]
         if chained and not others:
             read = chained[0]
-            end = max(self.read_free, read.request + t.chain_gap) + read.cycles
+            # The program's first read (fetch's) is the owner's too, but nobody holds the
+            # channels yet: its request is registered before its grant.
+            seen = read.request + (t.request_latency if not self.read_granted else 0)
+            end = max(self.read_free, seen + t.chain_gap) + read.cycles
             wait = 0
         else:
             # Round robin: the first requester after the last owner.
@@ -293,7 +297,7 @@ class _Model:
             end = grant + t.read_latency + read.cycles
             wait = grant - read.request
         self.reads.remove(read)
-        self.read_free, self.read_owner = end, _CLIENTS.index(read.client)
+        self.read_free, self.read_owner, self.read_granted = end, _CLIENTS.index(read.client), True
         if read.record is None:           # a fetch chunk: its words, a beat group each
             for j in range(read.count):
                 self.arrive[read.first_insn + j] = end - (read.count - 1 - j) * self.beat_cycles + t.fetch_check
