@@ -73,7 +73,7 @@ class Timing:
     #: a LOAD's last beat to the tile written (and its pending push ready)
     load_write: int = 2
     #: a STORE's launch to its first W beat, and its last W beat to the write response
-    store_issue: int = 4
+    store_issue: int = 5
     write_response: int = 3
     #: GEMM/ALU: every cycle an instruction costs beyond its micro-ops, its take, pop and push
     #: included (the rest is dispatch into the pipeline and its drain)

@@ -7,9 +7,11 @@ the SRAM read and the queue, so a quantized layer's epilogue costs the compute
 pipeline nothing).
 
 Entries are read from SRAM contiguously from ``sram_base`` into a small
-queue, through one register stage (the requantizer's bias add before it, its
-shift and clamp after it, so neither shares a cycle with the block-RAM read),
-and streamed to the DMA writer of the buffer's entry size. Reads are issued
+queue, through two register stages (the read data registered as it leaves the
+block RAM; then the requantizer's bias add before the second, its shift and
+clamp after it, so none of them shares a cycle with the block-RAM read, whose
+clock-to-out is 5.8 ns of an ECP5's 10), and streamed to the DMA writer of the
+buffer's entry size. Reads are issued
 only with room to spare, so the reads and the stage in flight never overflow
 the queue. Reads go by groups: each read takes, through the buffer's group
 read port, exactly the entries the writer will pack into one beat (the same
@@ -43,9 +45,9 @@ from ..regmap import ENGINE_STATES
 
 __all__ = ["StoreEngine", "requant_stage_layout", "requant_stage", "shift_and_clamp"]
 
-#: Groups the store queue holds: with a read and a staged group in flight, reads go on every
-#: cycle while the writer takes a group per cycle.
-_QUEUE_DEPTH = 5
+#: Groups the store queue holds: with a read, a fetched and a staged group in flight, reads go
+#: on every cycle while the writer takes a group per cycle.
+_QUEUE_DEPTH = 6
 
 #: The store engine's paths, one DMA writer each: (buffer read, buffer whose entries DRAM
 #: receives). ``req`` is the requantizing STORE (acc read, out-sized entries written).
@@ -135,8 +137,13 @@ class StoreEngine(wiring.Component):
         m.submodules.queue = queue = fifo.SyncFIFO(width=queue_layout.size, depth=_QUEUE_DEPTH)
         queue_in = data.View(queue_layout, queue.w_data)
         queue_out = data.View(queue_layout, queue.r_data)
-        # The stage holds what a read produced: the final group, or for the requantizing
-        # path its lanes with the bias added (shift and clamp follow into the queue).
+        # `fetched` holds a read's data as the block RAM gave it (per buffer, with the
+        # requantization it is for: a STORE launched meanwhile changes `requant`); the stage
+        # then holds the final group, or for the requantizing path its lanes with the bias
+        # added (shift and clamp follow into the queue).
+        fetched = {buffer: Signal.like(port.data, name=f"fetched_{buffer}") for buffer, port in ports.items()}
+        fetched_valid = Signal()
+        fetched_requant = Signal.like(requant)
         biased = data.ArrayLayout(c.acc_entry_bytes * 8, paths["req"][2])
         staged = Signal(data.UnionLayout({**layouts, "req": biased}))
         staged_valid = Signal()
@@ -153,7 +160,8 @@ class StoreEngine(wiring.Component):
         bias_pending = Signal()         # its read was issued last cycle: the data is on the port
         need_bias = selected["req"] & requant.bias & ~bias_valid
         bias_read = reading & need_bias & ~bias_pending
-        can_issue = reading & (queue.level + inflight + staged_valid < _QUEUE_DEPTH - 1) & (~need_bias | bias_pending)
+        can_issue = reading & (queue.level + inflight + fetched_valid + staged_valid < _QUEUE_DEPTH - 1) & \
+            (~need_bias | bias_pending)
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in paths.items()}
         count = Signal(range(max(lanes for _, _, lanes in paths.values()) + 1))
@@ -162,25 +170,29 @@ class StoreEngine(wiring.Component):
             with m.If(selected[name]):
                 m.d.comb += [count.eq(walk.count), last.eq(walk.last)]
         inflight_count = Signal.like(count)
+        fetched_count = Signal.like(count)
         staged_count = Signal.like(count)
         m.d.sync += [inflight.eq(can_issue), inflight_count.eq(count),
-                     staged_valid.eq(inflight), staged_count.eq(inflight_count),
-                     staged_requant.eq(requant_stage(c, requant.shift, requant.relu))]
+                     fetched_valid.eq(inflight), fetched_count.eq(inflight_count), fetched_requant.eq(requant),
+                     staged_valid.eq(fetched_valid), staged_count.eq(fetched_count),
+                     staged_requant.eq(requant_stage(c, fetched_requant.shift, fetched_requant.relu))]
+        with m.If(inflight):
+            m.d.sync += [fetched[buffer].eq(port.data) for buffer, port in ports.items()]
         m.d.comb += [ports["out"].addr.eq(addr), ports["acc"].addr.eq(Mux(bias_read, bias_index, addr))]
         m.d.sync += bias_pending.eq(bias_read)
         with m.If(bias_pending):
             m.d.sync += [bias_entry.eq(ports["acc"].data[0]), bias_valid.eq(1)]
         m.d.comb += queue.w_en.eq(staged_valid)
         for name, (buffer, entry, group_lanes) in paths.items():
-            read = ports[buffer].data
+            read = fetched[buffer]
             group = Signal(layouts[name], name=f"{name}_group")     # what enters the queue
             if name == "req":
-                stage_in = [add_bias(c, read[i], bias_entry, requant.bias) for i in range(group_lanes)]
+                stage_in = [add_bias(c, read[i], bias_entry, fetched_requant.bias) for i in range(group_lanes)]
                 entries = [shift_and_clamp(c, staged[name][i], staged_requant) for i in range(group_lanes)]
             else:
                 stage_in = [read[i] for i in range(group_lanes)]
                 entries = [staged[name].entries[i] for i in range(group_lanes)]
-            with m.If(inflight & selected[name]):
+            with m.If(fetched_valid & selected[name]):
                 if name == "req":
                     m.d.sync += [staged[name][i].eq(e) for i, e in enumerate(stage_in)]
                 else:
