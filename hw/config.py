@@ -437,8 +437,10 @@ PRESETS: dict[str, AccelConfig] = {
         out_buffer_bytes=64 * 1024, uop_buffer_bytes=64 * 1024, bus_width=256),
     # The board top on a ULX3S (LFE5U-85F, 25 MHz; `gemforge synth --board ulx3s`): tiny's
     # 4x4 core, its buffers and 64 KiB of board memory place, route and meet the 25 MHz clock
-    # (BENCHMARKS.md). An 8x8 core synthesized within the device but nextpnr's router had
-    # not converged after 20 minutes; larger cores need the Fmax work first.
+    # (BENCHMARKS.md). Larger cores synthesize within the device but have not routed: an 8x8
+    # core's router had not converged after 20 minutes, and a 16x16 core (10 of its 16 GEMM
+    # lanes' multipliers in LUTs, `gemforge synth --lut-lanes`) fills 90 % of the LUTs, where
+    # router2's overuse stopped falling after seven iterations (2.5 hours).
     "ulx3s": AccelConfig(
         name="ulx3s", batch=1, block_in=4, block_out=4,
         inp_buffer_bytes=1024, wgt_buffer_bytes=4096, acc_buffer_bytes=4096,
