@@ -254,7 +254,8 @@ class ComputePipeline(wiring.Component):
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
-        operand = Mux(r_use_imm, Cat(*([imm_lane] * lane_count)), fwd_b)
+        imm_lanes = Cat(*([imm_lane] * lane_count))
+        operand = Mux(r_use_imm, imm_lanes, fwd_b)
         # The micro-op now in S5 writes what this one reads: S5's registers take its result as
         # it leaves the ALU. The selects are registers (set when the two were in S4 and S3), so
         # the result passes one 2:1 multiplexer on its way round (and R6 takes it for the
@@ -272,22 +273,22 @@ class ComputePipeline(wiring.Component):
         # the next (a, b) is (r, r), (r, B), (A, r) or (A, B), A and B being S4's values. These
         # take the write-back from R6 directly (MIN/MAX has no MUL product in it) and B is the
         # immediate or the register operand (no GEMM's dot or zero): ALU values only.
-        s5_lt = Signal(lane_count)
-        lane_w = c.acc_width
-
         def signed_lanes(value):
-            return [v.as_signed() for v in lanes(value, lane_count, lane_w)]
-        takes_a = Signal(lane_count)      # where the lane's MIN/MAX result is its a (else its b)
-        m.d.comb += takes_a.eq(s5_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
+            return [v.as_signed() for v in lanes(value, lane_count, c.acc_width)]
+
         def less(x, y):
             # The sign of the 33-bit difference: the carry chain's last sum bit, where ``x < y``
             # costs a sign correction after the chain (a LUT level more on the ECP5).
             return (x - y)[-1]
+
+        s5_lt = Signal(lane_count)
+        takes_a = Signal(lane_count)      # where the lane's MIN/MAX result is its a (else its b)
+        m.d.comb += takes_a.eq(s5_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
         next_lt = []
         for i, (a5, b5, a4, b4) in enumerate(zip(
                 signed_lanes(s5_acc), signed_lanes(s5_b),
                 signed_lanes(Mux(wb4_a, s6_result, s4_acc_a)),
-                signed_lanes(Mux(r_use_imm, Cat(*([imm_lane] * lane_count)), Mux(wb4_b, s6_result, s4_acc_b))))):
+                signed_lanes(Mux(r_use_imm, imm_lanes, Mux(wb4_b, s6_result, s4_acc_b))))):
             result_lt_b4 = Mux(takes_a[i], less(a5, b4), less(b5, b4))
             a4_lt_result = Mux(takes_a[i], less(a4, a5), less(a4, b5))
             next_lt.append(Mux(take_a, ~take_b & result_lt_b4, Mux(take_b, a4_lt_result, less(a4, b4))))
