@@ -117,8 +117,11 @@ class StoreEngine(wiring.Component):
             m.d.comb += writer.cmd.p.eq(insn_cmd)
 
         # Bus: the owner's writer drives it (set at each launch; see the module docstring).
+        # `owner` is the owner's path index, and `selected` the same as one flip-flop per path,
+        # loaded with it: the bus mux, the walks and the bias reads then start at a register
+        # rather than at a decoder of `owner`.
         owner = Signal(range(len(paths)))   # the owner, and the path of the SRAM reads in progress
-        selected = {name: owner == i for name, i in path_index.items()}
+        selected = {name: Signal(name=f"{name}_selected", init=(i == 0)) for name, i in path_index.items()}
         for name, writer in writers.items():
             with m.If(selected[name]):
                 m.d.comb += connect_when_selected(self.bus, writer.bus)
@@ -160,8 +163,16 @@ class StoreEngine(wiring.Component):
         bias_pending = Signal()         # its read was issued last cycle: the data is on the port
         need_bias = selected["req"] & requant.bias & ~bias_valid
         bias_read = reading & need_bias & ~bias_pending
-        can_issue = reading & (queue.level + inflight + fetched_valid + staged_valid < _QUEUE_DEPTH - 1) & \
-            (~need_bias | bias_pending)
+        # `occupancy` counts the groups read and not yet taken by the writer (those in the queue,
+        # the read in flight, `fetched` and the stage); a read is issued only while it is below
+        # `_QUEUE_DEPTH - 1`, so the queue never overflows. `room` is that test for this cycle,
+        # registered from the count's next value, so that no adder stands in front of the reads.
+        occupancy = Signal(range(_QUEUE_DEPTH + 1))
+        room = Signal(init=1)
+        popped = Signal()
+        can_issue = reading & room & (~need_bias | bias_pending)
+        occupancy_next = occupancy + can_issue - popped
+        m.d.sync += [occupancy.eq(occupancy_next), room.eq(occupancy_next < _QUEUE_DEPTH - 1)]
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in paths.items()}
         count = Signal(range(max(lanes for _, _, lanes in paths.values()) + 1))
@@ -210,7 +221,7 @@ class StoreEngine(wiring.Component):
                 m.d.sync += [bias_valid.eq(0), bias_index.eq(bias_index + 1)]    # after the latch: wins
             with m.If(last):
                 m.d.sync += reading.eq(0)
-        m.d.comb += self.bytes_written.eq(0)
+        m.d.comb += [self.bytes_written.eq(0), popped.eq(queue.r_en & queue.r_rdy)]
         for name, writer in writers.items():
             m.d.comb += writer.inp.p.eq(queue_out[name])
             with m.If(selected[name]):
@@ -250,6 +261,7 @@ class StoreEngine(wiring.Component):
                         with m.If(writer.cmd.ready & launch_ok):
                             m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
                                          owner.eq(insn_path), bias_valid.eq(0), bias_index.eq(insn.bias_base)]
+                            m.d.sync += [selected[other].eq(other == name) for other in writers]
                             m.d.sync += [requant[name].eq(insn[name]) for name in _REQUANT_FIELDS]
                             for walk in walks.values():
                                 walk.start(insn_cmd)
