@@ -199,7 +199,7 @@ class Accelerator(CheckedComponent):
         bus_quiet = (reads_out == 0) & (writes_out == 0) & ~axi.arvalid & ~axi.awvalid
         bus_pending = ~bus_quiet | axi.rvalid | axi.wvalid | axi.bvalid
 
-        # Faults seen this cycle, most specific first.
+        # Bus errors in this cycle's responses, and the deadlock watchdog (`sources` below).
         read_error = axi.rvalid & axi.rready & (axi.rresp != RESP_OKAY)
         write_error = b_fire & (axi.bresp != RESP_OKAY)
         watchdog = Signal(range(DEADLOCK_CYCLES + 1))
@@ -218,31 +218,38 @@ class Accelerator(CheckedComponent):
         with m.Elif(watchdog != DEADLOCK_CYCLES):
             m.d.sync += watchdog.eq(watchdog + 1)
         stuck = watchdog == DEADLOCK_CYCLES
-        fault = Signal(FAULT_BITS)
-        info = Signal(32)
-        with m.If(fetch.fault != Fault.NONE):
-            m.d.comb += [fault.eq(fetch.fault), info.eq(fetch.fetched)]
-        with m.Elif(compute.index_fault):
-            m.d.comb += [fault.eq(Fault.BUFFER_RANGE), info.eq(0xFFFF_FFFF)]
-        with m.Elif(read_error):
-            m.d.comb += [fault.eq(Fault.BUS_ERROR), info.eq(axi.rid)]
-        with m.Elif(write_error):
-            m.d.comb += [fault.eq(Fault.BUS_ERROR), info.eq(ERROR_INFO_WRITE | axi.bid)]
-        with m.Elif(abort_req):
-            m.d.comb += fault.eq(Fault.ABORTED)
-        with m.Elif(stuck):
-            m.d.comb += fault.eq(Mux(finished, Fault.TOKEN_IMBALANCE,
-                                     Mux(all_idle, Fault.NO_FINISH, Fault.DEADLOCK)))
-        with m.Elif(finished & all_idle & tokens_left):
-            m.d.comb += fault.eq(Fault.TOKEN_IMBALANCE)
-        # Acted on a cycle later: the fault sources sit all over the design (the AXI response
-        # beside the engines, the fetch, the compute pipeline), and their priority mux feeding
-        # the fault registers' enables was tiny's critical path on the ECP5 (14.3 ns, 80% of it
-        # routing). A cycle later is still before the program could end: every source but
-        # ABORT is raised while its engine is busy, and a token imbalance holds DONE back itself.
-        fault_seen = Signal(FAULT_BITS)
+        # The fault sources, most specific first: (raised, code, info). Each is registered where
+        # it arises, and the first raised one is picked a cycle later, from the registers: the
+        # sources sit all over the design (the AXI responses beside the engines, the fetch, the
+        # compute pipeline), and a priority mux over them in front of the fault registers was
+        # tiny's critical path on the ECP5 (14.3 ns, 80 % of it routing; then 11.8 ns from the
+        # read arbiter's grant through RREADY). A cycle later is still before the program could
+        # end: every source but ABORT is raised while its engine is busy, and a token imbalance
+        # holds DONE back itself.
+        sources = [
+            (fetch.fault != Fault.NONE, fetch.fault, fetch.fetched),
+            (compute.index_fault, Fault.BUFFER_RANGE, 0xFFFF_FFFF),
+            (read_error, Fault.BUS_ERROR, axi.rid),
+            (write_error, Fault.BUS_ERROR, ERROR_INFO_WRITE | axi.bid),
+            (abort_req, Fault.ABORTED, 0),
+            (stuck, Mux(finished, Fault.TOKEN_IMBALANCE, Mux(all_idle, Fault.NO_FINISH, Fault.DEADLOCK)), 0),
+            (finished & all_idle & tokens_left, Fault.TOKEN_IMBALANCE, 0),
+        ]
+        fault_seen = Signal(FAULT_BITS)      # the first source raised a cycle ago, or NONE
         info_seen = Signal(32)
-        m.d.sync += [fault_seen.eq(Mux(busy & ~aborting, fault, Fault.NONE)), info_seen.eq(info)]
+        for index, (raised, code, info) in reversed(list(enumerate(sources))):
+            raised_seen = Signal(name=f"fault_source_{index}")
+            m.d.sync += raised_seen.eq(raised & busy & ~aborting)
+            values = []
+            for part, value in (("code", code), ("info", info)):
+                value = Value.cast(value)
+                if not isinstance(value, Const):
+                    held = Signal.like(value, name=f"fault_source_{index}_{part}")
+                    m.d.sync += held.eq(value)
+                    value = held
+                values.append(value)
+            with m.If(raised_seen):        # the last `If` written wins: the first source
+                m.d.comb += [fault_seen.eq(values[0]), info_seen.eq(values[1])]
 
         with m.If(start_req):
             m.d.sync += [busy.eq(start), done.eq(0), error.eq(~start), finished.eq(0),
