@@ -78,21 +78,31 @@ class UopLoop(wiring.Component):
         off = {k: getattr(self, f"{k}_offset") for k in self._kinds}              # + j · factor_in
         factor = {k: (getattr(self, f"{k}_factor_out"), getattr(self, f"{k}_factor_in")) for k in self._kinds}
 
-        # ``u`` follows ``uop_next``, so the next micro-op's index is known a cycle ahead.
+        # ``u`` follows ``uop_next``, so the next micro-op's index is known a cycle ahead. That
+        # index addresses the micro-op buffer's block RAM, so it is chosen from registers only:
+        # ``u + 1`` and whether ``u`` ends the range are kept beside ``u`` (the increment and
+        # the compare with ``uop_end`` in front of the RAM's address were one of tiny's longest
+        # paths on the ECP5).
         u_next = self.uop_next
+        u_inc = Signal.like(u)          # u + 1
+        u_last = Signal()               # u + 1 == uop_end: the loop wraps to uop_bgn after u
+        single = Signal()               # uop_bgn + 1 == uop_end: u_last after every wrap
         m.d.comb += u_next.eq(u)
         m.d.sync += u.eq(u_next)
         with m.If(self.start):
+            first_single = self.uop_bgn + 1 == self.uop_end
             m.d.comb += u_next.eq(self.uop_bgn)
-            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0)]
+            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0),
+                         u_inc.eq(self.uop_bgn + 1), u_last.eq(first_single), single.eq(first_single)]
             for k in self._kinds:
                 m.d.sync += [base[k].eq(0), off[k].eq(0)]
         with m.Elif(gap):
             m.d.sync += gap.eq(0)
         with m.Elif(run):
             m.d.sync += gap.eq(self.half_rate)
-            with m.If(u + 1 == self.uop_end):
+            with m.If(u_last):
                 m.d.comb += u_next.eq(self.uop_bgn)
+                m.d.sync += [u_inc.eq(self.uop_bgn + 1), u_last.eq(single)]
                 with m.If(j + 1 == self.iter_in):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
                     for k, (fo, _fi) in factor.items():
@@ -104,5 +114,6 @@ class UopLoop(wiring.Component):
                     for k, (_fo, fi) in factor.items():
                         m.d.sync += off[k].eq(off[k] + fi)
             with m.Else():
-                m.d.comb += u_next.eq(u + 1)
+                m.d.comb += u_next.eq(u_inc)
+                m.d.sync += [u_inc.eq(u_inc + 1), u_last.eq(u_inc + 1 == self.uop_end)]
         return m
