@@ -149,9 +149,12 @@ class BurstGenerator(CheckedComponent):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
+                # Loaded in every idle cycle, offered or not (nothing reads them while idle):
+                # so the command's valid, a decision of the client's, drives only the state, not
+                # the enables of these registers (a path of 11.8 ns on tiny's ECP5 build).
+                m.d.sync += [cmd.eq(self.cmd.p), rows_left.eq(self.cmd.p.y_size)]
+                load_row(self.cmd.p.base, self.cmd.p.x_size)
                 with m.If(self.cmd.valid):
-                    m.d.sync += [cmd.eq(self.cmd.p), rows_left.eq(self.cmd.p.y_size)]
-                    load_row(self.cmd.p.base, self.cmd.p.x_size)
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.busy.eq(1)
