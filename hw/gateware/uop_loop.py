@@ -68,8 +68,14 @@ class UopLoop(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        i = Signal(LOOP_ITER_BITS)
-        j = Signal(LOOP_ITER_BITS)
+        # The loop counters count down the iterations left after the current one, and whether
+        # it is the last is a flip-flop beside each: the offsets' 32-bit registers load on those
+        # flags (a compare of ``j + 1`` with ``iter_in`` in front of their enables was another
+        # of tiny's longest paths).
+        i_left = Signal(LOOP_ITER_BITS)
+        j_left = Signal(LOOP_ITER_BITS)
+        i_last = Signal()       # i_left == 0
+        j_last = Signal()       # j_left == 0
         u = self.uop
         run = Signal()          # micro-ops remain
         gap = Signal()          # half rate: the cycle after an issue issues nothing
@@ -92,7 +98,9 @@ class UopLoop(wiring.Component):
         with m.If(self.start):
             first_single = self.uop_bgn + 1 == self.uop_end
             m.d.comb += u_next.eq(self.uop_bgn)
-            m.d.sync += [run.eq(1), gap.eq(0), i.eq(0), j.eq(0),
+            m.d.sync += [run.eq(1), gap.eq(0),
+                         i_left.eq(self.iter_out - 1), i_last.eq(self.iter_out == 1),
+                         j_left.eq(self.iter_in - 1), j_last.eq(self.iter_in == 1),
                          u_inc.eq(self.uop_bgn + 1), u_last.eq(first_single), single.eq(first_single)]
             for k in self._kinds:
                 m.d.sync += [base[k].eq(0), off[k].eq(0)]
@@ -103,14 +111,15 @@ class UopLoop(wiring.Component):
             with m.If(u_last):
                 m.d.comb += u_next.eq(self.uop_bgn)
                 m.d.sync += [u_inc.eq(self.uop_bgn + 1), u_last.eq(single)]
-                with m.If(j + 1 == self.iter_in):
-                    m.d.sync += [j.eq(0), i.eq(i + 1)]
+                with m.If(j_last):
+                    m.d.sync += [j_left.eq(self.iter_in - 1), j_last.eq(self.iter_in == 1),
+                                 i_left.eq(i_left - 1), i_last.eq(i_left == 1)]
                     for k, (fo, _fi) in factor.items():
                         m.d.sync += [base[k].eq(base[k] + fo), off[k].eq(base[k] + fo)]
-                    with m.If(i + 1 == self.iter_out):
+                    with m.If(i_last):
                         m.d.sync += run.eq(0)
                 with m.Else():
-                    m.d.sync += j.eq(j + 1)
+                    m.d.sync += [j_left.eq(j_left - 1), j_last.eq(j_left == 1)]
                     for k, (_fo, fi) in factor.items():
                         m.d.sync += off[k].eq(off[k] + fi)
             with m.Else():
