@@ -79,11 +79,18 @@ class FetchEngine(wiring.Component):
         requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
         insn_log = exact_log2(insn_bytes(c))
 
-        chunk = Mux(to_read < CHUNK, to_read, CHUNK)
+        # The next request's size, min(to_read, CHUNK), and whether one is due, are registers
+        # kept with `to_read` (a 32-bit compare and zero test in front of the reader's command
+        # registers was one of tiny's longest paths on the ECP5).
+        chunk = Signal(range(CHUNK + 1))
+        to_request = Signal()       # to_read != 0
+
+        def set_to_read(value):
+            m.d.sync += [to_read.eq(value), chunk.eq(Mux(value < CHUNK, value, CHUNK)), to_request.eq(value != 0)]
         m.d.comb += [
             reader.cmd.p.base.eq(next_entry), reader.cmd.p.y_size.eq(1),
             reader.cmd.p.x_size.eq(chunk), reader.cmd.p.x_stride.eq(0),
-            reader.cmd.valid.eq((to_read != 0) & (queue.level + requested <= CHUNK)),
+            reader.cmd.valid.eq(to_request & (queue.level + requested <= CHUNK)),
             reader.out.ready.eq(1),      # requests never exceed the queue's free room
         ]
         req_fire = reader.cmd.valid & reader.cmd.ready
@@ -123,7 +130,8 @@ class FetchEngine(wiring.Component):
                      queue.w_data.eq(written), queue.w_en.eq(queued_valid)]
         m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - queued_valid)
         with m.If(req_fire):
-            m.d.sync += [next_entry.eq(next_entry + chunk), to_read.eq(to_read - chunk)]
+            m.d.sync += next_entry.eq(next_entry + chunk)
+            set_to_read(to_read - chunk)
 
         # Dispatch.
         head = data.View(entry, queue.r_data)
@@ -137,8 +145,9 @@ class FetchEngine(wiring.Component):
             m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
 
         with m.If(self.start):
-            m.d.sync += [next_entry.eq(self.address >> insn_log), to_read.eq(self.count),
-                         to_dispatch.eq(self.count), self.fetched.eq(0), arrived.eq(0), total.eq(self.count)]
+            m.d.sync += [next_entry.eq(self.address >> insn_log), to_dispatch.eq(self.count), self.fetched.eq(0),
+                         arrived.eq(0), total.eq(self.count)]
+            set_to_read(self.count)
 
         m.d.comb += [
             self.busy.eq(to_dispatch != 0),
