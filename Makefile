@@ -31,7 +31,7 @@ test-slow: install
 
 # The GPU figures come from BENCHMARKS.gpu.json, measured on a machine with a GPU by
 # `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none. The
-# synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about half an hour), the
+# synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about an hour), the
 # design sweep's from BENCHMARKS.sweep.json (`make bench-sweep`, under an hour).
 bench: install
 	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \

