@@ -301,18 +301,16 @@ def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SE
             if target == "generic":
                 runs = [(None, *synthesize(None))]
             elif board is None:
-                # Threads suffice: each placement is a nextpnr process (the GIL is released while
-                # the thread waits on it).
+                # In waves of `jobs` seeds, so that a refusal (the same for every seed) stops the
+                # draws after the first wave. Threads suffice: each placement is a nextpnr process
+                # (the GIL is released while the thread waits on it).
+                runs = []
                 with ThreadPoolExecutor(max_workers=min(jobs, len(seeds))) as pool:
-                    futures = [pool.submit(synthesize, seed) for seed in seeds]
-                    runs = []
-                    for seed, future in zip(seeds, futures):
-                        if future.cancelled():
-                            continue
-                        runs.append((seed, *future.result()))
-                        if runs[-1][1]["status"] == "does not fit":     # for every seed: no more draws
-                            for later in futures:
-                                later.cancel()
+                    for first in range(0, len(seeds), jobs):
+                        wave = seeds[first:first + jobs]
+                        runs += [(seed, *run) for seed, run in zip(wave, pool.map(synthesize, wave))]
+                        if any(run["status"] == "does not fit" for _, run, _ in runs):
+                            break
             else:
                 runs = []
                 for seed in seeds:
