@@ -8,15 +8,16 @@ names the platforms this was written for:
 
 * ``ulx3s-85f``: Radiona ULX3S, LFE5U-85F, 25 MHz, UART through the on-board FTDI (US1).
   The ``ulx3s`` config (tiny's core) with 64 KiB of board memory places and routes
-  (nextpnr-ecp5 seed 1, `make bench-synth` at bc79444): 24,482 of 83,640 LUT4-sites, 10,008
-  flip-flops, 86 of 208 DP16KD, 29 of 156 MULT18X18D, 63.05 MHz against the 25 MHz clock.
+  (nextpnr-ecp5 seed 1, `make bench-synth` at 9d41388): 26,009 of 83,640 LUT4-sites, 10,445
+  flip-flops, 86 of 208 DP16KD, 29 of 156 MULT18X18D, 69.04 MHz against the 25 MHz clock.
 * ``icebreaker``: 1BitSquared iCEBreaker, iCE40UP5K, 12 MHz, UART through the FTDI's
   second channel. The design elaborates with its pins, but even the ``tiny`` accelerator
-  does not fit the UP5K (synth_ice40, 4 KiB board memory, measured: 17,479 LUT4 of 5,280,
-  93 RAM40 of 30, 31 MAC16 of 8), and a smaller config does not help: a 1×1 core with a
-  16-bit accumulator, the smallest buffers and queues of depth 2 still needs 16,356 LUT4
-  (bare accelerator). The core is a fifth of the logic; the DMA tile loaders, the store
-  engine's writers and requantizer, fetch and the registers are the rest. A UP5K build
+  does not fit the UP5K (synth_ice40, 4 KiB board memory, measured at 9d41388: 23,359 LUT4 of
+  5,280, 94 RAM40 of 30, 15 MAC16 of 8 with some GEMM lanes' multipliers already in LUTs), and a
+  smaller config does not help: a 1×1 core with a 16-bit accumulator, the smallest buffers and
+  queues of depth 2 still needs 19,400 LUT4 (bare accelerator, against tiny's 22,378). The core
+  is a small part of the logic; the DMA tile loaders, the store engine's writers and
+  requantizer, fetch and the registers are the rest. A UP5K build
   needs a serial control plane (one shared DMA engine, narrower counters), and the board
   memory in SPRAM, which the dual-ported `AxiMemory` does not map to.
 

@@ -456,7 +456,7 @@ def test_ulx3s_preset_on_its_board_makes_a_bitstream(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_icebreaker_board_is_refused_with_the_figures(tmp_path):
-    """Even the tiny accelerator needs about three times the iCE40UP5K's logic cells."""
+    """Even the tiny accelerator needs about four times the iCE40UP5K's logic cells."""
     with pytest.raises(FitError, match=r"needs [\d,]+ LUT4 after synthesis but the iCE40UP5K has 5,280"):
         run_synth(PRESETS["tiny"], "ice40-up5k", tmp_path, bitstream=True, board_memory=4096)
     report = json.loads((tmp_path / "report.json").read_text())
