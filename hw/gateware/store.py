@@ -116,11 +116,9 @@ class StoreEngine(wiring.Component):
         for writer in writers.values():
             m.d.comb += writer.cmd.p.eq(insn_cmd)
 
-        # Bus: the owner's writer drives it (set at each launch; see the module docstring).
-        # `owner` is the owner's path index, and `selected` the same as one flip-flop per path,
-        # loaded with it: the bus mux, the walks and the bias reads then start at a register
-        # rather than at a decoder of `owner`.
-        owner = Signal(range(len(paths)))   # the owner, and the path of the SRAM reads in progress
+        # Bus: the owner's writer drives it (set at each launch; see the module docstring). The
+        # owner, also the path of the SRAM reads in progress, is one flip-flop per path, so the bus
+        # mux, the walks and the bias reads start at a register rather than at a decoder.
         selected = {name: Signal(name=f"{name}_selected", init=(i == 0)) for name, i in path_index.items()}
         for name, writer in writers.items():
             with m.If(selected[name]):
@@ -169,9 +167,8 @@ class StoreEngine(wiring.Component):
         # registered from the count's next value, so that no adder stands in front of the reads.
         occupancy = Signal(range(_QUEUE_DEPTH + 1))
         room = Signal(init=1)
-        popped = Signal()
         can_issue = reading & room & (~need_bias | bias_pending)
-        occupancy_next = occupancy + can_issue - popped
+        occupancy_next = occupancy + can_issue - (queue.r_en & queue.r_rdy)
         m.d.sync += [occupancy.eq(occupancy_next), room.eq(occupancy_next < _QUEUE_DEPTH - 1)]
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in paths.items()}
@@ -221,7 +218,7 @@ class StoreEngine(wiring.Component):
                 m.d.sync += [bias_valid.eq(0), bias_index.eq(bias_index + 1)]    # after the latch: wins
             with m.If(last):
                 m.d.sync += reading.eq(0)
-        m.d.comb += [self.bytes_written.eq(0), popped.eq(queue.r_en & queue.r_rdy)]
+        m.d.comb += self.bytes_written.eq(0)
         for name, writer in writers.items():
             m.d.comb += writer.inp.p.eq(queue_out[name])
             with m.If(selected[name]):
@@ -253,14 +250,15 @@ class StoreEngine(wiring.Component):
                 # (Fetch dispatches no STORE with a zero size: `InsnChecker`.)
                 # The reads of the previous STORE are issued; a change of writer also
                 # waits for the previous owner's last write response.
-                switch_ok = (insn_path == owner) | ~owner_busy
+                same_owner = Cat(selected[name] & (insn_path == i) for name, i in path_index.items()).any()
+                switch_ok = same_owner | ~owner_busy
                 launch_ok = ~reading & pushes.ready & switch_ok
                 for name, writer in writers.items():
                     with m.If(insn_path == path_index[name]):
                         m.d.comb += writer.cmd.valid.eq(launch_ok)
                         with m.If(writer.cmd.ready & launch_ok):
                             m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
-                                         owner.eq(insn_path), bias_valid.eq(0), bias_index.eq(insn.bias_base)]
+                                         bias_valid.eq(0), bias_index.eq(insn.bias_base)]
                             m.d.sync += [selected[other].eq(other == name) for other in writers]
                             m.d.sync += [requant[name].eq(insn[name]) for name in _REQUANT_FIELDS]
                             for walk in walks.values():
