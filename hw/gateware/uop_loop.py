@@ -95,13 +95,13 @@ class UopLoop(wiring.Component):
         single = Signal()               # uop_bgn + 1 == uop_end: u_last after every wrap
         m.d.comb += u_next.eq(u)
         m.d.sync += u.eq(u_next)
+        bgn_inc = self.uop_bgn + 1
+        restart_j = [j_left.eq(self.iter_in - 1), j_last.eq(self.iter_in == 1)]
         with m.If(self.start):
-            first_single = self.uop_bgn + 1 == self.uop_end
             m.d.comb += u_next.eq(self.uop_bgn)
-            m.d.sync += [run.eq(1), gap.eq(0),
+            m.d.sync += [run.eq(1), gap.eq(0), *restart_j,
                          i_left.eq(self.iter_out - 1), i_last.eq(self.iter_out == 1),
-                         j_left.eq(self.iter_in - 1), j_last.eq(self.iter_in == 1),
-                         u_inc.eq(self.uop_bgn + 1), u_last.eq(first_single), single.eq(first_single)]
+                         u_inc.eq(bgn_inc), u_last.eq(bgn_inc == self.uop_end), single.eq(bgn_inc == self.uop_end)]
             for k in self._kinds:
                 m.d.sync += [base[k].eq(0), off[k].eq(0)]
         with m.Elif(gap):
@@ -110,10 +110,9 @@ class UopLoop(wiring.Component):
             m.d.sync += gap.eq(self.half_rate)
             with m.If(u_last):
                 m.d.comb += u_next.eq(self.uop_bgn)
-                m.d.sync += [u_inc.eq(self.uop_bgn + 1), u_last.eq(single)]
+                m.d.sync += [u_inc.eq(bgn_inc), u_last.eq(single)]
                 with m.If(j_last):
-                    m.d.sync += [j_left.eq(self.iter_in - 1), j_last.eq(self.iter_in == 1),
-                                 i_left.eq(i_left - 1), i_last.eq(i_left == 1)]
+                    m.d.sync += [*restart_j, i_left.eq(i_left - 1), i_last.eq(i_left == 1)]
                     for k, (fo, _fi) in factor.items():
                         m.d.sync += [base[k].eq(base[k] + fo), off[k].eq(base[k] + fo)]
                     with m.If(i_last):
