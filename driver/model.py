@@ -264,11 +264,13 @@ class Model:
         return max(16 << 20, 1 << (need - 1).bit_length())
 
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
-        """``node`` compiled for a host target (once per model and target)."""
+        """``node`` compiled for a host target (once per model and target). Keyed by the tensor
+        it writes, which no other node writes (a model file from before node names were made
+        unique may repeat a name)."""
         kernels = self._kernels.setdefault(target_kind, {})
-        if node.name not in kernels:
-            kernels[node.name] = host_kernel(self.graph, node, target_of(target_kind))
-        return kernels[node.name]
+        if node.output not in kernels:
+            kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
+        return kernels[node.output]
 
     def _cpu_device(self):
         if self._cpu is None:

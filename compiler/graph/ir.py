@@ -113,6 +113,22 @@ class Graph:
             name, i = f"{base}_{i}", i + 1
         return name
 
+    def unique_node_names(self) -> Graph:
+        """Give every node a name of its own: host kernels and accelerator layers are keyed by
+        node name, and the passes derive names (``bn/scale``, ``x/requantize``) that the model
+        or another pass may already use. A later node whose name is taken becomes ``name#k``."""
+        taken = {node.name for node in self.nodes}
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                k = 1
+                while f"{node.name}#{k}" in taken:
+                    k += 1
+                node.name = f"{node.name}#{k}"
+                taken.add(node.name)
+            seen.add(node.name)
+        return self
+
     def add_constant(self, base: str, array: np.ndarray, exponent: int | None = None) -> str:
         name = self.fresh_name(base)
         self.constants[name] = array

@@ -76,6 +76,11 @@ class _Importer:
     def __init__(self, model: onnx.ModelProto, batch: int, input_shapes: dict[str, tuple[int, ...]]) -> None:
         self.model = model
         self.batch = batch
+        # Every tensor name the model uses, so that a name made up here (a Gemm's scaled weight
+        # ``y/w``) never takes one a later node writes or an initializer already holds.
+        g = model.graph
+        self.onnx_names: set[str] = {t.name for t in (*g.initializer, *g.input, *g.output)}
+        self.onnx_names.update(o for node in g.node for o in node.output)
         self.input_shapes = input_shapes
         self.values: dict[str, Value] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -270,11 +275,18 @@ class _Importer:
         elif beta != 1.0:
             raise self.fail(node, "a variable C is supported with beta=1 only")
         # A full-matrix (or variable) C: a separate, broadcasting Add.
-        product = self.emit("dense", node, inputs, output=node.output[0] + "/matmul", relu=False)
+        product = self.emit("dense", node, inputs, output=self._fresh(node.output[0] + "/matmul"), relu=False)
         self.emit("add", node, [product, c], relu=False)
 
+    def _fresh(self, base: str) -> str:
+        """``base``, or ``base_k``: a tensor name neither the model nor this import uses."""
+        name, k = base, 1
+        while name in self.values or name in self.onnx_names:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
     def _const_like(self, node, suffix: str, array: np.ndarray) -> str:
-        name = f"{node.output[0]}/{suffix}"
+        name = self._fresh(f"{node.output[0]}/{suffix}")
         self.add_constant(name, array)
         return name
 

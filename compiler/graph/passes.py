@@ -250,7 +250,7 @@ def run_passes(graph: Graph, passes: list[GraphPass], trace: Callable[[str], Non
     if trace:
         trace(f"== import\n{graph.dump()}")
     for graph_pass in passes:
-        graph = graph_pass(graph)
+        graph = graph_pass(graph).unique_node_names()
         if trace:
             trace(f"== {graph_pass.__name__}\n{graph.dump()}")
     return graph

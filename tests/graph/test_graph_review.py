@@ -171,3 +171,47 @@ def test_conv_padded_beyond_its_kernel_and_input_checks(tmp_path, capsys):
     (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
     assert main(["compile", str(tmp_path / "m.onnx"), "--config", "tiny", "-o", str(tmp_path / "m.gfm")]) == 2
     assert "--config chooses the accelerator of an int8 network" in capsys.readouterr().err
+
+
+def test_made_up_tensor_names_never_take_the_models():
+    """A Gemm's scaled weight and bias get made-up names (``y/w``, ``y/bias``); a model may
+    already use them, as an initializer or as a later node's output."""
+    rng = np.random.default_rng(21)
+    init = {"w": rng.normal(size=(3, 5)).astype(np.float32), "c": rng.normal(size=(5,)).astype(np.float32),
+            "y/bias": rng.normal(size=(5,)).astype(np.float32)}
+    m = model([N("Gemm", ["x", "w", "c"], ["y"], beta=2.0), N("Add", ["y", "y/bias"], ["t"]),
+               N("Relu", ["t"], ["y/w"]), N("Add", ["y/w", "y/bias"], ["z"])],
+              [("x", [2, 3])], [("z", [2, 5])], init)
+    x = rng.normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_node_names_the_passes_make_up_stay_unique():
+    """Nodes the import and the passes add (``y/identity``, ``bn/scale``, ``x/quantize``) and two
+    requantizations of one tensor for two Concats each get a name, and a kernel, of their own."""
+    rng = np.random.default_rng(22)
+    init = {"k": np.float32(3.0), "s": rng.uniform(0.5, 2, 4).astype(np.float32),
+            "b": rng.normal(size=4).astype(np.float32), "mean": rng.normal(size=4).astype(np.float32),
+            "var": rng.uniform(0.5, 2, 4).astype(np.float32)}
+    m = model([N("Mul", ["x", "k"], ["m"], name="y/identity"), N("Relu", ["m"], ["r"], name="bn/scale"),
+               N("BatchNormalization", ["r", "s", "b", "mean", "var"], ["n"], name="bn"),
+               N("Identity", ["n"], ["y"])], [("x", [2, 4])], [("y", [2, 4])], init)
+    x = rng.normal(size=(2, 4)).astype(np.float32)
+    net = compile_model(m)
+    assert len({node.name for node in net.graph.nodes}) == len(net.graph.nodes)
+    np.testing.assert_allclose(net.run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+    # DenseNet-style reuse: x joins two Concats whose other inputs need different scales.
+    m = model([N("Mul", ["x", "k10"], ["m10"], name="x/quantize"), N("Mul", ["x", "k100"], ["m100"]),
+               N("Concat", ["x", "m10"], ["y1"], axis=1), N("Concat", ["x", "m100"], ["y2"], axis=1)],
+              [("x", [2, 4])], [("y1", [2, 8]), ("y2", [2, 8])],
+              {"k10": np.float32(10), "k100": np.float32(100)})
+    q = compile_model(m, quantize="int8", calibrate=rng.normal(size=(16, 2, 4)).astype(np.float32),
+                      config="tiny")
+    assert len({node.name for node in q.graph.nodes}) == len(q.graph.nodes)
+    assert len([node for node in q.graph.nodes if node.op == "requantize"]) == 2
+    exact = evaluate(q.graph, {"x": x})
+    for device in ("cpu", "fsim"):
+        got = q.run(x, device)
+        for name in ("y1", "y2"):
+            np.testing.assert_array_equal(got[name], exact[name])
