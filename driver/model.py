@@ -205,22 +205,34 @@ class Model:
         return feeds
 
     def _chunks(self, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """The runs that make up ``feeds``: the inputs with a symbolic batch dimension may hold
+        any multiple of the compiled batch, run a batch at a time (the other inputs go whole
+        to every run), where the network keeps the items apart (`batch.batch_mixing`)."""
+        notes = self.graph.notes
+        # Files from before the note: every input was taken as batched.
+        batched = set(notes.get("batched_inputs", self.inputs if notes.get("symbolic_batch") else ()))
         counts = set()
         for name, shape in self.inputs.items():
             array = feeds[name]
             if array.shape == tuple(shape):
-                counts.add(1)
-            elif self.graph.notes.get("symbolic_batch") and array.ndim == len(shape) and \
+                if name in batched:
+                    counts.add(1)
+            elif name in batched and array.ndim == len(shape) and \
                     array.shape[1:] == tuple(shape[1:]) and array.shape[0] % shape[0] == 0 and array.shape[0]:
                 counts.add(array.shape[0] // shape[0])
             else:
-                allowed = (f"{list(shape)}, or a multiple of its batch {shape[0]}"
-                           if self.graph.notes.get("symbolic_batch") else f"{list(shape)}")
+                allowed = f"{list(shape)}, or a multiple of its batch {shape[0]}" if name in batched else f"{list(shape)}"
                 raise ModelError(f"input {name!r} has shape {list(array.shape)}; the model was compiled for {allowed}")
-        if len(counts) != 1:
-            raise ModelError("the inputs hold different numbers of batches")
-        n = counts.pop()
-        return [{name: feeds[name][i * shape[0]:(i + 1) * shape[0]] if n > 1 else feeds[name]
+        if len(counts) > 1:
+            raise ModelError("the batched inputs hold different numbers of batches: "
+                             + ", ".join(f"{name!r} {feeds[name].shape[0]} items" for name in self.inputs
+                                         if name in batched))
+        n = counts.pop() if counts else 1
+        if n > 1 and notes.get("batch_mixing"):
+            size = self.inputs[next(name for name in self.inputs if name in batched)][0]
+            raise ModelError(f"the model was compiled for batch {size} and cannot run {n * size} items a batch at a "
+                             f"time: {notes['batch_mixing']}; compile it with --batch {n * size}")
+        return [{name: feeds[name][i * shape[0]:(i + 1) * shape[0]] if n > 1 and name in batched else feeds[name]
                  for name, shape in self.inputs.items()} for i in range(n)]
 
     def _open(self, device, options) -> tuple[bool, Any]:

@@ -23,6 +23,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig, load_config
 
 from .accel import AccelLayer, pack_layouts, partition, plan_memory
+from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
 from .passes import fold_batch_norm, fold_constants, fuse, infer_shapes
@@ -86,6 +87,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     if quantize_to is None:
         for node in graph.nodes:
             node.device = "cpu"
+        _note_batch_mixing(graph)
         return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start)
     peaks = calibrate(graph, _samples(graph, calibration))
     graph = quantize(graph, peaks)
@@ -107,5 +109,12 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     else:
         for node in graph.nodes:
             node.device = "cpu"
+    _note_batch_mixing(graph)
     net.compile_seconds = time.perf_counter() - start
     return net
+
+
+def _note_batch_mixing(graph: Graph) -> None:
+    """Record whether the network may run a multiple of its batch in chunks (`batch.batch_mixing`)."""
+    if graph.notes.get("symbolic_batch"):
+        graph.notes["batch_mixing"] = batch_mixing(graph, graph.notes.get("batched_inputs", []))

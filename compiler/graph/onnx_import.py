@@ -87,6 +87,7 @@ class _Importer:
         self.nodes: list[Node] = []
         self.alias: dict[str, str] = {}   # Identity/Dropout outputs → their input
         self.symbolic_batch = False
+        self.batched_inputs: list[str] = []      # inputs whose first dimension is the symbolic batch
         self.node_names: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -169,6 +170,7 @@ class _Importer:
             outputs.append(o)
         g = Graph(inputs, outputs, self.nodes, self.values, self.constants)
         g.notes["symbolic_batch"] = self.symbolic_batch
+        g.notes["batched_inputs"] = self.batched_inputs
         g.prune()
         return g
 
@@ -186,6 +188,7 @@ class _Importer:
                 elif axis == 0:
                     shape.append(self.batch)      # a symbolic batch: the compiled batch size
                     self.symbolic_batch = True
+                    self.batched_inputs.append(vi.name)
                 else:
                     raise GraphError(f"model input {vi.name!r} has a symbolic dimension {axis} "
                                      f"({dim.dim_param or '?'}); give its shape explicitly")
