@@ -14,7 +14,9 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   shifts right with rounding into its output's (a residual add with its ReLU is
   one pass); a multiply's product has exponent ``e_x + e_y``;
 - pooling, ReLU, clip and reshapes keep their input's scale; a concat takes the
-  coarsest of its inputs' scales (the others are requantized to it);
+  coarsest of its inputs' scales (the others are requantized to it); a tensor only
+  clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
+  its producer reaches);
 - a softmax runs in float32 on its dequantized input; the network quantizes its
   inputs at entry and dequantizes its outputs at exit, so it takes and returns
   float32 like the ONNX model.
@@ -93,8 +95,22 @@ def _quantized_constant(graph: Graph, name: str) -> tuple[str, int]:
     return graph.add_constant(f"{name}/q", quantize_array(array, e), e), e
 
 
+def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, float]:
+    """``peaks``, but a tensor read only by clips takes the largest of their outputs' peaks: a
+    clip keeps its input's scale, so the input must be on the grid of what the clip lets
+    through (a hardtanh after a layer reaching 200 would otherwise round ±1 to 0, and a
+    Clip(10, 20) of values near 2 would saturate below 10). What the finer grid saturates,
+    the clip would have cut anyway."""
+    narrowed = dict(peaks)
+    for name, users in graph.consumers().items():
+        if users and name in peaks and name not in graph.outputs and all(u.op == "clip" for u in users):
+            narrowed[name] = max(peaks.get(u.output, 0.0) for u in users)
+    return narrowed
+
+
 def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     """Rewrite the float graph (after fusion) into its int8 network, using calibration ``peaks``."""
+    peaks = _ranges_through_clips(graph, peaks)
     new_nodes: list[Node] = []
     exponent: dict[str, int] = {}          # int8 tensors of the new graph → their exponents
     rename: dict[str, str] = {}            # float tensor → its int8 version

@@ -245,3 +245,23 @@ def test_an_input_of_fixed_shape_goes_whole_to_every_batch_chunk():
     rng = np.random.default_rng(24)
     feeds = {"x": rng.normal(size=(4, 3)).astype(np.float32), "b": rng.normal(size=(1, 3)).astype(np.float32)}
     np.testing.assert_allclose(compile_model(m).run(feeds, "cpu"), ort_run(m, feeds)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("lo, hi, scale", [(-1.0, 1.0, 20.0), (0.0, 6.0, 80.0), (10.0, 20.0, 0.25)])
+def test_int8_clip_quantizes_its_input_on_what_it_lets_through(lo, hi, scale):
+    """A hardtanh after a layer reaching ~200 rounded ±1 to 0, a ReLU6 after one reaching ~900
+    gave zeros, and a Clip(10, 20) of values near 2 saturated below 10: a tensor only clips
+    read is now calibrated on the clips' outputs."""
+    rng = np.random.default_rng(25)
+    init = {"w": (rng.normal(size=(16, 8)) * scale).astype(np.float32), "lo": np.float32(lo), "hi": np.float32(hi)}
+    m = model([N("Gemm", ["x", "w"], ["h"]), N("Clip", ["h", "lo", "hi"], ["y"])], [("x", [4, 16])],
+              [("y", [4, 8])], init)
+    x = rng.normal(size=(4, 16)).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate=rng.normal(size=(16, 4, 16)).astype(np.float32),
+                      config="default")
+    got = q.run(x, "fsim")
+    np.testing.assert_array_equal(got, q.run(x, "cpu"))
+    expected = ort_run(m, {"x": x})[0]
+    # The layer's own int8 error is ~1 % of its range, so of the order of the clip's range:
+    # the mean error, not each element's, shows whether the clip survived quantization.
+    assert np.abs(got - expected).mean() <= 0.1 * np.abs(expected).max()
