@@ -120,8 +120,29 @@ class _Importer:
         while name in self.node_names:
             name, i = f"{node.name or output}#{i}", i + 1
         self.node_names.add(name)
-        self.nodes.append(Node(op, name, [self.name(i) for i in inputs], output, attrs))
+        new = Node(op, name, [self.name(i) for i in inputs], output, attrs)
+        if new.inputs and all(i in self.constants for i in new.inputs):
+            # Computed from constants only (a weight scaled by a Mul, a shape from an Add):
+            # folded now, so that an operator needing a constant operand accepts it.
+            self.add_constant(output, self._fold(node, new))
+        else:
+            self.nodes.append(new)
         return output
+
+    def _fold(self, onnx_node: onnx.NodeProto, node: Node) -> np.ndarray:
+        from .passes import _shape_of
+        from .evaluate import evaluate_node
+        args = [self.constants[i] for i in node.inputs]
+        if node.op in ("add", "mul") and all(a.dtype.kind in "iu" for a in args):
+            # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
+            value = args[0] + args[1] if node.op == "add" else args[0] * args[1]
+            return np.maximum(value, 0) if node.attrs.get("relu") else value
+        if any(a.dtype.kind != "f" for a in args):
+            raise self.fail(onnx_node, f"{node.op} of integer constants is not supported")
+        values = {i: Value(i, tuple(a.shape), "float32") for i, a in zip(node.inputs, args)}
+        values[node.output] = Value(node.output)
+        _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)   # checks, resolves attrs
+        return evaluate_node(node, args)
 
     # ------------------------------------------------------------------ the model
 
@@ -376,9 +397,15 @@ class _Importer:
         self.alias[node.output[0]] = self.name(node.input[0])
 
     def op_Constant(self, node, attrs):
-        if "value" not in attrs:
-            raise self.fail(node, f"only the 'value' attribute is supported, not {sorted(attrs)}")
-        self.add_constant(node.output[0], numpy_helper.to_array(attrs["value"]))
+        if "value" in attrs:
+            self.add_constant(node.output[0], numpy_helper.to_array(attrs["value"]))
+            return
+        scalar = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                  "value_ints": np.int64}
+        given = [name for name in attrs if name in scalar]
+        if len(given) != 1 or len(attrs) != 1:
+            raise self.fail(node, f"a Constant takes one of value, {', '.join(scalar)}; not {sorted(attrs)}")
+        self.add_constant(node.output[0], np.array(attrs[given[0]], dtype=scalar[given[0]]))
 
 
 def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:

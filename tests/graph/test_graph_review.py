@@ -265,3 +265,21 @@ def test_int8_clip_quantizes_its_input_on_what_it_lets_through(lo, hi, scale):
     # The layer's own int8 error is ~1 % of its range, so of the order of the clip's range:
     # the mean error, not each element's, shows whether the clip survived quantization.
     assert np.abs(got - expected).mean() <= 0.1 * np.abs(expected).max()
+
+
+def test_constants_computed_from_constants_and_every_constant_attribute():
+    """A Conv weight scaled by a Mul and a Reshape shape made by an Add are folded at import
+    (they were refused as "must be a constant"); Constant's value_float(s)/value_int(s) work."""
+    rng = np.random.default_rng(26)
+    init = {"w0": rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "k": np.float32(0.5),
+            "s0": np.array([0, -2], np.int64), "s1": np.array([1, 1], np.int64)}
+    m = model([N("Mul", ["w0", "k"], ["w"]), N("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+               N("Add", ["s0", "s1"], ["shape"]), N("Reshape", ["c", "shape"], ["y"])],
+              [("x", [1, 3, 5, 5])], [("y", [1, 100])], init)
+    x = rng.normal(size=(1, 3, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    m = model([N("Constant", [], ["f"], value_floats=[1.0, 2.0]), N("Constant", [], ["g"], value_float=3.0),
+               N("Constant", [], ["s"], value_ints=[2, 3]), N("Add", ["x", "f"], ["a"]), N("Mul", ["a", "g"], ["b"]),
+               N("Reshape", ["b", "s"], ["y"])], [("x", [3, 2])], [("y", [2, 3])])
+    x = rng.normal(size=(3, 2)).astype(np.float32)
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-6)
