@@ -7,13 +7,17 @@ dataclass's fields::
     ; comments start with ';' or '#'
     .config default
     .uop_offset 0
-    .arena_bytes 8192
-    .tensor x offset=0 shape=1x16 dtype=int8
+    .arena_bytes 1024
+    .tensor x offset=256 shape=1x16 dtype=int8
+    .tensor w offset=512 shape=16x16 dtype=int8
+    .tensor y offset=768 shape=1x16 dtype=int8
     .uop dst=0 src=0 wgt=0
-    load.inp push_next sram_base=0 dram_base=0 y_size=1 x_size=1 x_stride=1
-    gemm pop_prev reset uop_bgn=0 uop_end=1 iter_out=1 iter_in=1
-    alu.shr push_next uop_bgn=0 uop_end=1 iter_out=1 iter_in=1 imm=-3
-    store.out pop_prev sram_base=0 dram_base=0 y_size=1 x_size=1 x_stride=1
+    load.uop sram_base=0 dram_base=0 y_size=1 x_size=1 x_stride=1
+    load.inp sram_base=0 dram_base=16 y_size=1 x_size=1 x_stride=1
+    load.wgt push_next sram_base=0 dram_base=2 y_size=1 x_size=1 x_stride=1
+    gemm pop_prev overwrite uop_bgn=0 uop_end=1 iter_out=1 iter_in=1
+    alu.shr push_next uop_bgn=0 uop_end=1 iter_out=1 iter_in=1 imm=3
+    store.out pop_prev sram_base=0 dram_base=48 y_size=1 x_size=1 x_stride=1
     finish
 
 Mnemonics are case-insensitive; flags and field names are not. Flags are
@@ -86,6 +90,7 @@ __all__ = [
     "assemble",
     "assemble_instructions",
     "disassemble",
+    "legal_flags",
     "disassemble_instructions",
     "format_instruction",
     "format_uop",
@@ -177,6 +182,26 @@ def mnemonics(config: AccelConfig | str | None = None) -> list[str]:
             continue
         legal.append(name)
     return legal
+
+
+def legal_flags(name: str, config: AccelConfig | str | None = None) -> tuple[str, ...]:
+    """The flags mnemonic ``name`` accepts: each that `isa.validate` takes on its own or
+    together with every other flag of the kind that is not a dependency flag (a STORE's
+    ``relu`` needs ``requant``), in table order."""
+    config = load_config(config)
+    kind = _KINDS[name]
+    prototype = _prototype(kind)
+    own = {flag: True for flag in kind.flags if flag not in DEP_FLAGS}
+    legal = []
+    for flag in kind.flags:
+        for extra in ({}, own):
+            try:
+                validate(dataclasses.replace(prototype, **{**extra, flag: True}), config)
+            except IsaError:
+                continue
+            legal.append(flag)
+            break
+    return tuple(legal)
 
 
 def _operand_order(kind: _Kind, config: AccelConfig) -> list[str]:

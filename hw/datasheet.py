@@ -20,6 +20,7 @@ import functools
 import gc
 import inspect
 import json
+import math
 import re
 import warnings
 
@@ -515,20 +516,69 @@ def _assembler(config: AccelConfig) -> str:
         required = [f"`{f}`" for f in order if f not in kind.defaults]
         optional = [f"`{f}`={kind.defaults[f]}" for f in order if f in kind.defaults]
         tmpl = asm.template(name)
-        rows.append((f"`{name}`", isa.engine_of(tmpl).value, " ".join(f"`{f}`" for f in kind.flags),
+        rows.append((f"`{name}`", isa.engine_of(tmpl).value, " ".join(f"`{f}`" for f in asm.legal_flags(name, config)),
                      " ".join(required) or "—", " ".join(optional) or "—"))
+    # keep[0] ends with "::" before the docstring's example (for `default`), keep[1]; this
+    # config's own example stands in its place.
+    assert keep[0].endswith("::"), "asm's docstring no longer introduces its example"
+    intro, keep = keep[0][:-1], keep[2:]
     return "\n".join([
         "## Assembler syntax (`gemforge asm` / `gemforge disasm`)",
         "",
         _rst_to_md(inspect.cleandoc(paragraphs[0])),
         "",
+        _rst_to_md(intro),
+        "",
+        "```",
+        example_source(config).rstrip(),
+        "```",
+        "",
+        f"This one computes `y = (x · wᵀ) >> 3` for one `{config.batch}×{config.block_in}` input entry and one "
+        f"`{config.block_out}×{config.block_in}` weight entry: `gemforge asm prog.s --config {config.name} -o "
+        "prog.gfp` assembles it (the text's `.config` must match), and a loader runs it as "
+        "\"Loading and relocating a program\" says, with `x` and `w` written into the arena first. The micro-ops reach the on-chip buffer "
+        "only through a `load.uop` in the program; the loader puts them in DRAM.",
+        "",
         _rst_to_md("\n\n".join(keep)),
         "",
-        "Mnemonics for this config (flags are bare words; fields are `name=value`; optional "
-        "fields show their default, `None` meaning absent):",
+        "Mnemonics for this config, each with the flags it accepts (bare words; the others are "
+        "refused by the assembler and raise INVALID_INSTRUCTION in the hardware); fields are "
+        "`name=value`, optional fields show their default, `None` meaning absent:",
         "",
         _table(("mnemonic", "engine", "flags", "required fields", "optional fields"), rows),
     ])
+
+
+def example_source(config: AccelConfig) -> str:
+    """Assembly text of a complete program for ``config``: micro-op, input and weight loads,
+    a GEMM, an ALU shift and a STORE of the int8 result; every region aligned to every entry
+    size (the datasheet's example, assembled and run by the tests)."""
+    entry = {buffer: config.entry_bytes(buffer) for buffer in ("uop", "inp", "wgt", "out")}
+    step = math.lcm(*entry.values())
+    offset = {"x": step, "w": 2 * step, "y": 3 * step}
+    rows = {name: entry_layouts(config)[buffer][:2] for name, buffer in (("x", "inp"), ("w", "wgt"), ("y", "out"))}
+    dtype = {name: f"int{entry_layouts(config)[buffer][2]}" for name, buffer in (("x", "inp"), ("w", "wgt"),
+                                                                               ("y", "out"))}
+
+    def tile(mnemonic, buffer, tensor, flags=""):
+        base = offset[tensor] // entry[buffer] if tensor else 0
+        return f"{mnemonic}{flags} sram_base=0 dram_base={base} y_size=1 x_size=1 x_stride=1"
+    return "\n".join([
+        "; y = (x · wᵀ) >> 3 for one input entry and one weight entry",
+        f".config {config.name}",
+        ".uop_offset 0",
+        f".arena_bytes {4 * step}",
+        *(f".tensor {name} offset={offset[name]} shape={rows[name][0]}x{rows[name][1]} dtype={dtype[name]}"
+          for name in ("x", "w", "y")),
+        ".uop dst=0 src=0 wgt=0",
+        tile("load.uop", "uop", None),
+        tile("load.inp", "inp", "x"),
+        tile("load.wgt", "wgt", "w", " push_next"),
+        "gemm pop_prev overwrite uop_bgn=0 uop_end=1 iter_out=1 iter_in=1",
+        "alu.shr push_next uop_bgn=0 uop_end=1 iter_out=1 iter_in=1 imm=3",
+        tile("store.out", "out", "y", " pop_prev"),
+        "finish",
+    ]) + "\n"
 
 
 def _verilator() -> str:
@@ -551,6 +601,11 @@ def _verilator() -> str:
         _table(("waiver", "reason"), rows),
         "",
         "(`-Wno-fatal` instead of the waivers also builds, printing the warnings.)",
+        "",
+        "Icarus Verilog simulates the file as Verilog-2005 (`iverilog -g2005`) or as SystemVerilog "
+        "(`-g2012`, what cocotb's Icarus flow passes) alike: its combinational logic is continuous "
+        "assignments and functions, with no `always @*` block that would need a time-0 event, so "
+        "every output is defined from the first clock of reset on.",
     ])
 
 

@@ -391,8 +391,10 @@ class Alu(_Deps, _MicroOpLoop):
 @dataclass(frozen=True, kw_only=True)
 class Finish(_Deps):
     """FINISH: ends the program on the compute engine. It must be the last
-    instruction; when it retires, every other engine must be idle and every
-    token queue empty, or the run reports the imbalance."""
+    instruction. It does not wait for the other engines: the program ends with
+    DONE once FINISH has retired, every engine has finished its work (a STORE
+    still writing, say) and every token queue is empty; a token still queued
+    then ends it with TOKEN_IMBALANCE instead."""
 
     opcode: ClassVar[Opcode] = Opcode.FINISH
 

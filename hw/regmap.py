@@ -14,7 +14,12 @@ A program ends either with DONE (FINISH retired, every engine idle, every token
 queue empty) or with ERROR and a `Fault` code in the ERROR register: the
 accelerator detects the fault, stops issuing bus requests, waits for the ones
 in flight to complete, resets its engines and queues (not the registers, the
-counters or the buffers' contents) and is idle again. The host's ABORT takes the
+counters or the buffers' contents) and is idle again. ERROR and ERROR_INFO keep
+the cause; the DEBUG registers, which show the engines and queues as they are,
+then read as after reset (but DEBUG_STATE.FINISH_RETIRED). A fault the watchdog
+finds (DEADLOCK, NO_FINISH, and a TOKEN_IMBALANCE with work left behind) ends
+the program DEADLOCK_CYCLES cycles after the last progress, so a host's timeout
+must be longer than that. The host's ABORT takes the
 same path, so any program, however broken, ends without the reset pin. What the
 program wrote before its fault stays in the buffers and DRAM (fsim, which stops at the
 faulting instruction, may have written less); a micro-op beyond its buffer writes
@@ -91,12 +96,14 @@ FAULT_DOCS: dict[Fault, str] = {
                         "ERROR_INFO: the instruction's index for LOAD, STORE and micro-op ranges "
                         "(checked at dispatch), all ones for micro-op indices (checked as they run)",
     Fault.FINISH_NOT_LAST: "FINISH is not the last of the INSN_COUNT instructions; ERROR_INFO: its index",
-    Fault.NO_FINISH: "every instruction ran but none was FINISH",
+    Fault.NO_FINISH: f"every instruction ran but none was FINISH (found by the watchdog, {DEADLOCK_CYCLES} "
+                     "cycles after the last one)",
     Fault.DEADLOCK: f"no engine could make progress for {DEADLOCK_CYCLES} cycles with no bus transfer "
                     "pending: an instruction waits for a dependency token that is never pushed, or "
                     "pushes into a full token queue",
-    Fault.TOKEN_IMBALANCE: "FINISH retired but tokens were left in a queue, or instructions that "
-                           "can never run were left behind",
+    Fault.TOKEN_IMBALANCE: "FINISH retired but tokens were left in a queue (found once every engine is "
+                           "idle), or instructions that can never run were left behind (found by the "
+                           f"watchdog, after {DEADLOCK_CYCLES} cycles)",
     Fault.BUS_ERROR: "a DRAM read or write response was SLVERR or DECERR; ERROR_INFO: the AXI ID "
                      "in bits 2:0, bit 8 set for a write",
 }
@@ -265,7 +272,8 @@ def _build() -> list[Register]:
         *(Register(f"DEBUG_TOKENS_{'AB'[i // 2]}", 0x20 + 4 * (i // 2), "ro", "dependency-token counts", fields=tuple(
             Bitfield(token_field(q), TOKEN_COUNT_BITS, f"tokens in the {q.name} queue")
             for q in TOKEN_QUEUES[i:i + 2])) for i in range(0, len(TOKEN_QUEUES), 2)),
-        Register("DEBUG_FETCHED", 0x28, "ro", "instructions fetched so far"),
+        Register("DEBUG_FETCHED", 0x28, "ro", "instructions fetched and passed to their engines so far (one "
+                 "that fails its decode check is not counted)"),
         Register("ERROR", 0x2C, "ro", "cleared by START", fields=(
             Bitfield("CODE", FAULT_CODE_BITS, "the fault code of the last program that ended with ERROR ("
                      + ", ".join(f"{f.value} {f.name}" for f in Fault) + ")"),)),
@@ -317,7 +325,7 @@ def to_markdown(title: str = "gemforge register map") -> str:
     lines += ["", "## Faults", "",
               "A program that cannot complete ends with STATUS.ERROR and a code in ERROR; the "
               "accelerator drains the bus, resets its engines and is idle again (registers, counters "
-              "and buffer contents are kept).", "",
+              "and buffer contents are kept; the DEBUG registers show the reset engines).", "",
               "| code | fault | cause |", "| --- | --- | --- |"]
     for fault in Fault:
         lines.append(f"| {fault.value} | `{fault.name}` | {FAULT_DOCS[fault]} |")

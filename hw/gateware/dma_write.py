@@ -102,7 +102,9 @@ class DmaWriter(GroupDma):
         m.d.comb += [
             bus.wdata.eq(beat), bus.wstrb.eq(strb),
             bus.wvalid.eq(beat_valid & lengths.r_rdy),
-            bus.wlast.eq(w_count == lengths.r_data),
+            # Gated with the queue's r_rdy: before the first burst the queue's read register
+            # holds no value yet (X in simulation), and WLAST is an output like any other.
+            bus.wlast.eq(lengths.r_rdy & (w_count == lengths.r_data)),
         ]
         w_fire = bus.wvalid & bus.wready
         with m.If(w_fire):

@@ -90,13 +90,12 @@ def build_board(config: AccelConfig, mem_bytes: int = 64 << 10, cycles_per_bit: 
     with harness._locked(build_dir.with_suffix(".lock")):
         if stamp.exists():
             return built
-        from amaranth.back import verilog
-
         from gemforge.hw.board.top import BoardTop
+        from gemforge.hw.generate import convert_verilog
         src = build_dir / "src"
         src.mkdir(parents=True, exist_ok=True)
         top = BoardTop(config, mem_bytes, clk_hz=cycles_per_bit * NOMINAL_BAUD, baud=NOMINAL_BAUD)
-        (src / f"{BOARD_TOP}.v").write_text(verilog.convert(top, name=BOARD_TOP, emit_src=False))
+        (src / f"{BOARD_TOP}.v").write_text(convert_verilog(top, BOARD_TOP))
         (src / f"{BOARD_TB_TOP}.v").write_text(_wrapper())
         saved = os.environ.get("MAKEFLAGS")
         # See harness.build: the PyPI wheel's verilated.mk needs this for split models.

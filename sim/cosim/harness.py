@@ -287,17 +287,13 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     return result
 
 
-#: Extra iverilog arguments. cocotb's runner compiles with ``-g2012``; under SystemVerilog
-#: rules Icarus applies declaration initializers (``reg x = 0;``) before time 0 *without an
-#: update event*. Yosys's Verilog (Amaranth's output) relies on that event: every
-#: ``always @*`` block reads a dummy ``reg ... = 0`` so that it runs once at time 0. Without
-#: it, a combinational block whose inputs are only initialized registers (e.g. an FSM's
-#: ``cmd.ready = state == IDLE`` in the DMA burst generator) stays X until one of them
-#: first changes, and the X leaks into state (the fetch engine's ``requested`` credit
-#: counter latched X on the first START, so nothing was ever fetched). Verilog-2005 rules
-#: (the later ``-g`` wins) treat initializers as time-0 assignments, so the blocks run.
-#: The generated top and the DRAM model are plain Verilog-2005.
-ICARUS_BUILD_ARGS = ["-g2005"]
+#: Extra iverilog arguments: none, so Icarus compiles as cocotb's runner does (``-g2012``),
+#: as an integrator's cocotb testbench would. Under SystemVerilog rules a declaration's
+#: initializer (``reg x = 0;``) makes no update event at time 0, so Verilog that needs one to
+#: evaluate its ``always @*`` blocks (Amaranth's own output) reads X after reset there; the
+#: generated top has no such blocks (`gemforge.hw.generate.VERILOG_PASSES`), and the DRAM
+#: model and the wrapper have none either.
+ICARUS_BUILD_ARGS: list[str] = []
 
 #: Builds kept in the cache (each a few MB once the compiler's intermediate files are
 #: deleted); the least recently used go first.

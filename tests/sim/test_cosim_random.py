@@ -149,9 +149,10 @@ def test_uop_heavy_programs_many_seeds(name, max_tile):
 def test_icarus_smoke():
     """One GEMM, then one random program against fsim, on Icarus (a few seconds with the build).
 
-    Regression test: under cocotb's ``-g2012`` Icarus left Yosys's ``always @*`` blocks
+    Regression test: under cocotb's ``-g2012`` Icarus left Amaranth's ``always @*`` blocks
     unevaluated at time 0, so FSM outputs read X, the fetch engine's credit counter latched
-    X on START and nothing was ever fetched (see ``harness.ICARUS_BUILD_ARGS``)."""
+    X on START and nothing was ever fetched (see ``harness.ICARUS_BUILD_ARGS``); the build
+    here is ``-g2012``."""
     config = CONFIGS["tiny"]
     dev = open_device("icarus", config, dram_bytes=DRAM, watchdog_cycles=20_000)
     insns = [Gemm(uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()]
