@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -58,13 +59,21 @@ def _config(args: argparse.Namespace) -> AccelConfig:
     return load_config(args.config)
 
 
+def _refuse_overwriting(output: str, *inputs: str | None) -> None:
+    """An output path that names one of the command's inputs would destroy it."""
+    out = Path(output)
+    for path in inputs:
+        if path and out.exists() and Path(path).exists() and out.resolve() == Path(path).resolve():
+            raise UsageError(f"the output {output} is also an input of this command; write it elsewhere")
+
+
 def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"{what} file {path} is not a readable .npy array ({exc})") from None
+    except (ValueError, OSError, EOFError) as exc:   # EOFError: an empty or truncated file
+        raise UsageError(f"{what} file {path} is not a readable .npy array ({exc or 'it ends early'})") from None
     if not isinstance(array, np.ndarray):
         raise UsageError(f"{what} file {path} holds several arrays; give a single-array .npy file")
     if not array.dtype.isnative:
@@ -100,8 +109,13 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def cmd_asm(args: argparse.Namespace) -> None:
     from gemforge.hw.asm import assemble
+    source = Path(args.source)
+    if source.exists() and not source.is_file():
+        raise UsageError(f"{args.source} is not a regular file")
+    _refuse_overwriting(args.output, args.source)
     try:
-        text = Path(args.source).read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (as some editors write) is not part of the first line
+        text = source.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise UsageError(f"cannot read {args.source}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -155,11 +169,11 @@ def _target_for(args: argparse.Namespace, device=None):
 
 
 def cmd_run_op(args: argparse.Namespace) -> None:
-    from .operators import check_accumulator_range, compile_operator, load_inputs
+    from .operators import OPERATORS, check_accumulator_range, compile_operator, load_inputs
     config = None if args.device in _HOST_DEVICES else _config(args)
     arrays = load_inputs(args, _load_npy, config)
-    if config is not None:
-        check_accumulator_range(args, arrays, config)
+    check_accumulator_range(args, arrays, config)
+    _refuse_overwriting(args.output, *(getattr(args, option, None) for _, option, _ in OPERATORS[args.op].inputs))
     dtype = arrays[next(iter(arrays))].dtype.name
     shapes = {k: v.shape for k, v in arrays.items() if k != "bias"}
     options = {}
@@ -235,6 +249,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     if args.config is not None and not args.quantize:
         raise UsageError("--config chooses the accelerator of an int8 network; a float32 network (no --quantize) "
                          "runs on the cpu or gpu")
+    _refuse_overwriting(args.output, args.model, args.calibrate)
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
                           config=(args.config or "default") if args.quantize else None, batch=args.batch, trace=trace,
                           report=report)
@@ -251,13 +266,17 @@ def _load_inputs(path: str, what: str = "input"):
             return {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc or 'it ends early'})") from None
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     from .model import Model
     from .profile import profile_table, profile_totals, save_profile_png
+    _refuse_overwriting(args.output, args.model, args.input)
+    profile = _profile_path(args)
+    if profile is not None and Path(profile).is_dir():     # found before the run, not after its output
+        raise UsageError(f"--profile {profile} is a directory; give the PNG file to write")
     model = Model.load(args.model)
     y = model.run(_load_inputs(args.input), args.device)
     if isinstance(y, dict):
@@ -268,7 +287,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         _save_npy(args.output, y)
     if args.profile is not None:
         print(profile_table(model.last_profile), file=sys.stderr)
-        path = _profile_path(args)
+        path = profile
         save_profile_png(model.last_profile, path, f"{Path(args.model).name} on {args.device}")
         _print_json({"profile": [r.as_dict() for r in model.last_profile],
                      "totals": profile_totals(model.last_profile), "png": path})
@@ -379,11 +398,20 @@ def cmd_sweep(args: argparse.Namespace) -> None:
                        progress=not args.quiet, log=lambda line: print(line, file=sys.stderr))
     from .sweep import pareto_front
     front = pareto_front(points, space.area)
-    _print_json({"space": space.name, "points": len(points),
-                 "ok": sum(p.get("status") == "ok" for p in points),
-                 "invalid": sum(p.get("status") == "invalid" for p in points),
-                 "failed": sum(p.get("status") == "failed" for p in points),
+    ok = [p for p in points if p.get("status") == "ok"]
+    failed = [p for p in points if p.get("status") == "failed"]
+    _print_json({"space": space.name, "points": len(points), "ok": len(ok),
+                 "invalid": sum(p.get("status") == "invalid" for p in points), "failed": len(failed),
                  "pareto": front, "output": str(Path(args.output) / "sweep.json")})
+    # A sweep that evaluated nothing, or measured nothing by its area, did not do its job.
+    if not ok:
+        why = (f"every valid point failed, the first with: {str(failed[0].get('error', '?')).splitlines()[-1]}"
+               if failed else "the space holds no valid point (see the invalid points' reasons in sweep.json)")
+        raise SweepError(f"sweep {space.name}: {why}"[:500])
+    if not any(space.area in p.get("resources", {}) for p in ok):
+        have = sorted({r for p in ok for r in p.get("resources", {})})
+        raise SweepError(f"sweep {space.name}: no point has the area resource {space.area!r}; the points have "
+                         f"{', '.join(have)}")
 
 
 def cmd_config(args: argparse.Namespace) -> None:

@@ -476,7 +476,8 @@ def _check_network(net: CompiledNetwork) -> None:
             raise ModelError(f"node {node.name!r}: names must be strings and attributes a table")
         for key, value in node.attrs.items():
             if not _ATTR_TYPES.get(key, lambda v: True)(value):
-                raise ModelError(f"node {node.name!r}: attribute {key} = {str(value)[:40]} has the wrong type")
+                raise ModelError(f"node {node.name!r}: attribute {key} = {str(value)[:40]} has the wrong type or is "
+                                 "out of range")
         required = _REQUIRED_ATTRS.get(node.op, ()) + (_INT8_ATTRS.get(node.op, ()) if net.dtype == "int8" else ())
         missing_attrs = [k for k in required if k not in node.attrs]
         if missing_attrs:
@@ -501,17 +502,21 @@ def _check_network(net: CompiledNetwork) -> None:
     _check_memory_plan(net)
 
 
-def _integers(value, minimum: int | None = None) -> bool:
-    """An integer (or a tuple of them, or None: not set), each at least ``minimum``."""
+def _integers(value, minimum: int | None = None, maximum: int | None = None) -> bool:
+    """An integer (or a tuple of them, or None: not set), each in ``minimum..maximum``."""
     values = value if isinstance(value, tuple) else () if value is None else (value,)
-    return all(isinstance(v, int) and not isinstance(v, bool) and (minimum is None or v >= minimum) for v in values)
+    return all(isinstance(v, int) and not isinstance(v, bool) and (minimum is None or v >= minimum)
+               and (maximum is None or v <= maximum) for v in values)
 
 
 #: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
 _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups")},
     "padding": lambda v: _integers(v, 0),
-    **{k: _integers for k in ("shift", "exponent", "axis", "flatten_axis", "lshift", "shape")},
+    **{k: _integers for k in ("axis", "flatten_axis", "shape")},
+    # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
+    **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
+    "exponent": lambda v: _integers(v, -126, 127),
     **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad")},
     **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) for k in ("lo", "hi", "epsilon")},
 }

@@ -12,6 +12,7 @@ back ends.
 from __future__ import annotations
 
 import argparse
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -214,11 +215,18 @@ def _nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def check_accumulator_range(args: argparse.Namespace, arrays: dict[str, np.ndarray], config) -> None:
     """Refuse a run whose exact accumulator values (product + bias, or sum) do not fit the
-    accelerator's ``acc_width`` (`gemforge.compiler.ops.accumulator_overflow`)."""
+    accelerator's ``acc_width``, or a host back end's int32, where ``config`` is None
+    (`gemforge.compiler.ops.accumulator_overflow`)."""
     from gemforge.compiler.ops import accumulator_overflow
     op = {"gemm": "dense"}.get(args.op, args.op)
     first, *rest = [arrays[k] for k in ("a", "b", "x", "w", "y") if k in arrays]
+    where = None
+    if config is None:       # the host back ends accumulate integers in int32 and wrap as well
+        if first.dtype.kind not in "iu":
+            return
+        config, where = types.SimpleNamespace(acc_width=32), f"the {args.device} back end"
     problem = accumulator_overflow(config, op, first, rest[0] if rest else None, arrays.get("bias"),
-                                   stride=getattr(args, "stride", 1), padding=getattr(args, "padding", 0))
+                                   stride=getattr(args, "stride", 1), padding=getattr(args, "padding", 0),
+                                   where=where)
     if problem:
         raise OperatorUsageError(problem)

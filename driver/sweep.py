@@ -77,6 +77,8 @@ _MAX_FIELD_VALUES = 10_000
 _MAX_POINTS = 100_000
 #: Largest exponent a constraint's ``**`` takes (a huge one would run for ever).
 _MAX_EXPONENT = 256
+#: Largest integer a constraint's ``**`` may make, in bits.
+_MAX_BITS = 4096
 
 
 class SweepError(ValueError):
@@ -202,6 +204,8 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
         raise SweepError(f"{source}: workload is a name or an .onnx path, not {workload!r}")
     if workload.endswith(".onnx") and not Path(workload).is_absolute():
         workload = str((root / workload).resolve())
+    if workload.endswith(".onnx") and not Path(workload).is_file():
+        raise SweepError(f"{source}: the workload {workload} is not a file")
     from .workloads import WORKLOADS
     if workload not in WORKLOADS and not workload.endswith(".onnx"):
         raise SweepError(f"{source}: unknown workload {workload!r}; use one of {', '.join(WORKLOADS)} or an "
@@ -210,6 +214,9 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
     if not isinstance(name, str) or not name:
         raise SweepError(f"{source}: name must be a non-empty string")
     area = data.get("area", SYNTHESIS_TARGETS[synthesis])
+    if not isinstance(area, str) or not area.isidentifier():
+        raise SweepError(f"{source}: area names a resource of the points (e.g. {SYNTHESIS_TARGETS[synthesis]!r}), "
+                         f"not {area!r}"[:300])
     return Space(name, base, workload, synthesis, rtl_sample, constraints, fields, area, synthesis_sample, source)
 
 
@@ -221,6 +228,8 @@ def _check_expression(expr: str, names: set[str], source: str) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
             raise SweepError(f"{source}: constraint {expr!r} names {node.id!r}, which is not a config field")
+        if isinstance(node, ast.Constant) and (not isinstance(node.value, (int, float)) or node.value is None):
+            raise SweepError(f"{source}: constraint {expr!r} holds {node.value!r}; constants are numbers"[:300])
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
             raise SweepError(f"{source}: constraint {expr!r} may call only {', '.join(_FUNCTIONS)}")
         if not isinstance(node, (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name,
@@ -240,8 +249,12 @@ def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
         return env[node.id]
     if isinstance(node, ast.BinOp):
         left, right = _evaluate(node.left, env), _evaluate(node.right, env)
-        if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
-            raise ArithmeticError(f"exponent {right} is beyond {_MAX_EXPONENT}")
+        if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)):
+            if abs(right) > _MAX_EXPONENT:
+                raise ArithmeticError(f"exponent {right} is beyond {_MAX_EXPONENT}")
+            # A bounded exponent of a huge base is still huge: ((10**256)**256)**256 has 10^7 digits.
+            if isinstance(left, int) and right > 0 and abs(left).bit_length() * right > _MAX_BITS:
+                raise ArithmeticError(f"a power beyond {_MAX_BITS} bits")
         return _BINOPS[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         value = _evaluate(node.operand, env)
@@ -467,8 +480,9 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
         task = {"index": p["index"], "params": p["params"], "config": p["config"], "workload": space.workload,
                 "rtl": p["index"] in sample}
         cached = out / "points" / f"{point_key(task)}.json"
-        if cached.is_file():
-            results[p["index"]] = json.loads(cached.read_text())
+        done = _read_point(cached, log) if cached.is_file() else None
+        if done is not None:
+            results[p["index"]] = done
         else:
             tasks.append(task)
     where = f"dask at {scheduler}" if scheduler else f"{jobs} local job(s)"
@@ -608,6 +622,19 @@ def _lost(task: dict[str, Any], exc: BaseException) -> dict[str, Any]:
     return lost
 
 
+def _read_point(path: Path, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """A finished point's saved result, or None (the point runs again) where the file is damaged."""
+    try:
+        result = json.loads(path.read_text())
+        if isinstance(result, dict) and isinstance(result.get("index"), int) and \
+                result.get("status") in ("ok", "failed", "invalid"):
+            return result
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    log(f"{path} is damaged; its point runs again")
+    return None
+
+
 def _check_reachable(address: str) -> None:
     """Refuse at once a TCP scheduler address nothing listens on (dask would retry for its
     whole timeout)."""
@@ -615,7 +642,7 @@ def _check_reachable(address: str) -> None:
     from urllib.parse import urlsplit
     parts = urlsplit(address if "://" in address else f"tcp://{address}")
     if parts.scheme not in ("tcp", "tls"):
-        return
+        raise SweepError(f"the dask scheduler address {address!r} must be tcp://HOST:PORT or tls://HOST:PORT")
     try:
         port = parts.port
     except ValueError:
@@ -798,6 +825,15 @@ def render_report(out_dir: str | Path) -> Path:
         summary = json.loads((out / "sweep.json").read_text())
     except FileNotFoundError:
         raise SweepError(f"{out} holds no sweep.json; run `gemforge sweep SPACE.toml -o {out}` first") from None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise SweepError(f"{out / 'sweep.json'} is not a readable sweep summary ({exc})"[:300]) from None
+    try:
+        return _render_report(out, summary)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise SweepError(f"{out / 'sweep.json'} is not a sweep summary gemforge wrote (at {exc!r})"[:300]) from None
+
+
+def _render_report(out: Path, summary: dict) -> Path:
     points = summary["points"]
     fields = list(summary["fields"])
     area = summary["area"]

@@ -82,7 +82,39 @@ class TensorRegion:
 
     @classmethod
     def from_json(cls, data: dict) -> TensorRegion:
-        return cls(data["name"], int(data["offset"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+        if not isinstance(data, dict) or not isinstance(data.get("shape"), list):
+            raise ProgramError(f"a tensor region is an object with name, offset, shape (a list) and dtype, not "
+                               f"{data!r}"[:300])
+        region = cls(data["name"], data["offset"], tuple(data["shape"]), data["dtype"])
+        region.check()
+        return region
+
+    def check(self) -> None:
+        """A name, a whole non-negative offset and shape, and a numeric dtype."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ProgramError(f"a tensor's name must be a non-empty string, not {self.name!r}"[:300])
+        if not _is_int(self.offset) or self.offset < 0:
+            raise ProgramError(f"tensor {self.name!r}: offset must be a whole number of bytes ≥ 0, not "
+                               f"{self.offset!r}"[:300])
+        if not all(_is_int(d) and d >= 0 for d in self.shape):
+            raise ProgramError(f"tensor {self.name!r}: shape must be whole numbers ≥ 0, not {list(self.shape)}"[:300])
+        try:
+            dtype = np.dtype(self.dtype) if isinstance(self.dtype, str) else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in "iuf" or dtype.name not in TENSOR_DTYPES:
+            raise ProgramError(f"tensor {self.name!r}: dtype must be one of {', '.join(TENSOR_DTYPES)}, not "
+                               f"{self.dtype!r}"[:300])
+
+
+#: What a tensor region may hold: the accelerator's integer data and the host's floats.
+TENSOR_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "float32", "float64")
+#: The largest arena: the accelerator addresses DRAM with 32 bits.
+MAX_ARENA_BYTES = 1 << 32
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -102,7 +134,16 @@ class Program:
         self.check()
 
     def check(self) -> None:
-        """Consistency of the layout: regions inside the arena, aligned micro-ops."""
+        """Consistency of the layout: sizes and offsets whole and in range, regions of numeric
+        tensors inside the arena, aligned micro-ops."""
+        for what, value in (("uop_offset", self.uop_offset), ("arena_bytes", self.arena_bytes)):
+            if not _is_int(value) or not 0 <= value <= MAX_ARENA_BYTES:
+                raise ProgramError(f"{what} must be a whole number of bytes from 0 to {MAX_ARENA_BYTES} (the "
+                                   f"accelerator's 32-bit DRAM addresses), not {value!r}"[:300])
+        for name, region in self.tensors.items():
+            region.check()
+            if name != region.name:
+                raise ProgramError(f"tensor {name!r} holds the region of {region.name!r}")
         uop_bytes = len(self.uops) * self.config.uop_entry_bytes
         if self.uop_offset % self.config.uop_entry_bytes:
             raise ProgramError(f"uop_offset {self.uop_offset} is not a multiple of the "
@@ -188,6 +229,9 @@ class Program:
                                    f"{max(0, len(data) - 16)} follow")
             header = json.loads(data[16:16 + hlen])
             config = AccelConfig.from_dict(header["config"], source=f"{source} config")
+            for key in ("n_insns", "n_uops"):
+                if not _is_int(header[key]) or header[key] < 0:
+                    raise ProgramError(f"{source}: {key} must be a whole number ≥ 0, not {header[key]!r}"[:300])
             pos = 16 + hlen
             insn_len = header["n_insns"] * insn_bytes(config)
             uop_len = header["n_uops"] * config.uop_entry_bytes
@@ -200,7 +244,12 @@ class Program:
             pos += insn_len
             uops = decode_uops(data[pos:pos + uop_len], config)
             pos += uop_len
-            tensors = {r["name"]: TensorRegion.from_json(r) for r in header["tensors"]}
+            tensors = {}
+            for r in header["tensors"]:
+                region = TensorRegion.from_json(r)
+                if region.name in tensors:
+                    raise ProgramError(f"{source} describes tensor {region.name!r} twice")
+                tensors[region.name] = region
             constants = {}
             for item in header["constants"]:
                 region = tensors[item["name"]]
@@ -211,10 +260,15 @@ class Program:
                 pos += item["nbytes"]
             if pos != len(data):
                 raise ProgramError(f"{source} has {len(data) - pos} unexpected trailing bytes")
-            return cls(config, insns, uops, header["uop_offset"], header["arena_bytes"], tensors, constants)
-        except (KeyError, TypeError, ValueError, struct.error) as exc:
+            try:
+                return cls(config, insns, uops, header["uop_offset"], header["arena_bytes"], tensors, constants)
+            except ProgramError as exc:
+                raise ProgramError(f"{source}: {exc}") from None
+        except (KeyError, TypeError, ValueError, struct.error, RecursionError) as exc:
             if isinstance(exc, ProgramError):
                 raise
+            if isinstance(exc, RecursionError):
+                raise ProgramError(f"{source} is malformed: its header nests too deeply") from None
             text = str(exc) if isinstance(exc, (ConfigError, IsaError)) else repr(exc)
             if len(text) > 300:       # e.g. a JSON error quoting a whole corrupted header
                 text = text[:300] + " …"
@@ -226,6 +280,8 @@ class Program:
     @classmethod
     def load(cls, path: str | Path) -> Program:
         path = Path(path)
+        if path.exists() and not path.is_file():
+            raise ProgramError(f"program {path} is not a regular file")
         try:
             data = path.read_bytes()
         except OSError as exc:

@@ -149,7 +149,11 @@ class _Importer:
     def run(self) -> Graph:
         graph = self.model.graph
         for init in graph.initializer:
-            self.add_constant(init.name, numpy_helper.to_array(init))
+            try:
+                array = numpy_helper.to_array(init)
+            except (ValueError, TypeError, OSError) as exc:   # e.g. external data shorter than the tensor
+                raise GraphError(f"initializer {init.name!r} cannot be read: {exc}") from None
+            self.add_constant(init.name, array)
         inputs = []
         for vi in graph.input:
             if vi.name in self.constants:

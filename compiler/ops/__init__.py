@@ -140,15 +140,19 @@ def _peak(array: np.ndarray | None) -> int:
 
 
 def accumulator_overflow(config, op: str, first: np.ndarray, second: np.ndarray | None = None,
-                         bias: np.ndarray | None = None, *, stride: int = 1, padding: int = 0) -> str | None:
+                         bias: np.ndarray | None = None, *, stride: int = 1, padding: int = 0,
+                         where: str | None = None) -> str | None:
     """Why integer operands of ``op`` (``"dense"``, ``"conv2d"`` or ``"add"``) would leave the
     accumulator of ``config``, or None when every exact result (product sums + bias, or the
     sum) fits its ``acc_width``: the hardware wraps them (as fsim does), so such a run would
-    differ from the arithmetic asked for without a word."""
+    differ from the arithmetic asked for without a word. ``where`` names the accumulator's
+    owner in the message (default: the config); ``config`` needs only ``acc_width``."""
     lo, hi = -(1 << (config.acc_width - 1)), (1 << (config.acc_width - 1)) - 1
+    hint = "use smaller operands" if where else "use a config with a wider acc_width, or smaller operands"
+    where = where or f"config {config.name!r}"
     if bias is not None and bias.size and (bias.min() < lo or bias.max() > hi):
         return (f"the bias holds values up to {_peak(bias)}, beyond the int{config.acc_width} accumulator of "
-                f"config {config.name!r} ({lo}..{hi})")
+                f"{where} ({lo}..{hi})")
     if op in ("dense", "conv2d"):
         terms = first.shape[1] if op == "dense" else int(np.prod(second.shape[1:]))
         if terms * _peak(first) * _peak(second) + _peak(bias) <= hi:
@@ -167,8 +171,8 @@ def accumulator_overflow(config, op: str, first: np.ndarray, second: np.ndarray 
         exact = exact + bias.astype(np.int64).reshape(shape)
     if exact.size and (exact.min() < lo or exact.max() > hi):
         return (f"the exact {op} results reach {int(max(-exact.min(), exact.max()))}, beyond the "
-                f"int{config.acc_width} accumulator of config {config.name!r} ({lo}..{hi}), which would wrap them; "
-                "use a config with a wider acc_width, or smaller operands")
+                f"int{config.acc_width} accumulator of {where} ({lo}..{hi}), which would wrap them; "
+                f"{hint}")
     return None
 
 

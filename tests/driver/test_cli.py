@@ -424,3 +424,43 @@ def test_asm_refuses_binary_sources_and_shapes_beyond_any_arena(tmp_path, capsys
                                     ".tensor out offset=0 shape=99999999999999999999999999 dtype=int32\nfinish\n")
     code, _, err = run(capsys, "asm", tmp_path / "big.s", "-o", tmp_path / "p.gfp", "--config", "tiny")
     assert code == 2 and "past the 16384-byte arena" in err
+
+
+def test_host_back_ends_refuse_what_int32_would_wrap_and_outputs_never_overwrite_inputs(tmp_path, capsys):
+    """The cpu back end's int32 accumulator wrapped silently where fsim refused; an output path
+    naming an input destroyed the input."""
+    a = np.full((1, 140_000), -128, np.int8)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", a.T.copy())
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                       "-o", tmp_path / "c.npy", "--device", "cpu")
+    assert code == 2 and "int32 accumulator of the cpu back end" in err and "wrap" in err
+    small = np.ones((2, 3), np.int8)
+    np.save(tmp_path / "a.npy", small)
+    np.save(tmp_path / "b.npy", small.T.copy())
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                       "-o", tmp_path / "a.npy", "--device", "cpu")
+    assert code == 2 and "also an input" in err
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), small)
+    (tmp_path / "p.s").write_text("finish\n")
+    code, _, err = run(capsys, "asm", tmp_path / "p.s", "-o", tmp_path / "p.s", "--config", "tiny")
+    assert code == 2 and "also an input" in err and (tmp_path / "p.s").read_text() == "finish\n"
+
+
+def test_empty_and_special_input_files_are_one_line(tmp_path, capsys):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "b.npy", np.ones((3, 2), np.int8))
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "empty.npy", "--b", tmp_path / "b.npy",
+                       "-o", tmp_path / "c.npy", "--config", "tiny")
+    assert code == 2 and "is not a readable .npy array" in err
+    code, _, err = run(capsys, "disasm", "/dev/zero")
+    assert code == 2 and "not a regular file" in err
+    # A byte-order mark before the first line is not part of it.
+    (tmp_path / "bom.s").write_bytes("\ufefffinish\n".encode())
+    assert run(capsys, "asm", tmp_path / "bom.s", "-o", tmp_path / "bom.gfp", "--config", "tiny")[0] == 0
+
+
+def test_operators_beyond_the_dram_address_space_are_refused_before_compiling(tmp_path, capsys):
+    for shape in ("99999999999999999999999,4,4", "1000000000,4,4"):
+        code, _, err = run(capsys, "compile-op", "gemm", "--shape", shape, "-o", tmp_path / "x.gfp", "--config", "tiny")
+        assert code == 2 and "beyond the 4,294,967,296 the accelerator can address" in err

@@ -43,6 +43,9 @@ def write_space(tmp_path: Path, data: dict) -> Path:
     ({"workload": "alexnet"}, "unknown workload 'alexnet'"),
     ({"base": "no-such-config.toml"}, "base config"),
     ({"rtl_sample": -1}, "rtl_sample"),
+    ({"area": [1]}, "area names a resource"),
+    ({"workload": "no-such-model.onnx"}, "is not a file"),
+    ({"constraints": ['"a" * 10**12 == block_in']}, "constants are numbers"),
     # Ranges are checked and counted before they are built: never a hang or a Python error.
     ({"fields": {"block_in": {"start": 4, "stop": "x", "step": 1}}}, "stop must be a finite number"),
     ({"fields": {"block_in": {"start": 1, "stop": float("inf"), "step": 1}}}, "stop must be a finite number"),
@@ -58,6 +61,7 @@ def test_bad_spaces_are_refused_with_the_reason(change, message):
 @pytest.mark.parametrize("constraint, message", [
     ("inp_buffer_bytes / (block_in - 4) > 1", "division by zero"),
     ("block_in ** 100000 > 1", "exponent 100000 is beyond"),
+    ("(((10**256)**256)**256)**256 > block_in", "a power beyond 4096 bits"),
 ])
 def test_a_constraint_that_cannot_be_evaluated_names_itself_and_the_point(constraint, message):
     space = space_from_dict({**QUICK, "constraints": [constraint], "fields": {"block_in": [4]}})
@@ -132,6 +136,14 @@ def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_module, "evaluate_point", lambda task: calls.append(task) or real(task))
     again = run_sweep(space, tmp_path / "out", progress=False, log=lambda _: None)
     assert calls == [] and [p.get("cycles") for p in again] == [p.get("cycles") for p in points]
+    # A damaged saved point runs again instead of stopping the sweep.
+    saved = sorted((tmp_path / "out" / "points").glob("*.json"))
+    saved[0].write_text('{"truncated')
+    saved[1].write_text('["not", "a", "point"]')
+    logged = []
+    run_sweep(space, tmp_path / "out", progress=False, log=logged.append)
+    assert len(calls) == 2 and sum("is damaged" in line for line in logged) == 2
+    calls.clear()
     # Another output directory starts afresh.
     (tmp_path / "out" / "points").rename(tmp_path / "old-points")
     (tmp_path / "out" / "points").mkdir()
@@ -239,3 +251,12 @@ def test_example_spaces_load_and_only_their_constraints_exclude_points(example):
     points = expand(load_space(example))
     assert any("config" in p for p in points)
     assert all("constraint" in p["reason"] for p in points if p.get("status") == "invalid")
+
+
+def test_unreadable_reports_and_unknown_scheduler_schemes_are_one_line(tmp_path):
+    for text in ('{"points', '{"points": "x"}', "[]"):
+        (tmp_path / "sweep.json").write_text(text)
+        with pytest.raises(SweepError, match="sweep.json is not a"):
+            render_report(tmp_path)
+    with pytest.raises(SweepError, match="must be tcp://HOST:PORT"):
+        run_sweep(space_from_dict(QUICK), tmp_path / "out", scheduler="bogus://x", progress=False)

@@ -112,7 +112,8 @@ def test_corrupt_artefacts_are_refused(tmp_path):
         return edit
     edits = [lambda mf: [mf], lambda mf: {k: v for k, v in mf.items() if k != "dtype"},
              node_edit("inputs", ["nowhere"]), node_edit("op", "frobnicate"), node_edit("attrs", {}),
-             node_edit("device", "accel", index=0), lambda mf: {**mf, "plan": {**mf["plan"], "peak_bytes": 1}}]
+             node_edit("device", "accel", index=0), lambda mf: {**mf, "plan": {**mf["plan"], "peak_bytes": 1}},
+             node_edit("attrs", {"exponent": 2000}, index=0), node_edit("attrs", {"exponent": -10 ** 6}, index=0)]
     for i, edit in enumerate(edits):
         with pytest.raises(ModelError, match="not a valid gemforge model|is not a gemforge model"):
             Model.from_bytes(_rezip(data, edit), source=f"edit{i}")

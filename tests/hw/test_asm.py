@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemforge.hw.program import Program, TensorRegion
+from gemforge.hw.program import Program, ProgramError, TensorRegion
 from gemforge.hw import isa
 from gemforge.hw.asm import (
     AsmError, assemble, assemble_instructions, disassemble, disassemble_instructions,
@@ -196,8 +196,8 @@ def test_module_docstring_example_assembles():
     block = doc[doc.index("::\n\n") + 4:].split("\n\n")[0]
     program = assemble(block, "default")
     assert [isa.mnemonic(i) for i in program.instructions] == \
-        ["load.inp", "gemm", "alu.shr", "store.out", "finish"]
-    assert len(program.uops) == 1 and program.arena_bytes == 8192
+        ["load.uop", "load.inp", "load.wgt", "gemm", "alu.shr", "store.out", "finish"]
+    assert len(program.uops) == 1 and program.arena_bytes == 1024 and set(program.tensors) == {"x", "w", "y"}
 
 
 def test_canonical_text():
@@ -449,8 +449,21 @@ def test_disassemble_refuses_invalid_uop():
         disassemble(program)
 
 
-@pytest.mark.parametrize("name", ["two words", "a=b", "x#y", ""])
+@pytest.mark.parametrize("name", ["two words", "a=b", "x#y"])
 def test_disassemble_refuses_unwritable_tensor_name(name):
     program = Program(TINY, [], arena_bytes=4, tensors={name: TensorRegion(name, 0, (4,), "int8")})
     with pytest.raises(AsmError, match=r"cannot be written as assembly"):
         disassemble(program)
+
+
+def test_program_refuses_malformed_tensor_regions():
+    for region, reason in [(TensorRegion("", 0, (4,), "int8"), "non-empty string"),
+                           (TensorRegion("x", -4, (4,), "int8"), "offset"),
+                           (TensorRegion("x", 0, (-1, 4), "int8"), "shape"),
+                           (TensorRegion("x", 0, (4,), "object"), "dtype"),
+                           (TensorRegion("x", 0.5, (4,), "int8"), "offset")]:
+        with pytest.raises(ProgramError, match=reason):
+            Program(TINY, [], arena_bytes=64, tensors={region.name: region})
+    for layout in ({"arena_bytes": float("inf")}, {"arena_bytes": 64, "uop_offset": -4}, {"arena_bytes": 1 << 40}):
+        with pytest.raises(ProgramError, match="whole number of bytes"):
+            Program(TINY, [], **layout)

@@ -15,7 +15,7 @@ from ...schedule import VTHREAD_ORDERS
 from ...errors import CompileError
 from ..common import Epilogue, OpError
 
-__all__ = ["TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors", "plan_with_fallback",
+__all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors", "plan_with_fallback",
            "schedule_output_tile", "bias_input",
            "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes"]
 
@@ -31,6 +31,18 @@ def epilogue_alu_ops(epilogue: Epilogue) -> int:
 def store_entry_bytes(epilogue: Epilogue, config) -> int:
     """Bytes per stored entry: the output buffer's (int8) after a shift, else the accumulator's."""
     return config.out_entry_bytes if epilogue.shift is not None else config.acc_entry_bytes
+
+
+def check_footprint(config, op: str, entries: dict[str, int], epilogue: Epilogue) -> None:
+    """Refuse an operator whose packed tensors (``entries`` of each buffer's entry size) would
+    not fit the accelerator's 32-bit DRAM address space, before its tiling is planned (each
+    instruction is built, so a huge operator would otherwise compile for hours)."""
+    from gemforge.hw.program import MAX_ARENA_BYTES
+    need = sum(count * (store_entry_bytes(epilogue, config) if buffer == "out" else config.entry_bytes(buffer))
+               for buffer, count in entries.items())
+    if need > MAX_ARENA_BYTES:
+        raise OpError(f"{op}'s packed tensors need {need:,} bytes of DRAM, beyond the {MAX_ARENA_BYTES:,} the "
+                      "accelerator can address; split the operator")
 
 
 def bias_input(op: str, epilogue: Epilogue, config, bias: np.ndarray | None, channels: int) -> dict:

@@ -32,8 +32,8 @@ from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
-    CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, best_by_cycle_model, bias_input, divisors, epilogue_alu_ops,
-    plan_with_fallback, schedule_output_tile, store_entry_bytes,
+    CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, best_by_cycle_model, bias_input, check_footprint, divisors,
+    epilogue_alu_ops, plan_with_fallback, schedule_output_tile, store_entry_bytes,
 )
 
 __all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "rank_conv2d", "compile_conv2d"]
@@ -259,6 +259,8 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
     epi = Epilogue(bias, shift, relu)
+    check_footprint(c, "conv2d", {"inp": data[0] * data[1] * h * w, "wgt": kernel[0] * kernel[1] * kh * kw,
+                                  "out": data[0] * kernel[0] * oh * ow}, epi)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)
     inputs = ["x", "w"] + (["bias"] if bias else [])
 

@@ -28,7 +28,7 @@ from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
 from .common import (
-    TilingCost, bias_input, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+    TilingCost, bias_input, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
     store_entry_bytes,
 )
 
@@ -137,6 +137,7 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
         raise OpError(f"dense with K = {k} and N = {n} needs rows of {kt} and {nt} tiles; config {c.name!r} "
                       f"moves rows of at most {c.max_dma_size} (K and N up to {c.max_dma_size * c.block_in} and "
                       f"{c.max_dma_size * c.block_out})")
+    check_footprint(c, "dense", {"inp": mt * kt, "wgt": kt * nt, "out": mt * nt}, epi)
     plan = plan_with_fallback(lambda threads: plan_dense(c, mt, kt, nt, threads=threads, epilogue=epi),
                               latency_hiding)
     tensors = dense_te(c, mt, kt, nt, epi)
