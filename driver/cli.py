@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -146,7 +147,16 @@ def _shape(text: str, what: str, rank: int | None) -> tuple[int, ...]:
     if (rank is not None and len(dims) != rank) or not dims or min(dims) < 1:
         count = f"{rank} positive integers" if rank is not None else "positive integers"
         raise UsageError(f"{what} must be {count} separated by commas, not {text!r}")
+    # The generated code indexes with 64-bit integers (and the accelerator's DMA with far fewer bits).
+    if max(dims) > MAX_DIM or math.prod(dims) > MAX_ELEMENTS:
+        raise UsageError(f"{what} {text!r} is beyond what gemforge compiles: dimensions up to {MAX_DIM:,} and "
+                         f"{MAX_ELEMENTS:,} elements in all")
     return dims
+
+
+#: The largest dimension and element count of an operator's tensor on the command line.
+MAX_DIM = (1 << 31) - 1
+MAX_ELEMENTS = 1 << 40
 
 
 _HOST_DEVICES = ("cpu", "gpu")
@@ -308,14 +318,23 @@ def cmd_bench(args: argparse.Namespace) -> None:
     known = ("fsim", "rtl", "regress", "cpu", "network", "gpu", "synth", "sweep")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
-    results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
-                             sections=sections)
-    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    from gemforge.sim.cosim.harness import SIMULATORS
+    if args.device is not None and args.device not in SIMULATORS:
+        raise UsageError(f"bench's --device is an RTL simulator ({', '.join(SIMULATORS)}), not {args.device!r}")
+    # Read before the (long) measurements: a bad file is refused at once.
+    merged = []
     for merge in args.merge or ():
         try:
             earlier = json.loads(Path(merge).read_text())
         except (OSError, ValueError) as exc:
             raise UsageError(f"--merge {merge} is not a readable JSON file of gemforge bench ({exc})") from None
+        if not isinstance(earlier, dict) or not all(isinstance(v, (dict, int, float, str)) for v in earlier.values()):
+            raise UsageError(f"--merge {merge} is not the JSON object of sections that gemforge bench writes")
+        merged.append((merge, earlier))
+    results = run_benchmarks(_config(args), quick=args.quick, device=args.device, core_configs=core_configs,
+                             sections=sections)
+    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    for merge, earlier in merged:
         for key, value in earlier.items():
             if key not in results and key != "wall_seconds":
                 results[key] = dict(value, merged_from=os.path.basename(merge)) if isinstance(value, dict) \
@@ -330,7 +349,12 @@ def cmd_bench(args: argparse.Namespace) -> None:
                            + (["--sections", args.sections] if args.sections else [])
                            + [part for merge in args.merge or () for part in ("--merge", os.path.basename(merge))]
                            + ["--markdown", os.path.basename(args.markdown)])
-        write_bytes_atomic(args.markdown, render_markdown(results, command).encode())
+        try:
+            markdown = render_markdown(results, command)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise UsageError(f"the results (with the --merge files) hold a section the report cannot render "
+                             f"({type(exc).__name__}: {exc}); was a merged file written by gemforge bench?") from None
+        write_bytes_atomic(args.markdown, markdown.encode())
     print(text)
 
 

@@ -424,6 +424,7 @@ class Model:
     def from_bytes(cls, data: bytes, source: str = "model") -> Model:
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
+                _check_unpacked_size(z, source)
                 manifest = json.loads(z.read("manifest.json"))
                 if not isinstance(manifest, dict) or manifest.get("format") != "gemforge-model":
                     raise ModelError(f"{source} is not a gemforge model")
@@ -431,6 +432,7 @@ class Model:
                     raise ModelError(f"{source} has format version {manifest.get('version')}; this gemforge reads "
                                      f"{FORMAT_VERSION}")
                 with np.load(io.BytesIO(z.read("constants.npz")), allow_pickle=False) as npz:
+                    _check_unpacked_size(npz.zip, f"{source}:constants.npz")
                     constants = {k: npz[k] for k in npz.files}
                 config = AccelConfig.from_dict(manifest["config"], source=f"{source} config") \
                     if manifest["config"] else None
@@ -459,6 +461,26 @@ class Model:
                 ArithmeticError, RecursionError, GraphError, ProgramError) as exc:
             raise ModelError(f"{source} is not a valid gemforge model ({type(exc).__name__}: {exc})") from None
         return cls(net)
+
+
+#: Most bytes a model file may unpack to (its members together): far beyond any network it
+#: holds (ResNet-18's is about 50 MB), far below what would exhaust a machine's memory.
+MAX_UNPACKED_BYTES = 4 << 30
+#: Most bytes its JSON description may unpack to (ResNet-18's is about 30 KB).
+MAX_MANIFEST_BYTES = 64 << 20
+
+
+def _check_unpacked_size(archive: zipfile.ZipFile, source: str) -> None:
+    """Refuse an archive whose members would unpack beyond `MAX_UNPACKED_BYTES` (a zip bomb), from
+    the sizes its directory states; zipfile itself stops a member that inflates beyond them."""
+    for info in archive.infolist():
+        if info.filename.endswith(".json") and info.file_size > MAX_MANIFEST_BYTES:
+            raise ModelError(f"{source}: {info.filename} unpacks to {info.file_size:,} bytes, more than the "
+                             f"{MAX_MANIFEST_BYTES:,} a model's description may take")
+    total = sum(info.file_size for info in archive.infolist())
+    if total > MAX_UNPACKED_BYTES:
+        raise ModelError(f"{source} unpacks to {total:,} bytes, more than the {MAX_UNPACKED_BYTES:,} a gemforge "
+                         "model may hold")
 
 
 def _check_network(net: CompiledNetwork) -> None:

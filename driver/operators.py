@@ -39,15 +39,15 @@ class Operator:
 
 
 def _conv_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stride", type=int, default=1, help="stride (default 1)")
-    p.add_argument("--padding", type=int, default=0, help="zero padding on each side (default 0)")
+    p.add_argument("--stride", type=_window_int, default=1, help="stride (default 1)")
+    p.add_argument("--padding", type=_window_int, default=0, help="zero padding on each side (default 0)")
     p.add_argument("--groups", type=int, default=1, help="groups (grouped/depthwise; cpu and gpu; default 1)")
 
 
 def _pool_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", type=int, help="window size (default: the whole image, global pooling)")
-    p.add_argument("--stride", type=int, help="stride (default: the window size)")
-    p.add_argument("--padding", type=int, default=0, help="padding on each side (default 0)")
+    p.add_argument("--stride", type=_window_int, help="stride (default: the window size)")
+    p.add_argument("--padding", type=_window_int, default=0, help="padding on each side (default 0)")
 
 
 def _clip_options(p: argparse.ArgumentParser) -> None:
@@ -61,6 +61,14 @@ def _elementwise_epilogue(p: argparse.ArgumentParser) -> None:
 
 
 _X = ("x", "input", "X")
+
+def _window_int(text: str) -> int:
+    """A stride or padding: an integer of at most 31 bits (the generated code's indices are 64-bit)."""
+    value = int(text)
+    if abs(value) > (1 << 31) - 1:
+        raise argparse.ArgumentTypeError(f"{text} is beyond 2,147,483,647")
+    return value
+
 
 OPERATORS: dict[str, Operator] = {
     "gemm": Operator("C = A @ B: A (M, K), B (K, N) int8 (the config's inp_width on the accelerator, int16 with "

@@ -96,6 +96,9 @@ def _regress(args: argparse.Namespace, variant: str) -> int:
             raise regress.RegressError(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.investigate < 0:
         raise regress.RegressError(f"--investigate must be 0 or more, not {args.investigate}")
+    for name in ("seed", "config_seed"):
+        if getattr(args, name) < 0:
+            raise regress.RegressError(f"--{name.replace('_', '-')} must be 0 or more, not {getattr(args, name)}")
     waves = _waves_path(args)
     if waves is not None and args.count != 1:
         raise regress.RegressError("--waves records one program: use it with --replay or --count 1 "

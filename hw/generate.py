@@ -84,9 +84,24 @@ def convert_verilog(design, name: str) -> str:
     return yosys.run(["-q", "-"], script, ignore_warnings=True)
 
 
+#: The largest GEMM core (multipliers per micro-op) generated as gateware: elaboration and
+#: conversion grow with the core (`large`, 1,024, takes about 30 s; this, some 10 minutes). fsim
+#: and the compiler take any valid config.
+MAX_GENERATED_MACS = 16_384
+
+
+def _check_generatable(config: AccelConfig) -> None:
+    from .config import ConfigError
+    if config.macs_per_uop > MAX_GENERATED_MACS:
+        raise ConfigError(f"config {config.name!r} has a {config.batch}×{config.block_in}×{config.block_out} core "
+                          f"({config.macs_per_uop:,} multipliers); gemforge generates gateware for cores of up to "
+                          f"{MAX_GENERATED_MACS:,}")
+
+
 def verilog_top(config: AccelConfig) -> str:
     """The accelerator for ``config`` as Verilog text (module `TOP_NAME`)."""
     from .gateware.top import Accelerator
+    _check_generatable(config)
     return convert_verilog(Accelerator(config), TOP_NAME)
 
 
@@ -98,6 +113,7 @@ def rtlil_top(config: AccelConfig) -> str:
     from amaranth.back import rtlil
 
     from .gateware.top import Accelerator
+    _check_generatable(config)
     return rtlil.convert(Accelerator(config), name=TOP_NAME, emit_src=False)
 
 
@@ -114,6 +130,11 @@ def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
         "datasheet.md": datasheet(config),
         "files.f": f"{TOP_NAME}.v\n",
     }
+    # All or nothing: a path that cannot take its file is found before any is replaced, so a
+    # failure never leaves new Verilog beside an old datasheet.
+    for name in files:
+        if (out / name).is_dir():
+            raise IsADirectoryError(21, "is a directory, not a file to write", str(out / name))
     written = []
     for name, text in files.items():
         path = out / name

@@ -42,7 +42,8 @@ _READ_CLIENT = {MemType.INP: "load_inp", MemType.WGT: "load_wgt", MemType.ACC: "
 
 
 class CycleModelError(RuntimeError):
-    """The program cannot run (its tokens deadlock, or it has no FINISH)."""
+    """The program cannot run (a fault fsim and the hardware would report, a deadlock of its
+    tokens, or no FINISH)."""
 
 
 @dataclass
@@ -419,7 +420,16 @@ def run_cycle_model(instructions: Iterable[Instruction], config, timing: Timing 
     insns = list(instructions)
     if not insns or not isinstance(insns[-1], Finish):
         raise CycleModelError("a program must end with FINISH")
-    return _Model(insns, config, timing or timing_of(config)).run()
+    from .fsim import FsimError, check_program
+    try:
+        # What fsim and the hardware refuse is not timed: their dispatch checks first; a token
+        # deadlock then gets the model's own report; tokens left over once it ran, this one.
+        check_program(insns, config, tokens=False)
+        report = _Model(insns, config, timing or timing_of(config)).run()
+        check_program(insns, config)
+    except FsimError as exc:
+        raise CycleModelError(str(exc)) from None
+    return report
 
 
 def _deadlock_report(insns, engines, dispatched) -> str:

@@ -47,7 +47,7 @@ from gemforge.hw.isa import (
 )
 
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError",
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program",
     "COUNTER_NAMES",
 ]
 
@@ -115,6 +115,31 @@ class _EngineState:
     pending_pushes: list[str] = field(default_factory=list)
     # Remembered for the deadlock report: the instruction whose pushes are pending.
     last: _Queued | None = None
+
+
+def check_program(instructions: list[Instruction], config: AccelConfig, *, tokens: bool = True) -> None:
+    """The faults fsim (and the hardware) find in a program without running it: each
+    instruction's dispatch checks (`Fsim._check_static`: zero sizes and loop counts, buffer
+    ranges, FINISH's place) and, with ``tokens``, every token queue's pushes against its
+    pops. Raises `FsimError` (its subclasses) naming the first fault."""
+    checker = Fsim(config, np.zeros(0, np.uint8))
+    for index, insn in enumerate(instructions):
+        checker._check_static(insn, index, len(instructions))
+    if not tokens:
+        return
+    balance: dict[str, int] = {}
+    for insn in instructions:
+        engine = engine_of(insn)
+        for flag, queue in TOKEN_PUSHES[engine].items():
+            balance[queue] = balance.get(queue, 0) + int(getattr(insn, flag))
+        for flag, queue in TOKEN_POPS[engine].items():
+            balance[queue] = balance.get(queue, 0) - int(getattr(insn, flag))
+    unbalanced = {queue: n for queue, n in balance.items() if n}
+    if unbalanced:
+        left_over = any(n > 0 for n in unbalanced.values())
+        raise DeadlockError("the program's dependency tokens do not balance: " + ", ".join(
+            f"{queue} gets {abs(n)} more {'pushes than pops' if n > 0 else 'pops than pushes'}"
+            for queue, n in unbalanced.items()), Fault.TOKEN_IMBALANCE if left_over else Fault.DEADLOCK)
 
 
 class Fsim:

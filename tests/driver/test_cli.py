@@ -461,6 +461,26 @@ def test_empty_and_special_input_files_are_one_line(tmp_path, capsys):
 
 
 def test_operators_beyond_the_dram_address_space_are_refused_before_compiling(tmp_path, capsys):
-    for shape in ("99999999999999999999999,4,4", "1000000000,4,4"):
-        code, _, err = run(capsys, "compile-op", "gemm", "--shape", shape, "-o", tmp_path / "x.gfp", "--config", "tiny")
-        assert code == 2 and "beyond the 4,294,967,296 the accelerator can address" in err
+    """compile-op hung on a huge M, and the cpu back end wrapped dimensions beyond int64."""
+    code, _, err = run(capsys, "compile-op", "gemm", "--shape", "1000000000,4,4", "-o", tmp_path / "x.gfp",
+                       "--config", "tiny")
+    assert code == 2 and "beyond the 4,294,967,296 the accelerator can address" in err
+    for device in ("tiny", "cpu"):
+        where = ["--config", device] if device == "tiny" else ["--device", device]
+        code, _, err = run(capsys, "compile-op", "gemm", "--shape", "99999999999999999999999,4,4", "-o",
+                           tmp_path / "x.out", *where)
+        assert code == 2 and "dimensions up to 2,147,483,647" in err
+
+
+def test_more_hostile_arguments_are_one_line(tmp_path, capsys):
+    for argv, message in [(["regress", "--config-seed", "-1", "--count", "1"], "--config-seed must be 0 or more"),
+                          (["regress", "--seed", "-1", "--count", "1"], "--seed must be 0 or more"),
+                          (["bench", "--quick", "--sections", "fsim", "--device", "bogus"], "an RTL simulator")]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and message in err, err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    code, _, err = run(capsys, "bench", "--quick", "--sections", "fsim", "--merge", tmp_path / "list.json")
+    assert code == 2 and "is not the JSON object of sections" in err
+    (tmp_path / "datasheet.md").mkdir()
+    code, _, err = run(capsys, "generate", "--config", "tiny", "-o", tmp_path)
+    assert code == 2 and "is a directory" in err and not (tmp_path / "gemforge_top.v").exists()

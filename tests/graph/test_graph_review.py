@@ -284,3 +284,11 @@ def test_constants_computed_from_constants_and_every_constant_attribute():
                N("Reshape", ["b", "s"], ["y"])], [("x", [3, 2])], [("y", [2, 3])])
     x = rng.normal(size=(3, 2)).astype(np.float32)
     np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-6)
+
+
+def test_a_model_file_that_unpacks_beyond_reason_is_refused_unread():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", b" " * (100 << 20))      # 100 MiB of blanks, ~100 KB packed
+    with pytest.raises(ModelError, match="manifest.json unpacks to 104,857,600 bytes"):
+        Model.from_bytes(buffer.getvalue(), source="bomb.gfm")

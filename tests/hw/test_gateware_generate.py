@@ -73,3 +73,18 @@ def test_presets_synthesize_with_yosys(name, tmp_path):
     log = (tmp_path / "yosys.log").read_text()
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ERROR" not in log and "Found and reported 0 problems" in log
+
+
+def test_cores_beyond_the_generation_limit_are_refused_at_once():
+    """A 256×256×256 core passes config validation (fsim runs it) but would take days to
+    generate: refused in one sentence instead."""
+    import dataclasses
+    from gemforge.hw.config import PRESETS, ConfigError
+    from gemforge.hw.generate import MAX_GENERATED_MACS, rtlil_top, verilog_top
+    huge = dataclasses.replace(PRESETS["default"], name="huge", block_in=256, block_out=256,
+                               inp_buffer_bytes=1 << 16, wgt_buffer_bytes=1 << 20, acc_buffer_bytes=1 << 16,
+                               out_buffer_bytes=1 << 14)
+    assert huge.macs_per_uop > MAX_GENERATED_MACS
+    for convert in (verilog_top, rtlil_top):
+        with pytest.raises(ConfigError, match="generates gateware for cores of up to 16,384"):
+            convert(huge)

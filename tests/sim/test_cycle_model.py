@@ -208,3 +208,22 @@ def test_cycles_command_prints_the_model_of_a_program_file(tmp_path, capsys):
     report = run_cycle_model(op.program.instructions, op.program.config)
     assert shown["cycles"] == report.cycles and shown["counters"] == report.counters
     assert main(["cycles", str(tmp_path / "missing.gfp")]) == 2
+
+
+def test_the_model_refuses_what_fsim_and_the_hardware_refuse():
+    """A zero size, a zero loop count, a tile beyond its buffer, an empty micro-op range and a
+    token left over were timed as if they ran."""
+    c = PRESETS["tiny"]
+    uop = Load(mem=MemType.UOP, sram_base=0, dram_base=0, y_size=1, x_size=1, x_stride=1)
+    cases = [
+        ([Load(mem=MemType.INP, sram_base=0, dram_base=0, y_size=0, x_size=1, x_stride=1)], "y_size must be at least 1"),
+        ([Gemm(uop_bgn=0, uop_end=1, iter_out=0, iter_in=1)], "iter_out must be at least 1"),
+        ([Load(mem=MemType.INP, sram_base=c.inp_depth - 1, dram_base=0, y_size=2, x_size=1, x_stride=1)],
+         "but the inp buffer has"),
+        ([Gemm(uop_bgn=1, uop_end=1, iter_out=1, iter_in=1)], "must be non-empty"),
+        ([uop, Load(mem=MemType.INP, sram_base=0, dram_base=0, y_size=1, x_size=1, x_stride=1, push_next=True)],
+         "do not balance: load->compute gets 1 more pushes than pops"),
+    ]
+    for insns, message in cases:
+        with pytest.raises(CycleModelError, match=message):
+            run_cycle_model([*insns, Finish()], c)
