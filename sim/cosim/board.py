@@ -99,7 +99,7 @@ def build_board(config: AccelConfig, mem_bytes: int = 64 << 10, cycles_per_bit: 
         (src / f"{BOARD_TB_TOP}.v").write_text(_wrapper())
         saved = os.environ.get("MAKEFLAGS")
         # See harness.build: the PyPI wheel's verilated.mk needs this for split models.
-        os.environ["MAKEFLAGS"] = f"{saved or ''} CFG_CXXFLAGS_PCH_I=-include".strip()
+        os.environ["MAKEFLAGS"] = f"{saved or ''} {harness.VERILATOR_MAKE_VARS}".strip()
         try:
             harness._runner("verilator").build(
                 sources=[src / f"{BOARD_TOP}.v", src / f"{BOARD_TB_TOP}.v"], hdl_toplevel=BOARD_TB_TOP,
