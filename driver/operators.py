@@ -12,6 +12,7 @@ back ends.
 from __future__ import annotations
 
 import argparse
+import math
 import types
 from dataclasses import dataclass
 from typing import Callable
@@ -194,6 +195,8 @@ def compile_operator(args: argparse.Namespace, target, shapes: dict[str, tuple[i
             return ops.compile_relu(target, _nchw(x), **hiding)
         return ops.compile_elementwise(target, "relu", x, dtype=dtype)
     if op == "clip":
+        if math.isnan(args.lo) or math.isnan(args.hi) or args.lo > args.hi:
+            raise OperatorUsageError(f"clip needs bounds --min ≤ --max, not {args.lo} and {args.hi}")
         if kind == "accel":
             if not (float(args.lo).is_integer() and float(args.hi).is_integer()):
                 raise OperatorUsageError("on the accelerator, clip bounds are integers")

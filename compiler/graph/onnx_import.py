@@ -421,6 +421,10 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
     if opset is None or opset < MIN_OPSET:
         raise GraphError(f"the model uses ONNX opset {opset}; gemforge reads opset {MIN_OPSET} and newer "
                          "(onnx.version_converter can upgrade it)")
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise GraphError(f"the model uses ONNX opset {opset}, which does not exist yet: the newest this onnx "
+                         f"{onnx.__version__} knows is {newest}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
     graph = _Importer(model, batch, dict(input_shapes or {})).run()

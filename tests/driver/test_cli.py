@@ -478,6 +478,10 @@ def test_more_hostile_arguments_are_one_line(tmp_path, capsys):
                           (["bench", "--quick", "--sections", "fsim", "--device", "bogus"], "an RTL simulator")]:
         code, _, err = run(capsys, *argv)
         assert code == 2 and message in err, err
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    code, _, err = run(capsys, "run-op", "clip", "--input", tmp_path / "x.npy", "--min", "nan", "--max", "5",
+                       "--device", "cpu", "-o", tmp_path / "c.npy")
+    assert code == 2 and "clip needs bounds" in err
     (tmp_path / "list.json").write_text("[1, 2]")
     code, _, err = run(capsys, "bench", "--quick", "--sections", "fsim", "--merge", tmp_path / "list.json")
     assert code == 2 and "is not the JSON object of sections" in err

@@ -292,3 +292,10 @@ def test_a_model_file_that_unpacks_beyond_reason_is_refused_unread():
         z.writestr("manifest.json", b" " * (100 << 20))      # 100 MiB of blanks, ~100 KB packed
     with pytest.raises(ModelError, match="manifest.json unpacks to 104,857,600 bytes"):
         Model.from_bytes(buffer.getvalue(), source="bomb.gfm")
+
+
+def test_an_opset_newer_than_onnx_knows_is_refused():
+    m = model([N("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    m.opset_import[0].version = 99
+    with pytest.raises(GraphError, match="opset 99, which does not exist yet"):
+        compile_model(m)
