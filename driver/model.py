@@ -221,7 +221,8 @@ class Model:
                     array.shape[1:] == tuple(shape[1:]) and array.shape[0] % shape[0] == 0 and array.shape[0]:
                 counts.add(array.shape[0] // shape[0])
             else:
-                allowed = f"{list(shape)}, or a multiple of its batch {shape[0]}" if name in batched else f"{list(shape)}"
+                allowed = (f"{list(shape)}, or a multiple of its batch {shape[0]}" if name in batched
+                           else f"{list(shape)}")
                 raise ModelError(f"input {name!r} has shape {list(array.shape)}; the model was compiled for {allowed}")
         if len(counts) > 1:
             raise ModelError("the batched inputs hold different numbers of batches: "

@@ -516,7 +516,8 @@ def _assembler(config: AccelConfig) -> str:
         required = [f"`{f}`" for f in order if f not in kind.defaults]
         optional = [f"`{f}`={kind.defaults[f]}" for f in order if f in kind.defaults]
         tmpl = asm.template(name)
-        rows.append((f"`{name}`", isa.engine_of(tmpl).value, " ".join(f"`{f}`" for f in asm.legal_flags(name, config)),
+        flags = " ".join(f"`{f}`" for f in asm.legal_flags(name, config))
+        rows.append((f"`{name}`", isa.engine_of(tmpl).value, flags,
                      " ".join(required) or "—", " ".join(optional) or "—"))
     # keep[0] ends with "::" before the docstring's example (for `default`), keep[1]; this
     # config's own example stands in its place.
@@ -536,8 +537,9 @@ def _assembler(config: AccelConfig) -> str:
         f"This one computes `y = (x · wᵀ) >> 3` for one `{config.batch}×{config.block_in}` input entry and one "
         f"`{config.block_out}×{config.block_in}` weight entry: `gemforge asm prog.s --config {config.name} -o "
         "prog.gfp` assembles it (the text's `.config` must match), and a loader runs it as "
-        "\"Loading and relocating a program\" says, with `x` and `w` written into the arena first. The micro-ops reach the on-chip buffer "
-        "only through a `load.uop` in the program; the loader puts them in DRAM.",
+        "\"Loading and relocating a program\" says, with `x` and `w` written into the arena first. "
+        "The micro-ops reach the on-chip buffer only through a `load.uop` in the program; the "
+        "loader puts them in DRAM.",
         "",
         _rst_to_md("\n\n".join(keep)),
         "",

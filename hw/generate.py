@@ -26,8 +26,8 @@ from .datasheet import datasheet
 from .isa import derived
 from .regmap import to_c_header, to_markdown
 
-__all__ = ["generate", "verilog_top", "convert_verilog", "rtlil_top", "TOP_NAME", "LINT_WAIVERS", "GENERIC_SYNTH_PASSES",
-           "GENERIC_SYNTH_SCRIPT"]
+__all__ = ["generate", "verilog_top", "convert_verilog", "rtlil_top", "TOP_NAME", "LINT_WAIVERS",
+           "GENERIC_SYNTH_PASSES", "GENERIC_SYNTH_SCRIPT", "MAX_GENERATED_MACS"]
 
 TOP_NAME = "gemforge_top"
 
@@ -74,7 +74,8 @@ VERILOG_PASSES = ("proc -norom", "memory_collect", "write_verilog -noparallelcas
 
 def convert_verilog(design, name: str) -> str:
     """``design`` (an Amaranth elaboratable) as Verilog text, module ``name``, by
-    `VERILOG_PASSES` with the Yosys Amaranth itself uses."""
+    `VERILOG_PASSES` with the Yosys Amaranth itself uses (`verilog.convert` takes options for
+    ``write_verilog`` only, not the passes before it, hence Amaranth's toolchain lookup)."""
     from amaranth._toolchain.yosys import find_yosys
     from amaranth.back import rtlil
 

@@ -216,7 +216,8 @@ def test_the_model_refuses_what_fsim_and_the_hardware_refuse():
     c = PRESETS["tiny"]
     uop = Load(mem=MemType.UOP, sram_base=0, dram_base=0, y_size=1, x_size=1, x_stride=1)
     cases = [
-        ([Load(mem=MemType.INP, sram_base=0, dram_base=0, y_size=0, x_size=1, x_stride=1)], "y_size must be at least 1"),
+        ([Load(mem=MemType.INP, sram_base=0, dram_base=0, y_size=0, x_size=1, x_stride=1)],
+         "y_size must be at least 1"),
         ([Gemm(uop_bgn=0, uop_end=1, iter_out=0, iter_in=1)], "iter_out must be at least 1"),
         ([Load(mem=MemType.INP, sram_base=c.inp_depth - 1, dram_base=0, y_size=2, x_size=1, x_stride=1)],
          "but the inp buffer has"),

@@ -15,8 +15,8 @@ from ...schedule import VTHREAD_ORDERS
 from ...errors import CompileError
 from ..common import Epilogue, OpError
 
-__all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors", "plan_with_fallback",
-           "schedule_output_tile", "bias_input",
+__all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors",
+           "plan_with_fallback", "schedule_output_tile", "bias_input",
            "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes"]
 
 
