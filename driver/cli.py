@@ -429,7 +429,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
                  "pareto": front, "output": str(Path(args.output) / "sweep.json")})
     # A sweep that evaluated nothing, or measured nothing by its area, did not do its job.
     if not ok:
-        why = (f"every valid point failed, the first with: {str(failed[0].get('error', '?')).splitlines()[-1]}"
+        why = (f"every valid point failed, the first with: {(str(failed[0].get('error')).splitlines() or ['?'])[-1]}"
                if failed else "the space holds no valid point (see the invalid points' reasons in sweep.json)")
         raise SweepError(f"sweep {space.name}: {why}"[:500])
     if not any(space.area in p.get("resources", {}) for p in ok):

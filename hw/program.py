@@ -100,7 +100,7 @@ class TensorRegion:
             raise ProgramError(f"tensor {self.name!r}: shape must be whole numbers ≥ 0, not {list(self.shape)}"[:300])
         try:
             dtype = np.dtype(self.dtype) if isinstance(self.dtype, str) else None
-        except TypeError:
+        except (TypeError, ValueError):
             dtype = None
         if dtype is None or dtype.kind not in "iuf" or dtype.name not in TENSOR_DTYPES:
             raise ProgramError(f"tensor {self.name!r}: dtype must be one of {', '.join(TENSOR_DTYPES)}, not "
