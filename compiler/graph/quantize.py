@@ -17,7 +17,8 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   coarsest of its inputs' scales (the others are requantized to it); a tensor only
   clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
   its producer reaches);
-- a softmax runs in float32 on its dequantized input; the network quantizes its
+- a softmax runs in float32 on its dequantized input, and so does an average pool whose
+  output range is narrower than its input's (a global pool's); the network quantizes its
   inputs at entry and dequantizes its outputs at exit, so it takes and returns
   float32 like the ONNX model.
 """
@@ -142,7 +143,13 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     for node in graph.nodes:
         op, out = node.op, node.output
         shape = graph.values[out].shape
-        if op == "softmax":
+        pooled_finer = op == "avg_pool" and (node.inputs[0] not in rename or exponent_for(peaks.get(out, 0.0))
+                                             > exponent[rename[node.inputs[0]]])
+        if op == "softmax" or pooled_finer:
+            # A softmax runs in float32. So does a mean whose range is narrower than its input's
+            # (a global average pool's, mostly): kept at its input's coarse scale, a 15×15 pool's
+            # int8 output was 19 % off; computed from the dequantized input, it is quantized at
+            # its own scale where it is read.
             x = node.inputs[0]
             if x in rename:
                 f = add_value(f"{x}/float", graph.values[x].shape, "float32", None)

@@ -299,3 +299,22 @@ def test_an_opset_newer_than_onnx_knows_is_refused():
     m.opset_import[0].version = 99
     with pytest.raises(GraphError, match="opset 99, which does not exist yet"):
         compile_model(m)
+
+
+@pytest.mark.parametrize("image", [7, 15])
+def test_int8_global_average_pool_keeps_its_own_scale(image):
+    """A global average pool's output range is far narrower than its input's; kept at the
+    input's scale its int8 result was 4–7 % off ONNX Runtime after a dense layer, now about 1 %."""
+    rng = np.random.default_rng(image)
+    init = {"w": rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32),
+            "fc": rng.normal(0, 0.3, (8, 10)).astype(np.float32)}
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Relu", ["c"], ["r"]),
+               N("GlobalAveragePool", ["r"], ["g"]), N("Flatten", ["g"], ["f"]), N("MatMul", ["f", "fc"], ["y"])],
+              [("x", [2, 4, image, image])], [("y", [2, 10])], init)
+    x = rng.normal(size=(2, 4, image, image)).astype(np.float32)
+    samples = np.concatenate([x[None], rng.normal(size=(7, 2, 4, image, image)).astype(np.float32)])
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default")   # x within the calibrated range
+    got = q.run(x, "fsim")
+    np.testing.assert_array_equal(got, q.run(x, "cpu"))
+    expected = ort_run(m, {"x": x})[0]
+    assert np.abs(got - expected).max() <= 0.025 * np.abs(expected).max()
