@@ -273,11 +273,19 @@ def _load_inputs(path: str, what: str = "input"):
         return _load_npy(path, what, None, None)
     try:
         with np.load(path, allow_pickle=False) as archive:
+            unpacked = sum(info.file_size for info in archive.zip.infolist())
+            if unpacked > MAX_NPZ_BYTES:     # a zip bomb would exhaust memory before any check
+                raise UsageError(f"{what} file {path} unpacks to {unpacked:,} bytes, more than the {MAX_NPZ_BYTES:,} "
+                                 "gemforge reads")
             return {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc or 'it ends early'})") from None
+
+
+#: Most bytes an .npz of inputs or calibration samples may unpack to.
+MAX_NPZ_BYTES = 16 << 30
 
 
 def cmd_run(args: argparse.Namespace) -> None:

@@ -488,3 +488,12 @@ def test_more_hostile_arguments_are_one_line(tmp_path, capsys):
     (tmp_path / "datasheet.md").mkdir()
     code, _, err = run(capsys, "generate", "--config", "tiny", "-o", tmp_path)
     assert code == 2 and "is a directory" in err and not (tmp_path / "gemforge_top.v").exists()
+
+
+def test_an_npz_of_inputs_that_unpacks_beyond_reason_is_refused_unread(tmp_path, capsys, monkeypatch):
+    from gemforge.driver import cli
+    np.savez_compressed(tmp_path / "x.npz", x=np.zeros((1 << 20,), np.float32))    # 4 MiB of zeros, packed small
+    monkeypatch.setattr(cli, "MAX_NPZ_BYTES", 1 << 20)
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--quantize", "int8", "--calibrate",
+                       tmp_path / "x.npz", "-o", tmp_path / "m.gfm")
+    assert code == 2 and "unpacks to" in err, err
