@@ -420,13 +420,13 @@ def run_cycle_model(instructions: Iterable[Instruction], config, timing: Timing 
     insns = list(instructions)
     if not insns or not isinstance(insns[-1], Finish):
         raise CycleModelError("a program must end with FINISH")
-    from .fsim import FsimError, check_program
+    from .fsim import FsimError, check_dispatch, check_token_balance
     try:
         # What fsim and the hardware refuse is not timed: their dispatch checks first; a token
         # deadlock then gets the model's own report; tokens left over once it ran, this one.
-        check_program(insns, config, tokens=False)
+        check_dispatch(insns, config)
         report = _Model(insns, config, timing or timing_of(config)).run()
-        check_program(insns, config)
+        check_token_balance(insns)
     except FsimError as exc:
         raise CycleModelError(str(exc)) from None
     return report

@@ -47,7 +47,8 @@ from gemforge.hw.isa import (
 )
 
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program",
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program", "check_dispatch",
+    "check_token_balance",
     "COUNTER_NAMES",
 ]
 
@@ -117,16 +118,24 @@ class _EngineState:
     last: _Queued | None = None
 
 
-def check_program(instructions: list[Instruction], config: AccelConfig, *, tokens: bool = True) -> None:
-    """The faults fsim (and the hardware) find in a program without running it: each
-    instruction's dispatch checks (`Fsim._check_static`: zero sizes and loop counts, buffer
-    ranges, FINISH's place) and, with ``tokens``, every token queue's pushes against its
-    pops. Raises `FsimError` (its subclasses) naming the first fault."""
-    checker = Fsim(config, np.zeros(0, np.uint8))
+def check_program(instructions: list[Instruction], config: AccelConfig) -> None:
+    """The faults fsim (and the hardware) find in a program without running it:
+    `check_dispatch`, then `check_token_balance`. Raises `FsimError` (its subclasses) naming
+    the first fault."""
+    check_dispatch(instructions, config)
+    check_token_balance(instructions)
+
+
+def check_dispatch(instructions: list[Instruction], config: AccelConfig) -> None:
+    """Each instruction's dispatch checks (`Fsim._check_static`: zero sizes and loop counts,
+    buffer ranges, FINISH's place), in program order."""
+    checker = Fsim(config, np.zeros(0, np.uint8))      # the checks read the config only
     for index, insn in enumerate(instructions):
         checker._check_static(insn, index, len(instructions))
-    if not tokens:
-        return
+
+
+def check_token_balance(instructions: list[Instruction]) -> None:
+    """Every dependency-token queue gets as many pushes as pops over the program."""
     balance: dict[str, int] = {}
     for insn in instructions:
         engine = engine_of(insn)

@@ -17,7 +17,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .evaluate import evaluate_node
 from .ir import Graph, GraphError, Node, Value
+from .passes import _shape_of
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
@@ -130,8 +132,6 @@ class _Importer:
         return output
 
     def _fold(self, onnx_node: onnx.NodeProto, node: Node) -> np.ndarray:
-        from .passes import _shape_of
-        from .evaluate import evaluate_node
         args = [self.constants[i] for i in node.inputs]
         if node.op in ("add", "mul") and all(a.dtype.kind in "iu" for a in args):
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
