@@ -5,7 +5,7 @@ words, then ``field=value`` pairs named exactly as the instruction
 dataclass's fields::
 
     ; comments start with ';' or '#'
-    .config default
+    .config default digest=67c6f40117cc
     .uop_offset 0
     .arena_bytes 1024
     .tensor x offset=256 shape=1x16 dtype=int8
@@ -34,9 +34,11 @@ Directives describe the rest of a `Program`:
   the end of the last micro-op or tensor, whichever is further);
 * ``.tensor NAME offset=N shape=AxBxC dtype=D`` adds a tensor region
   (``shape=()`` for a 0-d tensor);
-* ``.config NAME`` names the config the text was written for: the
-  disassembler writes it, the assembler refuses a text whose ``.config``
-  differs from the config it assembles for.
+* ``.config NAME [digest=HEX]`` names the config the text was written for
+  (``digest`` is `AccelConfig.digest`, a hash of its fields, so a modified
+  config that kept a preset's name is told apart): the disassembler writes
+  both, the assembler refuses a text whose name or digest differs from the
+  config it assembles for.
 
 A program to run (``assemble(..., runnable=True)``, what ``gemforge asm``
 does) ends with ``finish``, its only FINISH instruction.
@@ -393,11 +395,16 @@ def _parse(text: str, config: AccelConfig) -> _Parsed:
             parsed.directive_lines[head] = line
             setattr(parsed, head[1:], value)
         elif head == ".config":
-            if len(tokens) != 2:
-                raise AsmError(f"line {line}: .config takes exactly one name")
+            digest = tokens[2][len("digest="):] if len(tokens) == 3 and tokens[2].startswith("digest=") else None
+            if len(tokens) != 2 and digest is None:
+                raise AsmError(f"line {line}: .config takes a name and optionally digest=HEX")
             if tokens[1] != config.name:
                 raise AsmError(f"line {line}: the program says .config {tokens[1]}, but it is being assembled for "
                                f"config {config.name!r}; pass --config {tokens[1]} or fix the directive")
+            if digest is not None and digest.lower() != config.digest:
+                raise AsmError(f"line {line}: the program was written for a config {tokens[1]!r} with digest "
+                               f"{digest}, but config {config.name!r} has digest {config.digest} (the same name, "
+                               "different fields); assemble it with the config file it was written for")
         else:
             raise AsmError(f"line {line}: unknown directive {tokens[0]!r}; expected one of "
                            ".config, .uop, .uop_offset, .arena_bytes, .tensor")
@@ -527,7 +534,8 @@ def disassemble(program: Program) -> str:
         When an instruction, micro-op or tensor name cannot be written so that
         it reassembles to the same program."""
     config = program.config
-    lines = [f".config {config.name}" if _NAME.match(config.name) else "; config with an unprintable name",
+    lines = [f".config {config.name} digest={config.digest}" if _NAME.match(config.name)
+             else "; config with an unprintable name",
              f".uop_offset {program.uop_offset}",
              f".arena_bytes {program.arena_bytes}"]
     lines += [_format_tensor(key, region) for key, region in program.tensors.items()]

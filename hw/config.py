@@ -25,6 +25,7 @@ complement), so a DMA moves whole entries.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import tomllib
@@ -337,6 +338,13 @@ class AccelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of every field but the name: two configs with one name but different
+        fields (a file with ``base = "tiny"`` and one field changed keeps the name) differ in it."""
+        fields = {k: v for k, v in self.to_dict().items() if k != "name"}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> AccelConfig:

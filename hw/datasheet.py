@@ -567,7 +567,7 @@ def example_source(config: AccelConfig) -> str:
         return f"{mnemonic}{flags} sram_base=0 dram_base={base} y_size=1 x_size=1 x_stride=1"
     return "\n".join([
         "; y = (x · wᵀ) >> 3 for one input entry and one weight entry",
-        f".config {config.name}",
+        f".config {config.name} digest={config.digest}",
         ".uop_offset 0",
         f".arena_bytes {4 * step}",
         *(f".tensor {name} offset={offset[name]} shape={rows[name][0]}x{rows[name][1]} dtype={dtype[name]}"

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gemforge.hw.config import AccelConfig
 from gemforge.hw.program import Program, ProgramError, TensorRegion
 from gemforge.hw import isa
 from gemforge.hw.asm import (
@@ -203,7 +204,7 @@ def test_module_docstring_example_assembles():
 def test_canonical_text():
     text = disassemble(assemble(EXAMPLE, TINY))
     assert text.splitlines() == [
-        ".config tiny",
+        f".config tiny digest={TINY.digest}",
         ".uop_offset 0",
         ".arena_bytes 32",
         ".tensor x offset=0 shape=1x16 dtype=int8",
@@ -402,7 +403,21 @@ def test_error_layout_directives():
     refused(".arena_bytes 4 8", "line 1: .arena_bytes takes exactly one number")
     refused(".arena_bytes lots", "line 1: bad number 'lots' for .arena_bytes; write a decimal or "
                                  "0x-prefixed hexadecimal integer")
-    refused(".config", "line 1: .config takes exactly one name")
+    refused(".config", "line 1: .config takes a name and optionally digest=HEX")
+    refused(".config tiny sha=1", "line 1: .config takes a name and optionally digest=HEX")
+
+
+def test_config_digest_tells_a_modified_config_apart():
+    """A config file derived from a preset keeps the preset's name; the digest the
+    disassembler writes still refuses the text for the preset itself."""
+    modified = AccelConfig.from_dict({**TINY.to_dict(), "inp_buffer_bytes": TINY.inp_buffer_bytes * 2})
+    assert modified.name == TINY.name and modified.digest != TINY.digest
+    text = disassemble(assemble(EXAMPLE, modified))
+    assert assemble(text, modified).instructions == assemble(EXAMPLE, modified).instructions
+    with pytest.raises(AsmError, match=f"with digest {modified.digest}, but config 'tiny' has digest {TINY.digest}"):
+        assemble(text, TINY)
+    # Hand-written text may leave the digest out; the name alone is then checked.
+    assert assemble(".config tiny\n" + EXAMPLE, TINY).instructions == assemble(EXAMPLE, TINY).instructions
 
 
 def test_error_layout_past_arena():

@@ -258,7 +258,7 @@ def test_the_assembler_example_runs(name, device):
         pytest.skip(f"{device} is not installed")
     config = CONFIGS[name]
     text = re.search(r"## Assembler syntax.*?```\n(.*?)```", datasheet(config), re.S).group(1)
-    assert f".config {name}\n" in text and "load.uop " in text
+    assert f".config {name} digest={config.digest}\n" in text and "load.uop " in text
     program = asm.assemble(text, config, runnable=True)
     other = PRESETS["large"]
     with pytest.raises(asm.AsmError, match=f".config {name}"):
