@@ -30,6 +30,11 @@ SUPPORTED_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "Clip", "MaxPoo
 MIN_OPSET = 13
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
+#: Floating-point element types other than float32 (refused in constants: see `check_float32`).
+_OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
+                 *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                                                          "FLOAT8E5M2FNUZ", "FLOAT4E2M1")
+                   if hasattr(onnx.TensorProto, t))}
 
 
 def load_onnx(source) -> onnx.ModelProto:
@@ -106,6 +111,16 @@ class _Importer:
             raise self.fail(node, f"{what} must be a constant (an initializer or a Constant node)")
         return self.constants[name]
 
+    @staticmethod
+    def check_float32(tensor: onnx.TensorProto, what: str) -> None:
+        """A floating-point constant must be float32, the type of every input: ONNX Runtime refuses
+        a float16 or double weight beside float32 activations (one type parameter per operator),
+        so converting it would compile a model that does not run elsewhere."""
+        if tensor.data_type in _OTHER_FLOATS:
+            kind = onnx.helper.tensor_dtype_to_string(tensor.data_type).removeprefix("TensorProto.").lower()
+            raise GraphError(f"{what} is {kind}; gemforge compiles float32 models (its floating-point "
+                             "constants and inputs all float32): convert the model to float32 first")
+
     def add_constant(self, name: str, array: np.ndarray) -> None:
         if array.dtype.kind == "f":
             array = array.astype(np.float32)
@@ -149,6 +164,7 @@ class _Importer:
     def run(self) -> Graph:
         graph = self.model.graph
         for init in graph.initializer:
+            self.check_float32(init, f"initializer {init.name!r}")
             try:
                 array = numpy_helper.to_array(init)
             except (ValueError, TypeError, OSError) as exc:   # e.g. external data shorter than the tensor
@@ -402,6 +418,7 @@ class _Importer:
 
     def op_Constant(self, node, attrs):
         if "value" in attrs:
+            self.check_float32(attrs["value"], f"node {node.name or '(unnamed)'} (Constant): its value")
             self.add_constant(node.output[0], numpy_helper.to_array(attrs["value"]))
             return
         scalar = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,

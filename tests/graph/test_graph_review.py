@@ -301,6 +301,21 @@ def test_an_opset_newer_than_onnx_knows_is_refused():
         compile_model(m)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_a_float_constant_other_than_float32_is_refused_like_onnx_runtime(dtype):
+    """ONNX Runtime refuses a float16 or double weight beside float32 activations; converting it
+    would compile a model that runs nowhere else."""
+    w = np.ones((4, 3), dtype)
+    m = model([N("MatMul", ["x", "w"], ["y"])], [("x", [2, 4])], [("y", [2, 3])], {"w": w})
+    kind = np.dtype(dtype).name.replace("float64", "double")
+    with pytest.raises(GraphError, match=f"initializer 'w' is {kind}; gemforge compiles float32 models"):
+        compile_model(m)
+    m = model([N("Constant", [], ["w"], value=onnx.numpy_helper.from_array(w)), N("MatMul", ["x", "w"], ["y"])],
+              [("x", [2, 4])], [("y", [2, 3])])
+    with pytest.raises(GraphError, match=f"its value is {kind}"):
+        compile_model(m)
+
+
 @pytest.mark.parametrize("image", [7, 15])
 def test_int8_global_average_pool_keeps_its_own_scale(image):
     """A global average pool's output range is far narrower than its input's; kept at the
