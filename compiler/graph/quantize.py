@@ -73,20 +73,28 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
         inputs = {}
         for name in graph.inputs:
             try:
-                sample = np.asarray(samples[name][i], dtype=np.float32)
+                with np.errstate(over="ignore"):    # beyond float32's range: inf, refused below
+                    sample = np.asarray(samples[name][i], dtype=np.float32)
             except (TypeError, ValueError):
                 raise GraphError(f"calibration samples of input {name!r} must be numeric, not "
                                  f"{np.asarray(samples[name]).dtype}") from None
             if not np.isfinite(sample).all():
-                raise GraphError(f"calibration sample {i} of input {name!r} holds NaN or infinite values")
+                raise GraphError(f"calibration sample {i} of input {name!r} holds NaN or infinite values (or values "
+                                 "beyond float32's range)")
             if sample.shape != graph.values[name].shape:
                 raise GraphError(f"calibration sample {i} of input {name!r} has shape {list(sample.shape)}; "
                                  f"the model takes {list(graph.values[name].shape)} (samples are stacked on a "
                                  "new first axis)")
             inputs[name] = sample
-        for name, array in evaluate(graph, inputs, keep=True).items():
+        with np.errstate(over="ignore", invalid="ignore"):   # an overflow is refused by name below
+            values = evaluate(graph, inputs, keep=True)
+        for name, array in values.items():
             if name not in graph.constants:
-                peaks[name] = max(peaks.get(name, 0.0), float(np.max(np.abs(array))) if array.size else 0.0)
+                peak = float(np.max(np.abs(array))) if array.size else 0.0
+                if not np.isfinite(peak):
+                    raise GraphError(f"calibration sample {i} makes tensor {name!r} overflow float32 (NaN or "
+                                     "infinite values); the model cannot be calibrated on it")
+                peaks[name] = max(peaks.get(name, 0.0), peak)
     return peaks
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 import zipfile
 
 import numpy as np
@@ -76,6 +77,17 @@ def test_calibration_refuses_non_finite_unknown_and_non_numeric_samples():
                              (np.array([["a"]]), "must be numeric")):
         with pytest.raises(GraphError, match=match):
             compile_model(m, quantize="int8", calibrate=calibrate, config="tiny")
+
+
+def test_calibration_overflow_is_one_error_without_numpy_warnings():
+    m = model([N("MatMul", ["x", "w"], ["y"])], [("x", [2, 4])], [("y", [2, 3])],
+              {"w": np.full((4, 3), 1e30, np.float32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # numpy's RuntimeWarning would fail the test
+        with pytest.raises(GraphError, match="calibration sample 0 makes tensor 'y' overflow float32"):
+            compile_model(m, quantize="int8", calibrate=np.full((1, 2, 4), 1e20, np.float32), config="tiny")
+        with pytest.raises(GraphError, match="beyond float32's range"):
+            compile_model(m, quantize="int8", calibrate=np.full((1, 2, 4), 1e300), config="tiny")
 
 
 def test_concat_of_scales_far_apart_stays_exact():
