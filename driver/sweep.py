@@ -220,22 +220,39 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
     return Space(name, base, workload, synthesis, rtl_sample, constraints, fields, area, synthesis_sample, source)
 
 
+#: Deepest nesting of a constraint's expression tree: far beyond any written by hand, far
+#: below the depth at which Python's parser runs out of memory or the evaluator out of stack.
+MAX_CONSTRAINT_DEPTH = 100
+
+
 def _check_expression(expr: str, names: set[str], source: str) -> None:
+    shown = repr(expr) if len(expr) <= 80 else repr(expr[:60]) + "…"
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError:
-        raise SweepError(f"{source}: constraint {expr!r} is not an expression") from None
+        raise SweepError(f"{source}: constraint {shown} is not an expression") from None
+    except (MemoryError, RecursionError):
+        raise SweepError(f"{source}: constraint {shown} nests deeper than the "
+                         f"{MAX_CONSTRAINT_DEPTH} levels a constraint may have") from None
+    depth, stack = 0, [(tree, 1)]
+    while stack:
+        node, level = stack.pop()
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    if depth > MAX_CONSTRAINT_DEPTH:
+        raise SweepError(f"{source}: constraint {shown} nests {depth} levels deep; a constraint may have "
+                         f"at most {MAX_CONSTRAINT_DEPTH}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
-            raise SweepError(f"{source}: constraint {expr!r} names {node.id!r}, which is not a config field")
+            raise SweepError(f"{source}: constraint {shown} names {node.id!r}, which is not a config field")
         if isinstance(node, ast.Constant) and (not isinstance(node.value, (int, float)) or node.value is None):
-            raise SweepError(f"{source}: constraint {expr!r} holds {node.value!r}; constants are numbers"[:300])
+            raise SweepError(f"{source}: constraint {shown} holds {node.value!r}; constants are numbers"[:300])
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
-            raise SweepError(f"{source}: constraint {expr!r} may call only {', '.join(_FUNCTIONS)}")
+            raise SweepError(f"{source}: constraint {shown} may call only {', '.join(_FUNCTIONS)}")
         if not isinstance(node, (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name,
                                  ast.Constant, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
                                  *_BINOPS, *_COMPARE)):
-            raise SweepError(f"{source}: constraint {expr!r} uses {type(node).__name__}, which constraints "
+            raise SweepError(f"{source}: constraint {shown} uses {type(node).__name__}, which constraints "
                              "do not allow (arithmetic, comparisons, and/or/not, min/max/abs)")
 
 

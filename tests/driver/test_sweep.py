@@ -46,6 +46,9 @@ def write_space(tmp_path: Path, data: dict) -> Path:
     ({"area": [1]}, "area names a resource"),
     ({"workload": "no-such-model.onnx"}, "is not a file"),
     ({"constraints": ['"a" * 10**12 == block_in']}, "constants are numbers"),
+    ({"constraints": ["-" * 200_000 + "block_in > 1"]}, "nests deeper than the 100 levels"),
+    ({"constraints": ["-" * 500 + "block_in > 1"]}, "nests 50. levels deep; a constraint may have at most 100"),
+    ({"constraints": ["(" * 1000 + "block_in" + ")" * 1000 + " > 1"]}, "is not an expression"),
     # Ranges are checked and counted before they are built: never a hang or a Python error.
     ({"fields": {"block_in": {"start": 4, "stop": "x", "step": 1}}}, "stop must be a finite number"),
     ({"fields": {"block_in": {"start": 1, "stop": float("inf"), "step": 1}}}, "stop must be a finite number"),
