@@ -104,16 +104,30 @@ def _quantized_constant(graph: Graph, name: str) -> tuple[str, int]:
     return graph.add_constant(f"{name}/q", quantize_array(array, e), e), e
 
 
+#: Operators that keep their input's scale and commute with saturation (monotone, no
+#: arithmetic between elements): a tensor read only through them into clips may be narrowed.
+_SATURATION_SAFE = ("relu", "max_pool", "reshape", "identity", "clip")
+
+
 def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, float]:
     """``peaks``, but a tensor read only by clips takes the largest of their outputs' peaks: a
     clip keeps its input's scale, so the input must be on the grid of what the clip lets
     through (a hardtanh after a layer reaching 200 would otherwise round ±1 to 0, and a
     Clip(10, 20) of values near 2 would saturate below 10). What the finer grid saturates,
-    the clip would have cut anyway."""
+    the clip would have cut anyway. The narrowing follows the readers back through
+    operators that keep the scale and commute with saturation (a Flatten or MaxPool between
+    a convolution and its clip), so the convolution itself writes on the clip's grid."""
     narrowed = dict(peaks)
-    for name, users in graph.consumers().items():
-        if users and name in peaks and name not in graph.outputs and all(u.op == "clip" for u in users):
-            narrowed[name] = max(peaks.get(u.output, 0.0) for u in users)
+    consumers = graph.consumers()
+    limited: set[str] = set()        # tensors every path from which reaches a clip through safe ops
+    for node in reversed(graph.nodes):
+        for name in dict.fromkeys(node.inputs):
+            users = consumers.get(name, [])
+            if name in limited or name not in peaks or name in graph.outputs or not users:
+                continue
+            if all(u.op == "clip" or (u.op in _SATURATION_SAFE and u.output in limited) for u in users):
+                narrowed[name] = max(narrowed.get(u.output, 0.0) for u in users)
+                limited.add(name)
     return narrowed
 
 
@@ -151,13 +165,14 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     for node in graph.nodes:
         op, out = node.op, node.output
         shape = graph.values[out].shape
-        pooled_finer = op == "avg_pool" and (node.inputs[0] not in rename or exponent_for(peaks.get(out, 0.0))
-                                             > exponent[rename[node.inputs[0]]])
-        if op == "softmax" or pooled_finer:
-            # A softmax runs in float32. So does a mean whose range is narrower than its input's
-            # (a global average pool's, mostly): kept at its input's coarse scale, a 15×15 pool's
-            # int8 output was 19 % off; computed from the dequantized input, it is quantized at
-            # its own scale where it is read.
+        finer = op in ("avg_pool", "clip") and (node.inputs[0] not in rename or exponent_for(peaks.get(out, 0.0))
+                                                > exponent[rename[node.inputs[0]]])
+        if op == "softmax" or finer:
+            # A softmax runs in float32. So does a mean or a clip whose range is narrower than
+            # its input's (a global average pool's; a clip of a tensor that other nodes read at
+            # a wider range): kept at its input's coarse scale, a 15×15 pool's int8 output was
+            # 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros; computed from
+            # the dequantized input, it is quantized at its own scale where it is read.
             x = node.inputs[0]
             if x in rename:
                 f = add_value(f"{x}/float", graph.values[x].shape, "float32", None)

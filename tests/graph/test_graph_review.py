@@ -280,6 +280,38 @@ def test_int8_clip_quantizes_its_input_on_what_it_lets_through(lo, hi, scale):
     assert np.abs(got - expected).mean() <= 0.1 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("between", ["Flatten", "MaxPool", "Relu"])
+def test_int8_clip_narrows_through_operators_that_keep_the_scale(between):
+    """Clip(Flatten(Conv(x)), -0.2, 0.2) with the conv reaching ~±10 was all zeros: the
+    narrowing now follows the clip's input back through Flatten, MaxPool or Relu."""
+    rng = np.random.default_rng(27)
+    init = {"w": (rng.normal(size=(4, 3, 3, 3)) * 3).astype(np.float32), "lo": np.float32(-0.2),
+            "hi": np.float32(0.2)}
+    mid = N(between, ["c"], ["p"], **({"kernel_shape": [1, 1]} if between == "MaxPool" else {}))
+    out_shape = [1, 144] if between == "Flatten" else [1, 4, 6, 6]
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), mid, N("Clip", ["p", "lo", "hi"], ["y"])],
+              [("x", [1, 3, 6, 6])], [("y", out_shape)], init)
+    samples = rng.normal(size=(6, 1, 3, 6, 6)).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default")
+    got, expected = q.run(samples[0], "fsim"), ort_run(m, {"x": samples[0]})[0]
+    np.testing.assert_array_equal(got, q.run(samples[0], "cpu"))
+    assert np.count_nonzero(got) >= 0.9 * np.count_nonzero(expected)
+    assert np.abs(got - expected).mean() <= 0.1 * np.abs(expected).max()
+
+
+def test_int8_clip_of_a_tensor_read_at_a_wider_range_runs_on_its_own_scale():
+    """y = Clip(x, 0, 0.1) beside z = Relu(x), x reaching ~15: x keeps its coarse scale for the
+    Relu, so the clip's bounds rounded to 0 and y was all zeros; it now runs in float32."""
+    rng = np.random.default_rng(15)
+    m = model([N("Clip", ["x", "lo", "hi"], ["y"]), N("Relu", ["x"], ["z"])], [("x", [2, 8])],
+              [("y", [2, 8]), ("z", [2, 8])], {"lo": np.float32(0), "hi": np.float32(0.1)})
+    samples = (rng.standard_normal((6, 2, 8)) * 5).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default")
+    got, expected = q.run(samples[0], "fsim")["y"], ort_run(m, {"x": samples[0]})[0]
+    assert np.count_nonzero(got) == np.count_nonzero(expected) > 0
+    assert np.abs(got - expected).max() <= 0.1 * 0.01
+
+
 def test_constants_computed_from_constants_and_every_constant_attribute():
     """A Conv weight scaled by a Mul and a Reshape shape made by an Add are folded at import
     (they were refused as "must be a constant"); Constant's value_float(s)/value_int(s) work."""
