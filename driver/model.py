@@ -42,6 +42,7 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.graph.accel import AccelLayer, slot_key
+from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import OPS, Graph, GraphError, Node, Value
@@ -176,7 +177,9 @@ class Model:
         finally:
             if own:
                 dev.close()
-        outputs = {name: np.concatenate([r[name] for r in results]) if len(results) > 1 else results[0][name]
+        # An output computed without the batched inputs is the same in every chunk.
+        batched = batched_values(self.graph, self._batched_inputs()) if len(results) > 1 else set()
+        outputs = {name: np.concatenate([r[name] for r in results]) if name in batched else results[0][name]
                    for name in self.outputs}
         return outputs[self.outputs[0]] if len(outputs) == 1 else outputs
 
@@ -204,13 +207,17 @@ class Model:
             raise ModelError(f"unknown input(s) {', '.join(sorted(unknown))}; the model takes {', '.join(self.inputs)}")
         return feeds
 
+    def _batched_inputs(self) -> list[str]:
+        notes = self.graph.notes
+        # Files from before the note: every input was taken as batched.
+        return list(notes.get("batched_inputs", self.inputs if notes.get("symbolic_batch") else ()))
+
     def _chunks(self, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """The runs that make up ``feeds``: the inputs with a symbolic batch dimension may hold
         any multiple of the compiled batch, run a batch at a time (the other inputs go whole
         to every run), where the network keeps the items apart (`batch.batch_mixing`)."""
         notes = self.graph.notes
-        # Files from before the note: every input was taken as batched.
-        batched = set(notes.get("batched_inputs", self.inputs if notes.get("symbolic_batch") else ()))
+        batched = set(self._batched_inputs())
         counts = set()
         for name, shape in self.inputs.items():
             array = feeds[name]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .ir import Graph, Node
 
-__all__ = ["batch_mixing"]
+__all__ = ["batch_mixing", "batched_values"]
 
 #: Operators that compute each item of their first input on its own (the other inputs are
 #: weights, biases or statistics).
@@ -80,3 +80,13 @@ def batch_mixing(graph: Graph, batched_inputs: list[str]) -> str | None:
             return f"node {node.name} ({node.op}): {why}"
         batched.add(node.output)
     return None
+
+
+def batched_values(graph: Graph, batched_inputs: list[str]) -> set[str]:
+    """The tensors that carry the batch: ``batched_inputs`` and everything computed from them.
+    A run in chunks concatenates these outputs; any other output is the same in every chunk."""
+    batched = set(batched_inputs)
+    for node in graph.nodes:
+        if any(name in batched for name in node.inputs):
+            batched.add(node.output)
+    return batched

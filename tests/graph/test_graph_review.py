@@ -260,6 +260,20 @@ def test_an_input_of_fixed_shape_goes_whole_to_every_batch_chunk():
     np.testing.assert_allclose(compile_model(m).run(feeds, "cpu"), ort_run(m, feeds)[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("u_shape", [[3, 4], []])
+def test_an_output_computed_without_the_batch_is_not_repeated_per_chunk(u_shape):
+    """v = Relu(u) beside y = Relu(x[N]): run in 4 chunks, v came back stacked 4 times (and a
+    scalar v raised numpy's "zero-dimensional arrays cannot be concatenated")."""
+    m = model([N("Relu", ["x"], ["y"]), N("Relu", ["u"], ["v"])], [("x", ["N", 4]), ("u", u_shape)],
+              [("y", None), ("v", None)])
+    rng = np.random.default_rng(28)
+    feeds = {"x": rng.normal(size=(4, 4)).astype(np.float32), "u": rng.normal(size=u_shape).astype(np.float32)}
+    got, expected = compile_model(m).run(feeds, "cpu"), ort_run(m, feeds)
+    assert got["y"].shape == (4, 4) and got["v"].shape == tuple(u_shape)
+    np.testing.assert_allclose(got["y"], expected[0])
+    np.testing.assert_allclose(got["v"], expected[1])
+
+
 @pytest.mark.parametrize("lo, hi, scale", [(-1.0, 1.0, 20.0), (0.0, 6.0, 80.0), (10.0, 20.0, 0.25)])
 def test_int8_clip_quantizes_its_input_on_what_it_lets_through(lo, hi, scale):
     """A hardtanh after a layer reaching ~200 rounded ±1 to 0, a ReLU6 after one reaching ~900
