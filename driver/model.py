@@ -203,6 +203,12 @@ class Model:
                                  "represent")
             feeds[name] = array
         unknown = set(inputs) - set(self.inputs)
+        frozen = sorted(unknown & set(self.graph.notes.get("frozen_inputs", ())))
+        if frozen:
+            raise ModelError(f"input(s) {', '.join(frozen)} are initializers the ONNX model also lists as inputs; "
+                             f"gemforge compiles them as the constants they hold, so the model takes "
+                             f"{', '.join(self.inputs)} (remove them from the feeds, or recompile a model in which "
+                             "they are plain inputs)")
         if unknown:
             raise ModelError(f"unknown input(s) {', '.join(sorted(unknown))}; the model takes {', '.join(self.inputs)}")
         return feeds

@@ -30,6 +30,8 @@ SUPPORTED_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "Clip", "MaxPoo
 MIN_OPSET = 13
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
+#: The input positions of each operator that may be omitted (given an empty name).
+_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
                  *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
@@ -95,6 +97,7 @@ class _Importer:
         self.alias: dict[str, str] = {}   # Identity/Dropout outputs → their input
         self.symbolic_batch = False
         self.batched_inputs: list[str] = []      # inputs whose first dimension is the symbolic batch
+        self.frozen_inputs: list[str] = []       # graph inputs that are initializers too, compiled as constants
         self.node_names: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -173,6 +176,9 @@ class _Importer:
         inputs = []
         for vi in graph.input:
             if vi.name in self.constants:
+                # An initializer listed as an input too (ONNX's overridable initializer, from
+                # older exporters) is compiled as the constant it holds.
+                self.frozen_inputs.append(vi.name)
                 continue
             inputs.append(vi.name)
             self.values[vi.name] = self.graph_input(vi)
@@ -186,7 +192,10 @@ class _Importer:
             if handler is None:
                 raise self.fail(node, f"operator {node.op_type} is not supported; supported: "
                                       f"{', '.join(SUPPORTED_OPS)}")
-            for i in node.input:
+            for k, i in enumerate(node.input):
+                if not i and k not in _OPTIONAL_INPUTS.get(node.op_type, ()):
+                    raise self.fail(node, f"input {k} has an empty name, which marks an omitted optional input; "
+                                          f"input {k} of {node.op_type} is required")
                 if i and self.name(i) not in self.values:
                     raise self.fail(node, f"input {i!r} is not produced by any earlier node")
             handler(node, _attrs(node))
@@ -198,6 +207,9 @@ class _Importer:
             if o in self.constants:
                 raise GraphError(f"model output {out.name!r} is a constant; gemforge compiles outputs computed "
                                  "from the inputs")
+            if out.name in [o.name for o in graph.output[:len(outputs)]]:
+                raise GraphError(f"model output {out.name!r} is listed twice; gemforge returns outputs by name, "
+                                 "so each may appear once")
             if o != out.name or o in outputs:
                 # An output that Identity/Dropout renamed (or a second output of one tensor)
                 # keeps its ONNX name: an explicit copy writes it.
@@ -212,6 +224,7 @@ class _Importer:
         g = Graph(inputs, outputs, self.nodes, self.values, self.constants)
         g.notes["symbolic_batch"] = self.symbolic_batch
         g.notes["batched_inputs"] = self.batched_inputs
+        g.notes["frozen_inputs"] = self.frozen_inputs
         g.prune()
         return g
 
@@ -399,7 +412,7 @@ class _Importer:
     def op_Concat(self, node, attrs):
         if "axis" not in attrs:
             raise self.fail(node, "the axis attribute is required")
-        self.emit("concat", node, [i for i in node.input if i], axis=int(attrs["axis"]))
+        self.emit("concat", node, list(node.input), axis=int(attrs["axis"]))
 
     def op_Softmax(self, node, attrs):
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))

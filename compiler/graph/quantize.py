@@ -39,14 +39,19 @@ MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
 
 
-def exponent_for(max_abs: float) -> int:
-    """The largest ``e`` with ``max_abs · 2**e ≤ 127`` (0 for an all-zero tensor)."""
+def exponent_for(max_abs: float, what: str = "a tensor") -> int:
+    """The largest ``e`` with ``max_abs · 2**e ≤ 127`` (0 for an all-zero tensor), within
+    `_EXPONENT_RANGE`. A range too small for the finest scale rounds to zero, an error below
+    the tensor's own magnitude; one too large for the coarsest would saturate and is refused."""
     if not np.isfinite(max_abs):
         raise GraphError("calibration produced a non-finite value; check the model and the samples")
     if max_abs <= 0:
         return 0
     e = math.floor(math.log2(127.0 / max_abs))
-    return int(min(max(e, _EXPONENT_RANGE[0]), _EXPONENT_RANGE[1]))
+    if e < _EXPONENT_RANGE[0]:
+        raise GraphError(f"{what} reaches {max_abs:.3g}, beyond the ±{127 * 2.0 ** -_EXPONENT_RANGE[0]:.3g} int8 "
+                         f"represents at its coarsest scale 2^{-_EXPONENT_RANGE[0]}; scale the model's values down")
+    return int(min(e, _EXPONENT_RANGE[1]))
 
 
 def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
@@ -98,9 +103,12 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
     return peaks
 
 
-def _quantized_constant(graph: Graph, name: str) -> tuple[str, int]:
+def _quantized_constant(graph: Graph, name: str, at_most: int | None = None) -> tuple[str, int]:
+    """Constant ``name`` in int8 at its own scale, or at the coarser ``2^-at_most`` when given."""
     array = graph.constants[name]
-    e = exponent_for(float(np.max(np.abs(array))) if array.size else 0.0)
+    e = exponent_for(float(np.max(np.abs(array))) if array.size else 0.0, f"constant {name!r}")
+    if at_most is not None:
+        e = min(e, at_most)
     return graph.add_constant(f"{name}/q", quantize_array(array, e), e), e
 
 
@@ -150,7 +158,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         if graph.is_constant(name):
             q, e = _quantized_constant(graph, name)
         else:
-            e = exponent_for(peaks.get(name, 0.0))
+            e = exponent_for(peaks.get(name, 0.0), f"tensor {name!r}")
             q = add_value(f"{name}/q", graph.values[name].shape, "int8", e)
             new_nodes.append(Node("quantize", f"{name}/quantize", [name], q, {"exponent": e}))
         exponent[q] = e
@@ -159,14 +167,15 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
 
     def output_exponent(name: str, accumulated: int) -> tuple[int, int]:
         """(shift, exponent) of an output calibrated at ``peaks[name]`` from ``accumulated``."""
-        shift = min(max(accumulated - exponent_for(peaks.get(name, 0.0)), 0), 31)
+        shift = min(max(accumulated - exponent_for(peaks.get(name, 0.0), f"tensor {name!r}"), 0), 31)
         return shift, accumulated - shift
 
     for node in graph.nodes:
         op, out = node.op, node.output
         shape = graph.values[out].shape
-        finer = op in ("avg_pool", "clip") and (node.inputs[0] not in rename or exponent_for(peaks.get(out, 0.0))
-                                                > exponent[rename[node.inputs[0]]])
+        finer = op in ("avg_pool", "clip") and (
+            node.inputs[0] not in rename
+            or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
         if op == "softmax" or finer:
             # A softmax runs in float32. So does a mean or a clip whose range is narrower than
             # its input's (a global average pool's; a clip of a tensor that other nodes read at
@@ -202,7 +211,17 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))
         elif op in ("add", "mul"):
-            x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
+            constant = [graph.is_constant(i) for i in node.inputs]
+            if op == "add" and constant.count(True) == 1:
+                # A constant far finer than the tensor it is added to (a bias of 1e-7) is
+                # quantized no finer than the int32 sum can align: what it loses is below the
+                # tensor's own resolution.
+                t = int8_input(node.inputs[constant.index(False)])
+                c, ec = _quantized_constant(graph, node.inputs[constant.index(True)], exponent[t] + MAX_LSHIFT)
+                exponent[c] = ec
+                x, y = (c, t) if constant[0] else (t, c)
+            else:
+                x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
             ex, ey = exponent[x], exponent[y]
             if op == "add":
                 acc = max(ex, ey)

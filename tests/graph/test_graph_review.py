@@ -260,6 +260,40 @@ def test_an_input_of_fixed_shape_goes_whole_to_every_batch_chunk():
     np.testing.assert_allclose(compile_model(m).run(feeds, "cpu"), ort_run(m, feeds)[0], rtol=1e-6)
 
 
+def test_int8_add_of_a_constant_far_finer_than_its_tensor():
+    """Add(x, 1e-7) and a BatchNormalization with mean 1e-8 were refused ("scales differ by
+    2^25"); the constant is quantized no finer than the sum can align."""
+    rng = np.random.default_rng(29)
+    samples = rng.normal(size=(4, 2, 8)).astype(np.float32)
+    m = model([N("Add", ["x", "c"], ["y"])], [("x", [2, 8])], [("y", [2, 8])], {"c": np.float32(1e-7)})
+    q = compile_model(m, quantize="int8", calibrate=samples, config="tiny")
+    np.testing.assert_allclose(q.run(samples[0], "fsim"), ort_run(m, {"x": samples[0]})[0], atol=2 ** -5)
+
+
+def test_int8_range_beyond_the_coarsest_scale_is_refused_not_saturated():
+    m = model([N("Relu", ["x"], ["y"])], [("x", [2, 8])], [("y", [2, 8])])
+    with pytest.raises(GraphError, match=r"tensor 'x' reaches 3e\+10, beyond the ±2.13e\+09 int8 represents"):
+        compile_model(m, quantize="int8", calibrate=np.full((1, 2, 8), 3e10, np.float32), config="tiny")
+
+
+def test_front_end_messages_for_listed_twice_empty_names_and_initializer_inputs():
+    m = model([N("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3]), ("y", [2, 3])])
+    with pytest.raises(GraphError, match="model output 'y' is listed twice"):
+        compile_model(m)
+    # ONNX Runtime refuses a Concat with an omitted input; it was dropped silently.
+    m = model([N("Concat", ["x", ""], ["y"], axis=1)], [("x", [2, 3])], [("y", [2, 3])])
+    with pytest.raises(GraphError, match="input 1 has an empty name, which marks an omitted optional input"):
+        compile_model(m)
+    # An initializer listed as an input too is compiled as its constant, and feeding it says so.
+    m = model([N("Add", ["x", "b"], ["y"])], [("x", [2, 3]), ("b", [3])], [("y", [2, 3])],
+              {"b": np.ones(3, np.float32)})
+    compiled = compile_model(m)
+    x = np.zeros((2, 3), np.float32)
+    np.testing.assert_array_equal(compiled.run(x, "cpu"), np.ones((2, 3), np.float32))
+    with pytest.raises(ModelError, match="input.s. b are initializers the ONNX model also lists as inputs"):
+        compiled.run({"x": x, "b": np.zeros(3, np.float32)}, "cpu")
+
+
 @pytest.mark.parametrize("u_shape", [[3, 4], []])
 def test_an_output_computed_without_the_batch_is_not_repeated_per_chunk(u_shape):
     """v = Relu(u) beside y = Relu(x[N]): run in 4 chunks, v came back stacked 4 times (and a
