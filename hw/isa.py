@@ -547,18 +547,6 @@ def engine_of(insn: Instruction) -> Engine:
     return OPCODE_ENGINE[insn.opcode]
 
 
-def _field_values(insn: Instruction) -> dict[str, int]:
-    values: dict[str, int] = {"opcode": int(insn.opcode)}
-    for f in dataclasses.fields(insn):
-        value = getattr(insn, f.name)
-        if f.name == "imm":
-            values["use_imm"] = 0 if value is None else 1
-            values["imm"] = 0 if value is None else value
-        else:
-            values[f.name] = value
-    return values
-
-
 def validate(insn: Instruction, config: AccelConfig) -> None:
     """Refuse an instruction that cannot be encoded for ``config``.
 
@@ -593,18 +581,34 @@ def validate(insn: Instruction, config: AccelConfig) -> None:
         if f"pop_{side}" not in TOKEN_POPS[engine] and (getattr(insn, f"pop_{side}") or getattr(insn, f"push_{side}")):
             raise IsaError(f"{label} runs on the {engine.value} engine, which has no {stage} stage: "
                            f"pop_{side} and push_{side} must be clear")
-    values = _field_values(insn)
-    for field in fields_of(config, insn.opcode):
-        value = values[field.name]
+    for field, lo, hi in _field_ranges(config, insn.opcode):
+        value = _field_value(insn, field.name)
         if isinstance(value, bool):
             value = int(value)
         if not isinstance(value, (int, np.integer)):
             raise IsaError(f"{label} field {field.name} must be an integer, not {value!r}")
-        if not field.lo <= value <= field.hi:
+        if not lo <= value <= hi:
             raise IsaError(
                 f"{label} field {field.name} = {value} is out of range: "
                 f"it is {field.width} bits{' signed' if field.signed else ''} "
-                f"for this config, so {field.lo}..{field.hi}")
+                f"for this config, so {lo}..{hi}")
+
+
+@functools.lru_cache(maxsize=256)
+def _field_ranges(config: AccelConfig, opcode: Opcode) -> tuple[tuple[Field, int, int], ...]:
+    # Cached with the fields: validate runs for every instruction encoded or decoded.
+    return tuple((f, f.lo, f.hi) for f in _fields_of(config, Opcode(opcode)))
+
+
+def _field_value(insn: Instruction, name: str):
+    """The value field ``name`` of ``insn`` encodes: the opcode, ALU ``use_imm`` for an
+    immediate that is set, and 0 for one that is not."""
+    if name == "opcode":
+        return int(insn.opcode)
+    if name == "use_imm":
+        return 0 if insn.imm is None else 1
+    value = getattr(insn, name)
+    return 0 if value is None and name == "imm" else value
 
 
 def validate_uop(uop: Uop, config: AccelConfig) -> None:
@@ -629,10 +633,9 @@ def mnemonic(insn: Instruction) -> str:
 def encode(insn: Instruction, config: AccelConfig) -> int:
     """Encode one instruction to an integer of ``insn_bits(config)`` bits."""
     validate(insn, config)
-    values = _field_values(insn)
     word, pos = 0, 0
-    for field in fields_of(config, insn.opcode):
-        value = int(values[field.name]) & ((1 << field.width) - 1)
+    for field in _fields_of(config, insn.opcode):
+        value = int(_field_value(insn, field.name)) & ((1 << field.width) - 1)
         word |= value << pos
         pos += field.width
     return word
@@ -651,7 +654,7 @@ def decode(word: int, config: AccelConfig) -> Instruction:
             + ", ".join(f"{o.value} ({o.name})" for o in Opcode)) from None
     values: dict[str, int] = {}
     pos = 0
-    for field in fields_of(config, opcode):
+    for field in _fields_of(config, opcode):
         raw = (word >> pos) & ((1 << field.width) - 1)
         if field.signed and raw >> (field.width - 1):
             raw -= 1 << field.width
