@@ -166,10 +166,12 @@ def _field_table(fields: list[isa.Field]) -> str:
     rows = []
     pos = 0
     for f in fields:
-        rows.append((f"[{pos}:{pos + f.width - 1}]", str(f.width), f"`{f.name}`",
+        # [msb:lsb], as the register map and Verilog write bit ranges.
+        bits = f"[{pos}]" if f.width == 1 else f"[{pos + f.width - 1}:{pos}]"
+        rows.append((bits, str(f.width), f"`{f.name}`",
                      "signed" if f.signed else "unsigned", f"{f.lo}..{f.hi}", f.doc))
         pos += f.width
-    return _table(("bits [lo:hi]", "width", "field", "signedness", "range", "description"), rows)
+    return _table(("bits [msb:lsb]", "width", "field", "signedness", "range", "description"), rows)
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

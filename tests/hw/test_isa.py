@@ -346,7 +346,8 @@ def _section(page: str, heading: str) -> str:
 def _rows(fields: list[isa.Field]) -> list[str]:
     rows, pos = [], 0
     for f in fields:
-        rows.append(f"| [{pos}:{pos + f.width - 1}] | {f.width} | `{f.name}` | "
+        bits = f"[{pos}]" if f.width == 1 else f"[{pos + f.width - 1}:{pos}]"     # [msb:lsb]
+        rows.append(f"| {bits} | {f.width} | `{f.name}` | "
                     f"{'signed' if f.signed else 'unsigned'} | {f.lo}..{f.hi} | {f.doc} |")
         pos += f.width
     return rows
