@@ -391,4 +391,4 @@ def test_reference_describes_the_token_protocol():
 
 def test_reference_follows_the_config():
     assert isa_reference("tiny") != isa_reference(CONFIGS["wide"])
-    assert "| [10:25] | 16 | `sram_base` |" in isa_reference(CONFIGS["wide"])
+    assert "| [25:10] | 16 | `sram_base` |" in isa_reference(CONFIGS["wide"])
