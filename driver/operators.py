@@ -238,6 +238,6 @@ def check_accumulator_range(args: argparse.Namespace, arrays: dict[str, np.ndarr
         config, where = types.SimpleNamespace(acc_width=32), f"the {args.device} back end"
     problem = accumulator_overflow(config, op, first, rest[0] if rest else None, arrays.get("bias"),
                                    stride=getattr(args, "stride", 1), padding=getattr(args, "padding", 0),
-                                   where=where)
+                                   groups=getattr(args, "groups", 1) or 1, where=where)
     if problem:
         raise OperatorUsageError(problem)

@@ -17,7 +17,7 @@ from ..target import target_of
 from . import accel, host
 from .common import CompiledOp, Epilogue, OpError
 from .reference import (
-    avg_pool2d_reference, conv2d_reference, dense_reference, elementwise_reference, max_pool2d_reference,
+    avg_pool2d_reference, conv2d_reference, conv2d_sums, dense_reference, elementwise_reference, max_pool2d_reference,
     softmax_reference,
 )
 
@@ -140,9 +140,9 @@ def _peak(array: np.ndarray | None) -> int:
 
 
 def accumulator_overflow(config, op: str, first: np.ndarray, second: np.ndarray | None = None,
-                         bias: np.ndarray | None = None, *, stride: int = 1, padding: int = 0,
+                         bias: np.ndarray | None = None, *, stride: int = 1, padding: int = 0, groups: int = 1,
                          where: str | None = None) -> str | None:
-    """Why integer operands of ``op`` (``"dense"``, ``"conv2d"`` or ``"add"``) would leave the
+    """Why integer operands of ``op`` (``"dense"``, ``"conv2d"``, ``"add"`` or ``"mul"``) would leave the
     accumulator of ``config``, or None when every exact result (product sums + bias, or the
     sum) fits its ``acc_width``: the hardware wraps them (as fsim does), so such a run would
     differ from the arithmetic asked for without a word. ``where`` names the accumulator's
@@ -160,9 +160,12 @@ def accumulator_overflow(config, op: str, first: np.ndarray, second: np.ndarray 
         if op == "dense":
             exact = first.astype(np.int64) @ second.astype(np.int64)
         else:
-            exact = conv2d_reference(first.astype(np.int64), second.astype(np.int64), None, stride, padding)
+            # The sums before the epilogue: `conv2d_reference` wraps them to int32 as the hardware does.
+            exact = conv2d_sums(first.astype(np.int64), second.astype(np.int64), stride, padding, groups)
     elif op == "add":
         exact = first.astype(np.int64) + second.astype(np.int64)
+    elif op == "mul":
+        exact = first.astype(np.int64) * second.astype(np.int64)    # int32 operands: |product| < 2^62
     else:
         return None             # relu, clip and max-pool cannot leave their input's range
     if bias is not None:

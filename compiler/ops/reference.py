@@ -13,7 +13,7 @@ import numpy as np
 from .common import out_size, reference_epilogue
 
 __all__ = [
-    "dense_reference", "conv2d_reference", "max_pool2d_reference", "avg_pool2d_reference",
+    "dense_reference", "conv2d_reference", "conv2d_sums", "max_pool2d_reference", "avg_pool2d_reference",
     "softmax_reference", "elementwise_reference",
 ]
 
@@ -39,7 +39,16 @@ def dense_reference(a: np.ndarray, b: np.ndarray, bias=None, shift=None, relu=Fa
 
 def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, padding: int = 0,
                      shift=None, relu=False, groups: int = 1) -> np.ndarray:
-    """2-D convolution, NCHW × OIHW (I = C / groups), zero padding, exact for integers."""
+    """2-D convolution, NCHW × OIHW (I = C / groups), zero padding, and the epilogue (for
+    integers the accelerator's: int32 wrap-around, shift, clamp)."""
+    acc = conv2d_sums(x, w, stride, padding, groups)
+    if x.dtype.kind == "f":
+        return _float_epilogue(acc, bias, relu, 1)
+    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)
+
+
+def conv2d_sums(x: np.ndarray, w: np.ndarray, stride: int = 1, padding: int = 0, groups: int = 1) -> np.ndarray:
+    """The convolution's product sums, exact (int64 for integers, float64 for floats)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     floating = x.dtype.kind == "f"
@@ -57,9 +66,7 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, p
             for j in range(kw):
                 patch = xs[:, :, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride]
                 acc[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
-    if floating:
-        return _float_epilogue(acc, bias, relu, 1)
-    return reference_epilogue(acc, bias, shift, relu, channel_axis=1)
+    return acc
 
 
 def _pair(value) -> tuple[int, int]:

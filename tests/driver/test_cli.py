@@ -393,6 +393,23 @@ def test_run_op_takes_the_configs_own_input_width(tmp_path, capsys):
     assert code == 2 and "reach 4294967296, beyond the int32 accumulator of config 'w16'" in err
 
 
+@pytest.mark.parametrize("device", ["fsim", "cpu"])
+def test_conv2d_and_mul_sums_beyond_int32_are_refused_not_wrapped(tmp_path, capsys, device):
+    """The conv2d check compared the reference's already wrapped sums, so it never fired;
+    mul had no check at all."""
+    np.save(tmp_path / "x.npy", np.full((1, 16384, 3, 3), -128, np.int8))
+    np.save(tmp_path / "w.npy", np.full((1, 16384, 3, 3), 127, np.int8))
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "-o", tmp_path / "y.npy", "--device", device)
+    assert code == 2 and "the exact conv2d results reach 2397044736, beyond the int32 accumulator" in err
+    if device == "cpu":         # the accelerator's element-wise operators take NCHW int32 tensors
+        np.save(tmp_path / "m.npy", np.array([100000, 3], np.int32))
+        code, _, err = run(capsys, "run-op", "mul", "--input", tmp_path / "m.npy", "--other", tmp_path / "m.npy",
+                           "-o", tmp_path / "y.npy", "--device", device)
+        assert code == 2 and "the exact mul results reach 10000000000" in err
+    assert not (tmp_path / "y.npy").exists()
+
+
 def test_the_python_api_refuses_what_the_accumulator_would_wrap():
     from gemforge.compiler import run_dense
     from gemforge.compiler.ops import OpError
