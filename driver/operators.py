@@ -100,11 +100,17 @@ OPERATORS: dict[str, Operator] = {
 _ACCUMULATOR_INPUTS = ("add", "relu", "clip", "max-pool")  # the accelerator's element-wise ops take int32
 
 
-def accel_dtype(op: str, config) -> str:
-    """The type of ``op``'s inputs on the accelerator of ``config``."""
+#: The inputs that are weights (typed by the config's wgt_width on the accelerator).
+_WEIGHT_INPUTS = {"gemm": "b", "dense": "b", "conv2d": "w"}
+
+
+def accel_dtype(op: str, config, key: str | None = None) -> str:
+    """The type of ``op``'s input ``key`` (default: its data input) on the accelerator of ``config``."""
     if not OPERATORS[op].accel:
         raise OperatorUsageError(f"{op} runs on the cpu or gpu devices; the accelerator has no {op}")
-    return f"int{config.acc_width if op in _ACCUMULATOR_INPUTS else config.inp_width}"
+    if op in _ACCUMULATOR_INPUTS:
+        return f"int{config.acc_width}"
+    return f"int{config.wgt_width if key is not None and key == _WEIGHT_INPUTS.get(op) else config.inp_width}"
 
 
 def default_dtype(op: str, target) -> str:
@@ -118,19 +124,22 @@ def load_inputs(args: argparse.Namespace, load_npy: Callable, config=None) -> di
     """The operator's input arrays from their .npy files (ranks checked, types agreeing).
     With an accelerator ``config`` every input must have the type the accelerator takes."""
     spec = OPERATORS[args.op]
-    required = None if config is None else np.dtype(accel_dtype(args.op, config))
+    required = {key: None if config is None else np.dtype(accel_dtype(args.op, config, key))
+                for key, _, _ in spec.inputs}
     arrays: dict[str, np.ndarray] = {}
     for key, option, what in spec.inputs:
-        arrays[key] = load_npy(getattr(args, option), what.split(":")[0], required, spec.rank[key])
+        arrays[key] = load_npy(getattr(args, option), what.split(":")[0], required[key], spec.rank[key])
     first = arrays[spec.inputs[0][0]]
     allowed = ("int8", "int32", "float32") if args.op in ("add", "mul", "relu", "clip", "max-pool", "avg-pool") \
         else ("float32",) if args.op == "softmax" else ("int8", "float32")
-    if required is not None:
-        allowed = (required.name,)      # the accelerator's widths decide (int16 inputs, say)
+    if config is not None:
+        allowed = (required[spec.inputs[0][0]].name,)   # the accelerator's widths decide (int16 inputs, say)
     if first.dtype.name not in allowed:
         raise OperatorUsageError(f"{spec.inputs[0][2].split(':')[0]} must be {' or '.join(allowed)}, but "
                                  f"{getattr(args, spec.inputs[0][1])} holds {first.dtype.name}")
     for key, option, what in spec.inputs[1:]:
+        if config is not None:
+            continue                    # each typed by its width above (weights may differ from data)
         if arrays[key].dtype != first.dtype:
             raise OperatorUsageError(f"{what.split(':')[0]} must have the type of {spec.inputs[0][2].split(':')[0]} "
                                      f"({first.dtype.name}), but {getattr(args, option)} holds {arrays[key].dtype.name}")

@@ -124,12 +124,14 @@ def compile_softmax(target, shape, **options) -> CompiledOp:
 
 def _target_for_operands(device, op: str, x: np.ndarray, y: np.ndarray):
     """The device's target, once the two operands' types suit it (the accelerator takes
-    its configured input type; every target needs one type for both)."""
+    its configured input and weight types; every other target needs one type for both)."""
     target = target_of(getattr(device, "target", None) or device.config)
     if target.kind == "accel":
-        inp = f"int{target.config.inp_width}"
-        if x.dtype != np.dtype(inp) or y.dtype != np.dtype(inp):
-            raise OpError(f"{op} operands must be {inp}, not {x.dtype} and {y.dtype}")
+        inp, wgt = f"int{target.config.inp_width}", f"int{target.config.wgt_width}"
+        if x.dtype != np.dtype(inp) or y.dtype != np.dtype(wgt):
+            raise OpError(f"{op} operands must be {inp} (data) and {wgt} (weights) on config "
+                          f"{target.config.name!r}, not {x.dtype} and {y.dtype}")
+        return target
     if x.dtype != y.dtype:
         raise OpError(f"{op} operands must have one type, not {x.dtype} and {y.dtype}")
     return target

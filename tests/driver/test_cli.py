@@ -410,6 +410,36 @@ def test_conv2d_and_mul_sums_beyond_int32_are_refused_not_wrapped(tmp_path, caps
     assert not (tmp_path / "y.npy").exists()
 
 
+@pytest.mark.parametrize("inp, wgt", [(16, 8), (8, 16)])
+def test_weights_take_the_configs_weight_width(tmp_path, capsys, inp, wgt):
+    """With inp_width ≠ wgt_width the weights were typed by inp_width: int16 weights were
+    truncated to int8 without a word, or 16-bit weights could not be given at all."""
+    config = tmp_path / "mixed.toml"
+    config.write_text(f'base = "tiny"\nname = "mixed"\ninp_width = {inp}\nwgt_width = {wgt}\n'
+                      'inp_buffer_bytes = 4096\nwgt_buffer_bytes = 16384\n')
+    rng = np.random.default_rng(17)
+    data, weight = (np.dtype(f"int{w}") for w in (inp, wgt))
+    a = rng.integers(-3000 if inp == 16 else -128, 3000 if inp == 16 else 128, (5, 12)).astype(data)
+    b = rng.integers(-3000 if wgt == 16 else -128, 3000 if wgt == 16 else 128, (12, 7)).astype(weight)
+    x = rng.integers(-100, 100, (1, 6, 5, 5)).astype(data)
+    w = rng.integers(-100, 100, (4, 6, 3, 3)).astype(weight)
+    for name, array in (("a", a), ("b", b), ("x", x), ("w", w)):
+        np.save(tmp_path / f"{name}.npy", array)
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "-o",
+                       tmp_path / "c.npy", "--config", config)
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a.astype(np.int64) @ b.astype(np.int64))
+    code, _, err = run(capsys, "run-op", "conv2d", "--input", tmp_path / "x.npy", "--weight", tmp_path / "w.npy",
+                       "--padding", "1", "-o", tmp_path / "y.npy", "--config", config)
+    assert code == 0, err
+    from gemforge.compiler.ops.reference import conv2d_sums
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), conv2d_sums(x, w, 1, 1))
+    # Weights of the data's type are refused by name, not truncated.
+    code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "a.npy", "--b", tmp_path / "a.npy", "-o",
+                       tmp_path / "c.npy", "--config", config)
+    assert code == 2 and f"must be int{wgt}, but" in err
+
+
 def test_the_python_api_refuses_what_the_accumulator_would_wrap():
     from gemforge.compiler import run_dense
     from gemforge.compiler.ops import OpError

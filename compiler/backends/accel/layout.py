@@ -40,6 +40,13 @@ def int_dtype(bits: int) -> np.dtype:
 
 
 def _padded(array: np.ndarray, shape: tuple[int, ...], dtype) -> np.ndarray:
+    target = np.dtype(dtype)
+    if array.size and array.dtype.kind in "iu" and target.kind == "i" and array.dtype.itemsize > target.itemsize:
+        info = np.iinfo(target)
+        if array.min() < info.min or array.max() > info.max:
+            # The accelerator's buffers hold `target`: a cast would keep only the low bits.
+            raise ValueError(f"a tensor of {array.dtype.name} holds values beyond {target.name} "
+                             f"({info.min}..{info.max}), the type this config's buffer holds")
     out = np.zeros(shape, dtype)
     out[tuple(slice(0, s) for s in array.shape)] = array
     return out
