@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from gemforge import __version__
+from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS   # an operator's tensors are bounded as a model's
 from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError, derived
@@ -152,11 +153,6 @@ def _shape(text: str, what: str, rank: int | None) -> tuple[int, ...]:
         raise UsageError(f"{what} {text!r} is beyond what gemforge compiles: dimensions up to {MAX_DIM:,} and "
                          f"{MAX_ELEMENTS:,} elements in all")
     return dims
-
-
-#: The largest dimension and element count of an operator's tensor on the command line.
-MAX_DIM = (1 << 31) - 1
-MAX_ELEMENTS = 1 << 40
 
 
 _HOST_DEVICES = ("cpu", "gpu")

@@ -40,7 +40,12 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "OPS"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "MAX_DIM", "MAX_ELEMENTS"]
+
+#: The largest dimension and element count of any tensor gemforge compiles: the generated
+#: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
+MAX_DIM = (1 << 31) - 1
+MAX_ELEMENTS = 1 << 40
 
 OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "identity", "concat",
        "softmax", "batch_norm", "quantize", "dequantize", "requantize")

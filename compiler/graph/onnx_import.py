@@ -10,6 +10,7 @@ are left to the `infer_shapes` pass.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from .evaluate import evaluate_node
-from .ir import Graph, GraphError, Node, Value
+from .ir import MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node, Value
 from .passes import _shape_of
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
@@ -125,6 +126,8 @@ class _Importer:
                              "constants and inputs all float32): convert the model to float32 first")
 
     def add_constant(self, name: str, array: np.ndarray) -> None:
+        if array.dtype.kind not in "fiub":
+            raise GraphError(f"constant {name!r} holds {array.dtype} values; gemforge reads float, integer and boolean tensors")
         if array.dtype.kind == "f":
             array = array.astype(np.float32)
         self.constants[name] = array
@@ -199,6 +202,8 @@ class _Importer:
                 if i and self.name(i) not in self.values:
                     raise self.fail(node, f"input {i!r} is not produced by any earlier node")
             handler(node, _attrs(node))
+        if not graph.output:
+            raise GraphError("the model has no outputs; gemforge compiles what the outputs need")
         outputs = []
         for out in graph.output:
             o = self.name(out.name)
@@ -226,6 +231,14 @@ class _Importer:
         g.notes["batched_inputs"] = self.batched_inputs
         g.notes["frozen_inputs"] = self.frozen_inputs
         g.prune()
+        for node in g.nodes:
+            # Every operand an operator reads is a float32 tensor (shapes, axes and bounds
+            # became attributes above): an int64 Conv weight or a bool bias would compile
+            # and fail only when run.
+            for name in node.inputs:
+                if name in g.constants and g.constants[name].dtype != np.float32:
+                    raise GraphError(f"node {node.name} ({node.op}) reads constant {name!r} of type "
+                                     f"{g.constants[name].dtype}; its operands must be float32")
         return g
 
     def graph_input(self, vi: onnx.ValueInfoProto) -> Value:
@@ -249,6 +262,9 @@ class _Importer:
             shape = tuple(shape)
         if any(d < 1 for d in shape):
             raise GraphError(f"model input {vi.name!r} has a non-positive dimension: {list(shape)}")
+        if max(shape, default=1) > MAX_DIM or math.prod(shape) > MAX_ELEMENTS:
+            raise GraphError(f"model input {vi.name!r} has shape {list(shape)}, beyond what gemforge compiles "
+                             f"(dimensions up to {MAX_DIM:,} and {MAX_ELEMENTS:,} elements in all)")
         return Value(vi.name, shape, "float32")
 
     # ------------------------------------------------------------------ operators

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops.common import out_size
 from .evaluate import evaluate_node
-from .ir import Graph, GraphError, Node
+from .ir import MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
 
 __all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
 
@@ -153,6 +153,9 @@ def infer_shapes(graph: Graph) -> Graph:
                 raise _fail(node, f"input {i!r} has no known shape")
         value = graph.values[node.output]
         value.shape = _shape_of(graph, node)
+        if value.shape and (max(value.shape) > MAX_DIM or math.prod(value.shape) > MAX_ELEMENTS):
+            raise _fail(node, f"its output would have shape {list(value.shape)}, beyond what gemforge compiles "
+                              f"(dimensions up to {MAX_DIM:,} and {MAX_ELEMENTS:,} elements in all)")
         if node.op in ("quantize", "requantize"):
             value.dtype = "int8"
         elif node.op == "dequantize":

@@ -408,6 +408,39 @@ def test_a_float_constant_other_than_float32_is_refused_like_onnx_runtime(dtype)
         compile_model(m)
 
 
+@pytest.mark.parametrize("bias, message", [
+    (np.ones(4, np.int64), "reads constant 'b' of type int64; its operands must be float32"),
+    (np.ones(4, bool), "reads constant 'b' of type bool"),
+    (np.ones(4, np.complex64), "constant 'b' holds complex64 values"),
+    (np.array(["a"] * 4, object), "constant 'b' holds object values"),
+])
+def test_constants_of_other_types_are_refused_at_compile_time(bias, message):
+    """They compiled and failed only when run (a string one with a numpy traceback on save)."""
+    tensor = onnx.helper.make_tensor("b", onnx.TensorProto.STRING, [4], [b"a"] * 4) if bias.dtype == object \
+        else onnx.numpy_helper.from_array(bias, "b")
+    m = model([N("Add", ["x", "b"], ["y"])], [("x", [2, 4])], [("y", [2, 4])], {"b": np.ones(4, np.float32)})
+    m.graph.initializer[0].CopyFrom(tensor)
+    with pytest.raises(GraphError, match=message):
+        compile_model(m)
+
+
+def test_models_that_could_never_run_are_refused_at_compile_time():
+    m = model([N("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    del m.graph.output[:]
+    with pytest.raises(GraphError, match="the model has no outputs"):
+        compile_model(m)
+    m = model([N("Relu", ["x"], ["y"])], [("x", [1, 3, 2 ** 40, 4])], [("y", [1, 3, 2 ** 40, 4])])
+    with pytest.raises(GraphError, match=r"model input 'x' has shape \[1, 3, 1099511627776, 4\], beyond"):
+        compile_model(m)
+    m = model([N("Relu", ["x"], ["y"])], [("x", ["N", 1024])], [("y", ["N", 1024])])
+    with pytest.raises(GraphError, match="beyond what gemforge compiles"):
+        compile_model(m, batch=2 ** 31)
+    m = model([N("Conv", ["x", "w"], ["y"], pads=[2 ** 30] * 4)], [("x", [1, 3, 4, 4])], [("y", None)],
+              {"w": np.ones((2, 3, 1, 1), np.float32)})
+    with pytest.raises(GraphError, match=r"its output would have shape \[1, 2, 2147483652, 2147483652\]"):
+        compile_model(m)
+
+
 @pytest.mark.parametrize("image", [7, 15])
 def test_int8_global_average_pool_keeps_its_own_scale(image):
     """A global average pool's output range is far narrower than its input's; kept at the
