@@ -214,10 +214,11 @@ def compile_operator(args: argparse.Namespace, target, shapes: dict[str, tuple[i
     if op in ("max-pool", "avg-pool"):
         if len(x) != 4:
             raise OperatorUsageError(f"pooling takes an NCHW input, not shape {list(x)}")
-        kernel = args.kernel if args.kernel is not None else (x[2], x[3])
+        kernel = args.kernel if args.kernel is not None else x[2] if x[2] == x[3] else (x[2], x[3])
         if kind == "accel":
             if not isinstance(kernel, int):
-                raise OperatorUsageError(f"{op} with this window runs on the cpu or gpu")
+                raise OperatorUsageError(f"the accelerator pools square windows; a global {op} of a {x[2]}×{x[3]} "
+                                         "image runs on the cpu or gpu (or give --kernel)")
             return ops.compile_max_pool2d(target, x, kernel, stride=args.stride, padding=args.padding, **hiding)
         return ops.compile_pool2d(target, op.split("-")[0], x, kernel, stride=args.stride, padding=args.padding,
                                   dtype=dtype)

@@ -440,6 +440,22 @@ def test_weights_take_the_configs_weight_width(tmp_path, capsys, inp, wgt):
     assert code == 2 and f"must be int{wgt}, but" in err
 
 
+def test_shift_on_a_config_without_int8_outputs_and_global_max_pool(tmp_path, capsys):
+    config = tmp_path / "ow16.toml"
+    config.write_text('base = "tiny"\nname = "ow16"\nout_width = 16\nout_buffer_bytes = 2048\n')
+    np.save(tmp_path / "a.npy", np.ones((4, 8), np.int8))
+    np.save(tmp_path / "b.npy", np.ones((8, 4), np.int8))
+    code, _, err = run(capsys, "run-op", "dense", "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy", "--shift", "2",
+                       "-o", tmp_path / "c.npy", "--config", config)
+    assert code == 2 and "dense with a shift writes int8 outputs, but config 'ow16' has 16-bit outputs" in err
+    # Global max pooling (no --kernel) of a square image runs on the accelerator.
+    x = np.random.default_rng(18).integers(-1000, 1000, (1, 3, 5, 5)).astype(np.int32)
+    np.save(tmp_path / "x.npy", x)
+    code, _, err = run(capsys, "run-op", "max-pool", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.maximum(x.max(axis=(2, 3), keepdims=True), 0))
+
+
 def test_the_python_api_refuses_what_the_accumulator_would_wrap():
     from gemforge.compiler import run_dense
     from gemforge.compiler.ops import OpError

@@ -17,7 +17,18 @@ from ..common import Epilogue, OpError
 
 __all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors",
            "plan_with_fallback", "schedule_output_tile", "bias_input",
-           "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes"]
+           "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes", "accel_epilogue"]
+
+
+def accel_epilogue(config, op: str, bias: bool, shift: int | None, relu: bool) -> Epilogue:
+    """The epilogue of an accelerator operator: a shift requantizes to int8 outputs, which the
+    store engine writes only where the config's out_width is 8."""
+    epilogue = Epilogue(bias, shift, relu)
+    if shift is not None and config.out_width != 8:
+        raise OpError(f"{op} with a shift writes int8 outputs, but config {config.name!r} has {config.out_width}-bit "
+                      f"outputs; use a config with out_width = 8, or leave out the shift for the "
+                      f"int{config.acc_width} results")
+    return epilogue
 
 
 def epilogue_alu_ops(epilogue: Epilogue) -> int:

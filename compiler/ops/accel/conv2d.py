@@ -32,7 +32,7 @@ from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
-    CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, best_by_cycle_model, bias_input, check_footprint, divisors,
+    CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, accel_epilogue, best_by_cycle_model, bias_input, check_footprint, divisors,
     epilogue_alu_ops, plan_with_fallback, schedule_output_tile, store_entry_bytes,
 )
 
@@ -258,7 +258,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     c = config
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
-    epi = Epilogue(bias, shift, relu)
+    epi = accel_epilogue(config, "conv2d", bias, shift, relu)
     check_footprint(c, "conv2d", {"inp": data[0] * data[1] * h * w, "wgt": kernel[0] * kernel[1] * kh * kw,
                                   "out": data[0] * kernel[0] * oh * ow}, epi)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)

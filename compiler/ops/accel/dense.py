@@ -28,7 +28,7 @@ from ...schedule import Schedule, create_schedule
 from ...te import Tensor, compute, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
 from .common import (
-    TilingCost, bias_input, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+    TilingCost, accel_epilogue, bias_input, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
     store_entry_bytes,
 )
 
@@ -129,7 +129,7 @@ def compile_dense(config: AccelConfig, m: int, k: int, n: int, *, bias: bool = F
     for name, v in (("M", m), ("K", k), ("N", n)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise OpError(f"dense dimension {name} must be a positive integer, not {v!r}")
-    epi = Epilogue(bias, shift, relu)
+    epi = accel_epilogue(config, "dense", bias, shift, relu)
     c = config
     mt, kt, nt = ceil_div(m, c.batch), ceil_div(k, c.block_in), ceil_div(n, c.block_out)
     if max(kt, nt) > c.max_dma_size:

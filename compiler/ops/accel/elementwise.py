@@ -28,8 +28,8 @@ from ...backends.accel.layout import ceil_div, pack_nchw_acc, unpack_nchw
 from ...pipeline import build
 from ...schedule import create_schedule
 from ...te import compute, pad, placeholder
-from ..common import CompiledOp, Epilogue, OpError, out_size
-from .common import divisors, plan_with_fallback
+from ..common import CompiledOp, OpError, out_size
+from .common import accel_epilogue, divisors, plan_with_fallback
 
 __all__ = ["compile_add", "compile_relu", "compile_clip", "compile_max_pool2d"]
 
@@ -99,7 +99,7 @@ def _elementwise(config: AccelConfig, shape, n_inputs: int, body, out_dtype: str
 def compile_add(config: AccelConfig, shape, *, shift: int | None = None, relu: bool = False,
                 latency_hiding: bool = True) -> CompiledOp:
     """``out = x + y`` (int32 NCHW inputs ``x``, ``y``) with the fused epilogue."""
-    epi = Epilogue(False, shift, relu)
+    epi = accel_epilogue(config, "add", False, shift, relu)
     return _elementwise(config, shape, 2, lambda x, y: epi.apply(x + y, None),
                         epi.out_dtype(f"int{config.acc_width}"), "add",
                         latency_hiding)
