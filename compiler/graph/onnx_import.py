@@ -49,14 +49,21 @@ def load_onnx(source) -> onnx.ModelProto:
     else:
         # From a path, so that tensors stored as external data next to it resolve.
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise GraphError(f"cannot read model {source}: no such file")
+        if not path.is_file():
+            raise GraphError(f"cannot read model {source}: it is a directory or device, not a file")
+        if path.stat().st_size == 0:
+            raise GraphError(f"model {source} is an empty file, not an ONNX model")
         try:
             model = onnx.load(str(path))
         except OSError as exc:
             raise GraphError(f"cannot read model {source}: {exc.strerror or exc}") from None
-        except Exception as exc:  # protobuf's DecodeError and onnx's own
-            raise GraphError(f"model {source} is not an ONNX file ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # protobuf's DecodeError, onnx's own (external data among them)
+            # onnx.load checks external-data locations (and only those) with the checker's error.
+            external = isinstance(exc, onnx.checker.ValidationError) or "external" in str(exc).lower()
+            what = "its external data cannot be read" if external else "it is not an ONNX file"
+            raise GraphError(f"cannot read model {source}: {what} ({type(exc).__name__}: {exc})") from None
         check = str(path)
     try:
         onnx.checker.check_model(check)
@@ -462,6 +469,10 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
     """The `Graph` of an ONNX model (path, bytes or `ModelProto`); a symbolic first input
     dimension becomes ``batch``, other symbolic dimensions need ``input_shapes``."""
     model = load_onnx(source)
+    default = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if len(default) > 1:
+        raise GraphError(f"the model imports the ONNX operator set {len(default)} times (opsets "
+                         f"{', '.join(map(str, default))}); it may import it once")
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx"))
     if opset is None or opset < MIN_OPSET:

@@ -73,6 +73,11 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
         raise GraphError(f"calibration samples are missing for input(s) {', '.join(missing)}")
     if len(set(counts.values())) != 1 or not min(counts.values()):
         raise GraphError(f"every input needs the same, positive number of calibration samples; got {counts}")
+    for name in graph.inputs:
+        kind = np.asarray(samples[name][:1]).dtype
+        if kind.kind not in "fiu":
+            raise GraphError(f"calibration samples of input {name!r} must be numeric (float or integer), "
+                             f"not {kind}")
     peaks: dict[str, float] = {}
     for i in range(next(iter(counts.values()))):
         inputs = {}

@@ -74,7 +74,8 @@ def test_calibration_refuses_non_finite_unknown_and_non_numeric_samples():
     bad = np.zeros((2, 1, 3, 6, 6), np.float32)
     bad[1, 0, 0, 0, 0] = np.nan
     for calibrate, match in ((bad, "NaN or infinite"), ({"input": bad[:1], "other": bad[:1]}, "unknown input"),
-                             (np.array([["a"]]), "must be numeric")):
+                             (np.array([["a"]]), "must be numeric"), (bad.astype(bool), "must be numeric"),
+                             (bad.astype(np.complex64), "must be numeric")):
         with pytest.raises(GraphError, match=match):
             compile_model(m, quantize="int8", calibrate=calibrate, config="tiny")
 
@@ -384,6 +385,20 @@ def test_a_model_file_that_unpacks_beyond_reason_is_refused_unread():
         z.writestr("manifest.json", b" " * (100 << 20))      # 100 MiB of blanks, ~100 KB packed
     with pytest.raises(ModelError, match="manifest.json unpacks to 104,857,600 bytes"):
         Model.from_bytes(buffer.getvalue(), source="bomb.gfm")
+
+
+def test_model_file_messages_say_what_is_wrong(tmp_path):
+    (tmp_path / "dir.onnx").mkdir()
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    for path, message in ((tmp_path / "dir.onnx", "is a directory or device, not a file"),
+                          (tmp_path / "empty.onnx", "is an empty file, not an ONNX model"),
+                          (tmp_path / "none.onnx", "no such file")):
+        with pytest.raises(GraphError, match=message):
+            compile_model(path)
+    m = model([N("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    m.opset_import.append(helper.make_opsetid("", 17))
+    with pytest.raises(GraphError, match="imports the ONNX operator set 2 times .opsets 13, 17."):
+        compile_model(m)
 
 
 def test_an_opset_newer_than_onnx_knows_is_refused():
