@@ -3,7 +3,10 @@
 ``open_device("verilator", config)`` gives a `RtlDevice` with the same API as
 the functional simulator. A run copies the device's DRAM window (the span of
 every live allocation) into the simulated DRAM, runs the program through the
-AXI4-Lite registers until DONE, and copies the window back.
+AXI4-Lite registers until DONE, and copies the window back. The simulator
+process starts with the first run and serves every later one (a
+`harness.Session`: each run still starts from a reset accelerator with zeroed
+buffers) until `close`; a run that writes a waveform has a process of its own.
 
 Options (keyword arguments of `open_device`): ``dram_bytes`` (host image size,
 as for every device), ``sim_dram_bytes`` (size of the simulated DRAM window;
@@ -71,6 +74,7 @@ class RtlDevice(Device):
         self.max_cycles = max_cycles
         self.sim_dram_bytes = sim_dram_bytes or self.default_sim_dram_bytes
         self._build: harness.Build | None = None
+        self._session: harness.Session | None = None
 
     def build(self) -> harness.Build:
         """Compile the simulation now (otherwise the first run does); cached on disk per config."""
@@ -97,10 +101,17 @@ class RtlDevice(Device):
                               f"{built.dram_bytes}-byte simulated DRAM; open the device with "
                               f"sim_dram_bytes={1 << (hi - lo - 1).bit_length()}")
         try:
-            image, result = harness.run(built, self.dram[lo:hi], lo, insn_address, insn_count,
-                                        stall=self.stall, seed=self.seed, max_cycles=self.max_cycles,
-                                        watchdog_cycles=self.watchdog_cycles, waves=self.waves)
+            if self.waves is not None:
+                image, result = harness.run(built, self.dram[lo:hi], lo, insn_address, insn_count,
+                                            stall=self.stall, seed=self.seed, max_cycles=self.max_cycles,
+                                            watchdog_cycles=self.watchdog_cycles, waves=self.waves)
+            else:
+                if self._session is None:
+                    self._session = harness.Session(built, stall=self.stall, seed=self.seed)
+                image, result = self._session.run(self.dram[lo:hi], lo, insn_address, insn_count,
+                                                  max_cycles=self.max_cycles, watchdog_cycles=self.watchdog_cycles)
         except harness.CosimError as exc:
+            self.close()            # a session that failed is not reused
             raise DeviceError(str(exc)) from None
         status = result.get("status")
         if status == "hang":
@@ -134,6 +145,12 @@ class RtlDevice(Device):
                                    "dma_bytes_read": counters["dma_bytes_read"],
                                    "dma_bytes_written": counters["dma_bytes_written"]},
                          cycles=counters["cycles"], hw_counters=hw)
+
+
+    def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.close()
 
 
 class VerilatorDevice(RtlDevice):

@@ -17,7 +17,10 @@ DRAM_MODEL_VERILOG = r"""// gemforge co-simulation DRAM: an AXI4 slave memory in
 // written to +dram_out=<file> ($writememh, words 0..+dram_words-1) on the
 // first cycle `dump` is high (then `dumped` rises). Reset re-arms both, so
 // one simulation runs many programs: the testbench replaces the input file,
-// reloads, runs, dumps, and resets. Accesses outside the window set `oob`,
+// reloads, runs, dumps, and resets. With +dram_params=<file>, a reload also
+// reads three hex words from that file: the window's base, the words to dump
+// and the words accessible (a session's programs each have their own window).
+// Accesses outside the window set `oob`,
 // read 0 and are answered SLVERR (a read beat's RRESP; a write burst's BRESP
 // when any of its beats fell outside), as a real interconnect answers an
 // unmapped address with an error.
@@ -75,12 +78,17 @@ module gemforge_dram #(
     reg [1023:0] fname_out;
     reg [31:0] base;
     reg [31:0] dump_words;
+    reg [31:0] limit_words;
+    reg [31:0] params [0:2];
+    reg [1023:0] fname_params;
+    reg has_params;
     reg [31:0] stall;
     reg [31:0] seed;
     reg [31:0] lfsr;
 
     initial begin
-        base = 0; dump_words = 0; stall = 0; seed = 1;
+        base = 0; dump_words = 0; limit_words = WORDS; stall = 0; seed = 1;
+        has_params = $value$plusargs("dram_params=%s", fname_params);
         if ($value$plusargs("dram_base=%h", base)) ;
         if ($value$plusargs("dram_words=%d", dump_words)) ;
         if ($value$plusargs("stall=%d", stall)) ;
@@ -109,7 +117,7 @@ module gemforge_dram #(
         word_index = (addr - base) >> SHIFT;
     endfunction
     function in_window(input [ADDR_BITS-1:0] addr);
-        in_window = (addr >= base) && (((addr - base) >> SHIFT) < WORDS);
+        in_window = (addr >= base) && (((addr - base) >> SHIFT) < limit_words);
     endfunction
 
     // ---------------------------------------------------------------- reads
@@ -223,6 +231,12 @@ module gemforge_dram #(
         end else begin
             if (reload && !reloaded) begin
                 $readmemh(fname_in, mem);
+                if (has_params) begin
+                    $readmemh(fname_params, params);
+                    base <= params[0];
+                    dump_words <= params[1];
+                    limit_words <= params[2];
+                end
                 reloaded <= 1;
             end
             if (dump && !dumped) begin

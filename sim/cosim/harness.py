@@ -10,7 +10,9 @@ same thing twice.
 `run_batch(built, programs, ...)` runs many programs in one simulator process
 (the testbench resets the accelerator and reloads the DRAM model between them),
 so a regression pays the simulator's start once, not per program; `run(...)` is
-a batch of one. Each program's DRAM window goes in and comes out as a hex file.
+a batch of one. A `Session` keeps one simulator process running for programs
+that are not known in advance (a network's layers, with host work between
+them), each with its own DRAM window. Each program's DRAM window goes in and comes out as a hex file.
 A run can also write a waveform (FST or VCD) and a retire trace: one line per
 retired instruction, ``cycle engine``, written by the testbench wrapper in
 Verilog so it costs no Python per cycle.
@@ -25,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +45,7 @@ from gemforge.hw.regmap import address_bits
 from .dram_model import DRAM_MODEL_FILE, DRAM_MODEL_VERILOG
 
 __all__ = ["SIMULATORS", "WAVE_FORMATS", "CosimError", "Build", "BatchProgram", "build", "run", "run_batch", "run_sequence",
-           "cache_root", "simulator_available", "read_retire_trace"]
+           "Session", "cache_root", "simulator_available", "read_retire_trace"]
 
 SIMULATORS = ("verilator", "icarus")
 TB_TOP = "gemforge_tb"
@@ -529,6 +532,122 @@ def run_sequence(built: Build, image: np.ndarray, base: int, runs: list[dict], *
     finally:
         if not (keep or os.environ.get("GEMFORGE_COSIM_KEEP")):
             shutil.rmtree(rundir, ignore_errors=True)
+
+
+class Session:
+    """One simulator process that runs programs as the host sends them, each from the state
+    of a fresh simulation (the accelerator reset, its buffers zeroed, the DRAM model reloaded
+    with the program's own window), so a device that runs many programs pays the simulator's
+    start (seconds) once instead of per program. Results are those of `run`.
+
+    The simulator runs in a background thread; the testbench (`gemforge.sim.cosim.tb`) waits
+    for ``command_K.json`` in the session folder and answers ``result_K.json``, and stops at
+    `close` (or when this process is gone)."""
+
+    def __init__(self, built: Build, *, stall: int = 0, seed: int = 1, poll_cycles: int = 20_000) -> None:
+        import threading
+
+        self.built = built
+        self.count = 0
+        runs = cache_root() / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        self.folder = Path(tempfile.mkdtemp(prefix="session-", dir=runs))
+        bus = built.config.bus_bytes
+        write_hex(self.folder / "dram_in.hex", np.zeros(bus, np.uint8), bus)
+        self._write_params(0, 0, 1)
+        job = {"session": {"folder": str(self.folder), "host_pid": os.getpid()},
+               "dram_in": str(self.folder / "dram_in.hex"), "dram_out": str(self.folder / "dram_out.hex"),
+               "poll_cycles": poll_cycles, "counters": None}
+        (self.folder / "job.json").write_text(json.dumps(job))
+        plusargs = [f"+dram_in={self.folder / 'dram_in.hex'}", f"+dram_out={self.folder / 'dram_out.hex'}",
+                    f"+dram_params={self.folder / 'params.hex'}", "+dram_base=0", "+dram_words=0",
+                    f"+stall={stall}", f"+seed={seed}"]
+        env = {"GEMFORGE_COSIM_JOB": str(self.folder / "job.json"), "COCOTB_RESOLVE_X": "ZEROS"}
+        folder, failures = self.folder, []
+        self._failures = failures
+
+        def simulate():       # refers to no Session: a session nobody holds is collected and stops
+            try:
+                _simulate(built, folder, plusargs, [], env, False, None, 0)
+            except BaseException as exc:      # reported by the next `run`
+                failures.append(exc)
+        self._thread = threading.Thread(target=simulate, name="gemforge-cosim-session", daemon=True)
+        self._thread.start()
+        # A session dropped without `close` still stops its simulator.
+        self._stop = weakref.finalize(self, Session._stop_simulator, self.folder)
+
+    @staticmethod
+    def _stop_simulator(folder: Path) -> None:
+        if folder.exists():
+            (folder / "stop").touch()
+
+    def _write_params(self, base: int, dump_words: int, limit_words: int) -> None:
+        text = "".join(f"{v:08x}\n" for v in (base, dump_words, limit_words))
+        scratch = self.folder / "params.hex.part"
+        scratch.write_text(text)
+        os.replace(scratch, self.folder / "params.hex")
+
+    def run(self, image: np.ndarray, base: int, insn_addr: int, insn_count: int, *, max_cycles: int = 1 << 40,
+            watchdog_cycles: int = 200_000) -> tuple[np.ndarray, dict]:
+        """Run one program on the DRAM window ``image`` at byte ``base`` (as `run`)."""
+        import time
+
+        config, k = self.built.config, self.count
+        size = image.size
+        clear = None
+        if k:       # the first program starts from a fresh simulation's zeroed buffers already
+            align = max(4096, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "uop")))
+            clear_at = -(-size // align) * align
+            clear_image, clear_addr, clear_count = clear_program(config, base + clear_at)
+            total = -(-(clear_at + clear_image.size) // 4096) * 4096
+            full = np.zeros(total, np.uint8)
+            full[:size] = image
+            full[clear_at:clear_at + clear_image.size] = clear_image
+            clear = {"insn_addr": clear_addr, "insn_count": clear_count}
+        else:
+            full = image
+        if full.size > self.built.dram_bytes:
+            raise CosimError(f"the program's DRAM window ({size} bytes) is larger than the simulated DRAM "
+                             f"({self.built.dram_bytes} bytes); open the device with a larger dram window")
+        if not self._thread.is_alive():
+            raise self._dead()
+        bus = config.bus_bytes
+        dram_in, dram_out = self.folder / f"in_{k}.hex", self.folder / f"out_{k}.hex"
+        write_hex(dram_in, full, bus)
+        self._write_params(base, size // bus, full.size // bus)
+        command = {"insn_addr": insn_addr, "insn_count": insn_count, "dram_in": str(dram_in),
+                   "dram_out": str(dram_out), "clear": clear, "max_cycles": max_cycles,
+                   "watchdog_cycles": watchdog_cycles}
+        scratch = self.folder / f"command_{k}.json.part"
+        scratch.write_text(json.dumps(command))
+        os.replace(scratch, self.folder / f"command_{k}.json")
+        answer = self.folder / f"result_{k}.json"
+        waited = 0
+        while not answer.exists():
+            if not self._thread.is_alive():
+                raise self._dead()
+            time.sleep(min(0.02, 0.0005 * 2 ** min(waited, 6)))
+            waited += 1
+        self.count += 1
+        result = json.loads(answer.read_text())
+        try:
+            if result.get("status") == "done":
+                return read_hex(dram_out, bus, size), result
+            return image.copy(), result
+        finally:
+            for path in (dram_in, dram_out, answer, self.folder / f"command_{k}.json"):
+                path.unlink(missing_ok=True)
+
+    def _dead(self) -> CosimError:
+        why = f" ({self._failures[0]})" if self._failures else ""
+        return CosimError(f"the {self.built.simulator} session ended{why}; see {self.folder / 'sim.log'}")
+
+    def close(self) -> None:
+        """Stop the simulator and remove the session's files (kept with ``$GEMFORGE_COSIM_KEEP``)."""
+        self._stop()
+        self._thread.join(timeout=60)
+        if not os.environ.get("GEMFORGE_COSIM_KEEP"):
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _simulate(built: Build, rundir: Path, plusargs: list[str], test_args: list[str], env: dict, waves: bool,

@@ -86,33 +86,87 @@ async def run_programs(dut):
     if job.get("sequence"):
         await _run_sequence(dut, regs, job)
         return
+    if job.get("session"):
+        await _serve(dut, regs, job)
+        return
     with open(job["results"], "a") as results:
         for k, program in enumerate(job["programs"]):
             result = {"status": "error", "message": "the testbench failed"}
             try:
-                await _reset_and_reload(dut, job, program)
-                if k == 0:
-                    ident = await regs.read("ID")
-                    if ident != ID_MAGIC:
-                        result = {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}"}
-                        return
-                await regs.write("IRQ_ENABLE", 1)
-                if k and job["clear"]:
-                    # Memories survive reset: zero the buffers as a fresh simulation has
-                    # them, then reset again so the program starts as in a fresh one
-                    # (the DRAM model's random stalls restart from their seed too).
-                    status, _ = await _start_and_wait(dut, regs, job["clear"], job)
-                    if status != "done":
-                        result = {"status": status, "message": "the buffer-clearing program did not finish"}
-                        continue
-                    await _reset(dut)
-                    await regs.write("IRQ_ENABLE", 1)
-                result = await _run(dut, regs, program, job)
-                await _dump(dut)
-                shutil.move(job["dram_out"], program["dram_out"])
+                result = await _run_fresh(dut, regs, job, program, job["clear"] if k else None, k == 0)
             finally:
                 results.write(json.dumps(result) + "\n")
                 results.flush()
+            if result.get("id_mismatch"):
+                return           # not the accelerator: nothing else can run
+
+
+async def _run_fresh(dut, regs, job, program, clear, first):
+    """Run ``program`` from the state of a fresh simulation: the accelerator reset, the DRAM
+    model reloaded, and (``clear``: the buffer-clearing program) the buffers zeroed; dump the
+    DRAM to ``program["dram_out"]``. Returns its result."""
+    await _reset_and_reload(dut, job, program)
+    if first:
+        ident = await regs.read("ID")
+        if ident != ID_MAGIC:
+            return {"status": "error", "message": f"ID register reads {ident:#x}, expected {ID_MAGIC:#x}",
+                    "id_mismatch": True}
+    await regs.write("IRQ_ENABLE", 1)
+    if clear:
+        # Memories survive reset: zero the buffers as a fresh simulation has
+        # them, then reset again so the program starts as in a fresh one
+        # (the DRAM model's random stalls restart from their seed too).
+        status, _ = await _start_and_wait(dut, regs, clear, job)
+        if status != "done":
+            return {"status": status, "message": "the buffer-clearing program did not finish"}
+        await _reset(dut)
+        await regs.write("IRQ_ENABLE", 1)
+    result = await _run(dut, regs, program, job)
+    await _dump(dut)
+    shutil.move(job["dram_out"], program["dram_out"])
+    return result
+
+
+async def _serve(dut, regs, job):
+    """A session (`gemforge.sim.cosim.harness.Session`): run the programs the host sends one
+    at a time, each from a fresh state, until it says to stop or is gone. Command ``k`` is
+    the file ``command_k.json`` in the session folder (a program entry, plus ``clear``,
+    ``max_cycles`` and ``watchdog_cycles``); its result goes to ``result_k.json``. Waiting
+    for a command blocks the simulator, which has nothing else to do."""
+    folder = job["session"]["folder"]
+    host = job["session"]["host_pid"]
+    k = 0
+    while True:
+        command_file = os.path.join(folder, f"command_{k}.json")
+        waited = 0
+        while not os.path.exists(command_file):
+            if os.path.exists(os.path.join(folder, "stop")) or not _alive(host):
+                return
+            # Quick to answer a host that sends layer after layer, idle-cheap otherwise.
+            time.sleep(min(0.02, 0.0005 * 2 ** min(waited, 6)))
+            waited += 1
+        with open(command_file) as f:
+            command = json.load(f)
+        result = {"status": "error", "message": "the testbench failed"}
+        try:
+            limits = {**job, "max_cycles": command["max_cycles"], "watchdog_cycles": command["watchdog_cycles"]}
+            result = await _run_fresh(dut, regs, limits, command, command["clear"], k == 0)
+        finally:
+            scratch = os.path.join(folder, f"result_{k}.json.part")
+            with open(scratch, "w") as f:
+                json.dump(result, f)
+            os.replace(scratch, os.path.join(folder, f"result_{k}.json"))   # whole, or not there
+        k += 1
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def _run_sequence(dut, regs, job):

@@ -9,6 +9,7 @@ from gemforge.compiler import compile_dense
 from gemforge.driver.device import DeviceError, available_backends, open_device
 from gemforge.hw.program import Program, ProgramError, arena_alignment
 from gemforge.hw.config import PRESETS
+from gemforge.sim.cosim import harness
 
 
 def test_alloc_is_aligned_disjoint_and_reusable():
@@ -92,3 +93,29 @@ def test_run_program_checks_inputs():
         dev.run_program(program, {"a": np.zeros((4, 4, 4), np.int8)}, ["out"])
     with pytest.raises(DeviceError, match="no input tensor 'z'"):
         dev.run_program(program, {"z": np.zeros(1)}, ["out"])
+
+
+@pytest.mark.skipif(not harness.simulator_available("verilator"), reason="verilator is not installed")
+def test_a_verilator_device_serves_its_runs_from_one_session():
+    """The simulator starts once per device: runs with different windows (another buffer
+    widens the window) all equal fsim, each from a fresh state; a closed device's simulator
+    is gone."""
+    config = PRESETS["tiny"]
+    rng = np.random.default_rng(19)
+    rtl, ref = open_device("verilator", config), open_device("fsim", config)
+    try:
+        for m, k, n, pad in ((5, 9, 7, 0), (8, 20, 12, 3 << 20), (3, 4, 5, 64)):
+            extra = rtl.alloc(pad) if pad else None      # a later allocation widens the window
+            op = compile_dense(config, m, k, n)
+            a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+            b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+            got, result = op.run(rtl, a=a, b=b)
+            np.testing.assert_array_equal(got, op.run(ref, a=a, b=b)[0])
+            assert result.cycles > 0
+            if extra:
+                rtl.free(extra)
+        session = rtl._session
+        assert session is not None and session.count == 3
+    finally:
+        rtl.close()
+    assert not session._thread.is_alive() and not session.folder.exists()
