@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Sequence
 
@@ -276,7 +277,8 @@ def _load_inputs(path: str, what: str = "input"):
             return {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as exc:
+        # NotImplementedError: a compression method zipfile lacks; RuntimeError: an encrypted member.
         raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc or 'it ends early'})") from None
 
 

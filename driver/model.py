@@ -471,7 +471,8 @@ class Model:
                     raise ModelError(f"{source} is not a valid gemforge model ({exc})") from None
         except ModelError:
             raise
-        except (zipfile.BadZipFile, zlib.error, KeyError, IndexError, ValueError, TypeError, AttributeError,
+        except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, EOFError, OSError,
+                KeyError, IndexError, ValueError, TypeError, AttributeError,
                 ArithmeticError, RecursionError, GraphError, ProgramError) as exc:
             raise ModelError(f"{source} is not a valid gemforge model ({type(exc).__name__}: {exc})") from None
         return cls(net)
@@ -530,6 +531,10 @@ def _check_network(net: CompiledNetwork) -> None:
             if layer.data_shape != g.values[node.inputs[0]].shape or layer.out_shape != g.values[node.output].shape:
                 raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
         defined.add(node.output)
+    for key in ("batched_inputs", "frozen_inputs"):
+        names = g.notes.get(key, [])
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise ModelError(f"the graph's note {key} must be a list of input names")
     if any(o not in defined for o in g.outputs) or any(c.shape != g.values[k].shape for k, c in g.constants.items()):
         raise ModelError("the graph's outputs or constants do not match its tensors")
     infer_shapes(g)

@@ -151,7 +151,7 @@ def load_space(path: str | Path) -> Space:
         raise SweepError(f"space file {path} does not exist") from None
     except OSError as exc:
         raise SweepError(f"cannot read space file {path}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:   # ValueError: > 4300 digits
         raise SweepError(f"space file {path} is not valid TOML: {exc}") from None
     return space_from_dict(data, source=str(path), root=path.parent)
 

@@ -65,8 +65,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import numpy as np
-
 from .config import AccelConfig, load_config
 from .isa import (
     DEP_FLAGS,
@@ -85,7 +83,7 @@ from .isa import (
     validate_uop,
 )
 
-from .program import Program, TensorRegion
+from .program import TENSOR_DTYPES, Program, TensorRegion
 
 __all__ = [
     "AsmError",
@@ -228,6 +226,8 @@ def _parse_int(text: str, what: str, line: int) -> int:
         raise AsmError(f"line {line}: bad number {text!r} for {what}; "
                        "write a decimal or 0x-prefixed hexadecimal integer")
     body = text.lstrip("+-")
+    if len(body) > 40:       # beyond any field (and Python's 4300-digit limit for decimals)
+        raise AsmError(f"line {line}: number {text[:20]}… for {what} has {len(body)} digits, beyond any field's range")
     magnitude = int(body, 16) if body[:2].lower() == "0x" else int(body, 10)
     return -magnitude if text.startswith("-") else magnitude
 
@@ -353,12 +353,10 @@ def _parse_tensor(tokens: list[str], line: int) -> TensorRegion:
         if not all(_DIM.match(d) for d in dims):
             raise AsmError(f"line {line}: bad shape {shape_text!r} for tensor {name}; write decimal "
                            "sizes joined by 'x' (e.g. 1x16x16), or () for a 0-d tensor")
-        shape = tuple(int(d) for d in dims)
-    try:
-        np.dtype(pairs["dtype"])
-    except TypeError:
+        shape = tuple(_parse_int(d, f"a dimension of tensor {name}", line) for d in dims)
+    if pairs["dtype"] not in TENSOR_DTYPES:
         raise AsmError(f"line {line}: unknown dtype {pairs['dtype']!r} for tensor {name}; "
-                       "use a numpy dtype name such as int8 or int32") from None
+                       f"use one of {', '.join(TENSOR_DTYPES)}")
     return TensorRegion(name, offset, shape, pairs["dtype"])
 
 

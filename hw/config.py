@@ -202,6 +202,9 @@ class AccelConfig:
         if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, (int, float)) \
                 or not 1 <= self.clock_mhz <= 1000:
             raise ConfigError(f"clock_mhz must be a number between 1 and 1000, not {self.clock_mhz!r}")
+        # One spelling of each value: `clock_mhz = 100` in a file is the preset's 100.0 (its
+        # dict, JSON and digest included).
+        object.__setattr__(self, "clock_mhz", float(self.clock_mhz))
 
     # ------------------------------------------------------------------ derived values
 
@@ -356,6 +359,11 @@ class AccelConfig:
             raise ConfigError(
                 f"{source} has unknown field(s) {', '.join(unknown)}; "
                 f"allowed fields are {', '.join(sorted(known))}")
+        # A stored config (a program's, a model's) is complete: a missing field must not take
+        # the class default under the name of a config whose value differs.
+        missing = sorted(known - set(data))
+        if missing:
+            raise ConfigError(f"{source} lacks field(s) {', '.join(missing)}")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -392,6 +400,11 @@ class AccelConfig:
                 raise ConfigError(f"config file {path} must end in .toml or .json")
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        except ConfigError:
+            raise
+        except ValueError:       # Python's limit on integer digits (4300), far beyond any field's range
+            raise ConfigError(f"config file {path} holds a number with thousands of digits, beyond any field's "
+                              "range") from None
         except RecursionError:
             raise ConfigError(f"config file {path} nests too deeply; a config is one table of fields") from None
         return cls.from_file_dict(data, source=f"config file {path}")

@@ -102,7 +102,8 @@ class TensorRegion:
             dtype = np.dtype(self.dtype) if isinstance(self.dtype, str) else None
         except (TypeError, ValueError):
             dtype = None
-        if dtype is None or dtype.kind not in "iuf" or dtype.name not in TENSOR_DTYPES:
+        # By name only: ">i4" is an int32 too, but the device reads and writes little-endian.
+        if dtype is None or self.dtype not in TENSOR_DTYPES:
             raise ProgramError(f"tensor {self.name!r}: dtype must be one of {', '.join(TENSOR_DTYPES)}, not "
                                f"{self.dtype!r}"[:300])
 
@@ -264,7 +265,7 @@ class Program:
                 return cls(config, insns, uops, header["uop_offset"], header["arena_bytes"], tensors, constants)
             except ProgramError as exc:
                 raise ProgramError(f"{source}: {exc}") from None
-        except (KeyError, TypeError, ValueError, struct.error, RecursionError) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError, struct.error, RecursionError) as exc:
             if isinstance(exc, ProgramError):
                 raise
             if isinstance(exc, RecursionError):

@@ -64,3 +64,35 @@ def test_truncated_and_corrupt_program_files_say_so():
     with pytest.raises(ProgramError) as info:
         Program.from_bytes(corrupt)
     assert len(str(info.value)) < 400
+
+
+def test_hostile_program_headers_and_configs_are_one_error(tmp_path):
+    """Found by an audit: each raised a Python error or was accepted."""
+    import json
+    from gemforge.hw.config import AccelConfig, ConfigError
+    program = compile_dense(PRESETS["tiny"], 4, 8, 4).program
+    data = program.to_bytes()
+    # An infinite constant size (JSON's Infinity) raised OverflowError.
+    import struct
+    (length,) = struct.unpack_from("<I", data, 12)
+    header = json.loads(data[16:16 + length])
+    header["constants"] = [{"name": "w", "nbytes": float("inf")}]
+    text = json.dumps(header).encode()
+    bad = data[:12] + struct.pack("<I", len(text)) + text + data[16 + length:]
+    with pytest.raises(ProgramError, match="malformed"):
+        Program.from_bytes(bad)
+    # A big-endian int32 passed as int32 and was read byte-swapped.
+    with pytest.raises(ProgramError, match="dtype must be one of"):
+        TensorRegion("y", 0, (4,), ">i4").check()
+    # A stored config lacking a field took the class default under the preset's name.
+    fields = {k: v for k, v in PRESETS["tiny"].to_dict().items() if k != "block_in"}
+    with pytest.raises(ConfigError, match="lacks field.s. block_in"):
+        AccelConfig.from_dict(fields)
+    # clock_mhz = 100 in a file is the preset's 100.0, digest included.
+    same = AccelConfig.from_dict({**PRESETS["tiny"].to_dict(), "clock_mhz": 100})
+    assert same.digest == PRESETS["tiny"].digest and isinstance(same.clock_mhz, float)
+    # A number of thousands of digits raised Python's ValueError.
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({"base": "tiny"})[:-1] + ', "batch": ' + "9" * 5000 + "}")
+    with pytest.raises(ConfigError, match="thousands of digits"):
+        AccelConfig.load(huge)

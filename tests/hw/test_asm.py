@@ -436,7 +436,7 @@ def test_error_tensor_directive():
             "line 1: bad shape '2x-1' for tensor t; write decimal sizes joined by 'x' (e.g. 1x16x16), "
             "or () for a 0-d tensor")
     refused(".tensor t offset=0 shape=2 dtype=int7",
-            "line 1: unknown dtype 'int7' for tensor t; use a numpy dtype name such as int8 or int32")
+            "line 1: unknown dtype 'int7' for tensor t; use one of int8, uint8, int16, uint16, int32, uint32, int64, float32, float64")
     refused(".tensor t offset=-1 shape=2 dtype=int8", "line 1: tensor t offset must be non-negative, not -1")
     refused(".tensor t offset=0 shape=2 dtype=int8 align=4",
             "line 1: unknown field 'align' for .tensor; allowed fields: offset, shape, dtype")
