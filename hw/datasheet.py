@@ -449,15 +449,28 @@ def _file_format(config: AccelConfig) -> str:
 def _relocation(config: AccelConfig) -> str:
     align = program.arena_alignment(config)
     relocatable = next(p for p in _paragraphs(program.__doc__) if "relocatable" in p)
-    rows = [(f"`{mnemonic}`", f"{config.entry_bytes(isa.MemType[mnemonic.split('.')[1].upper()].buffer)} bytes")
-            for mnemonic in asm.mnemonics(config) if mnemonic.startswith(("load.", "store."))]
+    rows = []
+    for mnemonic in asm.mnemonics(config):
+        if not mnemonic.startswith(("load.", "store.")):
+            continue
+        mem = isa.MemType[mnemonic.split(".")[1].upper()]
+        if mnemonic.startswith("store.") and mem == isa.MemType.ACC:
+            # A requantizing STORE writes output entries to DRAM, and `dram_base` counts those.
+            for requant in (False, True):
+                buffer = isa.Store(mem=mem, requant=requant, sram_base=0, dram_base=0, y_size=1, x_size=1,
+                                   x_stride=1).dram_buffer
+                rows.append((f"`{mnemonic}`" + (" with `requant`" if requant else " without `requant`"),
+                             f"{config.entry_bytes(buffer)} bytes (`{buffer}` entries)"))
+            continue
+        rows.append((f"`{mnemonic}`", f"{config.entry_bytes(mem.buffer)} bytes (`{mem.buffer}` entries)"))
     return "\n".join([
         "## Loading and relocating a program",
         "",
         _rst_to_md(relocatable),
         "",
-        "`dram_base` counts **entries of the transfer's buffer**, not bytes (byte address = "
-        "`dram_base` × entry bytes):",
+        "`dram_base` counts **entries of the buffer whose entries the transfer moves in DRAM**, not "
+        "bytes (byte address = `dram_base` × entry bytes): the buffer read or written, except that "
+        "a requantizing STORE writes output-buffer entries:",
         "",
         _table(("instruction", "`dram_base` unit"), rows),
         "",
@@ -468,8 +481,10 @@ def _relocation(config: AccelConfig) -> str:
         "bus is larger);",
         "2. writes the micro-op section at `A + uop_offset` and each constant at `A + offset` of "
         "its tensor;",
-        "3. adds `A / entry bytes` to every LOAD's and STORE's `dram_base` (a tensor bound to a "
-        "buffer outside the arena moves to that buffer instead), re-encodes the instructions and "
+        "3. adds `A / unit` to every LOAD's and STORE's `dram_base`, the unit from the table above (a "
+        "loader that places one of the program's tensors elsewhere, e.g. a buffer the previous program "
+        "wrote, instead sets the `dram_base` of the transfers inside that tensor's region to that "
+        "buffer's address + their offset in the region, in the same unit), re-encodes the instructions and "
         f"writes them anywhere aligned to {insn_bytes(config)} bytes (the instruction size);",
         "4. writes `INSN_ADDR` (bytes) and `INSN_COUNT`, then START, and waits for DONE.",
     ])

@@ -11,7 +11,7 @@ File format (little-endian), suffix ``.gfp`` by convention::
     magic    8 bytes   b"GEMFORGE"
     version  u32       FORMAT_VERSION
     hlen     u32       length of the header
-    header   hlen      UTF-8 JSON: config, counts, uop_offset, arena_bytes,
+    header   hlen      UTF-8 JSON: config, n_insns, n_uops, uop_offset, arena_bytes,
                        tensors (name, offset, shape, dtype), constants (name, nbytes)
     insns    n_insns × insn_bytes(config)
     uops     n_uops × config.uop_entry_bytes
