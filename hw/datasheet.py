@@ -361,9 +361,9 @@ def _irq() -> str:
     return "\n".join([
         "## Interrupt",
         "",
-        f"`irq`, synchronous to the clock, made from registered state: `{enable.name}` "
-        f"(`{enable.offset:#06x}`) {enable.doc}. There is no write-1-to-clear bit; polling "
-        "`STATUS` works the same.",
+        f"`irq` is synchronous to the clock and made from registered state. `{enable.name}.ENABLE` "
+        f"(`{enable.offset:#06x}`, bit 0): {enable.fields[0].doc}. The register's other bits are stored "
+        "and read back but do nothing. There is no write-1-to-clear bit; polling `STATUS` works the same.",
     ])
 
 

@@ -16,7 +16,9 @@ accelerator detects the fault, stops issuing bus requests, waits for the ones
 in flight to complete, resets its engines and queues (not the registers, the
 counters or the buffers' contents) and is idle again. ERROR and ERROR_INFO keep
 the cause; the DEBUG registers, which show the engines and queues as they are,
-then read as after reset (but DEBUG_STATE.FINISH_RETIRED). A fault the watchdog
+then read as after reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after
+EMPTY_PROGRAM or MISALIGNED_PROGRAM, which START refuses before fetching: it keeps the
+previous program's count). A fault the watchdog
 finds (DEADLOCK, NO_FINISH, and a TOKEN_IMBALANCE with work left behind) ends
 the program DEADLOCK_CYCLES cycles after the last progress, so a host's timeout
 must be longer than that. The host's ABORT takes the
@@ -92,7 +94,8 @@ FAULT_DOCS: dict[Fault, str] = {
                                "padding on a micro-op LOAD, an immediate without use_imm) or has a zero "
                                "DMA size or loop count; ERROR_INFO: the instruction's index",
     Fault.BUFFER_RANGE: "an instruction addresses entries beyond an on-chip buffer (a LOAD's or STORE's "
-                        "tile, a micro-op range, or a micro-op's index plus its loop offsets); "
+                        "tile, a micro-op range — also an empty or reversed one, uop_end ≤ uop_bgn —, or a "
+                        "micro-op's index plus its loop offsets); "
                         "ERROR_INFO: the instruction's index for LOAD, STORE and micro-op ranges "
                         "(checked at dispatch), all ones for micro-op indices (checked as they run)",
     Fault.FINISH_NOT_LAST: "FINISH is not the last of the INSN_COUNT instructions; ERROR_INFO: its index",
@@ -100,7 +103,8 @@ FAULT_DOCS: dict[Fault, str] = {
                      "cycles after the last one)",
     Fault.DEADLOCK: f"no engine could make progress for {DEADLOCK_CYCLES} cycles with no bus transfer "
                     "pending: an instruction waits for a dependency token that is never pushed, or "
-                    "pushes into a full token queue",
+                    "pushes into a full token queue (once FINISH has retired, that wait is reported as "
+                    "TOKEN_IMBALANCE instead: work left behind)",
     Fault.TOKEN_IMBALANCE: "FINISH retired but tokens were left in a queue (found once every engine is "
                            "idle), or instructions that can never run were left behind (found by the "
                            f"watchdog, after {DEADLOCK_CYCLES} cycles)",
@@ -251,7 +255,8 @@ def _build() -> list[Register]:
         Register("ID", 0x00, "ro", f"identification, reads {ID_MAGIC:#010x} ('GFG1')"),
         Register("CTRL", 0x04, "wo", "control strobes", fields=(
             Bitfield("START", 1, "when idle: clears DONE, ERROR and the counters, starts fetching; ignored while BUSY"),
-            Bitfield("ABORT", 1, "while BUSY: ends the program with fault ABORTED; ignored when idle"))),
+            Bitfield("ABORT", 1, "while BUSY: ends the program with fault ABORTED; ignored when idle (so START "
+                                 "and ABORT written together when idle start the program)"))),
         Register("STATUS", 0x08, "ro", "DONE and ERROR are sticky until the next START", fields=(
             Bitfield("BUSY", 1, "a program is running"),
             Bitfield("DONE", 1, "the program completed"),
@@ -260,8 +265,10 @@ def _build() -> list[Register]:
         Register("IRQ_ENABLE", 0x0C, "rw", "interrupt enable", fields=(
             Bitfield("ENABLE", 1, "drive the interrupt line (level, active high) while DONE or ERROR is set; "
                                   "START clears both, and writing 0 here lowers the line"),)),
-        Register("INSN_ADDR", 0x10, "rw", "byte address of the first instruction (aligned to the instruction size)"),
-        Register("INSN_COUNT", 0x14, "rw", "number of instructions to fetch"),
+        Register("INSN_ADDR", 0x10, "rw", "byte address of the first instruction (aligned to the instruction size); "
+                                          "read at START, so a write while busy applies to the next program"),
+        Register("INSN_COUNT", 0x14, "rw", "number of instructions to fetch; read at START, so a write while busy "
+                                           "applies to the next program"),
         Register("DEBUG_STATE", 0x18, "ro", "engine states ("
                  + ", ".join(f"{v} {k}" for k, v in ENGINE_STATES.items()) + ")", fields=(
             *(Bitfield(e.upper(), ENGINE_STATE_BITS, f"{e} engine state") for e in ENGINES),
