@@ -495,7 +495,7 @@ def _entries(config: AccelConfig) -> str:
     rows = []
     for buffer, (nrows, ncols, bits) in entry_layouts(config).items():
         rows.append((f"`{buffer}`", f"{nrows} × {ncols}", f"int{bits}", str(config.entry_bytes(buffer)),
-                     str(config.depth(buffer)), str(buffer_lanes(config, buffer)),
+                     str(config.depth(buffer)), _per_beat(config, buffer, buffer_lanes(config, buffer)),
                      f"`[r][c]` at byte `(r·{ncols} + c)·{bits // 8}`"))
     uop = isa.uop_fields(config)
     positions, pos = [], 0
@@ -503,7 +503,7 @@ def _entries(config: AccelConfig) -> str:
         positions.append(f"`{field.name}` [{pos + field.width - 1}:{pos}]")
         pos += field.width
     rows.append(("`uop`", "1 micro-op", f"{config.uop_bits}-bit word", str(config.uop_entry_bytes),
-                 str(config.uop_depth), str(buffer_lanes(config, "uop")), ", ".join(positions)))
+                 str(config.uop_depth), _per_beat(config, "uop", buffer_lanes(config, "uop")), ", ".join(positions)))
     return "\n".join([
         "## Buffer entries",
         "",
@@ -513,8 +513,14 @@ def _entries(config: AccelConfig) -> str:
         "occupies a lane of a beat (lane 0 = low bytes).",
         "",
         _table(("buffer", "entry shape", "element", "entry bytes", "depth (entries)",
-                "entries per beat", "element / field position"), rows),
+                "entries per bus beat", "element / field position"), rows),
     ])
+
+
+def _per_beat(config: AccelConfig, buffer: str, lanes: int) -> str:
+    """Entries per bus beat, or beats per entry for an entry wider than the bus."""
+    beats = config.entry_bytes(buffer) // config.bus_bytes
+    return f"1 entry in {beats} beats" if beats > 1 else str(lanes)
 
 
 def _assembler(config: AccelConfig) -> str:
