@@ -29,7 +29,7 @@ from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
-from gemforge.files import npz_bytes, write_bytes_atomic
+from gemforge.files import check_writable, npz_bytes, write_bytes_atomic
 from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
@@ -293,6 +293,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     profile = _profile_path(args)
     if profile is not None and Path(profile).is_dir():     # found before the run, not after its output
         raise UsageError(f"--profile {profile} is a directory; give the PNG file to write")
+    for path in (args.output, profile):     # both checked before either is written
+        if path is not None:
+            check_writable(path)
     model = Model.load(args.model)
     y = model.run(_load_inputs(args.input), args.device)
     if isinstance(y, dict):

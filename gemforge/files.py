@@ -14,18 +14,35 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic", "npz_bytes"]
+__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic", "npz_bytes", "check_writable"]
 
 
 def _target(path: str | Path) -> tuple[Path, bool]:
     """The file to write for ``path`` and whether it is a regular file's place (else a
     device or pipe to write through). A symlink is followed; a directory is refused."""
+    text = str(path)
     path = Path(path)
+    if text.endswith(os.sep) and not path.is_dir():       # Path() drops the slash that makes it a folder
+        raise NotADirectoryError(20, "names a folder (it ends with /), not a file to write", text)
     if path.is_symlink():
+        link = path
         path = path.resolve()
+        if not path.parent.is_dir():        # a dangling link: never create folders it points into
+            raise FileNotFoundError(2, f"is a link to {path}, whose folder does not exist", str(link))
     if path.is_dir():
         raise IsADirectoryError(21, "is a directory, not a file to write", str(path))
     return path, not (path.exists() and not path.is_file())
+
+
+def check_writable(path: str | Path) -> None:
+    """Refuse, before any work, an output path that cannot be written: a directory, a name
+    ending in a slash, a dangling link, or one whose nearest existing ancestor is a file."""
+    target, _ = _target(path)
+    for ancestor in target.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise NotADirectoryError(20, f"{ancestor} is a file, not a folder to write into", str(path))
+            break
 
 
 @contextmanager

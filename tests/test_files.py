@@ -50,3 +50,27 @@ def test_an_unwritable_place_is_named_as_the_caller_gave_it(tmp_path):
         assert caught.value.filename == str(tmp_path / "locked" / "a.bin")
     finally:
         (tmp_path / "locked").chmod(0o700)
+
+
+def test_a_trailing_slash_or_a_dangling_link_never_writes_elsewhere(tmp_path):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("precious")
+    with pytest.raises(NotADirectoryError, match="names a folder"):
+        write_bytes_atomic(f"{keep}/", b"new")          # POSIX: not a directory
+    assert keep.read_text() == "precious"
+    with pytest.raises(NotADirectoryError, match="names a folder"):
+        write_bytes_atomic(f"{tmp_path / 'fresh'}/", b"new")   # was written as a file named fresh
+    assert not (tmp_path / "fresh").exists()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "no" / "such" / "dir" / "x.gfp")
+    with pytest.raises(FileNotFoundError, match="whose folder does not exist"):
+        write_bytes_atomic(link, b"new")                  # made the link target's folders
+    assert not (tmp_path / "no").exists()
+
+
+def test_run_checks_its_outputs_before_the_run(tmp_path, capsys):
+    from gemforge.files import check_writable
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder to write into"):
+        check_writable(tmp_path / "afile" / "deeper" / "p.png")
+    check_writable(tmp_path / "new" / "folder" / "p.png")      # folders are made when written
