@@ -183,6 +183,7 @@ class Device(ABC):
         if program.config != self.config:
             raise ProgramError(f"program was built for config {program.config.name!r}, but this "
                                f"device is {self.config.name!r}; configs must match exactly")
+        program.check_loadable()
         bindings = dict(bindings or {})
         for name, buf in bindings.items():
             region = program.tensors.get(name)

@@ -41,6 +41,7 @@ from gemforge.hw.isa import (
     decode_uops,
     encode_program,
     encode_uops,
+    mnemonic,
 )
 
 from gemforge.files import write_bytes_atomic
@@ -163,6 +164,27 @@ class Program:
             if tuple(data.shape) != region.shape or data.dtype != np.dtype(region.dtype):
                 raise ProgramError(f"constant {name!r} is {data.dtype}{list(data.shape)}, but its region is "
                                    f"{region.dtype}{list(region.shape)}")
+
+    def check_loadable(self) -> None:
+        """What a device checks when it loads the program: no two of the tensors and the
+        micro-ops share bytes of the arena (loading writes the micro-ops and the constants there),
+        and every LOAD and STORE stays inside the arena its addresses are relative to (a
+        transfer past it would read or overwrite whatever the device placed there, another
+        layer's tensors say)."""
+        uop_bytes = len(self.uops) * self.config.uop_entry_bytes
+        spans = sorted([(r.offset, r.offset + r.nbytes, f"tensor {r.name}") for r in self.tensors.values() if r.nbytes]
+                       + ([(self.uop_offset, self.uop_offset + uop_bytes, "the micro-ops")] if uop_bytes else []))
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:
+                raise ProgramError(f"{first} and {second} overlap in the arena (bytes {start}..{end})")
+        for index, insn in enumerate(self.instructions):
+            if isinstance(insn, (Load, Store)) and insn.y_size and insn.x_size:
+                entry = self.config.entry_bytes(insn.dram_buffer)
+                end = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
+                if end > self.arena_bytes:
+                    raise ProgramError(f"instruction {index} ({mnemonic(insn)}) reaches byte {end} of its arena, "
+                                       f"past the {self.arena_bytes} bytes the program has (its DRAM addresses are "
+                                       "relative to the arena)")
 
     # ------------------------------------------------------------------ relocation
 

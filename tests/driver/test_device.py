@@ -119,3 +119,20 @@ def test_a_verilator_device_serves_its_runs_from_one_session():
     finally:
         rtl.close()
     assert not session._thread.is_alive() and not session.folder.exists()
+
+
+def test_loading_refuses_overlapping_regions_and_transfers_past_the_arena():
+    """Found by an audit: a constant over the micro-ops was written over them, and a STORE
+    4 MB past a 4 KiB arena ran (in a network, over another layer's tensors)."""
+    from gemforge.hw.asm import assemble
+    dev = open_device("fsim", "tiny")
+    base = ".uop_offset 0\n.arena_bytes 4096\n.uop dst=0 src=0 wgt=0\n"
+    overlap = assemble(base + ".tensor w offset=0 shape=16 dtype=int8\nfinish\n", "tiny", runnable=True)
+    overlap.constants["w"] = np.zeros(16, np.int8)
+    with pytest.raises(ProgramError, match="the micro-ops and tensor w overlap in the arena"):
+        dev.load_program(overlap)
+    far = assemble(base + "store.out sram_base=0 dram_base=1048576 y_size=1 x_size=1 x_stride=1\nfinish\n", "tiny",
+                   runnable=True)
+    with pytest.raises(ProgramError, match=r"instruction 0 \(store.out\) reaches byte 4194308 of its arena, past "
+                                           "the 4096 bytes"):
+        dev.load_program(far)
