@@ -50,6 +50,7 @@ def datasheet(config: AccelConfig | str | None = None) -> str:
         _file_format(config),
         _relocation(config),
         _entries(config),
+        _tensor_layouts(config),
         _assembler(config),
         _verilator(),
         _appendix_isa(config),
@@ -521,6 +522,34 @@ def _per_beat(config: AccelConfig, buffer: str, lanes: int) -> str:
     """Entries per bus beat, or beats per entry for an entry wider than the bus."""
     beats = config.entry_bytes(buffer) // config.bus_bytes
     return f"1 entry in {beats} beats" if beats > 1 else str(lanes)
+
+
+def _tensor_layouts(config: AccelConfig) -> str:
+    """The tiled layouts of the compiler's tensors (`compiler.backends.accel.layout`'s table)."""
+    from gemforge.compiler.backends.accel import layout
+    paragraphs = _paragraphs(layout.__doc__)
+    table = next(p for p in paragraphs if p.lstrip().startswith("==="))
+    lines = [ln for ln in table.splitlines() if ln.strip()]
+    bounds, pos = [], 0
+    for column in lines[0].split():            # column spans from the ===== rule
+        start = lines[0].index(column, pos)
+        bounds.append((start, start + len(column)))
+        pos = start + len(column)
+    cells = [[ln[a:b if i < len(bounds) - 1 else None].strip() for i, (a, b) in enumerate(bounds)]
+             for ln in lines if not ln.lstrip().startswith("===")]
+    header, rows = cells[0], [tuple(r.replace("``", "`") for r in row) for row in cells[1:]]
+    after = paragraphs[paragraphs.index(table) + 1:]
+    return "\n".join([
+        "## Tensor layouts of compiled programs",
+        "",
+        f"The tensors of a program `gemforge compile-op` writes (its `.tensor` regions) hold data in "
+        f"tiles of whole entries, B = {config.batch} (batch), BI = {config.block_in} (block_in), "
+        f"BO = {config.block_out} (block_out):",
+        "",
+        _table(tuple(header), rows),
+        "",
+        _rst_to_md("\n\n".join(after)),
+    ])
 
 
 def _assembler(config: AccelConfig) -> str:

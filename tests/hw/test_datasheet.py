@@ -344,3 +344,18 @@ endmodule
 def top_ports_of(name: str):
     from gemforge.hw.datasheet import top_ports
     return top_ports(CONFIGS[name])
+
+
+def test_tensor_layouts_section_matches_compiled_programs(sheet):
+    """The datasheet's device layouts are those of the tensors the compiler writes."""
+    from gemforge.compiler import compile_dense
+    config, text = sheet
+    body = section(text, "Tensor layouts of compiled programs")
+    rows = {r[0]: r[2] for r in table_rows(body)}
+    assert rows["matrix A"] == "`(M/B, K/BI, B, BI)`" and rows["result"] == "`(M/B, N/BO, B, BO)`"
+    m, k, n = 3 * config.batch, 2 * config.block_in, 5 * config.block_out
+    program = compile_dense(config, m, k, n).program
+    b, bi, bo = config.batch, config.block_in, config.block_out
+    assert program.tensors["a"].shape == (m // b, k // bi, b, bi)
+    assert program.tensors["w"].shape == (n // bo, k // bi, bo, bi)
+    assert program.tensors["out"].shape == (m // b, n // bo, b, bo)
