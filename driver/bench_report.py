@@ -261,7 +261,7 @@ def _network_section(net: dict[str, Any]) -> list[str]:
                 f"{after_first:,} (anchors: VTA ≈ 31 M cycles for ResNet-18; the ideal for these convolutions at 256 "
                 f"MACs/cycle is 6.6 M). Each layer is one accelerator run reading its input where the previous one "
                 f"wrote it, so the network costs the sum of its layers' cycles exactly. Wall time "
-                f"{rtl['wall_seconds']} s (aim < 60 s on 2 cores; each run starts the simulator once).", "",
+                f"{rtl['wall_seconds']} s (aim < 60 s on 2 cores; one simulator process serves every layer).", "",
                 "| layer | op | cycles | GEMM utilization | MACs |", "| --- | --- | --- | --- | --- |",
             ]
             out += [f"| {x['node']} | {x['op']} | {x['cycles']:,} | {_pct(x['gemm_utilization'])} | {x['macs']:,} |"
