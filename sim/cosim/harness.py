@@ -27,6 +27,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -354,6 +356,18 @@ class BatchProgram:
     insn_count: int
 
 
+def _with_clear_program(config: AccelConfig, size: int, base: int) -> tuple[np.ndarray, dict]:
+    """A DRAM image for a window of ``size`` bytes at ``base`` with `clear_program` placed after
+    it, at an address aligned for every entry size (the window's bytes left zero, for the
+    caller to fill), and the clear program's job entry (``insn_addr``, ``insn_count``)."""
+    align = max(4096, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "uop")))
+    clear_at = -(-size // align) * align
+    clear, insn_addr, insn_count = clear_program(config, base + clear_at)
+    image = np.zeros(-(-(clear_at + clear.size) // 4096) * 4096, np.uint8)
+    image[clear_at:clear_at + clear.size] = clear
+    return image, {"insn_addr": insn_addr, "insn_count": insn_count}
+
+
 def clear_program(config: AccelConfig, at: int) -> tuple[np.ndarray, int, int]:
     """A program that zeroes every on-chip buffer, laid out at byte ``at``: (its bytes —
     one zero DRAM row, then the instructions —, the instruction stream's address, the
@@ -417,12 +431,8 @@ def run_batch(built: Build, programs: list[BatchProgram], base: int, *, stall: i
     size = programs[0].image.size
     if any(p.image.size != size for p in programs):
         raise CosimError("the programs of a batch must have DRAM windows of one size")
-    # The clear program goes after the window, at an address aligned for every entry size.
-    align = max(4096, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "uop")))
-    clear_at = -(-size // align) * align
-    clear, clear_addr, clear_count = clear_program(config, base + clear_at) if len(programs) > 1 else (
-        np.zeros(0, np.uint8), 0, 0)
-    total = -(-(clear_at + clear.size) // 4096) * 4096 if clear.size else size
+    template, clear = _with_clear_program(config, size, base) if len(programs) > 1 else (None, None)
+    total = size if template is None else template.size
     if total > built.dram_bytes:
         raise CosimError(f"the program's DRAM window ({size} bytes) is larger than the "
                          f"simulated DRAM ({built.dram_bytes} bytes); open the device with a larger dram window")
@@ -441,12 +451,11 @@ def run_batch(built: Build, programs: list[BatchProgram], base: int, *, stall: i
     try:
         for k, program in enumerate(programs):
             image = program.image
-            if clear.size:
-                image = np.zeros(total, np.uint8)
+            if template is not None:
+                image = template.copy()
                 image[:size] = program.image
-                image[clear_at:clear_at + clear.size] = clear
             write_hex(rundir / f"in_{k}.hex", image, config.bus_bytes)
-        job = {"clear": {"insn_addr": clear_addr, "insn_count": clear_count} if clear.size else None,
+        job = {"clear": clear,
                "programs": [{"insn_addr": p.insn_addr, "insn_count": p.insn_count,
                              "dram_in": str(rundir / f"in_{k}.hex"), "dram_out": str(rundir / f"out_{k}.hex")}
                             for k, p in enumerate(programs)],
@@ -545,8 +554,6 @@ class Session:
     `close` (or when this process is gone)."""
 
     def __init__(self, built: Build, *, stall: int = 0, seed: int = 1, poll_cycles: int = 20_000) -> None:
-        import threading
-
         self.built = built
         self.count = 0
         runs = cache_root() / "runs"
@@ -590,22 +597,12 @@ class Session:
     def run(self, image: np.ndarray, base: int, insn_addr: int, insn_count: int, *, max_cycles: int = 1 << 40,
             watchdog_cycles: int = 200_000) -> tuple[np.ndarray, dict]:
         """Run one program on the DRAM window ``image`` at byte ``base`` (as `run`)."""
-        import time
-
         config, k = self.built.config, self.count
         size = image.size
-        clear = None
+        full, clear = image, None
         if k:       # the first program starts from a fresh simulation's zeroed buffers already
-            align = max(4096, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "uop")))
-            clear_at = -(-size // align) * align
-            clear_image, clear_addr, clear_count = clear_program(config, base + clear_at)
-            total = -(-(clear_at + clear_image.size) // 4096) * 4096
-            full = np.zeros(total, np.uint8)
+            full, clear = _with_clear_program(config, size, base)
             full[:size] = image
-            full[clear_at:clear_at + clear_image.size] = clear_image
-            clear = {"insn_addr": clear_addr, "insn_count": clear_count}
-        else:
-            full = image
         if full.size > self.built.dram_bytes:
             raise CosimError(f"the program's DRAM window ({size} bytes) is larger than the simulated DRAM "
                              f"({self.built.dram_bytes} bytes); open the device with a larger dram window")
@@ -654,8 +651,6 @@ def _simulate(built: Build, rundir: Path, plusargs: list[str], test_args: list[s
               progress, count: int) -> None:
     """Run the simulator on the job in ``rundir``, reporting finished programs to ``progress``
     from the results file while it runs."""
-    import threading
-
     stop = threading.Event()
 
     def watch():
