@@ -47,9 +47,12 @@ class SkidBuffer(wiring.Component):
             self.o.valid.eq(full | self.i.valid),
             self.o.payload.eq(Mux(full, caught, self.i.payload)),
         ]
+        # While empty the skid copies every payload offered, whether or not it is caught: its
+        # enable is then the register ``full`` alone, and the consumer's ``ready`` (the end of
+        # its decision) drives one flip-flop instead of every payload bit's enable.
         with m.If(full):
             with m.If(self.o.ready):
                 m.d.sync += full.eq(0)
-        with m.Elif(self.i.valid & ~self.o.ready):
-            m.d.sync += [full.eq(1), caught.eq(self.i.payload)]
+        with m.Else():
+            m.d.sync += [full.eq(self.i.valid & ~self.o.ready), caught.eq(self.i.payload)]
         return m
