@@ -48,7 +48,7 @@ from gemforge.hw.isa import (
 
 __all__ = [
     "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program", "check_dispatch",
-    "check_token_balance",
+    "check_token_balance", "check_loop_indices",
     "COUNTER_NAMES",
 ]
 
@@ -98,6 +98,27 @@ def _wrap(values: np.ndarray, bits: int) -> np.ndarray:
     """Reduce int64 values to signed ``bits``-bit two's complement."""
     half = np.int64(1 << (bits - 1))
     return ((values + half) & np.int64((1 << bits) - 1)) - half
+
+
+def _wrap_u64(values: np.ndarray, bits: int) -> np.ndarray:
+    """Signed ``bits``-bit two's complement of uint64 values computed modulo 2^64 (sums and
+    products of wrapped values: unsigned overflow is exact modulo 2^bits)."""
+    half = np.uint64(1 << (bits - 1))
+    return ((values + half) & np.uint64((1 << bits) - 1)).view(np.int64) - np.int64(1 << (bits - 1))
+
+
+def _pow_u64(base: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+    """``base ** exponent`` modulo 2^64 (uint64), element-wise, by repeated squaring."""
+    shape = np.broadcast_shapes(np.shape(base), np.shape(exponent))
+    base = np.broadcast_to(np.asarray(base, np.int64), shape).view(np.uint64)
+    exponent = np.broadcast_to(np.asarray(exponent, np.int64), shape).copy()
+    result = np.ones(shape, np.uint64)
+    while exponent.any():
+        odd = (exponent & 1).astype(bool)
+        result = np.where(odd, result * base, result)
+        base = base * base
+        exponent >>= 1
+    return result
 
 
 def _int_dtype(bits: int) -> np.dtype:
@@ -151,6 +172,44 @@ def check_token_balance(instructions: list[Instruction]) -> None:
             for queue, n in unbalanced.items()), Fault.TOKEN_IMBALANCE if left_over else Fault.DEADLOCK)
 
 
+def _loop_fields(insn: Gemm | Alu, config: AccelConfig) -> list[tuple[str, str, int, int]]:
+    """(name, buffer, factor_out, factor_in) of each index a GEMM/ALU micro-op computes, in
+    micro-op column order (dst, src[, wgt])."""
+    is_gemm = isinstance(insn, Gemm)
+    fields = [("dst", "acc", insn.dst_factor_out, insn.dst_factor_in),
+              ("src", "inp" if is_gemm else "acc", insn.src_factor_out, insn.src_factor_in)]
+    if is_gemm:
+        fields.append(("wgt", "wgt", insn.wgt_factor_out, insn.wgt_factor_in))
+    return fields
+
+
+def check_loop_indices(insn: Gemm | Alu, uops: np.ndarray, config: AccelConfig, where: str) -> None:
+    """Every buffer index a GEMM/ALU loop computes, ``u.field + i·factor_out + j·factor_in``,
+    lies inside its buffer; else `OutOfBoundsError` naming the first offending field and micro-op
+    in execution order (i, then j, then the micro-op), the hardware's BUFFER_RANGE fault.
+
+    ``uops`` are the instruction's micro-ops (rows of dst, src, wgt). Found in closed form: the
+    indices grow with i and j (the factors are unsigned), so no index array is built, and a
+    loop of 2^28 micro-ops is checked as fast as one of a few."""
+    n, iters_in = uops.shape[0], insn.iter_in
+    for col, (name, buffer, f_out, f_in) in enumerate(_loop_fields(insn, config)):
+        base = uops[:, col]
+        depth = config.depth(buffer)
+        top = int(base.max())
+        if top + (insn.iter_out - 1) * f_out + (iters_in - 1) * f_in < depth:
+            continue
+        # The first outer iteration with a bad index, then its first inner one, then the micro-op.
+        short = depth - top - (iters_in - 1) * f_in
+        i = 0 if short <= 0 else -(-short // f_out)
+        short = depth - top - i * f_out
+        j = 0 if short <= 0 else -(-short // f_in)
+        idx = base + i * f_out + j * f_in
+        u = int(np.flatnonzero(idx >= depth)[0])
+        raise OutOfBoundsError(
+            f"{where}: {name} index {int(idx[u])} is outside the {depth}-entry {buffer} buffer "
+            f"(at i={i}, j={j}, micro-op {insn.uop_bgn + u})")
+
+
 class Fsim:
     """On-chip state and instruction semantics of one accelerator instance.
 
@@ -182,6 +241,8 @@ class Fsim:
         self._mac_dtype = np.float32 if mac_bits <= 24 else np.float64
         # Chunks of micro-ops are summed in float64: keep each chunk's sum below 2^53.
         self._chunk_uops = min(_CHUNK_UOPS, 1 << max(0, 52 - mac_bits))
+        # ALU micro-ops per batch: index arrays and gathered operands of about 32 MiB.
+        self._alu_chunk = max(1 << 12, (1 << 22) // (c.batch * c.block_out))
         # Element layout of one entry of each buffer, as stored in DRAM.
         self._dram_dtype = {
             "inp": (_int_dtype(c.inp_width), (c.batch, c.block_in)),
@@ -478,6 +539,15 @@ class Fsim:
 
     def _loop_indices(self, insn: Gemm | Alu, index: int) -> tuple[np.ndarray, ...]:
         """Per executed micro-op, in execution order: (dst, src, wgt) buffer indices."""
+        uops = self._loop_uops(insn, index)
+        i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
+        j = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
+        return tuple((uops[:, col][None, None, :] + i * f_out + j * f_in).reshape(-1)
+                     for col, (_, _, f_out, f_in) in enumerate(_loop_fields(insn, self.config)))
+
+    def _loop_uops(self, insn: Gemm | Alu, index: int) -> np.ndarray:
+        """The micro-ops of a GEMM/ALU loop, once its loop counts and every index it will
+        compute are checked (`check_loop_indices`)."""
         where = self._where(insn, index)
         for name in ("iter_out", "iter_in"):
             if getattr(insn, name) < 1:
@@ -487,27 +557,8 @@ class Fsim:
                 f"{where}: micro-op range [{insn.uop_bgn}, {insn.uop_end}) must be non-empty and within "
                 f"the {self.config.uop_depth}-entry micro-op buffer")
         uops = self.uop[insn.uop_bgn:insn.uop_end]
-        i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
-        j = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
-        is_gemm = isinstance(insn, Gemm)
-        fields = [("dst", 0, "acc", insn.dst_factor_out, insn.dst_factor_in),
-                  ("src", 1, "inp" if is_gemm else "acc", insn.src_factor_out, insn.src_factor_in)]
-        if is_gemm:
-            fields.append(("wgt", 2, "wgt", insn.wgt_factor_out, insn.wgt_factor_in))
-        result = []
-        for name, col, buffer, f_out, f_in in fields:
-            idx = (uops[:, col][None, None, :] + i * f_out + j * f_in).reshape(-1)
-            depth = self.config.depth(buffer)
-            bad = np.flatnonzero(idx >= depth)
-            if bad.size:
-                k = int(bad[0])
-                n = uops.shape[0]
-                raise OutOfBoundsError(
-                    f"{where}: {name} index {int(idx[k])} is outside the {depth}-entry {buffer} buffer "
-                    f"(at i={k // (n * insn.iter_in)}, j={k // n % insn.iter_in}, "
-                    f"micro-op {insn.uop_bgn + k % n})")
-            result.append(idx)
-        return tuple(result)
+        check_loop_indices(insn, uops, self.config, where)
+        return uops
 
     def _gemm(self, insn: Gemm, index: int) -> None:
         dst, src, wgt = self._loop_indices(insn, index)
@@ -552,16 +603,244 @@ class Fsim:
         self._write_acc(dst[keep], _wrap(prod, self.config.acc_width))
 
     def _alu(self, insn: Alu, index: int) -> None:
-        dst, src = self._loop_indices(insn, index)
-        self.counters["alu_uops"] += dst.size
-        if self._alu_is_parallel(insn, dst, src):
-            operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src]
-            self._write_acc(dst, self._alu_op(insn.op, self.acc[dst], operand))
+        """Micro-ops run exactly in order (each reads the accumulator after the previous one's
+        write, as the pipeline's forwarding guarantees), computed in batches whose result equals
+        that order: all at once when no entry is written twice or read after a write; as
+        per-entry reductions when the operands do not change during the instruction; otherwise
+        in blocks of micro-ops that read nothing written earlier in the block (`_alu_in_order`)."""
+        uops = self._loop_uops(insn, index)
+        n = insn.uop_count
+        self.counters["alu_uops"] += n
+        if n <= self._alu_chunk:
+            dst, src = self._loop_indices(insn, index)
+            if self._alu_is_parallel(insn, dst, src):
+                operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src]
+                self._write_acc(dst, self._alu_op(insn.op, self.acc[dst], operand))
+                return
+        if insn.imm is None and insn.uop_end - insn.uop_bgn == 1 and uops[0, 0] == uops[0, 1] and not (
+                insn.dst_factor_out or insn.dst_factor_in or insn.src_factor_out or insn.src_factor_in):
+            # One micro-op, acc[d] = op(acc[d], acc[d]), repeated n times.
+            d = int(uops[0, 0])
+            self._write_acc(slice(d, d + 1), self._alu_repeat_self(insn.op, self.acc[d:d + 1], n))
             return
-        # An entry is written twice or read after an earlier write: replay in order.
-        for k in range(dst.size):
-            operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src[k]]
-            self._write_acc(dst[k], self._alu_op(insn.op, self.acc[dst[k]], operand))
+        if insn.imm is not None or not self._alu_sources_written(insn, uops):
+            if self._alu_constant_operands(insn, uops):
+                return
+        for dst, src in self._alu_index_chunks(insn, uops, collapse=False):
+            self._alu_in_order(insn.op, dst, src)
+
+    def _alu_index_chunks(self, insn: Alu, uops: np.ndarray, collapse: bool):
+        """(dst, src) index arrays of the ALU loop in chunks of at most `_alu_chunk` micro-ops,
+        in execution order. With ``collapse``, a loop level whose dst and src factors are both 0
+        (it repeats the same micro-ops) is left out, and each chunk comes with the number of
+        times its micro-ops repeat: the chunks then hold each distinct micro-op, not the order."""
+        levels = [(insn.iter_out, insn.dst_factor_out, insn.src_factor_out),
+                  (insn.iter_in, insn.dst_factor_in, insn.src_factor_in)]
+        repeat = 1
+        if collapse:
+            repeat = int(np.prod([count for count, fd, fs in levels if not (fd or fs)], dtype=np.int64))
+            levels = [level for level in levels if level[1] or level[2]]
+        n_uops = uops.shape[0]
+        total = n_uops * int(np.prod([count for count, _, _ in levels], dtype=np.int64))
+        for lo in range(0, total, self._alu_chunk):
+            k = np.arange(lo, min(total, lo + self._alu_chunk), dtype=np.int64)
+            u, rest = k % n_uops, k // n_uops
+            dst, src = uops[u, 0].copy(), uops[u, 1].copy()
+            for count, fd, fs in reversed(levels):    # inner level first
+                step = rest % count
+                rest //= count
+                dst += step * fd
+                src += step * fs
+            yield (dst, src, repeat) if collapse else (dst, src)
+
+    def _alu_sources_written(self, insn: Alu, uops: np.ndarray) -> bool:
+        """Whether any micro-op's src entry is also some micro-op's dst entry."""
+        written = np.zeros(self.config.acc_depth, bool)
+        read = np.zeros(self.config.acc_depth, bool)
+        for dst, src, _ in self._alu_index_chunks(insn, uops, collapse=True):
+            written[dst] = True
+            read[src] = True
+        return bool((written & read).any())
+
+    def _alu_constant_operands(self, insn: Alu, uops: np.ndarray) -> bool:
+        """Run an ALU instruction whose operands do not change while it runs (an immediate, or
+        src entries it never writes) as one reduction per destination entry, over the distinct
+        (dst, src) pairs with their counts. Returns False, having done nothing, for a SHR whose
+        register amounts for one entry differ in sign (their order then matters)."""
+        depth = self.config.acc_depth
+        keys, counts = [], []
+        for dst, src, repeat in self._alu_index_chunks(insn, uops, collapse=True):
+            key = dst if insn.imm is not None else dst * depth + src
+            uniq, count = np.unique(key, return_counts=True)
+            keys.append(uniq)
+            counts.append(count * repeat)
+        uniq, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        count = np.zeros(uniq.size, np.int64)
+        np.add.at(count, inverse, np.concatenate(counts))
+        dst, src = (uniq, uniq) if insn.imm is not None else (uniq // depth, uniq % depth)
+        if insn.op == AluOp.SHR and insn.imm is None:     # checked before any batch writes
+            b = self.acc[src]
+            order = np.argsort(dst, kind="stable")
+            starts = np.flatnonzero(np.r_[True, dst[order][1:] != dst[order][:-1]])
+            if ((np.minimum.reduceat(b[order], starts) < 0) & (np.maximum.reduceat(b[order], starts) > 0)).any():
+                return False
+        lo = 0
+        while lo < dst.size:        # in batches of whole destination entries (pairs are sorted by dst)
+            hi = min(dst.size, lo + self._alu_chunk)
+            while hi < dst.size and dst[hi] == dst[hi - 1]:
+                hi += 1
+            assert self._alu_grouped(insn.op, insn.imm, dst[lo:hi], src[lo:hi], count[lo:hi])
+            lo = hi
+        return True
+
+    def _alu_grouped(self, op: AluOp, imm: int | None, dst: np.ndarray, src: np.ndarray,
+                     count: np.ndarray) -> bool:
+        """Apply micro-ops whose operands are all read before any of them writes: ``count[t]``
+        micro-ops ``acc[dst[t]] = op(acc[dst[t]], imm or acc[src[t]])``. The ops are commutative
+        and associative modulo 2^acc_width (SHR while its amounts for an entry share a sign), so
+        each entry's micro-ops reduce to one operand in any order. Returns False, having written
+        nothing, for SHR amounts of mixed sign."""
+        width = self.config.acc_width
+        order = np.argsort(dst, kind="stable")
+        dst, src, count = dst[order], src[order], count[order]
+        starts = np.flatnonzero(np.concatenate(([True], dst[1:] != dst[:-1])))
+        targets = dst[starts]
+        a = self.acc[targets]
+        if imm is not None:
+            n = np.add.reduceat(count, starts)[:, None, None]
+            if op in (AluOp.MIN, AluOp.MAX):
+                new = self._alu_op(op, a, np.int64(imm))
+            elif op == AluOp.ADD:
+                new = _wrap_u64(a.view(np.uint64) + n.view(np.uint64) * np.int64(imm).view(np.uint64), width)
+            elif op == AluOp.MUL:
+                new = _wrap_u64(a.view(np.uint64) * _pow_u64(np.full(n.shape, imm, np.int64), n), width)
+            else:   # SHR: shifts by amounts of one sign add up (saturating past the width)
+                new = self._alu_op(op, a, np.clip(np.minimum(n, 64) * imm, -64, 64))
+        else:
+            b = self.acc[src]
+            c = count[:, None, None]
+            if op == AluOp.MIN:
+                new = np.minimum(a, np.minimum.reduceat(b, starts))
+            elif op == AluOp.MAX:
+                new = np.maximum(a, np.maximum.reduceat(b, starts))
+            elif op == AluOp.ADD:
+                terms = b.view(np.uint64) if (count == 1).all() else b.view(np.uint64) * c.view(np.uint64)
+                new = _wrap_u64(a.view(np.uint64) + np.add.reduceat(terms, starts), width)
+            elif op == AluOp.MUL:
+                new = _wrap_u64(a.view(np.uint64) * np.multiply.reduceat(_pow_u64(b, c), starts), width)
+            else:
+                if ((np.minimum.reduceat(b, starts) < 0) & (np.maximum.reduceat(b, starts) > 0)).any():
+                    return False
+                amount = np.add.reduceat(np.clip(b, -64, 64) * np.minimum(c, 64), starts)
+                new = self._alu_op(op, a, np.clip(amount, -64, 64))
+        self._write_acc(targets, new)
+        return True
+
+    def _alu_in_order(self, op: AluOp, dst: np.ndarray, src: np.ndarray) -> None:
+        """Register-operand micro-ops, in order, in blocks: a block ends before the first
+        micro-op whose src entry an earlier micro-op of the block wrote, so every operand of a
+        block can be read before its writes (`_alu_grouped`); a run of one micro-op
+        ``acc[d] = op(acc[d], acc[d])`` repeated is computed in closed form."""
+        m = dst.size
+        pos = np.arange(m, dtype=np.int64)
+        # last_write[k]: the last position before k whose dst is src[k] (-1: none).
+        order = np.argsort(dst, kind="stable")
+        writes = dst[order] * m + order              # ascending: by entry, then position
+        at = np.searchsorted(writes, src * m + pos) - 1
+        hit = writes[at.clip(0)]
+        last_write = np.where((at >= 0) & (hit // m == src), hit % m, -1)
+        # block_end[p]: the first k with last_write[k] >= p (the micro-op a block from p stops at).
+        first = np.full(m + 1, m, np.int64)
+        valid = last_write >= 0
+        values, where = np.unique(last_write[valid], return_index=True)
+        first[values] = pos[valid][where]
+        block_end = np.minimum.accumulate(first[::-1])[::-1].tolist()
+        # run_end[k]: one past the run of micro-ops identical to micro-op k.
+        change = np.r_[True, (dst[1:] != dst[:-1]) | (src[1:] != src[:-1])]
+        run_starts = np.flatnonzero(change)
+        run_end = np.r_[run_starts[1:], m][np.cumsum(change) - 1].tolist()
+        d_list, s_list = dst.tolist(), src.tolist()
+        blocks, p = 0, 0
+        while p < m and blocks * 16 <= m:          # count blocks, up to a sixteenth of the micro-ops
+            p = run_end[p] if d_list[p] == s_list[p] and run_end[p] - p > 1 else block_end[p]
+            blocks += 1
+        if p < m:
+            self._alu_waves(op, d_list, s_list, run_starts.tolist(), run_end)
+            return
+        p = 0
+        while p < m:
+            d = d_list[p]
+            if d == s_list[p] and run_end[p] - p > 1:
+                self._write_acc(slice(d, d + 1), self._alu_repeat_self(op, self.acc[d:d + 1], run_end[p] - p))
+                p = run_end[p]
+                continue
+            q = block_end[p]
+            if q - p == 1:
+                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s_list[p]]))
+            elif not self._alu_grouped(op, None, dst[p:q], src[p:q], np.ones(q - p, np.int64)):
+                operands = self.acc[src[p:q]]          # SHR amounts of mixed sign: one by one
+                for k in range(p, q):
+                    self._write_acc(d_list[k], self._alu_op(op, self.acc[d_list[k]], operands[k - p]))
+            p = q
+
+    def _alu_waves(self, op: AluOp, dst: list[int], src: list[int], run_starts: list[int],
+                   run_end: list[int]) -> None:
+        """Register-operand micro-ops with many short dependence chains, in waves: each run of
+        identical micro-ops goes into the first wave after those that wrote its dst or src
+        entry, and no earlier than the micro-ops that read its dst entry's old value; within a
+        wave destinations differ, and every read comes before the wave's writes in program
+        order, so a wave reads all its operands, then writes."""
+        written: dict[int, int] = {}       # entry -> wave of its last write
+        read: dict[int, int] = {}          # entry -> latest wave that read it as a source
+        wave_of = []
+        for start in run_starts:
+            d, s = dst[start], src[start]
+            wave = max(written.get(d, -1), written.get(s, -1)) + 1
+            wave = max(wave, read.get(d, 0))
+            written[d] = wave
+            read[s] = max(read.get(s, 0), wave)
+            wave_of.append(wave)
+        order = np.argsort(np.array(wave_of), kind="stable")
+        firsts = np.array(run_starts, np.int64)[order]
+        d_all, s_all = np.array(dst, np.int64)[firsts], np.array(src, np.int64)[firsts]
+        t_all = np.array(run_end, np.int64)[firsts] - firsts
+        bounds = np.searchsorted(np.array(wave_of)[order], np.arange(max(wave_of) + 2)).tolist()
+        plain = bool((t_all == 1).all())
+        for lo, hi in zip(bounds, bounds[1:]):
+            if plain and hi - lo == 1:      # a chain: one micro-op per wave
+                d, s = int(d_all[lo]), int(s_all[lo])
+                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
+                continue
+            d, s, times = d_all[lo:hi], s_all[lo:hi], t_all[lo:hi]
+            if plain:
+                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
+                continue
+            repeated_self = (d == s) & (times > 1)
+            rest = ~repeated_self
+            if rest.any():   # one run per entry here, so a SHR's amounts cannot mix signs
+                assert self._alu_grouped(op, None, d[rest], s[rest], times[rest])
+            # Then the runs of acc[d] = op(acc[d], acc[d]) (rare), which read only their own entry.
+            for k, n in zip(d[repeated_self].tolist(), times[repeated_self].tolist()):
+                self._write_acc(slice(k, k + 1), self._alu_repeat_self(op, self.acc[k:k + 1], n))
+
+    def _alu_repeat_self(self, op: AluOp, a: np.ndarray, times: int) -> np.ndarray:
+        """``a`` after ``times`` micro-ops ``a = op(a, a)``."""
+        width = self.config.acc_width
+        if op in (AluOp.MIN, AluOp.MAX):
+            return a
+        if op == AluOp.ADD:        # doubling: a · 2^times
+            return _wrap(a << min(times, width), width)
+        # MUL squares: after `width` squarings every value is 0 or 1 mod 2^width (odd a:
+        # a^(2^k) = 1 mod 2^(k+2)), which squaring keeps. SHR by itself reaches 0 within a
+        # few steps (a positive amount clears a smaller value; a left shift by s leaves s low
+        # zero bits, so the next amount, if negative, is at least 2^s).
+        for _ in range(times if op == AluOp.SHR else min(times, width)):
+            new = self._alu_op(op, a, a)
+            if np.array_equal(new, a):
+                break
+            a = new
+        return a
+
 
     @staticmethod
     def _alu_is_parallel(insn: Alu, dst: np.ndarray, src: np.ndarray) -> bool:
