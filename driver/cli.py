@@ -136,7 +136,7 @@ def cmd_cycles(args: argparse.Namespace) -> None:
     from gemforge.sim.cycle_model import run_cycle_model
     program = Program.load(args.program)
     start = time.perf_counter()
-    report = run_cycle_model(program.instructions, program.config)
+    report = run_cycle_model(program.instructions, program.config, arena=program.arena_image())
     _print_json({"program": args.program, "config": program.config.name, **report.to_json(),
                  "model_seconds": round(time.perf_counter() - start, 4)})
 

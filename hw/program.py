@@ -186,6 +186,20 @@ class Program:
                                        f"past the {self.arena_bytes} bytes the program has (its DRAM addresses are "
                                        "relative to the arena)")
 
+    def arena_image(self) -> np.ndarray:
+        """The arena as loading the program leaves it (`Device.load_program`): the micro-ops
+        and the constants at their offsets, zeros elsewhere, as bytes (instructions at arena
+        base 0 address it directly)."""
+        image = np.zeros(self.arena_bytes, np.uint8)
+        if self.uops:
+            raw = np.frombuffer(encode_uops(self.uops, self.config), np.uint8)
+            image[self.uop_offset:self.uop_offset + raw.size] = raw
+        for name, data in self.constants.items():
+            raw = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
+            offset = self.tensors[name].offset
+            image[offset:offset + raw.size] = raw
+        return image
+
     # ------------------------------------------------------------------ relocation
 
     def relocated(self, arena_base: int, bindings: dict[str, int] | None = None) -> list[Instruction]:

@@ -415,16 +415,24 @@ class _Model:
                            retire=self.retire)
 
 
-def run_cycle_model(instructions: Iterable[Instruction], config, timing: Timing | None = None) -> CycleReport:
-    """Predict the cycles of ``instructions`` (a whole program ending in FINISH) on ``config``."""
+def run_cycle_model(instructions: Iterable[Instruction], config, timing: Timing | None = None, *,
+                    arena: np.ndarray | None = None) -> CycleReport:
+    """Predict the cycles of ``instructions`` (a whole program ending in FINISH) on ``config``.
+
+    ``arena`` is the DRAM image the instructions address (`Program.arena_image`); with it, a
+    GEMM/ALU loop whose micro-ops index outside a buffer is refused as fsim refuses it
+    (`check_micro_op_loops`), since the micro-ops are data the instructions alone do not hold."""
     insns = list(instructions)
     if not insns or not isinstance(insns[-1], Finish):
         raise CycleModelError("a program must end with FINISH")
-    from .fsim import FsimError, check_dispatch, check_token_balance
+    from .fsim import FsimError, check_dispatch, check_micro_op_loops, check_token_balance
     try:
-        # What fsim and the hardware refuse is not timed: their dispatch checks first; a token
-        # deadlock then gets the model's own report; tokens left over once it ran, this one.
+        # What fsim and the hardware refuse is not timed: their dispatch checks first, then the
+        # micro-op loops' ranges; a token deadlock then gets the model's own report; tokens left
+        # over once it ran, this one.
         check_dispatch(insns, config)
+        if arena is not None:
+            check_micro_op_loops(insns, config, arena)
         report = _Model(insns, config, timing or timing_of(config)).run()
         check_token_balance(insns)
     except FsimError as exc:

@@ -48,7 +48,7 @@ from gemforge.hw.isa import (
 
 __all__ = [
     "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program", "check_dispatch",
-    "check_token_balance", "check_loop_indices",
+    "check_token_balance", "check_loop_indices", "check_micro_op_loops",
     "COUNTER_NAMES",
 ]
 
@@ -153,6 +153,20 @@ def check_dispatch(instructions: list[Instruction], config: AccelConfig) -> None
     checker = Fsim(config, np.zeros(0, np.uint8))      # the checks read the config only
     for index, insn in enumerate(instructions):
         checker._check_static(insn, index, len(instructions))
+
+
+def check_micro_op_loops(instructions: list[Instruction], config: AccelConfig, dram: np.ndarray) -> None:
+    """Every GEMM/ALU loop's buffer indices are in range (`check_loop_indices`) with the
+    micro-ops that the program's LOADs into the micro-op buffer place there from ``dram`` (the
+    DRAM image the instructions address). Those LOADs and the loops all run on the compute
+    engine, in program order, so replaying them in that order gives each loop its micro-ops.
+    Raises `FsimError` (its subclasses) naming the first fault, as running the program would."""
+    sim = Fsim(config, dram)
+    for index, insn in enumerate(instructions):
+        if isinstance(insn, Load) and insn.mem == MemType.UOP:
+            sim._load(insn, index)
+        elif isinstance(insn, (Gemm, Alu)):
+            sim._loop_uops(insn, index)
 
 
 def check_token_balance(instructions: list[Instruction]) -> None:

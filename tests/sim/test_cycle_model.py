@@ -15,7 +15,7 @@ from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop,
 from gemforge.hw.timing import timing_of
 from gemforge.sim.cosim import harness
 from gemforge.sim.cycle_model import CycleModelError, dma_beats, run_cycle_model
-from gemforge.sim.fsim import DeadlockError, Fsim
+from gemforge.sim.fsim import DeadlockError, Fsim, OutOfBoundsError
 from gemforge.sim.regress import random_case, random_config
 
 needs_verilator = pytest.mark.skipif(not harness.simulator_available("verilator"), reason="needs verilator")
@@ -228,3 +228,32 @@ def test_the_model_refuses_what_fsim_and_the_hardware_refuse():
     for insns, message in cases:
         with pytest.raises(CycleModelError, match=message):
             run_cycle_model([*insns, Finish()], c)
+
+
+@pytest.mark.parametrize("kind", ["alu", "gemm"])
+def test_the_model_refuses_micro_op_indices_that_fsim_refuses(tmp_path, capsys, kind):
+    """Micro-ops whose index plus loop strides leaves a buffer: fsim refuses the program; the
+    cycle model (and `gemforge cycles`) timed it. Both now give fsim's error, word for word."""
+    from gemforge.driver.cli import main
+    from gemforge.driver.fsim_device import FsimDevice
+    from gemforge.hw.asm import assemble
+    config = PRESETS["tiny"]
+    loop = ("alu.add uop_bgn=0 uop_end=2 iter_out=4 iter_in=1 dst_factor_out=20 imm=1" if kind == "alu" else
+            "gemm uop_bgn=0 uop_end=2 iter_out=1 iter_in=8 src_factor_in=10")
+    program = assemble("\n".join([
+        ".uop dst=0 src=0 wgt=0", ".uop dst=200 src=190 wgt=0",
+        "load.uop sram_base=0 dram_base=0 y_size=1 x_size=2 x_stride=2", loop, "finish"]), config, runnable=True)
+    device = FsimDevice(config)
+    with pytest.raises(OutOfBoundsError) as fsim_error:
+        device.run(device.load_program(program))
+    expected = ("instruction 1 (alu.add): dst index 260 is outside the 256-entry acc buffer (at i=3, j=0, micro-op 1)"
+                if kind == "alu" else
+                "instruction 1 (gemm): src index 260 is outside the 256-entry inp buffer (at i=0, j=7, micro-op 1)")
+    assert str(fsim_error.value) == expected
+    with pytest.raises(CycleModelError) as model_error:
+        run_cycle_model(program.instructions, config, arena=program.arena_image())
+    assert str(model_error.value) == expected
+    path = tmp_path / "bad.gfp"
+    program.save(path)
+    assert main(["cycles", str(path)]) == 2
+    assert capsys.readouterr().err == f"gemforge: error: {expected}\n"
