@@ -530,6 +530,7 @@ def _check_network(net: CompiledNetwork) -> None:
                 raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
             if layer.data_shape != g.values[node.inputs[0]].shape or layer.out_shape != g.values[node.output].shape:
                 raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
+            _check_layer_matches_node(g, node, layer)
         defined.add(node.output)
     for key in ("batched_inputs", "frozen_inputs"):
         names = g.notes.get(key, [])
@@ -541,6 +542,35 @@ def _check_network(net: CompiledNetwork) -> None:
     if any(g.values[k].shape != shape for k, shape in stored.items()):
         raise ModelError("the stored tensor shapes disagree with the graph's operators")
     _check_memory_plan(net)
+
+
+def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> None:
+    """An accelerator layer's program computes its node as the manifest states it: the weights
+    and bias it carries packed are the node's constants packed, and its requantizing STOREs
+    shift and clamp by the node's ``shift`` and ``relu``. The device runs the program and the
+    CPU back end the node, so a file edited in one place only would give each a different
+    network without a word; it is refused, naming the node and what differs."""
+    from gemforge.compiler.backends.accel.layout import pack_bias, pack_matrix_b, pack_oihw
+    from gemforge.hw.isa import Store
+    config, program = layer.program.config, layer.program
+    w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
+    if w is None or bias is None:
+        raise ModelError(f"accelerator node {node.name!r} has no constant weights and bias")
+    expected = {"w": (pack_oihw if node.op == "conv2d" else pack_matrix_b)(config, w), "bias": pack_bias(config, bias)}
+    for name, packed in expected.items():
+        stored = program.constants.get(name)
+        if stored is None or stored.shape != packed.shape or not np.array_equal(stored, packed):
+            what = "weights" if name == "w" else "bias"
+            raise ModelError(f"accelerator node {node.name!r}: the {what} packed in its program differ from "
+                             f"the manifest's {node.inputs[1 if name == 'w' else 2]!r}; the file was changed "
+                             "after compiling (compile the model again)")
+    stores = [insn for insn in program.instructions if isinstance(insn, Store) and insn.requant]
+    for attr in ("shift", "relu"):
+        found = sorted({getattr(insn, attr) for insn in stores})
+        if found != [node.attrs[attr]]:
+            raise ModelError(f"accelerator node {node.name!r}: its program's {attr} is "
+                             f"{', '.join(map(str, found)) or 'absent'} but the manifest's is {node.attrs[attr]}; "
+                             "the file was changed after compiling (compile the model again)")
 
 
 def _integers(value, minimum: int | None = None, maximum: int | None = None) -> bool:

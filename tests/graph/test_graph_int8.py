@@ -123,6 +123,53 @@ def test_an_edited_manifest_is_refused_when_loaded_not_when_run(edit, message):
         Model.from_bytes(_edit_manifest(model.to_bytes(), edit))
 
 
+def _edit_constant(data: bytes, pick, change) -> bytes:
+    """The model file with the constant ``pick(manifest)`` names changed by ``change``."""
+    import io
+    import json
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+        manifest = json.loads(files["manifest.json"])
+    with np.load(io.BytesIO(files["constants.npz"])) as npz:
+        constants = {k: npz[k] for k in npz.files}
+    name = pick(manifest)
+    constants[name] = change(constants[name].copy())
+    buffer = io.BytesIO()
+    np.savez(buffer, **constants)
+    files["constants.npz"] = buffer.getvalue()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for member, content in files.items():
+            z.writestr(member, content)
+    return out.getvalue()
+
+
+def _bump(array):
+    array.reshape(-1)[0] += 1
+    return array
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: _edit_manifest(d, lambda m: _accel_node(m)["attrs"].update(shift=_accel_node(m)["attrs"]["shift"] + 1)),
+     r"accelerator node 'conv1': its program's shift is \d+ but the manifest's is \d+"),
+    (lambda d: _edit_manifest(d, lambda m: _accel_node(m)["attrs"].update(relu=not _accel_node(m)["attrs"]["relu"])),
+     "accelerator node 'conv1': its program's relu is (True but the manifest's is False|False but the manifest's is True)"),
+    (lambda d: _edit_constant(d, lambda m: _accel_node(m)["inputs"][1], _bump),
+     "accelerator node 'conv1': the weights packed in its program differ from the manifest's"),
+    (lambda d: _edit_constant(d, lambda m: _accel_node(m)["inputs"][2], _bump),
+     "accelerator node 'conv1': the bias packed in its program differ from the manifest's"),
+])
+def test_a_manifest_that_disagrees_with_the_packed_programs_is_refused(edit, message):
+    """The programs run on the accelerator and the manifest's graph on the CPU: a model file
+    edited in one of them ran on fsim as compiled, the edit silently ignored."""
+    _, model, _ = _compile(3, "tiny", channels=8)
+    data = model.to_bytes()
+    Model.from_bytes(data)          # as compiled, it loads
+    with pytest.raises(ModelError, match=f"not a valid gemforge model.*{message}.*compile the model again"):
+        Model.from_bytes(edit(data))
+
+
 def test_runtime_refusals(tmp_path):
     m, model, rng = _compile(5, "tiny")
     with pytest.raises(ModelError, match=r"compiled for \[2, 3, 8, 8\], or a multiple of its batch 2"):
