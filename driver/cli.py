@@ -29,7 +29,7 @@ from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
-from gemforge.files import check_writable, npz_bytes, write_bytes_atomic
+from gemforge.files import check_writable, npz_bytes, write_bytes_atomic, write_files_atomic
 from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
@@ -88,10 +88,14 @@ def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) ->
     return array           # a 0-d array too: a model's scalar input (the model checks each shape)
 
 
-def _save_npy(path: str, array: np.ndarray) -> None:
+def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
-    write_bytes_atomic(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    write_bytes_atomic(path, _npy_bytes(array))
 
 
 def _print_json(data: object) -> None:
@@ -288,11 +292,13 @@ MAX_NPZ_BYTES = 16 << 30
 
 def cmd_run(args: argparse.Namespace) -> None:
     from .model import Model
-    from .profile import profile_table, profile_totals, save_profile_png
+    from .profile import profile_png, profile_table, profile_totals
     _refuse_overwriting(args.output, args.model, args.input)
     profile = _profile_path(args)
     if profile is not None and Path(profile).is_dir():     # found before the run, not after its output
         raise UsageError(f"--profile {profile} is a directory; give the PNG file to write")
+    if profile is not None and Path(profile).is_file() and Path(profile).samefile(args.output):
+        raise UsageError(f"--profile {profile} is the output file itself; give the PNG a name of its own")
     for path in (args.output, profile):     # both checked before either is written
         if path is not None:
             check_writable(path)
@@ -301,15 +307,17 @@ def cmd_run(args: argparse.Namespace) -> None:
     if isinstance(y, dict):
         if not args.output.endswith(".npz"):
             raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
-        write_bytes_atomic(args.output, npz_bytes(y))
+        outputs = {args.output: npz_bytes(y)}
     else:
-        _save_npy(args.output, y)
-    if args.profile is not None:
+        outputs = {args.output: _npy_bytes(y)}
+    if profile is not None:
+        outputs[profile] = profile_png(model.last_profile, f"{Path(args.model).name} on {args.device}")
+    # Replaced together: a profile that cannot be written leaves the previous output in place.
+    write_files_atomic(outputs)
+    if profile is not None:
         print(profile_table(model.last_profile), file=sys.stderr)
-        path = profile
-        save_profile_png(model.last_profile, path, f"{Path(args.model).name} on {args.device}")
         _print_json({"profile": [r.as_dict() for r in model.last_profile],
-                     "totals": profile_totals(model.last_profile), "png": path})
+                     "totals": profile_totals(model.last_profile), "png": profile})
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gemforge.files import write_bytes_atomic
 
-__all__ = ["profile_table", "save_profile_png", "profile_totals"]
+__all__ = ["profile_table", "profile_png", "save_profile_png", "profile_totals"]
 
 
 def profile_totals(rows) -> dict:
@@ -41,8 +41,13 @@ def profile_table(rows) -> str:
 
 
 def save_profile_png(rows, path: str | Path, title: str = "per-layer profile") -> None:
-    """Horizontal bars per layer (accelerator cycles where the device counts them, else
-    wall time), coloured by where the layer ran; written atomically."""
+    """`profile_png` written to ``path`` atomically."""
+    write_bytes_atomic(path, profile_png(rows, title))
+
+
+def profile_png(rows, title: str = "per-layer profile") -> bytes:
+    """A PNG of horizontal bars per layer (accelerator cycles where the device counts them, else
+    wall time), coloured by where the layer ran."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -73,4 +78,4 @@ def save_profile_png(rows, path: str | Path, title: str = "per-layer profile") -
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
+    return buffer.getvalue()

@@ -8,13 +8,14 @@ import os
 import shutil
 import tempfile
 import zipfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "move_atomic", "npz_bytes", "check_writable"]
+__all__ = ["write_bytes_atomic", "write_files_atomic", "write_text_atomic", "move_atomic", "npz_bytes",
+           "check_writable"]
 
 
 def _target(path: str | Path) -> tuple[Path, bool]:
@@ -100,6 +101,26 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def write_files_atomic(files: Mapping[str | Path, bytes]) -> None:
+    """Write several outputs of one command so that none is replaced unless every one was
+    written: regular files go to temporaries beside them first, devices and pipes are then
+    written through, and only when all of that succeeded are the temporaries renamed over
+    their files (a failure removes them, leaving every previous file as it was)."""
+    targets = [(_target(path), data) for path, data in files.items()]
+    with ExitStack() as renames:
+        for (path, regular), data in targets:
+            if regular:
+                tmp = renames.enter_context(_replacing(path))
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+        for (path, regular), data in targets:
+            if not regular:
+                with open(path, "wb") as handle:
+                    handle.write(data)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -560,3 +561,27 @@ def test_an_npz_of_inputs_that_unpacks_beyond_reason_is_refused_unread(tmp_path,
     code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--quantize", "int8", "--calibrate",
                        tmp_path / "x.npz", "-o", tmp_path / "m.gfm")
     assert code == 2 and "unpacks to" in err, err
+
+
+def test_run_replaces_no_output_when_its_profile_cannot_be_written(tmp_path, capsys):
+    """`run --profile /dev/full` replaced the output file, then failed writing the PNG: the
+    outputs are now written together, so the previous output stays and nothing is half done."""
+    from onnx import helper
+    from gemforge.driver.model import compile_model
+    from onnx_models import model
+    weights = np.ones((3, 4), np.float32)
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [2, 3])], [("y", [2, 4])], {"w": weights})
+    compile_model(m).save(tmp_path / "m.gfm")
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    (tmp_path / "y.npy").write_bytes(b"previous result")
+    argv = ("run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npy", "--device", "cpu")
+    if Path("/dev/full").exists():
+        code, _, err = run(capsys, *argv, "--profile", "/dev/full")
+        assert code == 2 and err.startswith("gemforge: error: ") and err.count("\n") == 1, err
+        assert (tmp_path / "y.npy").read_bytes() == b"previous result"
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    code, _, err = run(capsys, *argv, "--profile", tmp_path / "y.npy")
+    assert code == 2 and "is the output file itself" in err
+    code, out, _ = run(capsys, *argv, "--profile", tmp_path / "p.png")
+    assert code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 4), 3, np.float32))
