@@ -48,6 +48,10 @@ __all__ = [
     "SUPPORTED_BUS_WIDTHS",
     "MAX_BUFFER_DEPTH",
     "MAX_UOP_BITS",
+    "MAX_CORE_DIM",
+    "QUEUE_DEPTH_RANGE",
+    "CLOCK_MHZ_RANGE",
+    "field_rules",
 ]
 
 
@@ -68,6 +72,12 @@ SUPPORTED_BUS_WIDTHS = (64, 128, 256, 512)
 MAX_BUFFER_DEPTH = 1 << 16
 #: A packed micro-op must fit one 64-bit word.
 MAX_UOP_BITS = 64
+#: The largest batch, block_in and block_out (each a power of two from 1).
+MAX_CORE_DIM = 256
+#: Inclusive range of cmd_queue_depth and token_queue_depth (each a power of two).
+QUEUE_DEPTH_RANGE = (2, 4096)
+#: Inclusive range of clock_mhz.
+CLOCK_MHZ_RANGE = (1, 1000)
 #: The fixed widths of instruction fields that do not depend on buffer depths.
 DRAM_ADDR_BITS = 32
 DMA_SIZE_BITS = 16
@@ -135,8 +145,7 @@ class AccelConfig:
 
     def _validate(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise ConfigError(f"name must be 1–64 letters, digits, '_', '-' or '.', starting with a letter or "
-                              f"digit, not {self.name!r}")
+            raise ConfigError(f"name must be {_RULES['name']}, not {self.name!r}")
         for field in dataclasses.fields(self):
             if field.name in ("name", "clock_mhz"):
                 continue
@@ -145,9 +154,8 @@ class AccelConfig:
                 raise ConfigError(f"{field.name} must be an integer, not {value!r}")
         for field in ("batch", "block_in", "block_out"):
             value = getattr(self, field)
-            if not _is_pow2(value) or value > 256:
-                raise ConfigError(
-                    f"{field} must be a power of two between 1 and 256, not {value}")
+            if not _is_pow2(value) or value > MAX_CORE_DIM:
+                raise ConfigError(f"{field} must be {_RULES[field]}, not {value}")
         for field in ("inp_width", "wgt_width"):
             value = getattr(self, field)
             if value not in SUPPORTED_INPUT_WIDTHS:
@@ -196,12 +204,11 @@ class AccelConfig:
         assert self.uop_bits_used <= MAX_UOP_BITS
         for field in ("cmd_queue_depth", "token_queue_depth"):
             value = getattr(self, field)
-            if not _is_pow2(value) or not 2 <= value <= 4096:
-                raise ConfigError(
-                    f"{field} must be a power of two between 2 and 4096, not {value}")
+            if not _is_pow2(value) or not QUEUE_DEPTH_RANGE[0] <= value <= QUEUE_DEPTH_RANGE[1]:
+                raise ConfigError(f"{field} must be {_RULES[field]}, not {value}")
         if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, (int, float)) \
-                or not 1 <= self.clock_mhz <= 1000:
-            raise ConfigError(f"clock_mhz must be a number between 1 and 1000, not {self.clock_mhz!r}")
+                or not CLOCK_MHZ_RANGE[0] <= self.clock_mhz <= CLOCK_MHZ_RANGE[1]:
+            raise ConfigError(f"clock_mhz must be {_RULES['clock_mhz']}, not {self.clock_mhz!r}")
         # One spelling of each value: `clock_mhz = 100` in a file is the preset's 100.0 (its
         # dict, JSON and digest included).
         object.__setattr__(self, "clock_mhz", float(self.clock_mhz))
@@ -438,9 +445,34 @@ MAX_ONCHIP_BYTES = 64 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
 
-
 def _fmt(values: tuple[int, ...]) -> str:
     return ", ".join(str(v) for v in values)
+
+
+#: What each field may be, as the datasheet's table and the errors of `_validate` say it.
+_RULES: dict[str, str] = {
+    "name": "1–64 letters, digits, '_', '-' or '.', starting with a letter or digit",
+    **{f: f"a power of two between 1 and {MAX_CORE_DIM}" for f in ("batch", "block_in", "block_out")},
+    **{f: f"one of {_fmt(SUPPORTED_INPUT_WIDTHS)} bits" for f in ("inp_width", "wgt_width")},
+    "acc_width": f"one of {_fmt(SUPPORTED_ACC_WIDTHS)} bits",
+    "out_width": f"one of {_fmt(SUPPORTED_OUT_WIDTHS)} bits, at most acc_width",
+    **{f"{b}_buffer_bytes": (f"a power of two, at least one {_BUFFER_NAMES[b]} entry and at most "
+                             f"{MAX_BUFFER_DEPTH} entries")
+       for b in ("inp", "wgt", "acc", "uop")},
+    "out_buffer_bytes": "the accumulator's depth times one output entry (as many entries as acc)",
+    "bus_width": f"one of {_fmt(SUPPORTED_BUS_WIDTHS)} bits",
+    **{f: f"a power of two between {QUEUE_DEPTH_RANGE[0]} and {QUEUE_DEPTH_RANGE[1]}"
+       for f in ("cmd_queue_depth", "token_queue_depth")},
+    "clock_mhz": f"a number between {CLOCK_MHZ_RANGE[0]} and {CLOCK_MHZ_RANGE[1]}",
+}
+#: The rule every config obeys across its fields.
+_TOTAL_RULE = f"the five buffers add up to at most {MAX_ONCHIP_BYTES:,} bytes (64 MiB)"
+
+
+def field_rules() -> list[tuple[str, str]]:
+    """(field, what it may be) for every `AccelConfig` field in declaration order, then
+    ("all buffers", the rule on their total): the ranges `AccelConfig` checks, in words."""
+    return [(f.name, _RULES[f.name]) for f in dataclasses.fields(AccelConfig)] + [("all buffers", _TOTAL_RULE)]
 
 
 #: Named design points. `tiny` keeps tests and RTL builds fast; `default` is the

@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 
 from . import asm, config as config_module, isa, program, regmap
-from .config import AccelConfig, load_config
+from .config import AccelConfig, field_rules, load_config
 from .isa import insn_bits, insn_bytes
 from .isa_doc import _rst_to_md, _table, isa_reference
 
@@ -39,6 +39,7 @@ def datasheet(config: AccelConfig | str | None = None) -> str:
     config = load_config(config)
     sections = [
         _title(config),
+        _configuration(config),
         _ports(config),
         _clock_reset(config),
         _widths(config),
@@ -151,6 +152,20 @@ def _title(config: AccelConfig) -> str:
         f"GEMM core {config.batch}×{config.block_in}×{config.block_out} ({d['macs_per_uop']} MACs per micro-op), "
         f"int{config.inp_width} × int{config.wgt_width} → int{config.acc_width} accumulators, "
         f"int{config.out_width} outputs; {config.bus_width}-bit DRAM bus; target clock {config.clock_mhz:g} MHz.",
+    ])
+
+
+def _configuration(config: AccelConfig) -> str:
+    values = config.to_dict()
+    rows = [(f"`{field}`", f"`{values[field]}`", allowed) if field in values else (field, "—", allowed)
+            for field, allowed in field_rules()]
+    return "\n".join([
+        "## Configuration",
+        "",
+        "The fields this Verilog was generated from (`config.json` beside it) and what a config may hold in "
+        "each; every width, depth and field below follows from them.",
+        "",
+        _table(("field", "this config", "allowed"), rows),
     ])
 
 

@@ -274,3 +274,33 @@ def test_huge_config_refused_before_anything_allocates():
     with pytest.raises(ConfigError, match=r"on-chip buffers add up to .* more than the 67,108,864"):
         AccelConfig(name="huge", batch=256, block_in=256, block_out=256, inp_buffer_bytes=1 << 30,
                     wgt_buffer_bytes=1 << 30, acc_buffer_bytes=1 << 30, out_buffer_bytes=1 << 28)
+
+
+def test_field_rules_are_what_validation_enforces():
+    """The datasheet's table of allowed values (`field_rules`) names every field, and its
+    numeric bounds are the ones `AccelConfig` accepts and refuses."""
+    from dataclasses import fields
+    from gemforge.hw.config import CLOCK_MHZ_RANGE, MAX_CORE_DIM, QUEUE_DEPTH_RANGE, field_rules
+    rules = dict(field_rules())
+    assert list(rules)[:-1] == [f.name for f in fields(AccelConfig)]
+    base = PRESETS["tiny"].to_dict()
+    for field in ("cmd_queue_depth", "token_queue_depth"):
+        lo, hi = QUEUE_DEPTH_RANGE
+        assert f"between {lo} and {hi}" in rules[field]
+        for ok in (lo, hi):
+            AccelConfig(**{**base, field: ok})
+        for bad in (lo // 2, hi * 2):
+            refused(rf"{field} must be {rules[field]}, not {bad}", **{field: bad})
+    lo, hi = CLOCK_MHZ_RANGE
+    assert f"between {lo} and {hi}" in rules["clock_mhz"]
+    for ok in (lo, hi):
+        AccelConfig(**{**base, "clock_mhz": ok})
+    for bad in (lo - 0.5, hi + 0.5):
+        refused(rf"clock_mhz must be {rules['clock_mhz']}, not {bad!r}", clock_mhz=bad)
+    for field in ("batch", "block_in", "block_out"):
+        assert f"between 1 and {MAX_CORE_DIM}" in rules[field]
+        refused(rf"{field} must be {rules[field]}, not {MAX_CORE_DIM * 2}", **{field: MAX_CORE_DIM * 2})
+    # The largest core dimension is accepted (with buffers that hold one entry of its shape).
+    big = AccelConfig(**{**base, "name": "big", "block_out": MAX_CORE_DIM, "wgt_buffer_bytes": 1 << 20,
+                         "acc_buffer_bytes": 1 << 20, "out_buffer_bytes": 1 << 18})
+    assert big.block_out == MAX_CORE_DIM

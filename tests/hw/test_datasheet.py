@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gemforge.hw import asm, isa, regmap
-from gemforge.hw.config import PRESETS, AccelConfig
+from gemforge.hw.config import PRESETS, AccelConfig, load_config
 from gemforge.hw.datasheet import datasheet, register_reset, verilator_flags
 from gemforge.hw.gateware.dma import max_burst_beats
 from gemforge.hw.gateware.top import READ_CLIENTS
@@ -359,3 +359,15 @@ def test_tensor_layouts_section_matches_compiled_programs(sheet):
     assert program.tensors["a"].shape == (m // b, k // bi, b, bi)
     assert program.tensors["w"].shape == (n // bo, k // bi, bo, bi)
     assert program.tensors["out"].shape == (m // b, n // bo, b, bo)
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_configuration_table_gives_each_field_its_value_and_allowed_range(name):
+    from gemforge.hw.config import field_rules
+    config = load_config(name)
+    sheet = datasheet(config)
+    values = config.to_dict()
+    for field, allowed in field_rules():
+        value = f"`{values[field]}`" if field in values else "—"
+        label = f"`{field}`" if field in values else field
+        assert f"| {label} | {value} | {allowed} |" in sheet
