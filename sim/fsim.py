@@ -575,46 +575,50 @@ class Fsim:
         return uops
 
     def _gemm(self, insn: Gemm, index: int) -> None:
-        dst, src, wgt = self._loop_indices(insn, index)
-        n = dst.size
+        """The micro-ops in chunks of index arrays (`_index_chunks`), so a loop of 2^28
+        micro-ops needs no more memory than one of a chunk."""
+        uops = self._loop_uops(insn, index)
+        n = insn.uop_count
         self.counters["gemm_uops"] += n
+        c = self.config
         if insn.reset:
             self.counters["gemm_reset_uops"] += n
-            self._write_acc(dst, np.zeros((n,) + self.acc.shape[1:], np.int64))
+            for (dst, _, _), _ in self._index_chunks(insn, uops, self._chunk_uops, collapse=True):
+                touched = np.unique(dst)
+                self._write_acc(touched, np.zeros((touched.size,) + self.acc.shape[1:], np.int64))
             return
-        self.counters["macs"] += n * self.config.macs_per_uop
-        c = self.config
+        self.counters["macs"] += n * c.macs_per_uop
+        if insn.overwrite:
+            # Each entry ends with its last micro-op's product alone; a later chunk's write
+            # replaces an earlier one's, as the later micro-op does.
+            for (dst, src, wgt), _ in self._index_chunks(insn, uops, self._chunk_uops):
+                last = dst.size - 1 - np.unique(dst[::-1], return_index=True)[1]
+                self._write_acc(dst[last], _wrap(self._products(src[last], wgt[last]), c.acc_width))
+            return
         entry = c.batch * c.block_out
         sums = np.zeros(c.acc_depth * entry, np.int64)
+        touched = np.zeros(c.acc_depth, bool)
         lanes = np.arange(entry, dtype=np.int64)
-        for lo in range(0, n, self._chunk_uops):
-            hi = min(n, lo + self._chunk_uops)
-            a = self.inp[src[lo:hi]].astype(self._mac_dtype)
-            b = self.wgt[wgt[lo:hi]].astype(self._mac_dtype)
-            prod = np.matmul(a, b.transpose(0, 2, 1))
-            # Addition modulo 2^acc_width is associative and commutative, so summing
-            # each entry's micro-ops in any order equals the in-order result; bincount
-            # sums in float64, exact for a chunk (see _chunk_uops).
-            flat = (dst[lo:hi, None] * entry + lanes).reshape(-1)
-            sums += np.bincount(flat, weights=prod.reshape(-1), minlength=sums.size).astype(np.int64)
-        touched = np.unique(dst)
-        if insn.overwrite:
-            if touched.size != n:
-                # An entry written twice: only its last micro-op's product survives.
-                self._gemm_overwrite_in_order(dst, src, wgt)
-                return
-            total = sums.reshape(self.acc.shape)[touched]
-        else:
-            total = self.acc[touched] + sums.reshape(self.acc.shape)[touched]
-        self._write_acc(touched, _wrap(total, c.acc_width))
+        # Addition modulo 2^acc_width is associative and commutative, so summing each entry's
+        # micro-ops in any order, and a repeated loop level as a multiple, equals the in-order
+        # result. bincount sums a chunk in float64, exact (see _chunk_uops); each chunk's sums
+        # are wrapped before they are scaled and added, so int64 never overflows.
+        for (dst, src, wgt), repeat in self._index_chunks(insn, uops, self._chunk_uops, collapse=True):
+            prod = self._products(src, wgt, exact=False)
+            flat = (dst[:, None] * entry + lanes).reshape(-1)
+            chunk = np.bincount(flat, weights=prod.reshape(-1), minlength=sums.size).astype(np.int64)
+            sums = _wrap(sums + _wrap(chunk, c.acc_width) * repeat, c.acc_width)
+            touched[dst] = True
+        rows = np.flatnonzero(touched)
+        self._write_acc(rows, _wrap(self.acc[rows] + sums.reshape(self.acc.shape)[rows], c.acc_width))
 
-    def _gemm_overwrite_in_order(self, dst: np.ndarray, src: np.ndarray, wgt: np.ndarray) -> None:
-        """An overwriting GEMM whose micro-ops write some entry more than once: each entry
-        ends with its last micro-op's product alone."""
-        last = {int(d): k for k, d in enumerate(dst)}
-        keep = np.fromiter(last.values(), np.int64)
-        prod = np.matmul(self.inp[src[keep]].astype(np.int64), self.wgt[wgt[keep]].astype(np.int64).transpose(0, 2, 1))
-        self._write_acc(dst[keep], _wrap(prod, self.config.acc_width))
+    def _products(self, src: np.ndarray, wgt: np.ndarray, exact: bool = True) -> np.ndarray:
+        """Each micro-op's ``inp[src] · wgt[wgt]ᵀ`` (batch × block_out), computed in the MAC
+        type (a micro-op's dot products are exact in it); as int64 with ``exact``."""
+        a = self.inp[src].astype(self._mac_dtype)
+        b = self.wgt[wgt].astype(self._mac_dtype)
+        prod = np.matmul(a, b.transpose(0, 2, 1))
+        return prod.astype(np.int64) if exact else prod
 
     def _alu(self, insn: Alu, index: int) -> None:
         """Micro-ops run exactly in order (each reads the accumulator after the previous one's
@@ -640,38 +644,40 @@ class Fsim:
         if insn.imm is not None or not self._alu_sources_written(insn, uops):
             if self._alu_constant_operands(insn, uops):
                 return
-        for dst, src in self._alu_index_chunks(insn, uops, collapse=False):
+        for (dst, src), _ in self._index_chunks(insn, uops, self._alu_chunk):
             self._alu_in_order(insn.op, dst, src)
 
-    def _alu_index_chunks(self, insn: Alu, uops: np.ndarray, collapse: bool):
-        """(dst, src) index arrays of the ALU loop in chunks of at most `_alu_chunk` micro-ops,
-        in execution order. With ``collapse``, a loop level whose dst and src factors are both 0
-        (it repeats the same micro-ops) is left out, and each chunk comes with the number of
-        times its micro-ops repeat: the chunks then hold each distinct micro-op, not the order."""
-        levels = [(insn.iter_out, insn.dst_factor_out, insn.src_factor_out),
-                  (insn.iter_in, insn.dst_factor_in, insn.src_factor_in)]
+    def _index_chunks(self, insn: Gemm | Alu, uops: np.ndarray, chunk: int, collapse: bool = False):
+        """The loop's buffer indices in chunks of at most ``chunk`` micro-ops, in execution
+        order: per chunk, (one index array per field of `_loop_fields`: dst, src[, wgt]) and
+        how many times the chunk's micro-ops run. That count is 1 unless ``collapse``: then a
+        loop level whose factors are all 0 (it repeats the same micro-ops) is left out and
+        counted instead, so the chunks hold each distinct micro-op once, not the order."""
+        fields = _loop_fields(insn, self.config)
+        levels = [(insn.iter_out, [f_out for _, _, f_out, _ in fields]),
+                  (insn.iter_in, [f_in for _, _, _, f_in in fields])]
         repeat = 1
         if collapse:
-            repeat = int(np.prod([count for count, fd, fs in levels if not (fd or fs)], dtype=np.int64))
-            levels = [level for level in levels if level[1] or level[2]]
+            repeat = int(np.prod([count for count, factors in levels if not any(factors)], dtype=np.int64))
+            levels = [level for level in levels if any(level[1])]
         n_uops = uops.shape[0]
-        total = n_uops * int(np.prod([count for count, _, _ in levels], dtype=np.int64))
-        for lo in range(0, total, self._alu_chunk):
-            k = np.arange(lo, min(total, lo + self._alu_chunk), dtype=np.int64)
+        total = n_uops * int(np.prod([count for count, _ in levels], dtype=np.int64))
+        for lo in range(0, total, chunk):
+            k = np.arange(lo, min(total, lo + chunk), dtype=np.int64)
             u, rest = k % n_uops, k // n_uops
-            dst, src = uops[u, 0].copy(), uops[u, 1].copy()
-            for count, fd, fs in reversed(levels):    # inner level first
+            indices = [uops[u, col].copy() for col in range(len(fields))]
+            for count, factors in reversed(levels):    # inner level first
                 step = rest % count
                 rest //= count
-                dst += step * fd
-                src += step * fs
-            yield (dst, src, repeat) if collapse else (dst, src)
+                for index, factor in zip(indices, factors):
+                    index += step * factor
+            yield tuple(indices), repeat
 
     def _alu_sources_written(self, insn: Alu, uops: np.ndarray) -> bool:
         """Whether any micro-op's src entry is also some micro-op's dst entry."""
         written = np.zeros(self.config.acc_depth, bool)
         read = np.zeros(self.config.acc_depth, bool)
-        for dst, src, _ in self._alu_index_chunks(insn, uops, collapse=True):
+        for (dst, src), _ in self._index_chunks(insn, uops, self._alu_chunk, collapse=True):
             written[dst] = True
             read[src] = True
         return bool((written & read).any())
@@ -683,7 +689,7 @@ class Fsim:
         register amounts for one entry differ in sign (their order then matters)."""
         depth = self.config.acc_depth
         keys, counts = [], []
-        for dst, src, repeat in self._alu_index_chunks(insn, uops, collapse=True):
+        for (dst, src), repeat in self._index_chunks(insn, uops, self._alu_chunk, collapse=True):
             key = dst if insn.imm is not None else dst * depth + src
             uniq, count = np.unique(key, return_counts=True)
             keys.append(uniq)

@@ -195,6 +195,45 @@ def test_gemm_accumulates_repeated_destination_in_order():
     assert sim.counters["gemm_uops"] == 24 and sim.counters["macs"] == 24 * 16
 
 
+@pytest.mark.parametrize("config_name", ["tiny", "acc16", "nonsquare"])
+@pytest.mark.parametrize("mode", ["accumulate", "overwrite", "reset"])
+def test_gemm_in_small_chunks_matches_reference(config_name, mode):
+    """fsim's GEMM, run in chunks of 5 micro-ops (each chunk's index arrays built on its own,
+    repeated loop levels collapsed into multiples), equals the reference's loop on micro-ops
+    whose destinations repeat within and across chunks."""
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=len(mode))
+    sim._chunk_uops = 5
+    for trial in range(6):
+        random_state(sim, ref, rng, uop_limits=(4, 4, 4))
+        factors = {f"{f}_factor_{level}": int(rng.choice([0, 0, 1])) for f in ("dst", "src", "wgt")
+                   for level in ("out", "in")}
+        bgn = int(rng.integers(0, config.uop_depth - 4))
+        insn = Gemm(reset=mode == "reset", overwrite=mode == "overwrite", uop_bgn=bgn,
+                    uop_end=bgn + int(rng.integers(1, 4)), iter_out=int(rng.integers(1, 7)),
+                    iter_in=int(rng.integers(1, 7)), **factors)
+        sim.execute(insn)
+        ref.execute(insn)
+        assert_same_state(sim, ref)
+
+
+def test_gemm_long_repeated_loop_is_a_multiple():
+    """2^28 accumulating micro-ops into one entry need no 2^28-long index arrays (6 GB) and run
+    in a moment: the repeated loop levels are one chunk's sums times their count (wrapped)."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(4096, np.uint8))
+    sim.inp[1] = np.arange(4).reshape(1, 4) - 2
+    sim.wgt[2] = np.arange(16).reshape(4, 4) - 8
+    sim.uop[0] = [3, 1, 2]
+    n = 16383 * 16383
+    start = time.perf_counter()
+    sim.execute(Gemm(uop_bgn=0, uop_end=1, iter_out=16383, iter_in=16383))
+    assert time.perf_counter() - start < 5
+    product = (sim.inp[1].astype(np.int64) @ sim.wgt[2].astype(np.int64).T)[0]
+    assert sim.acc[3, 0].tolist() == [wrap(n * int(p), 32) for p in product]
+    assert sim.counters["gemm_uops"] == n and sim.counters["macs"] == n * config.macs_per_uop
+
+
 def test_gemm_overwrite_starts_a_reduction_and_keeps_the_last_product():
     """overwrite: the product replaces the entry; a destination repeated in one overwriting
     GEMM keeps its last micro-op's product (micro-ops run in order)."""
