@@ -531,6 +531,9 @@ def _check_network(net: CompiledNetwork) -> None:
             if layer.data_shape != g.values[node.inputs[0]].shape or layer.out_shape != g.values[node.output].shape:
                 raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
             _check_layer_matches_node(g, node, layer)
+        if node.output in defined:
+            raise ModelError(f"node {node.name!r} writes tensor {node.output!r}, which an input, a constant or an "
+                             "earlier node already defines")
         defined.add(node.output)
     for key in ("batched_inputs", "frozen_inputs"):
         names = g.notes.get(key, [])

@@ -77,7 +77,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     graph = import_onnx(model, batch=batch, input_shapes=input_shapes)
 
     def stage(name: str, g: Graph) -> None:
-        g.unique_node_names()
+        g.check_writers().unique_node_names()
         if trace:
             trace(f"== {name}\n{g.dump()}")
     stage("import", graph)

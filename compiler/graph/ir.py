@@ -134,6 +134,24 @@ class Graph:
             seen.add(node.name)
         return self
 
+    def check_writers(self) -> Graph:
+        """Every tensor has one writer: a graph input, a constant or exactly one node. The
+        runtime keys host kernels and results by output name, so a second writer (a pass
+        emitting a tensor twice) would run one node's kernel for the other; it is refused
+        here, naming the tensor, rather than failing or computing wrongly when run."""
+        given = set(self.inputs) | set(self.constants)
+        written: dict[str, str] = {}
+        for node in self.nodes:
+            out = node.output
+            if out in given:
+                kind = "graph input" if out in self.inputs else "constant"
+                raise GraphError(f"internal error: node {node.name} ({node.op}) writes {kind} {out!r}")
+            if out in written:
+                raise GraphError(f"internal error: tensor {out!r} is written twice, by node {written[out]} and "
+                                 f"by node {node.name} ({node.op})")
+            written[out] = f"{node.name} ({node.op})"
+        return self
+
     def add_constant(self, base: str, array: np.ndarray, exponent: int | None = None) -> str:
         name = self.fresh_name(base)
         self.constants[name] = array

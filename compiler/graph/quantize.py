@@ -20,7 +20,8 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
 - a softmax runs in float32 on its dequantized input, and so does an average pool whose
   output range is narrower than its input's (a global pool's); the network quantizes its
   inputs at entry and dequantizes its outputs at exit, so it takes and returns
-  float32 like the ONNX model.
+  float32 like the ONNX model (an output already in float32 — an input returned as it is,
+  or a copy of it, a softmax's — leaves exactly as it is).
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     new_nodes: list[Node] = []
     exponent: dict[str, int] = {}          # int8 tensors of the new graph → their exponents
     rename: dict[str, str] = {}            # float tensor → its int8 version
+    # Tensors of the float graph that the int8 graph still holds in float32 under their own
+    # names: the inputs and what the float path computes (and identity copies of those). An
+    # output among them leaves as it is, exactly, with no second writer.
+    floating: set[str] = set(graph.inputs)
 
     def add_value(base: str, shape, dtype: str, e: int | None) -> str:
         name = graph.fresh_name(base)
@@ -194,6 +199,13 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                                       {"exponent": exponent[rename[x]]}))
                 x = f
             new_nodes.append(Node(op, node.name, [x], out, dict(node.attrs)))
+            floating.add(out)
+            continue
+        if op == "identity" and node.inputs[0] in floating:
+            # A copy of a float32 tensor under an output's name copies it in float32: through
+            # int8 it would come back rounded and saturated at the calibrated range.
+            new_nodes.append(Node(op, node.name, list(node.inputs), out, dict(node.attrs)))
+            floating.add(out)
             continue
         if op in ("conv2d", "dense"):
             x = int8_input(node.inputs[0])
@@ -270,9 +282,10 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             raise GraphError(f"node {node.name}: {op} has no int8 form")
         exponent[q] = e
         rename[out] = q
-    # The outputs leave as float32 under their ONNX names.
+    # The outputs leave as float32 under their ONNX names: the int8 ones dequantized, the float
+    # ones (an input returned as it is, a softmax's) as they are.
     for out in graph.outputs:
-        if out in rename:
+        if out in rename and out not in floating:
             new_nodes.append(Node("dequantize", f"{out}/dequantize", [rename[out]], out,
                                   {"exponent": exponent[rename[out]]}))
     graph.nodes = new_nodes
