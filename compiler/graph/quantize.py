@@ -9,7 +9,10 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
 - a convolution or dense layer with input ``e_x`` and weights ``e_w``
   accumulates at ``e_x + e_w`` in int32; its bias is quantized there, plus the
   rounding term ``2**(s−1)``, and ``s = e_x + e_w − e_y`` (0–31) brings the sum to
-  the output's exponent: ``clip((acc + bias) >> s, lo, 127)``, ``lo = 0`` with ReLU;
+  the output's exponent: ``clip((acc + bias) >> s, lo, 127)``, ``lo = 0`` with ReLU; constant
+  weights take a coarser ``e_w`` where the sum's exact worst case over every int8 input
+  (Σ|w|·128 + |bias| per channel) would otherwise overflow int32 (a very long dot product, a
+  bias large next to its weights);
 - an add shifts its operands left to the finer of their two scales, adds, and
   shifts right with rounding into its output's (a residual add with its ReLU is
   one pass); a multiply's product has exponent ``e_x + e_y``;
@@ -118,6 +121,24 @@ def _quantized_constant(graph: Graph, name: str, at_most: int | None = None) -> 
     return graph.add_constant(f"{name}/q", quantize_array(array, e), e), e
 
 
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None, bias_q: np.ndarray) -> float:
+    """The exact worst case of ``|Σ x·w + bias|`` of a conv2d or dense layer over every int8
+    input (``|x| ≤ 128``): ``max over channels of Σ|w_q|·128 + |bias_q|``, the sum over a
+    conv's C/groups·kh·kw or a dense layer's K; variable weights (``w_q`` None) count 128
+    each. Every partial sum is bounded by it too, in whatever order the products add."""
+    if w_q is None:
+        per_channel = math.prod(w_shape) / w_shape[0 if op == "conv2d" else 1] * 128.0 * 128.0
+    else:
+        magnitude = np.abs(w_q.astype(np.float64))
+        per_channel = magnitude.reshape(len(magnitude), -1).sum(axis=1) if op == "conv2d" \
+            else magnitude.sum(axis=0)
+        per_channel = per_channel * 128.0
+    return float(np.max(per_channel + np.abs(bias_q), initial=0.0))
+
+
 #: Operators that keep their input's scale and commute with saturation (monotone, no
 #: arithmetic between elements): a tensor read only through them into clips may be narrowed.
 _SATURATION_SAFE = ("relu", "max_pool", "reshape", "identity", "clip")
@@ -209,21 +230,47 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             continue
         if op in ("conv2d", "dense"):
             x = int8_input(node.inputs[0])
-            if graph.is_constant(node.inputs[1]):
-                w, ew = _quantized_constant(graph, node.inputs[1])
-            else:
-                w = int8_input(node.inputs[1])
-                ew = exponent[w]
-            acc = exponent[x] + ew
-            shift, e = output_exponent(out, acc)
             channels = graph.values[node.inputs[1]].shape[0 if op == "conv2d" else 1]
             bias = np.zeros(channels, np.float64)
             if len(node.inputs) > 2:
                 bias = graph.constants[node.inputs[2]].astype(np.float64)
-            bias_q = np.rint(bias * 2.0 ** acc) + (1 << (shift - 1) if shift else 0)
-            if np.abs(bias_q).max(initial=0) >= 2 ** 31:
-                raise GraphError(f"node {node.name} ({op}): its bias does not fit int32 at the accumulator's "
-                                 f"scale 2^-{acc}")
+
+            def at(ew: int, w_q: np.ndarray | None):
+                # (shift, exponent, bias_q, worst |acc + bias|) with weights at 2^-ew (w_q: constant
+                # weights; None: variable ones, anywhere in int8)
+                acc = exponent[x] + ew
+                shift, e = output_exponent(out, acc)
+                bias_q = np.rint(bias * 2.0 ** acc) + (1 << (shift - 1) if shift else 0)
+                return shift, e, bias_q, _accumulator_bound(op, graph.values[node.inputs[1]].shape, w_q, bias_q)
+
+            if graph.is_constant(node.inputs[1]):
+                # Weights as fine as their range allows, unless the int32 sum could then overflow
+                # (a long dot product at the top of the range, a bias large next to the weights):
+                # then one exponent coarser at a time until its exact worst case fits.
+                weights = graph.constants[node.inputs[1]]
+                ew = exponent_for(float(np.max(np.abs(weights))) if weights.size else 0.0,
+                                  f"constant {node.inputs[1]!r}")
+                while True:
+                    w_q = quantize_array(weights, ew)
+                    shift, e, bias_q, bound = at(ew, w_q)
+                    if bound <= _INT32_MAX:
+                        break
+                    if weights.any() and not w_q.any():
+                        raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach "
+                                         f"{bound:.4g} (beyond 2^31 − 1) at every scale where its weights do "
+                                         "not all round to zero")
+                    ew -= 1
+                w = graph.add_constant(f"{node.inputs[1]}/q", w_q, ew)
+            else:
+                w = int8_input(node.inputs[1])
+                ew = exponent[w]
+                shift, e, bias_q, bound = at(ew, None)
+                if bound > _INT32_MAX:
+                    raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach {bound:.4g} "
+                                     "(beyond 2^31 − 1) with its variable weights and bias at scale "
+                                     f"2^-{exponent[x] + ew}")
+            acc = exponent[x] + ew
+            exponent[w] = ew
             b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))

@@ -96,3 +96,67 @@ def test_the_graph_checker_refuses_a_second_writer_or_a_written_input():
         _graph([Node("relu", "a", ["x"], "y"), Node("identity", "b", ["x"], "y")]).check_writers()
     with pytest.raises(GraphError, match=r"internal error: node b \(dequantize\) writes graph input 'x'"):
         _graph([Node("relu", "a", ["x"], "y"), Node("dequantize", "b", ["y"], "x")]).check_writers()
+
+
+def _int32_worst_case(q: Model, node) -> float:
+    """Σ|w_q|·128 + |bias_q| per output channel, the largest: recomputed from the compiled graph."""
+    w, bias = (q.graph.constants[i].astype(np.float64) for i in node.inputs[1:3])
+    per_channel = np.abs(w).reshape(len(w), -1).sum(axis=1) if node.op == "conv2d" else np.abs(w).sum(axis=0)
+    return float((per_channel * 128 + np.abs(bias)).max())
+
+
+@pytest.mark.parametrize("op", ["dense", "conv2d"])
+def test_a_sum_that_could_overflow_int32_takes_coarser_weights(op):
+    """140,000 products of int8 values at the top of their range (127 · 127 each) wrapped the
+    int32 accumulator: the sign flipped, on fsim and the CPU alike, without a word."""
+    k = 140_000
+    w = np.full((k, 2), 127 / 2 ** 13, np.float32)
+    w[:, 1] *= -1
+    if op == "dense":
+        m = model([N("MatMul", ["x", "w"], ["y"])], [("x", [1, k])], [("y", None)], {"w": w})
+        x = np.full((1, k), 127 / 64, np.float32)
+    else:      # C/groups·kh·kw = 15,556 · 3 · 3 = 140,004
+        m = model([N("Conv", ["x", "w"], ["y"])], [("x", [1, 15_556, 3, 3])], [("y", None)],
+                  {"w": np.full((2, 15_556, 3, 3), 127 / 2 ** 13, np.float32) * np.float32([1, -1])[:, None, None, None]})
+        x = np.full((1, 15_556, 3, 3), 127 / 64, np.float32)
+    q = compile_model(m, quantize="int8", calibrate=x[None], config="default")
+    node = next(n for n in q.graph.nodes if n.op == op)
+    assert _int32_worst_case(q, node) <= 2 ** 31 - 1
+    expected = ort_run(m, {"x": x})[0]
+    got = q.run(x, "fsim")
+    np.testing.assert_array_equal(got, q.run(x, "cpu"))
+    np.testing.assert_allclose(got, expected, rtol=0.02)
+
+
+def test_an_int32_sum_of_variable_operands_that_could_overflow_is_refused():
+    m = model([N("MatMul", ["a", "b"], ["y"])], [("a", [1, 140_000]), ("b", [140_000, 2])], [("y", None)])
+    samples = {"a": np.ones((1, 1, 140_000), np.float32), "b": np.ones((1, 140_000, 2), np.float32)}
+    with pytest.raises(GraphError, match=r"node y \(dense\): its int32 accumulator could reach 2\.29\de\+09 "
+                                         r"\(beyond 2\^31 − 1\) with its variable weights"):
+        compile_model(m, quantize="int8", calibrate=samples)
+
+
+def test_a_bias_large_next_to_its_weights_takes_coarser_weights():
+    """Weights near 1e-4 and a bias of 100 (a regression head) were refused: the bias did not fit
+    int32 at the accumulator's scale 2^-25, though the output fits int8 at its own."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 4)) * 1e-4).astype(np.float32)
+    m = model([N("Gemm", ["x", "w", "b"], ["y"])], [("x", [1, 16])], [("y", None)],
+              {"w": w, "b": np.array([100, -50, 80, 30], np.float32)})
+    samples = rng.random((8, 1, 16)).astype(np.float32)
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default")
+    node = next(n for n in q.graph.nodes if n.op == "dense")
+    assert _int32_worst_case(q, node) <= 2 ** 31 - 1
+    for x in samples[:3]:
+        got = q.run(x, "fsim")
+        np.testing.assert_array_equal(got, q.run(x, "cpu"))
+        np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], atol=0.5)    # the output's step: 2^-0
+
+
+def test_a_bias_no_weights_at_any_scale_can_sum_with_is_refused():
+    w = np.full((16, 4), 1e-4, np.float32)
+    m = model([N("Gemm", ["x", "w", "b"], ["y"])], [("x", [1, 16])], [("y", None)],
+              {"w": w, "b": np.full(4, 1e9, np.float32)})
+    with pytest.raises(GraphError, match=r"node y \(dense\): its int32 accumulator could reach .* at every scale "
+                                         "where its weights do not all round to zero"):
+        compile_model(m, quantize="int8", calibrate=np.ones((1, 1, 16), np.float32))
