@@ -15,7 +15,8 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   bias large next to its weights);
 - an add shifts its operands left to the finer of their two scales, adds, and
   shifts right with rounding into its output's (a residual add with its ReLU is
-  one pass); a multiply's product has exponent ``e_x + e_y``;
+  one pass); an operand more than 2^MAX_LSHIFT finer than the other is first
+  requantized (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
 - pooling, ReLU, clip and reshapes keep their input's scale; a concat takes the
   coarsest of its inputs' scales (the others are requantized to it); a tensor only
   clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
@@ -196,6 +197,14 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         rename[name] = q
         return q
 
+    def requantized(p: str, e: int) -> str:
+        """int8 tensor ``p`` at the coarser exponent ``e``."""
+        r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
+        # Any shift from 9 on rounds every int8 value to 0; 15 keeps the int32 kernel exact.
+        new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": min(exponent[p] - e, 15)}))
+        exponent[r] = e
+        return r
+
     def output_exponent(name: str, accumulated: int) -> tuple[int, int]:
         """(shift, exponent) of an output calibrated at ``peaks[name]`` from ``accumulated``."""
         shift = min(max(accumulated - exponent_for(peaks.get(name, 0.0), f"tensor {name!r}"), 0), 31)
@@ -286,13 +295,19 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                 x, y = (c, t) if constant[0] else (t, c)
             else:
                 x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
+                if op == "add" and abs(exponent[x] - exponent[y]) > MAX_LSHIFT:
+                    # So is a tensor far finer than the one it is added to (a residual branch
+                    # with a layer scale of 1e-7): requantized first, it loses what lies below
+                    # 2^-MAX_LSHIFT of the other's step.
+                    if exponent[x] > exponent[y]:
+                        x = requantized(x, exponent[y] + MAX_LSHIFT)
+                    else:
+                        y = requantized(y, exponent[x] + MAX_LSHIFT)
             ex, ey = exponent[x], exponent[y]
             if op == "add":
                 acc = max(ex, ey)
                 lshift = (acc - ex, acc - ey)
-                if max(lshift) > MAX_LSHIFT:
-                    raise GraphError(f"node {node.name} (add): its operands' scales differ by 2^{max(lshift)}, "
-                                     f"more than the 2^{MAX_LSHIFT} an int32 sum allows")
+                assert max(lshift) <= MAX_LSHIFT, (node.name, lshift)
             else:
                 acc, lshift = ex + ey, (0, 0)
             shift, e = output_exponent(out, acc)
@@ -301,16 +316,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         elif op == "concat":
             parts = [int8_input(i) for i in node.inputs]
             e = min(exponent[p] for p in parts)
-            aligned = []
-            for p in parts:
-                if exponent[p] != e:
-                    r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
-                    # Any shift from 9 on rounds every int8 value to 0; 15 keeps the int32 kernel exact.
-                    shift = min(exponent[p] - e, 15)
-                    new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": shift}))
-                    exponent[r] = e
-                    p = r
-                aligned.append(p)
+            aligned = [requantized(p, e) if exponent[p] != e else p for p in parts]
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
         elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "identity"):

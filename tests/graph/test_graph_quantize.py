@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 
 from gemforge.compiler.graph import GraphError
+from gemforge.compiler.graph.evaluate import evaluate
 from gemforge.compiler.graph.ir import Graph, Node, Value
 from gemforge.driver.model import Model, compile_model
 from onnx_models import model, ort_run
@@ -160,3 +161,28 @@ def test_a_bias_no_weights_at_any_scale_can_sum_with_is_refused():
     with pytest.raises(GraphError, match=r"node y \(dense\): its int32 accumulator could reach .* at every scale "
                                          "where its weights do not all round to zero"):
         compile_model(m, quantize="int8", calibrate=np.ones((1, 1, 16), np.float32))
+
+
+@pytest.mark.parametrize("order", [("x", "b"), ("b", "x")])
+@pytest.mark.parametrize("branch", ["layer_scale", "input"])
+def test_an_add_of_a_tensor_far_finer_than_the_other(order, branch):
+    """x + Mul(x, 1e-7), a residual branch with a tiny layer scale: the operands' scales differed
+    by more than the 2^23 an int32 sum aligns, and the add was refused. The finer one is
+    requantized first (by 15 bits, all of them, where two inputs' scales are 2^40 apart)."""
+    rng = np.random.default_rng(0)
+    if branch == "layer_scale":
+        m = model([N("Mul", ["x", "g"], ["b"]), N("Add", list(order), ["y"])], [("x", [2, 8])], [("y", [2, 8])],
+                  {"g": np.full(8, 1e-7, np.float32)})
+        samples = {"x": rng.standard_normal((8, 2, 8)).astype(np.float32)}
+    else:
+        m = model([N("Add", list(order), ["y"])], [("x", [2, 8]), ("b", [2, 8])], [("y", [2, 8])])
+        samples = {"x": (rng.standard_normal((8, 2, 8)) * 1e6).astype(np.float32),
+                   "b": (rng.standard_normal((8, 2, 8)) * 1e-6).astype(np.float32)}
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default")
+    for i in range(3):
+        feeds = {k: v[i] for k, v in samples.items()}
+        got = q.run(feeds, "fsim")
+        np.testing.assert_array_equal(got, q.run(feeds, "cpu"))
+        np.testing.assert_array_equal(got, evaluate(q.graph, feeds)["y"])
+        expected = ort_run(m, feeds)[0]
+        assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
