@@ -116,6 +116,8 @@ def _accel_node(manifest):
     (lambda m: _accel_node(m)["attrs"].pop("relu"), "lacks attribute"),
     (lambda m: _accel_node(m)["attrs"].update(stride=0), "attribute stride"),
     (lambda m: m["layers"][_accel_node(m)["name"]].update(out_shape=[1, 0]), "layer shapes disagree"),
+    (lambda m: m["graph"]["nodes"][-1].update(output=m["graph"]["inputs"][0]), "writes tensor 'input', which"),
+    (lambda m: m["graph"]["nodes"][-1].update(output=m["graph"]["nodes"][-2]["output"]), "already defines"),
 ])
 def test_an_edited_manifest_is_refused_when_loaded_not_when_run(edit, message):
     _, model, _ = _compile(3, "tiny", channels=8)
