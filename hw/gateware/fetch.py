@@ -68,7 +68,13 @@ class FetchEngine(wiring.Component):
         # Each queue entry carries its instruction's check result and destination, worked out
         # in register stages before the queue (as many as the check's latency), so neither
         # the check's multiplier nor the decode lies on the dispatch path.
-        entry = data.StructLayout({"word": insn_bits(c), "fault": FAULT_BITS, "to": range(len(PIPELINE))})
+        # ``go`` is one bit per engine: the instruction passed its check and goes there. Decoded
+        # before the queue, so dispatch is the head's bit AND the engine's ready (the fault's
+        # compare and the destination's decode between the queue's output register and its
+        # read enable made the fetch queue's level tiny's ECP5 critical path).
+        entry = data.StructLayout({"word": insn_bits(c), "fault": FAULT_BITS, "go": len(PIPELINE)})
+        # An instruction and its engine (its index in PIPELINE) while the check works on it.
+        checking = data.StructLayout({"word": insn_bits(c), "to": range(len(PIPELINE))})
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size, depth=2 * CHUNK)
 
         next_entry = Signal(32)      # entry index of the next chunk
@@ -101,14 +107,14 @@ class FetchEngine(wiring.Component):
         header = data.View(insn_layout(c, Opcode.FINISH), word[:insn_layout(c, Opcode.FINISH).size])
         ld_l = insn_layout(c, Opcode.LOAD)
         mem = data.View(ld_l, word[:ld_l.size]).mem
-        staged = Signal(entry)
+        staged = Signal(checking)
         staged_valid = Signal()
         m.d.comb += [check.word.eq(word), check.last.eq(arrived + 1 == total), check.en.eq(got)]
         m.d.sync += staged_valid.eq(got)
         # `staged`, delayed until the check's fault is ready (`InsnChecker.LATENCY` cycles after `got`).
         queued, queued_valid = staged, staged_valid
         for k in range(InsnChecker.LATENCY - 1):
-            later, later_valid = Signal(entry, name=f"queued{k}"), Signal(name=f"queued{k}_valid")
+            later, later_valid = Signal(checking, name=f"queued{k}"), Signal(name=f"queued{k}_valid")
             m.d.sync += [later.eq(queued), later_valid.eq(queued_valid)]
             queued, queued_valid = later, later_valid
         # The engine (its index in PIPELINE) by the ISA's routing; an instruction the check
@@ -126,7 +132,8 @@ class FetchEngine(wiring.Component):
         with m.If(got):
             m.d.sync += [staged.word.eq(word), arrived.eq(arrived + 1), staged.to.eq(to)]
         written = Signal(entry)
-        m.d.comb += [written.word.eq(queued.word), written.to.eq(queued.to), written.fault.eq(check.fault),
+        m.d.comb += [written.word.eq(queued.word), written.fault.eq(check.fault),
+                     written.go.eq(Mux(check.fault == Fault.NONE, 1 << queued.to, 0)),
                      queue.w_data.eq(written), queue.w_en.eq(queued_valid)]
         m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - queued_valid)
         with m.If(req_fire):
@@ -136,10 +143,9 @@ class FetchEngine(wiring.Component):
         # Dispatch.
         head = data.View(entry, queue.r_data)
         m.d.comb += self.fault.eq(Mux(queue.r_rdy, head.fault, Fault.NONE))
-        head_ok = queue.r_rdy & (head.fault == Fault.NONE)
         ports = [getattr(self, e.value) for e in PIPELINE]
         for index, port in enumerate(ports):
-            m.d.comb += [port.payload.eq(head.word), port.valid.eq(head_ok & (head.to == index))]
+            m.d.comb += [port.payload.eq(head.word), port.valid.eq(queue.r_rdy & head.go[index])]
         m.d.comb += queue.r_en.eq(Cat(port.valid & port.ready for port in ports).any())
         with m.If(queue.r_en & queue.r_rdy):
             m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
