@@ -33,7 +33,7 @@ from .errors import CompileError
 
 __all__ = [
     "IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp",
-    "placeholder", "compute", "reduce_axis", "sum_", "reduce_max", "reduce_min", "pad", "clip", "max_", "min_",
+    "placeholder", "compute", "reduce_axis", "sum_", "reduce_max", "reduce_fmax", "reduce_min", "pad", "clip", "max_", "min_",
     "TeError",
     "tensor_of", "reduce_axes_of", "buffers_read",
 ]
@@ -101,6 +101,12 @@ def sum_(value: Expr, axes: Sequence[IterVar]) -> Reduce:
 def reduce_max(value: Expr, axes: Sequence[IterVar]) -> Reduce:
     """The maximum of ``value`` over the reduction ``axes``."""
     return _reduce("max", value, axes)
+
+
+def reduce_fmax(value: Expr, axes: Sequence[IterVar]) -> Reduce:
+    """The maximum of floating-point ``value`` over the reduction ``axes``, NaN values ignored
+    (NaN when every value is NaN)."""
+    return _reduce("fmax", value, axes)
 
 
 def reduce_min(value: Expr, axes: Sequence[IterVar]) -> Reduce:

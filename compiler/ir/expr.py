@@ -377,6 +377,8 @@ for _name, _doc in (("exp", "e to the power x"), ("log", "natural logarithm"), (
                     ("fabs", "absolute value"), ("tanh", "hyperbolic tangent")):
     register_intrinsic(_name, 1, "arg", "math", _doc)
 register_intrinsic("fma", 3, "arg", "math", "a * b + c with one rounding")
+register_intrinsic("fmax", 2, "arg", "math", "the larger of a and b, a NaN operand ignored (IEEE maxNum, numpy's "
+                                             "fmax): NaN only when both are")
 for _axis in "xyz":
     register_intrinsic(f"threadIdx.{_axis}", 0, "int32", "index", f"thread index in the block, axis {_axis}")
     register_intrinsic(f"blockIdx.{_axis}", 0, "int32", "index", f"block index in the grid, axis {_axis}")
@@ -423,9 +425,13 @@ class Call(Expr):
 
 def reduction_identity(combiner: str, dtype: str) -> Const:
     """The value a reduction starts from: 0 for sums, the lowest (highest) value of
-    ``dtype`` for max (min)."""
+    ``dtype`` for max (min), NaN for fmax (which ignores it)."""
     if combiner == "sum":
         return Const(0, dtype)
+    if combiner == "fmax":
+        if not is_float(dtype):
+            raise DTypeError(f"fmax reduces floating-point values, not {dtype}")
+        return Const(math.nan, dtype)
     if is_float(dtype):
         return Const(-math.inf if combiner == "max" else math.inf, dtype)
     lo, hi = int_range(dtype)
@@ -434,14 +440,15 @@ def reduction_identity(combiner: str, dtype: str) -> Const:
 
 @dataclass(frozen=True, eq=False)
 class Reduce(Expr):
-    """A commutative reduction (``sum``, ``max`` or ``min``) of ``value`` over ``axes``
-    (tensor expressions only: lowering turns it into an initialization and an update)."""
+    """A commutative reduction (``sum``, ``max``, ``min`` or ``fmax``: the maximum of the
+    values other than NaN, NaN when all are) of ``value`` over ``axes`` (tensor expressions
+    only: lowering turns it into an initialization and an update)."""
 
     combiner: str
     value: Expr
     axes: tuple  # of te.IterVar
 
-    COMBINERS = {"sum": Add, "max": Max, "min": Min}
+    COMBINERS = {"sum": Add, "max": Max, "min": Min, "fmax": lambda acc, value: Call("fmax", (acc, value))}
 
     def __post_init__(self) -> None:
         if self.combiner not in self.COMBINERS:

@@ -91,8 +91,8 @@ def compile_clip(target, shape, lo, hi, *, dtype: str = "int32", latency_hiding:
 
 def compile_max_pool2d(target, shape, kernel: int, *, stride: int | None = None, padding: int = 0,
                        dtype: str = "int32", latency_hiding: bool = True) -> CompiledOp:
-    """Max pooling. The accelerator pads with zeros (exact for non-negative inputs); cpu
-    and gpu pad with the lowest value (ONNX's MaxPool)."""
+    """Max pooling. The accelerator pads with zeros (exact for non-negative inputs); on cpu
+    and gpu padding never wins (ONNX's MaxPool) and float windows ignore NaN values."""
     t = target_of(target)
     if t.kind == "accel":
         return accel.compile_max_pool2d(t.config, shape, kernel, stride=stride, padding=padding,

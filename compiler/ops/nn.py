@@ -31,7 +31,7 @@ from ..ir import (
     And, BufferLoad, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Select, is_float,
     is_int, reduction_identity,
 )
-from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_max, sum_
+from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_fmax, reduce_max, sum_
 from .common import Epilogue, OpError, out_size
 
 __all__ = [
@@ -346,7 +346,9 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
               padding: tuple[int, int], dtype: str, *, count_include_pad: bool = False) -> dict[str, Tensor]:
     """Max or average pooling of NCHW ``x`` over ``kernel`` windows.
 
-    Max: padding never wins (it reads the type's lowest value). Average: the
+    Max: padding never wins (it reads the type's lowest value; for floats NaN, which the
+    maximum ignores, as it ignores NaN inputs: a window is NaN only when all of it is, as
+    far as ONNX Runtime's MaxPool has a rule). Average: the
     mean over the window's positions inside the input (all positions with
     ``count_include_pad``); integers sum exactly (int32 inputs in 64 bits) and round
     to nearest, halves up."""
@@ -357,14 +359,16 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     rh, rw = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
     tensors = {"x": x}
     if kind == "max":
-        lowest = reduction_identity("max", dtype)
+        combiner = "fmax" if is_float(dtype) else "max"
+        lowest = reduction_identity(combiner, dtype)
+        reduce = reduce_fmax if is_float(dtype) else reduce_max
 
         def padded(b, ch, y, xx):
             inside = And(And(Cmp("<=", Const(ph), y), Cmp("<", y, Const(h + ph))),
                          And(Cmp("<=", Const(pw), xx), Cmp("<", xx, Const(w + pw))))
             return Select(inside, BufferLoad(x.buffer, (b, ch, y - ph, xx - pw), zero_outside=True), lowest)
         xp = tensors["xp"] = compute((n, c, h + 2 * ph, w + 2 * pw), padded, name="xp") if (ph or pw) else x
-        tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce_max(
+        tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
             xp[b, ch, y * sh + rh, xx * sw + rw], [rh, rw]), name="out")
         return tensors
     if kind != "avg":

@@ -90,15 +90,16 @@ def max_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *,
                          zero_padding: bool = False) -> np.ndarray:
     """Max over ``kernel`` windows (an int or a (height, width) pair, as ``stride`` and
     ``padding``). Padding never wins (ONNX's MaxPool), unless ``zero_padding`` (the
-    accelerator's `compile_max_pool2d`: padding reads 0)."""
+    accelerator's `compile_max_pool2d`: padding reads 0). Floats ignore NaN (``np.fmax``):
+    a window is NaN only when all its values are."""
     stride = kernel if stride is None else stride
     if zero_padding:
         fill = 0
     else:
-        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        fill = np.nan if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     out = None
     for win in _windows(x, kernel, stride, padding, fill):
-        out = win.copy() if out is None else np.maximum(out, win)
+        out = win.copy() if out is None else np.fmax(out, win)
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compiler_helpers import max_pool_ignoring_nan, with_nan_and_inf
 from gemforge.compiler import CpuTarget, GpuTarget
 from gemforge.compiler.backends import stages
 from gemforge.compiler.backends.gpu import cuda, ptxas_path
@@ -71,10 +72,18 @@ def _cases():
                                                                   dtype=dtype),
                 lambda rng: {"x": _data(rng, (1, 4, 9, 9), dtype)}, lambda i: ref(i["x"], 3, 2, 1), dtype == "int8")
 
+    def max_pool_with_nan():
+        # NaN never wins a window (PTX max.f32, not max.NaN.f32); ±inf are ordinary values.
+        return ("max-pool-float32-nan", lambda t: compile_pool2d(t, "max", (1, 4, 9, 9), 3, stride=2, padding=1,
+                                                                   dtype="float32"),
+                lambda rng: {"x": with_nan_and_inf(rng, (1, 4, 9, 9))},
+                lambda i: max_pool_ignoring_nan(i["x"], 3, 2, 1), True)
+
     return [dense("float32"), dense("int8"),
             conv("float32", (2, 8, 11, 10), (12, 8, 3, 3), 1, 1, 1), conv("int8", (1, 6, 9, 9), (10, 6, 3, 3), 2, 1, 1),
             conv("float32", (1, 8, 10, 10), (8, 1, 3, 3), 1, 1, 8), conv("int8", (1, 6, 8, 8), (6, 2, 3, 3), 1, 1, 3),
-            elementwise("float32"), elementwise("int8"), pool("max", "float32"), pool("avg", "int8")]
+            elementwise("float32"), elementwise("int8"), pool("max", "float32"), pool("avg", "int8"),
+            max_pool_with_nan()]
 
 
 CASES = _cases()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compiler_helpers import BATCHED, device_for
+from compiler_helpers import BATCHED, device_for, max_pool_ignoring_nan, with_nan_and_inf
 from gemforge.compiler import CpuTarget
 from gemforge.compiler.ops import (
     OpError, avg_pool2d_reference, compile_add, compile_clip, compile_conv2d, compile_dense, compile_elementwise,
@@ -173,6 +173,18 @@ def test_pooling_including_global(kind, dtype, kernel, stride, padding, cpu):
         _close(out, want)
     else:
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 1, 1), (2, 2, 0), ((2, 3), (1, 2), (1, 1))])
+def test_float_max_pool_ignores_nan(kernel, stride, padding, cpu):
+    """A NaN in a window does not win (ONNX Runtime's MaxPool returns the other values' maximum);
+    a window all NaN is NaN; ±inf are values like any other. Wide rows take the vectorized loop."""
+    x = with_nan_and_inf(np.random.default_rng(8), (2, 3, 9, 37))
+    want = max_pool_ignoring_nan(x, kernel, stride, padding)
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    out, _ = compile_pool2d("cpu", "max", x.shape, kernel, stride=stride, padding=padding, dtype="float32").run(cpu, x=x)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(max_pool2d_reference(x, kernel, stride, padding), want)
 
 
 @pytest.mark.parametrize("shape", [(10,), (3, 1000), (2, 3, 17), (2, 20000)])

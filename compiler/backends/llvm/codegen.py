@@ -789,12 +789,13 @@ class LLVMCodegen:
         if e.name in ("exp", "log", "sqrt", "fabs"):
             x = self.expr(e.args[0])
             return self._call_intrinsic(f"llvm.{e.name}", x.type, [x])
-        if e.name == "fma":
+        if e.name in ("fma", "fmax"):
             args = [self.expr(a) for a in e.args]
             lanes = max((a.type.count for a in args if isinstance(a.type, ll.VectorType)), default=None)
             if lanes:
                 args = [a if isinstance(a.type, ll.VectorType) else self.broadcast(a, lanes) for a in args]
-            return self._call_intrinsic("llvm.fma", args[0].type, args)
+            # maxnum ignores a NaN operand (the minimum/maximum of `binary` propagate it).
+            return self._call_intrinsic("llvm.fma" if e.name == "fma" else "llvm.maxnum", args[0].type, args)
         if e.name == "tanh":
             return self.tanh(self.expr(e.args[0]))
         if e.name.startswith(("threadIdx.", "blockIdx.")):
