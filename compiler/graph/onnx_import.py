@@ -85,6 +85,43 @@ def model_digest(model: onnx.ModelProto) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
+def _densify(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
+    """The dense array of a sparse tensor: ``values`` at ``indices``, zero elsewhere. ONNX's
+    indices are [NNZ] linear positions or [NNZ, rank] coordinates, both int64."""
+    _Importer.check_float32(sparse.values, what)
+    dims = tuple(int(d) for d in sparse.dims)
+    if any(d < 0 for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+        raise GraphError(f"{what} has dimensions {list(dims)}; they must be non-negative, with at most "
+                         f"{MAX_ELEMENTS:,} elements in all")
+    try:
+        values = numpy_helper.to_array(sparse.values)
+        indices = numpy_helper.to_array(sparse.indices) if sparse.HasField("indices") else np.zeros(0, np.int64)
+    except (ValueError, TypeError, OSError) as exc:
+        raise GraphError(f"{what} cannot be read: {exc}") from None
+    size = math.prod(dims)
+    nnz = values.size
+    if values.ndim != 1:
+        raise GraphError(f"{what} has values of shape {list(values.shape)}; ONNX's are a 1-D list")
+    if indices.dtype.kind not in "iu":
+        raise GraphError(f"{what} has {indices.dtype} indices; ONNX's are int64")
+    if indices.shape == (nnz,):
+        linear = indices.astype(np.int64)
+    elif indices.shape == (nnz, len(dims)):
+        if nnz and ((indices < 0).any() or (indices >= np.array(dims)).any()):
+            raise GraphError(f"{what} has an index outside its dimensions {list(dims)}")
+        linear = np.ravel_multi_index(indices.T.astype(np.int64), dims) if nnz else np.zeros(0, np.int64)
+    else:
+        raise GraphError(f"{what} has indices of shape {list(indices.shape)} for {nnz} values; ONNX takes [{nnz}] "
+                         f"linear positions or [{nnz}, {len(dims)}] coordinates")
+    if nnz and (linear.min() < 0 or linear.max() >= size):
+        raise GraphError(f"{what} has an index outside its {size} elements")
+    if len(np.unique(linear)) != nnz:
+        raise GraphError(f"{what} gives a position twice")
+    dense = np.zeros(size, values.dtype)
+    dense[linear] = values
+    return dense.reshape(dims)
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
@@ -97,6 +134,7 @@ class _Importer:
         # ``y/w``) never takes one a later node writes or an initializer already holds.
         g = model.graph
         self.onnx_names: set[str] = {t.name for t in (*g.initializer, *g.input, *g.output)}
+        self.onnx_names.update(t.values.name for t in g.sparse_initializer)
         self.onnx_names.update(o for node in g.node for o in node.output)
         self.input_shapes = input_shapes
         self.values: dict[str, Value] = {}
@@ -183,6 +221,11 @@ class _Importer:
             except (ValueError, TypeError, OSError) as exc:   # e.g. external data shorter than the tensor
                 raise GraphError(f"initializer {init.name!r} cannot be read: {exc}") from None
             self.add_constant(init.name, array)
+        for sparse in graph.sparse_initializer:
+            name = sparse.values.name
+            if name in self.constants:
+                raise GraphError(f"initializer {name!r} is given twice (dense and sparse)")
+            self.add_constant(name, _densify(sparse, f"sparse initializer {name!r}"))
         inputs = []
         for vi in graph.input:
             if vi.name in self.constants:
@@ -457,11 +500,16 @@ class _Importer:
             self.check_float32(attrs["value"], f"node {node.name or '(unnamed)'} (Constant): its value")
             self.add_constant(node.output[0], numpy_helper.to_array(attrs["value"]))
             return
+        if "sparse_value" in attrs and len(attrs) == 1:
+            self.add_constant(node.output[0], _densify(attrs["sparse_value"],
+                                                       f"node {node.name or '(unnamed)'} (Constant): its sparse_value"))
+            return
         scalar = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
                   "value_ints": np.int64}
         given = [name for name in attrs if name in scalar]
         if len(given) != 1 or len(attrs) != 1:
-            raise self.fail(node, f"a Constant takes one of value, {', '.join(scalar)}; not {sorted(attrs)}")
+            raise self.fail(node, f"a Constant takes one of value, sparse_value, {', '.join(scalar)}; not "
+                                  f"{sorted(attrs)}")
         self.add_constant(node.output[0], np.array(attrs[given[0]], dtype=scalar[given[0]]))
 
 
