@@ -440,10 +440,9 @@ class _Importer:
         self.emit("clip", node, [node.input[0]], lo=bounds[0], hi=bounds[1])
 
     def _pool(self, node, attrs, op, **extra):
+        # storage_order (MaxPool) orders the Indices output only, which is refused here.
         if len(node.output) > 1 and node.output[1]:
             raise self.fail(node, "the Indices output is not supported")
-        if int(attrs.get("storage_order", 0)):
-            raise self.fail(node, "storage_order=1 is not supported")
         kernel, strides, pads = self._window(node, attrs)
         self.emit(op, node, [node.input[0]], kernel=kernel, stride=strides, padding=pads,
                   ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)

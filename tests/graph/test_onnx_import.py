@@ -74,3 +74,11 @@ def test_malformed_sparse_tensors_are_one_line_errors(values, indices, dims, mat
     with pytest.raises(GraphError, match=match) as info:
         _densify(_sparse("W", values, indices, dims), "sparse initializer 'W'")
     assert "\n" not in str(info.value) and str(info.value).startswith("sparse initializer 'W'")
+
+
+# ------------------------------------------------------------------------ attributes and folding
+
+def test_max_pool_storage_order_without_indices_is_accepted():
+    """storage_order orders the Indices output only."""
+    m = model([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], storage_order=1)], [("x", [1, 2, 4, 5])], [("y", None)])
+    _same_as_onnx_runtime(m, np.random.default_rng(2).standard_normal((1, 2, 4, 5)).astype(np.float32))
