@@ -29,6 +29,8 @@ SUPPORTED_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "Clip", "MaxPoo
                  "GlobalAveragePool", "Flatten", "Reshape", "BatchNormalization", "Concat", "Softmax",
                  "Identity", "Dropout", "Constant")
 MIN_OPSET = 13
+#: The longest name (UTF-8 bytes) of a zip member: a 16-bit length field.
+_MAX_MEMBER_NAME = 0xFFFF
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
@@ -212,8 +214,28 @@ class _Importer:
 
     # ------------------------------------------------------------------ the model
 
+    def check_names(self) -> None:
+        """Every tensor name must be one a zip member can hold: constants are stored in the
+        .gfm (a zip) and outputs in ``gemforge run``'s .npz, one member per tensor name."""
+        graph = self.model.graph
+        named = [(t.name, "an initializer") for t in graph.initializer]
+        named += [(t.values.name, "a sparse initializer") for t in graph.sparse_initializer]
+        named += [(v.name, "a model input") for v in graph.input] + [(v.name, "a model output") for v in graph.output]
+        for node in graph.node:
+            where = f"node {node.name or '(unnamed)'} ({node.op_type})"
+            named += [(t, f"an input of {where}") for t in node.input]
+            named += [(t, f"an output of {where}") for t in node.output]
+        for name, what in named:
+            if "\0" in name:
+                raise GraphError(f"tensor {name!r} ({what}) has a NUL character in its name, which a .gfm file "
+                                 "(a zip archive) cannot store; rename it")
+            if len(f"{name}.npy".encode()) > _MAX_MEMBER_NAME:
+                raise GraphError(f"tensor {name[:40]!r}… ({what}) has a name of {len(name.encode()):,} bytes; a .gfm "
+                                 f"file (a zip archive) stores names of up to {_MAX_MEMBER_NAME - 4:,}")
+
     def run(self) -> Graph:
         graph = self.model.graph
+        self.check_names()
         for init in graph.initializer:
             self.check_float32(init, f"initializer {init.name!r}")
             try:

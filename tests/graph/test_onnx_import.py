@@ -82,3 +82,34 @@ def test_max_pool_storage_order_without_indices_is_accepted():
     """storage_order orders the Indices output only."""
     m = model([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], storage_order=1)], [("x", [1, 2, 4, 5])], [("y", None)])
     _same_as_onnx_runtime(m, np.random.default_rng(2).standard_normal((1, 2, 4, 5)).astype(np.float32))
+
+
+# ------------------------------------------------------------------------ names
+
+@pytest.mark.parametrize("where", ["initializer", "node output", "input"])
+def test_tensor_names_a_gfm_cannot_store_are_refused(where, tmp_path):
+    bad = "b\x00ias"
+    if where == "initializer":
+        m = model([N("Add", ["x", bad], ["y"])], [("x", [2])], [("y", [2])], {bad: np.float32([1, 2])})
+        what = "an initializer"
+    elif where == "node output":
+        m = model([N("Relu", ["x"], [bad], name="r"), N("Relu", [bad], ["y"])], [("x", [2])], [("y", [2])])
+        what = r"an output of node r \(Relu\)"
+    else:
+        m = model([N("Relu", [bad], ["y"])], [(bad, [2])], [("y", [2])])
+        what = "a model input"
+    with pytest.raises(GraphError, match=rf"tensor 'b\\x00ias' \({what}\) has a NUL character in its name"):
+        compile_model(m)
+    # Other unusual characters survive saving and loading.
+    odd = "b/ias ü\t=1"
+    m = model([N("Add", ["x", odd], ["y"])], [("x", [2])], [("y", [2])], {odd: np.float32([1, 2])})
+    compile_model(m).save(tmp_path / "m.gfm")
+    np.testing.assert_array_equal(Model.load(tmp_path / "m.gfm").run(np.float32([1, 1]), "cpu"), [2, 3])
+
+
+def test_a_tensor_name_longer_than_a_zip_member_name_is_refused():
+    long = "w" * 70_000
+    m = model([N("Add", ["x", long], ["y"])], [("x", [2])], [("y", [2])], {long: np.float32([1, 2])})
+    with pytest.raises(GraphError, match=r"\(an initializer\) has a name of 70,000 bytes; a \.gfm file \(a zip "
+                                         r"archive\) stores names of up to 65,531"):
+        compile_model(m)
