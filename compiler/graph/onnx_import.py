@@ -205,9 +205,11 @@ class _Importer:
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
             value = args[0] + args[1] if node.op == "add" else args[0] * args[1]
             return np.maximum(value, 0) if node.attrs.get("relu") else value
-        if any(a.dtype.kind != "f" for a in args):
+        if any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape"):
+            # Concat and Reshape/Flatten only move elements: any type folds (a Reshape's target
+            # shape is often a Concat of int64 constants).
             raise self.fail(onnx_node, f"{node.op} of integer constants is not supported")
-        values = {i: Value(i, tuple(a.shape), "float32") for i, a in zip(node.inputs, args)}
+        values = {i: Value(i, tuple(a.shape), a.dtype.name) for i, a in zip(node.inputs, args)}
         values[node.output] = Value(node.output)
         _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)   # checks, resolves attrs
         return evaluate_node(node, args)

@@ -84,6 +84,21 @@ def test_max_pool_storage_order_without_indices_is_accepted():
     _same_as_onnx_runtime(m, np.random.default_rng(2).standard_normal((1, 2, 4, 5)).astype(np.float32))
 
 
+def test_reshape_to_a_concat_of_integer_constants():
+    m = model([N("Concat", ["a", "b"], ["s"], axis=0), N("Reshape", ["x", "s"], ["y"])], [("x", [2, 3, 4])],
+              [("y", [2, 12])], {"a": np.int64([2]), "b": np.int64([-1])})
+    _same_as_onnx_runtime(m, np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    # A 2-D integer Concat reshaped to the 1-D shape; an axis out of range is refused by name.
+    m = model([N("Concat", ["a", "b"], ["s2"], axis=1), N("Reshape", ["s2", "flat"], ["s"]),
+               N("Reshape", ["x", "s"], ["y"])], [("x", [2, 3, 4])], [("y", [6, 4])],
+              {"a": np.int64([[6]]), "b": np.int64([[4]]), "flat": np.int64([-1])})
+    _same_as_onnx_runtime(m, np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    m = model([N("Concat", ["a", "b"], ["s"], axis=1, name="cat"), N("Reshape", ["x", "s"], ["y"])],
+              [("x", [2, 3, 4])], [("y", [6, 4])], {"a": np.int64([6]), "b": np.int64([4])})
+    with pytest.raises(GraphError, match=r"cat.*axis 1"):
+        compile_model(m)
+
+
 # ------------------------------------------------------------------------ names
 
 @pytest.mark.parametrize("where", ["initializer", "node output", "input"])
