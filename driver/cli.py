@@ -260,12 +260,26 @@ def cmd_compile(args: argparse.Namespace) -> None:
     if args.config is not None and not args.quantize:
         raise UsageError("--config chooses the accelerator of an int8 network; a float32 network (no --quantize) "
                          "runs on the cpu or gpu")
+    input_shapes = _input_shapes(args.input_shape or [])
     _refuse_overwriting(args.output, args.model, args.calibrate)
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
-                          config=(args.config or "default") if args.quantize else None, batch=args.batch, trace=trace,
-                          report=report)
+                          config=(args.config or "default") if args.quantize else None, batch=args.batch,
+                          input_shapes=input_shapes, trace=trace, report=report)
     model.save(args.output)
     _print_json(model.summary())
+
+
+def _input_shapes(texts: list[str]) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME=D1,D2,…`` options by input name (the model checks the names)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, eq, dims = text.rpartition("=")     # the dimensions follow the last '=': a name may hold one
+        if not eq or not name:
+            raise UsageError(f"--input-shape takes NAME=D1,D2,… (a model input and its dimensions), not {text!r}")
+        if name in shapes:
+            raise UsageError(f"--input-shape gives input {name!r} twice")
+        shapes[name] = _shape(dims, f"--input-shape {name}", None)
+    return shapes
 
 
 def _load_inputs(path: str, what: str = "input"):
@@ -577,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"({', '.join(PRESETS)}) or a .toml/.json config file (default: default)")
     p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic first input dimension takes "
                                                          "(default 1; runs take any multiple)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="the shape of model input NAME, for one whose dimensions (other than the first, the batch) "
+                        "are symbolic; repeat for several inputs")
     p.add_argument("--trace", action="store_true", help="print the graph after every pass on stderr")
     p.set_defaults(func=cmd_compile)
 

@@ -250,6 +250,11 @@ class _Importer:
             if name in self.constants:
                 raise GraphError(f"initializer {name!r} is given twice (dense and sparse)")
             self.add_constant(name, _densify(sparse, f"sparse initializer {name!r}"))
+        names = [vi.name for vi in graph.input if vi.name not in self.constants]
+        for name in self.input_shapes:
+            if name not in names:
+                raise GraphError(f"a shape is given for {name!r}, which is not an input of the model (its inputs: "
+                                 f"{', '.join(map(repr, names)) or 'none'})")
         inputs = []
         for vi in graph.input:
             if vi.name in self.constants:
@@ -319,11 +324,12 @@ class _Importer:
         ttype = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or ttype.elem_type not in _ONNX_DTYPES:
             raise GraphError(f"model input {vi.name!r} must be a float32 tensor")
+        declared = list(ttype.shape.dim) if ttype.HasField("shape") else None
         if vi.name in self.input_shapes:
-            shape = tuple(int(d) for d in self.input_shapes[vi.name])
+            shape = self.given_shape(vi.name, declared)
         else:
             shape = []
-            for axis, dim in enumerate(ttype.shape.dim):
+            for axis, dim in enumerate(declared or ()):
                 if dim.HasField("dim_value"):
                     shape.append(int(dim.dim_value))     # a fixed 0 is refused below
                 elif axis == 0:
@@ -332,7 +338,8 @@ class _Importer:
                     self.batched_inputs.append(vi.name)
                 else:
                     raise GraphError(f"model input {vi.name!r} has a symbolic dimension {axis} "
-                                     f"({dim.dim_param or '?'}); give its shape explicitly")
+                                     f"({dim.dim_param or '?'}); give its shape explicitly (gemforge compile "
+                                     f"--input-shape {vi.name}=D1,D2,…; compile_model(input_shapes=…) in Python)")
             shape = tuple(shape)
         if any(d < 1 for d in shape):
             raise GraphError(f"model input {vi.name!r} has a non-positive dimension: {list(shape)}")
@@ -340,6 +347,31 @@ class _Importer:
             raise GraphError(f"model input {vi.name!r} has shape {list(shape)}, beyond what gemforge compiles "
                              f"(dimensions up to {MAX_DIM:,} and {MAX_ELEMENTS:,} elements in all)")
         return Value(vi.name, shape, "float32")
+
+    def given_shape(self, name: str, declared) -> tuple[int, ...]:
+        """The shape ``input_shapes`` gives input ``name``: as many dimensions as the model
+        declares, equal to its fixed ones. A given first dimension equal to the compiled batch,
+        where the model's is symbolic, stays the batch (runs take any multiple of it)."""
+        given = self.input_shapes[name]
+        try:
+            shape = tuple(given)
+        except TypeError:
+            shape = (given,)
+        if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in shape):
+            raise GraphError(f"the shape given for model input {name!r} must be integers, not {given!r}")
+        shape = tuple(int(d) for d in shape)
+        if declared is not None:
+            if len(shape) != len(declared):
+                raise GraphError(f"the shape given for model input {name!r}, {list(shape)}, has {len(shape)} "
+                                 f"dimensions; the model's has {len(declared)}")
+            for axis, (d, dim) in enumerate(zip(shape, declared)):
+                if dim.HasField("dim_value") and dim.dim_value != d:
+                    raise GraphError(f"the shape given for model input {name!r}, {list(shape)}, has {d} in "
+                                     f"dimension {axis}, which the model fixes at {dim.dim_value}")
+            if declared and not declared[0].HasField("dim_value") and shape[0] == self.batch:
+                self.symbolic_batch = True
+                self.batched_inputs.append(name)
+        return shape
 
     # ------------------------------------------------------------------ operators
 

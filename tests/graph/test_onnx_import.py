@@ -99,6 +99,51 @@ def test_reshape_to_a_concat_of_integer_constants():
         compile_model(m)
 
 
+# ------------------------------------------------------------------------ given input shapes
+
+def _symbolic_relu():
+    return model([N("Relu", ["x"], ["y"])], [("x", ["N", 2, "H", "W"])], [("y", ["N", 2, "H", "W"])])
+
+
+def test_input_shapes_give_symbolic_dimensions_and_keep_the_batch():
+    m = _symbolic_relu()
+    with pytest.raises(GraphError, match=r"symbolic dimension 2 \(H\); give its shape explicitly \(gemforge compile "
+                                         r"--input-shape x="):
+        compile_model(m)
+    compiled = compile_model(m, input_shapes={"x": (1, 2, 3, 5)})
+    x = np.random.default_rng(3).standard_normal((4, 2, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run(x, "cpu"), ort_run(m, {"x": x})[0])   # the batch stays symbolic
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ({"z": (1, 2, 3, 5)}, r"a shape is given for 'z', which is not an input of the model \(its inputs: 'x'\)"),
+    ({"x": (1, 2, 3)}, r"has 3 dimensions; the model's has 4"),
+    ({"x": (1, 3, 3, 5)}, r"has 3 in dimension 1, which the model fixes at 2"),
+    ({"x": (1, 2, 0, 5)}, r"non-positive dimension"),
+    ({"x": (1, 2, 2.5, 5)}, r"must be integers"),
+])
+def test_input_shapes_that_do_not_fit_the_model(shapes, match):
+    with pytest.raises(GraphError, match=match):
+        compile_model(_symbolic_relu(), input_shapes=shapes)
+
+
+def test_compile_takes_input_shapes_from_the_command_line(tmp_path, capsys):
+    onnx.save(_symbolic_relu(), tmp_path / "m.onnx")
+    base = ["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.gfm")]
+    assert main(base + ["--input-shape", "x=1,2,3,5"]) == 0
+    x = np.random.default_rng(4).standard_normal((3, 2, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(Model.load(tmp_path / "m.gfm").run(x, "cpu"), np.maximum(x, 0))
+    for extra, message in ((["--input-shape", "x"], "--input-shape takes NAME=D1,D2,"),
+                           (["--input-shape", "x=1,2,0,5"], "--input-shape x must be positive integers"),
+                           (["--input-shape", "x=1,2,3,5", "--input-shape", "x=1,2,3,5"], "gives input 'x' twice"),
+                           (["--input-shape", f"x=1,2,3,{2**40}"], "beyond what gemforge compiles"),
+                           (["--input-shape", "y=1,2,3,5"], "a shape is given for 'y', which is not an input")):
+        capsys.readouterr()
+        assert main(base + extra) != 0
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+
+
 # ------------------------------------------------------------------------ names
 
 @pytest.mark.parametrize("where", ["initializer", "node output", "input"])
