@@ -552,12 +552,10 @@ class Fsim:
         return np.clip(tile >> insn.shift, low, (1 << (c.out_width - 1)) - 1)
 
     def _loop_indices(self, insn: Gemm | Alu, index: int) -> tuple[np.ndarray, ...]:
-        """Per executed micro-op, in execution order: (dst, src, wgt) buffer indices."""
-        uops = self._loop_uops(insn, index)
-        i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
-        j = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
-        return tuple((uops[:, col][None, None, :] + i * f_out + j * f_in).reshape(-1)
-                     for col, (_, _, f_out, f_in) in enumerate(_loop_fields(insn, self.config)))
+        """Per executed micro-op, in execution order: (dst, src, wgt) buffer indices (one chunk
+        of `_index_chunks`, which every GEMM and ALU loop's indices come from)."""
+        (indices, _), = self._index_chunks(insn, self._loop_uops(insn, index), insn.uop_count)
+        return indices
 
     def _loop_uops(self, insn: Gemm | Alu, index: int) -> np.ndarray:
         """The micro-ops of a GEMM/ALU loop, once its loop counts and every index it will

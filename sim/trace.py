@@ -72,16 +72,18 @@ class TracingFsim(Fsim):
         rows = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * entry
         return (rows[:, None] + np.arange(insn.x_size * entry, dtype=np.int64)[None, :]).reshape(-1)
 
-    def _loop_indices(self, insn, index):
-        indices = super()._loop_indices(insn, index)
+    def _index_chunks(self, insn, uops, chunk, collapse=False):
+        """Fsim's loop indices (every GEMM and ALU loop takes them from here, chunk by chunk),
+        recording the entries they read."""
+        self._touch("uop", "r", np.arange(insn.uop_bgn, insn.uop_end))
         # A resetting GEMM only writes its destinations.
         reads = ("acc",) if isinstance(insn, Alu) else () if insn.reset else ("inp", "wgt")
-        for buffer, idx in zip(reads, indices[1:]):
-            self._touch(buffer, "r", idx)
-        if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset and not insn.overwrite):
-            self._touch("acc", "r", indices[0])    # accumulate / operate in place
-        self._touch("uop", "r", np.arange(insn.uop_bgn, insn.uop_end))
-        return indices
+        for indices, repeat in super()._index_chunks(insn, uops, chunk, collapse):
+            for buffer, idx in zip(reads, indices[1:]):
+                self._touch(buffer, "r", idx)
+            if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset and not insn.overwrite):
+                self._touch("acc", "r", indices[0])    # accumulate / operate in place
+            yield indices, repeat
 
     def _write_acc(self, indices, values) -> None:
         super()._write_acc(indices, values)
