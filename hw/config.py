@@ -445,6 +445,7 @@ MAX_ONCHIP_BYTES = 64 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
 
+
 def _fmt(values: tuple[int, ...]) -> str:
     return ", ".join(str(v) for v in values)
 
