@@ -86,20 +86,28 @@ def test_calibration_samples_without_a_sample_axis_are_refused(samples):
         compile_model(m, quantize="int8", calibrate=samples, config="tiny")
 
 
-def _edit_manifest(data: bytes, edit) -> bytes:
+def _rewrite_model(data: bytes, change) -> bytes:
+    """The model file with its members (name -> bytes) rewritten by ``change`` in place."""
     import io
-    import json
     import zipfile
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         files = {n: z.read(n) for n in z.namelist()}
-    manifest = json.loads(files["manifest.json"])
-    edit(manifest)
-    files["manifest.json"] = json.dumps(manifest).encode()
+    change(files)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
         for name, content in files.items():
             z.writestr(name, content)
     return out.getvalue()
+
+
+def _edit_manifest(data: bytes, edit) -> bytes:
+    import json
+
+    def change(files):
+        manifest = json.loads(files["manifest.json"])
+        edit(manifest)
+        files["manifest.json"] = json.dumps(manifest).encode()
+    return _rewrite_model(data, change)
 
 
 def _accel_node(manifest):
@@ -129,22 +137,16 @@ def _edit_constant(data: bytes, pick, change) -> bytes:
     """The model file with the constant ``pick(manifest)`` names changed by ``change``."""
     import io
     import json
-    import zipfile
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        files = {n: z.read(n) for n in z.namelist()}
-        manifest = json.loads(files["manifest.json"])
-    with np.load(io.BytesIO(files["constants.npz"])) as npz:
-        constants = {k: npz[k] for k in npz.files}
-    name = pick(manifest)
-    constants[name] = change(constants[name].copy())
-    buffer = io.BytesIO()
-    np.savez(buffer, **constants)
-    files["constants.npz"] = buffer.getvalue()
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        for member, content in files.items():
-            z.writestr(member, content)
-    return out.getvalue()
+
+    def rewrite(files):
+        with np.load(io.BytesIO(files["constants.npz"])) as npz:
+            constants = {k: npz[k] for k in npz.files}
+        name = pick(json.loads(files["manifest.json"]))
+        constants[name] = change(constants[name].copy())
+        buffer = io.BytesIO()
+        np.savez(buffer, **constants)
+        files["constants.npz"] = buffer.getvalue()
+    return _rewrite_model(data, rewrite)
 
 
 def _bump(array):
