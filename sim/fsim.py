@@ -628,7 +628,7 @@ class Fsim:
         n = insn.uop_count
         self.counters["alu_uops"] += n
         if n <= self._alu_chunk:
-            dst, src = self._loop_indices(insn, index)
+            (dst, src), _ = next(self._index_chunks(insn, uops, n))
             if self._alu_is_parallel(insn, dst, src):
                 operand = np.int64(insn.imm) if insn.imm is not None else self.acc[src]
                 self._write_acc(dst, self._alu_op(insn.op, self.acc[dst], operand))
