@@ -80,7 +80,8 @@ class ComputePipeline(wiring.Component):
     Attributes
     ----------
     insn : In(insn_bits)
-        The instruction, held from ``start`` until ``busy`` falls.
+        The instruction, held from the cycle before ``start`` until ``busy`` falls (the
+        loop's bounds are decoded from it a cycle ahead).
     start : In(1)
         Begin the instruction's micro-op loop (fetch dispatches no empty loop: `InsnChecker`).
     issuing : Out(1)
@@ -154,10 +155,17 @@ class ComputePipeline(wiring.Component):
 
         # ---------------------------------------------------------------- S0: the micro-op loop
         m.submodules.uop_loop = loop = UopLoop(c.uop_index_bits, kinds=tuple(factors))
-        m.d.comb += [loop.start.eq(self.start),
-                     loop.uop_bgn.eq(loop_field("uop_bgn")), loop.uop_end.eq(loop_field("uop_end")),
-                     loop.iter_out.eq(loop_field("iter_out")), loop.iter_in.eq(loop_field("iter_in")),
-                     loop.half_rate.eq(is_mul)]
+        # The bounds the loop takes in the start cycle are decoded from the word a cycle ahead and
+        # registered, so its counters and flags load from flip-flops: the opcode decode, the
+        # GEMM/ALU select and the compare of ``uop_bgn + 1`` with ``uop_end`` behind it were one
+        # of tiny's slowest paths on the ECP5 (12.1 ns). The compute engine holds the word from
+        # its POP state on, a cycle at least before ``start``.
+        bounds = {name: Signal.like(loop_field(name), name=f"loop_{name}")
+                  for name in ("uop_bgn", "uop_end", "iter_out", "iter_in")}
+        r_half_rate = Signal()
+        m.d.sync += [*(bounds[name].eq(loop_field(name)) for name in bounds), r_half_rate.eq(is_mul)]
+        m.d.comb += [loop.start.eq(self.start), loop.half_rate.eq(r_half_rate),
+                     *(getattr(loop, name).eq(value) for name, value in bounds.items())]
         for k, (fo, fi) in factors.items():
             m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
         issue = loop.running

@@ -104,7 +104,8 @@ def run_pipeline(c, insn, uops, state):
     result = {}
 
     async def tb(ctx):
-        ctx.set(dut.pipe.insn, encode(insn, c))
+        ctx.set(dut.pipe.insn, encode(insn, c))        # held from the cycle before start
+        await ctx.tick()
         ctx.set(dut.pipe.start, 1)
         await ctx.tick()
         ctx.set(dut.pipe.start, 0)
