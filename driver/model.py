@@ -154,6 +154,8 @@ class Model:
                "model_sha256": g.notes.get("model_sha256"), "compile_seconds": round(self.net.compile_seconds, 3)}
         if "memory" in g.notes:
             out["memory"] = g.notes["memory"]
+        if "coarser_weights" in g.notes:
+            out["coarser_weights"] = g.notes["coarser_weights"]
         return out
 
     # ------------------------------------------------------------------ running

@@ -92,6 +92,11 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     peaks = calibrate(graph, _samples(graph, calibration))
     graph = quantize(graph, peaks)
     stage("quantize", graph)
+    if report:
+        for row in graph.notes.get("coarser_weights", ()):
+            report(f"quantize: node {row['node']} ({row['op']}) takes its weights at 2^-{row['exponent']}, "
+                   f"{row['bits']} bit{'s' * (row['bits'] != 1)} coarser than their range allows, so that its "
+                   f"int32 sum cannot overflow (worst case {row['worst_case']:.4g})")
     net = CompiledNetwork(graph, "int8")
     if config is not None:
         net.config = load_config(config)

@@ -171,6 +171,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     """Rewrite the float graph (after fusion) into its int8 network, using calibration ``peaks``."""
     peaks = _ranges_through_clips(graph, peaks)
     new_nodes: list[Node] = []
+    coarser: list[dict] = []     # layers whose weights went coarser than their range, so int32 holds
     exponent: dict[str, int] = {}          # int8 tensors of the new graph → their exponents
     rename: dict[str, str] = {}            # float tensor → its int8 version
     # Tensors of the float graph that the int8 graph still holds in float32 under their own
@@ -257,8 +258,8 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                 # (a long dot product at the top of the range, a bias large next to the weights):
                 # then one exponent coarser at a time until its exact worst case fits.
                 weights = graph.constants[node.inputs[1]]
-                ew = exponent_for(float(np.max(np.abs(weights))) if weights.size else 0.0,
-                                  f"constant {node.inputs[1]!r}")
+                ew = finest = exponent_for(float(np.max(np.abs(weights))) if weights.size else 0.0,
+                                           f"constant {node.inputs[1]!r}")
                 while True:
                     w_q = quantize_array(weights, ew)
                     shift, e, bias_q, bound = at(ew, w_q)
@@ -269,6 +270,11 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                                          f"{bound:.4g} (beyond 2^31 − 1) at every scale where its weights do "
                                          "not all round to zero")
                     ew -= 1
+                if ew < finest:
+                    # Reported (compile prints it, the summary keeps it): the layer gave up
+                    # weight precision, which its range alone would not have cost.
+                    coarser.append({"node": node.name, "op": op, "bits": finest - ew, "exponent": ew,
+                                    "worst_case": bound})
                 w = graph.add_constant(f"{node.inputs[1]}/q", w_q, ew)
             else:
                 w = int8_input(node.inputs[1])
@@ -345,5 +351,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     for name, e in exponent.items():
         graph.values[name].exponent = e
     graph.notes["quantized"] = "int8"
+    if coarser:
+        graph.notes["coarser_weights"] = coarser
     graph.prune()
     return graph

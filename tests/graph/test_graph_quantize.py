@@ -145,9 +145,18 @@ def test_a_bias_large_next_to_its_weights_takes_coarser_weights():
     m = model([N("Gemm", ["x", "w", "b"], ["y"])], [("x", [1, 16])], [("y", None)],
               {"w": w, "b": np.array([100, -50, 80, 30], np.float32)})
     samples = rng.random((8, 1, 16)).astype(np.float32)
-    q = compile_model(m, quantize="int8", calibrate=samples, config="default")
+    reported = []
+    q = compile_model(m, quantize="int8", calibrate=samples, config="default", report=reported.append)
     node = next(n for n in q.graph.nodes if n.op == "dense")
     assert _int32_worst_case(q, node) <= 2 ** 31 - 1
+    # The precision given up is reported, not silent: in the compile log and the summary.
+    [row] = q.summary()["coarser_weights"]
+    assert row["node"] == "y" and row["bits"] >= 1
+    assert row["exponent"] == q.graph.values[node.inputs[1]].exponent
+    assert any(line.startswith(f"quantize: node y (dense) takes its weights at 2^-{row['exponent']}, "
+                               f"{row['bits']} bit") for line in reported)
+    no_bias = model([N("MatMul", ["x", "w"], ["y"])], [("x", [1, 16])], [("y", None)], {"w": w})
+    assert "coarser_weights" not in compile_model(no_bias, quantize="int8", calibrate=samples).summary()
     for x in samples[:3]:
         got = q.run(x, "fsim")
         np.testing.assert_array_equal(got, q.run(x, "cpu"))
