@@ -24,10 +24,6 @@ from .passes import _shape_of
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
-#: The ONNX operators the front end takes.
-SUPPORTED_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "Clip", "MaxPool", "AveragePool",
-                 "GlobalAveragePool", "Flatten", "Reshape", "BatchNormalization", "Concat", "Softmax",
-                 "Identity", "Dropout", "Constant")
 MIN_OPSET = 13
 #: The longest name (UTF-8 bytes) of a zip member: a 16-bit length field.
 _MAX_MEMBER_NAME = 0xFFFF
@@ -566,6 +562,11 @@ class _Importer:
             raise self.fail(node, f"a Constant takes one of value, sparse_value, {', '.join(scalar)}; not "
                                   f"{sorted(attrs)}")
         self.add_constant(node.output[0], np.array(attrs[given[0]], dtype=scalar[given[0]]))
+
+
+#: The ONNX operators the front end takes: those `_Importer` has an ``op_<OpType>`` method for,
+#: in the order they are defined there.
+SUPPORTED_OPS = tuple(name.removeprefix("op_") for name in vars(_Importer) if name.startswith("op_"))
 
 
 def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:

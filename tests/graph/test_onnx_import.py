@@ -4,12 +4,16 @@ names it refuses. Results against ONNX Runtime."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gemforge.compiler.graph import GraphError
+from gemforge.compiler.graph import SUPPORTED_OPS, GraphError
+from gemforge.compiler.graph.onnx_import import MIN_OPSET
 from gemforge.driver.cli import main
 from gemforge.driver.model import Model, compile_model
 from onnx_models import model, ort_run
@@ -173,3 +177,12 @@ def test_a_tensor_name_longer_than_a_zip_member_name_is_refused():
     with pytest.raises(GraphError, match=r"\(an initializer\) has a name of 70,000 bytes; a \.gfm file \(a zip "
                                          r"archive\) stores names of up to 65,531"):
         compile_model(m)
+
+
+# ------------------------------------------------------------------------ the operator list
+
+def test_the_readme_lists_the_supported_operators():
+    """README.md names the operators `gemforge compile` reads; the importer's handlers define them."""
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    listed = text.split(f"reads ONNX opset {MIN_OPSET} and newer: ", 1)[1].split("; anything else", 1)[0]
+    assert set(re.findall(r"\b[A-Z]\w*", listed)) == set(SUPPORTED_OPS)
