@@ -60,7 +60,7 @@ __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICE
 FORMAT_VERSION = 1
 ACCEL_DEVICES = ("fsim", "verilator", "icarus")
 HOST_DEVICES = ("cpu", "gpu")
-_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift")
+_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze")
 
 
 class ModelError(GraphError):
@@ -588,7 +588,7 @@ def _integers(value, minimum: int | None = None, maximum: int | None = None) -> 
 #: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
 _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups")},
-    "padding": lambda v: _integers(v, 0),
+    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze")},
     **{k: _integers for k in ("axis", "flatten_axis", "shape")},
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
     **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
@@ -602,7 +602,7 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
 _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), "add": ("relu",), "mul": ("relu",),
     "clip": ("lo", "hi"), "max_pool": ("kernel", "stride", "padding"), "avg_pool": ("kernel", "stride", "padding"),
-    "reshape": ("shape",), "concat": ("axis",), "softmax": ("axis",), "batch_norm": ("epsilon",),
+    "reshape": ("shape",), "transpose": ("perm",), "concat": ("axis",), "softmax": ("axis",), "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
 }
 _INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",), "add": ("lshift", "shift"),

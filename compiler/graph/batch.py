@@ -43,15 +43,20 @@ def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
         return None
     if node.op == "reshape":
         # By what it asks for, not by the compiled shapes (with batch 1, Flatten(axis=0) gives
-        # [1, k] too): the batch axis stays where Flatten keeps axis 0 or Reshape copies it (0)
-        # or infers it (-1) with the rest of each item's shape given.
+        # [1, k] too): the batch axis stays where Flatten keeps axis 0, Squeeze and Unsqueeze
+        # leave it alone or Reshape copies it (0) or infers it (-1) with the rest of each
+        # item's shape given.
         a, rank = node.attrs, len(shape[node.inputs[0]])
         if "flatten_axis" in a:
             keeps = (a["flatten_axis"] + (rank if a["flatten_axis"] < 0 else 0)) >= 1
+        elif "squeeze" in a or "unsqueeze" in a:
+            keeps = 0 not in a.get("squeeze", a.get("unsqueeze"))
         else:
             first = a["target"][0] if len(a["target"]) else None
             keeps = (first == 0 and not a.get("allowzero")) or (first == -1 and out[0] == shape[node.inputs[0]][0])
         return None if keeps else "it reshapes across the batch axis"
+    if node.op == "transpose":
+        return None if node.attrs["perm"][0] == 0 else "it moves the batch axis"
     if node.op == "concat":
         axis = node.attrs["axis"] % len(out)
         if axis == 0:

@@ -3,10 +3,10 @@
 `host_kernel` turns one node into a `HostKernel` — a compiled operator plus
 its constant operands packed once (weights in the kernel's layout) — whose
 ``run(device, args)`` takes and returns numpy arrays in the graph's layouts.
-Convolutions, dense layers, element-wise operators, pooling and softmax are
-compiled by the operator library (`ops.host`); the int8 network's element-wise
-operators with their operand shifts and rounding are expressions built here.
-Reshapes, concats and the network's entry quantization and exit
+Convolutions, dense layers, element-wise operators, transposes, pooling and
+softmax are compiled by the operator library (`ops.host`); the int8 network's
+element-wise operators with their operand shifts and rounding are expressions
+built here. Reshapes, concats and the network's entry quantization and exit
 dequantization move or convert data and run in numpy.
 """
 
@@ -141,6 +141,8 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         if not int8:   # the kernel takes finite bounds; ±FLT_MAX clips nothing a float32 holds
             lo, hi = max(lo, -_FLOAT_MAX), min(hi, _FLOAT_MAX)
         return _unary(node, host.compile_elementwise(target, "clip", shapes[0], dtype=dtype, lo=lo, hi=hi))
+    if node.op == "transpose":
+        return _unary(node, host.compile_transpose(target, shapes[0], a["perm"], dtype=dtype))
     if node.op in ("max_pool", "avg_pool"):
         return _unary(node, host.compile_pool2d(target, node.op.split("_")[0], shapes[0], a["kernel"],
                                                 stride=a["stride"], padding=a["padding"], dtype=dtype,

@@ -85,6 +85,8 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return _pool(node, x)
     if op == "reshape":
         return x.reshape(a["shape"])
+    if op == "transpose":
+        return np.ascontiguousarray(x.transpose(a["perm"]))
     if op == "identity":
         return x.copy()
     if op == "concat":

@@ -20,7 +20,10 @@ op                  attributes
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
 ``max_pool``        kernel, stride, padding (pairs)
 ``avg_pool``        kernel, stride, padding, count_include_pad, global
-``reshape``         shape (resolved), the data unchanged
+``reshape``         shape (resolved from one of: target, a Reshape's shape;
+                    flatten_axis; squeeze, the axes removed (None: every axis
+                    of size 1); unsqueeze, the axes inserted), the data unchanged
+``transpose``       perm (None: the axes reversed; resolved), numpy's transpose
 ``identity``        — (a copy under a model output's ONNX name)
 ``concat``          axis
 ``softmax``         axis (float32 only)
@@ -47,8 +50,8 @@ __all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "MAX_DIM", "MAX_ELEMEN
 MAX_DIM = (1 << 31) - 1
 MAX_ELEMENTS = 1 << 40
 
-OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "identity", "concat",
-       "softmax", "batch_norm", "quantize", "dequantize", "requantize")
+OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "identity",
+       "concat", "softmax", "batch_norm", "quantize", "dequantize", "requantize")
 
 
 class GraphError(CompileError):

@@ -30,7 +30,7 @@ _MAX_MEMBER_NAME = 0xFFFF
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
-_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2)}
+_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
                  *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
@@ -201,9 +201,9 @@ class _Importer:
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
             value = args[0] + args[1] if node.op == "add" else args[0] * args[1]
             return np.maximum(value, 0) if node.attrs.get("relu") else value
-        if any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape"):
-            # Concat and Reshape/Flatten only move elements: any type folds (a Reshape's target
-            # shape is often a Concat of int64 constants).
+        if any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape", "transpose"):
+            # Concat, Reshape (Flatten, Squeeze, Unsqueeze) and Transpose only move elements: any
+            # type folds (a Reshape's target shape is often a Concat of int64 constants).
             raise self.fail(onnx_node, f"{node.op} of integer constants is not supported")
         values = {i: Value(i, tuple(a.shape), a.dtype.name) for i, a in zip(node.inputs, args)}
         values[node.output] = Value(node.output)
@@ -518,6 +518,27 @@ class _Importer:
             raise self.fail(node, "the target shape must be a 1-D integer tensor")
         self.emit("reshape", node, [node.input[0]], target=tuple(int(d) for d in shape),
                   allowzero=bool(attrs.get("allowzero", 0)))
+
+    def _axes(self, node) -> tuple[int, ...] | None:
+        """The constant axes of Squeeze and Unsqueeze (their second input, since opset 13);
+        None where the input is omitted."""
+        if len(node.input) < 2 or not node.input[1]:
+            return None
+        axes = self.constant(node, node.input[1], "the axes")
+        if axes.ndim > 1 or axes.dtype.kind not in "iu":
+            raise self.fail(node, f"the axes must be a 1-D integer tensor, not {axes.dtype} of shape {list(axes.shape)}")
+        return tuple(int(a) for a in axes.reshape(-1))
+
+    def op_Squeeze(self, node, attrs):
+        # No axes, or none given (as ONNX Runtime reads an empty list): every axis of size 1.
+        self.emit("reshape", node, [node.input[0]], squeeze=self._axes(node) or None)
+
+    def op_Unsqueeze(self, node, attrs):
+        self.emit("reshape", node, [node.input[0]], unsqueeze=self._axes(node))
+
+    def op_Transpose(self, node, attrs):
+        perm = attrs.get("perm")
+        self.emit("transpose", node, [node.input[0]], perm=None if perm is None else tuple(int(p) for p in perm))
 
     def op_BatchNormalization(self, node, attrs):
         if int(attrs.get("training_mode", 0)) or any(o for o in node.output[1:]):

@@ -52,6 +52,13 @@ def _window_out(node: Node, size: tuple[int, int], pooling: bool = True) -> tupl
     return out[0], out[1]
 
 
+def _axes(node: Node, axes, rank: int) -> list[int]:
+    """``axes`` of a rank-``rank`` tensor, negative ones counted from the end."""
+    if any(not -rank <= i < rank for i in axes):
+        raise _fail(node, f"axes {list(axes)} are out of range for rank {rank} (from {-rank} to {rank - 1})")
+    return [i % rank for i in axes]
+
+
 def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
     """The output shape of ``node``, checking its inputs; resolves shape-dependent attributes."""
     shapes = [graph.values[i].shape for i in node.inputs]
@@ -107,6 +114,25 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             if not 0 <= axis <= len(x):
                 raise _fail(node, f"axis {a['flatten_axis']} is out of range for rank {len(x)}")
             shape = (math.prod(x[:axis]), math.prod(x[axis:]))
+        elif "squeeze" in a:
+            if a["squeeze"] is None:
+                axes = [i for i, d in enumerate(x) if d == 1]
+            else:
+                # Repeated axes squeeze once, as in ONNX Runtime.
+                axes = sorted(set(_axes(node, a["squeeze"], len(x))))
+                wide = [f"{i} ({x[i]})" for i in axes if x[i] != 1]
+                if wide:
+                    raise _fail(node, f"it squeezes axes of size 1 only, not axis {', '.join(wide)} of {list(x)}")
+            a["squeeze"] = tuple(axes)
+            shape = tuple(d for i, d in enumerate(x) if i not in axes)
+        elif "unsqueeze" in a:
+            rank = len(x) + len(a["unsqueeze"])
+            axes = _axes(node, a["unsqueeze"], rank)
+            if len(set(axes)) != len(axes):
+                raise _fail(node, f"axes {list(a['unsqueeze'])} name an axis of the rank-{rank} output twice")
+            a["unsqueeze"] = tuple(sorted(axes))
+            rest = iter(x)
+            shape = tuple(1 if i in axes else next(rest) for i in range(rank))
         else:
             target = list(a["target"])
             for i, d in enumerate(target):
@@ -126,6 +152,13 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             raise _fail(node, f"cannot reshape {list(x)} ({math.prod(x)} elements) to {list(shape)}")
         a["shape"] = tuple(int(d) for d in shape)
         return a["shape"]
+    if op == "transpose":
+        perm = tuple(range(len(x)))[::-1] if a["perm"] is None else tuple(a["perm"])
+        if sorted(perm) != list(range(len(x))):
+            raise _fail(node, f"perm {list(perm)} must be a permutation of the input's axes, {list(range(len(x)))} "
+                              f"(the input is {list(x)})")
+        a["perm"] = perm
+        return tuple(x[p] for p in perm)
     if op == "concat":
         axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
         if not 0 <= axis < len(x):

@@ -22,11 +22,11 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
     ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
-    elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te,
+    elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te, transpose_te,
 )
 
-__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_pool2d", "compile_softmax",
-           "HOST_DTYPES"]
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_pool2d",
+           "compile_softmax", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
 HOST_DTYPES = ("int8", "float32")
@@ -296,6 +296,31 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
 
     return CompiledOp(op, kernel, names, "out", pack, (lambda out: out.reshape(())) if scalar else (lambda out: out),
                       plan={"dtype": dtype})
+
+
+def compile_transpose(target: Target, shape, perm, *, dtype: str = "float32") -> CompiledOp:
+    """A tensor of any rank with its axes reordered: output axis ``k`` is input axis
+    ``perm[k]`` (numpy's ``transpose``). The output is written in order, the input read
+    where each element lies."""
+    _host(target)
+    shape = tuple(_positive("transpose dimension", v) for v in shape)
+    perm = tuple(perm)
+    if sorted(perm) != list(range(len(shape))):
+        raise OpError(f"perm {list(perm)} is not a permutation of the axes of a rank-{len(shape)} tensor")
+    dtype = _check_dtype("transpose", dtype, ("int8", "int32", "float32"))
+    out_shape = tuple(shape[p] for p in perm)
+    # A rank-0 tensor runs as a tensor of one element.
+    t = transpose_te(shape or (1,), perm or (0,), dtype)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_elementwise(s, t["out"])
+    else:
+        cpu_schedules.schedule_elementwise(s, t["out"])
+    kernel = build(s, target, [t["x"], t["out"]], name="transpose")
+    return CompiledOp("transpose", kernel, ["x"], "out",
+                      lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
+                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "perm": perm})
 
 
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:

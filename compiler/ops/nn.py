@@ -18,7 +18,7 @@ Integers accumulate in int32 and end with the `Epilogue` (bias, shift,
 clip/ReLU); floats accumulate in float32 (bias, ReLU). `dense_vnni_te` and
 `conv2d_vnni_te` compute the int8 products on 4-byte dot products
 (`dot4_u8s8`), with the packings that needs. Other operators: element-wise
-(with broadcasting), max/average pooling (global included) and softmax.
+(with broadcasting), transposes, max/average pooling (global included) and softmax.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from .common import Epilogue, OpError, out_size
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
-    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "pool2d_te", "softmax_te", "round_up",
+    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pool2d_te", "softmax_te",
+    "round_up",
     "ELEMENTWISE_OPS", "window_pixel",
 ]
 
@@ -340,6 +341,15 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
     else:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     return tensors
+
+
+def transpose_te(shape: tuple[int, ...], perm: tuple[int, ...], dtype: str) -> dict[str, Tensor]:
+    """``x`` with its axes reordered (numpy's ``transpose``): output axis ``k`` is input axis
+    ``perm[k]``, so ``out[i] = x[j]`` with ``j[perm[k]] = i[k]``."""
+    x = placeholder(shape, dtype, "x")
+    source = [perm.index(axis) for axis in range(len(shape))]     # the output axis each input axis becomes
+    out = compute(tuple(shape[p] for p in perm), lambda *i: x[tuple(i[k] for k in source)], name="out")
+    return {"x": x, "out": out}
 
 
 def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
