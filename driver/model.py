@@ -45,7 +45,7 @@ from gemforge.compiler.graph.accel import AccelLayer, slot_key
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
-from gemforge.compiler.graph.ir import OPS, Graph, GraphError, Node, Value
+from gemforge.compiler.graph.ir import BINARY_OPS, OPS, Graph, GraphError, Node, Value
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
 from gemforge.files import npz_bytes, write_bytes_atomic
@@ -600,13 +600,14 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
 
 #: The attributes a run reads of each operator (`cpu_kernels`, `evaluate`), and those of an int8 graph.
 _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), "add": ("relu",), "mul": ("relu",),
+    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",),
+    **{op: ("relu",) for op in BINARY_OPS},
     "clip": ("lo", "hi"), "max_pool": ("kernel", "stride", "padding"), "avg_pool": ("kernel", "stride", "padding"),
     "reshape": ("shape",), "transpose": ("perm",), "concat": ("axis",), "softmax": ("axis",), "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
 }
-_INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",), "add": ("lshift", "shift"),
-                                           "mul": ("lshift", "shift")}
+_INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",),
+                                           **{op: ("lshift", "shift") for op in ("add", "sub", "mul")}}
 
 
 def _whole(value) -> bool:

@@ -11,7 +11,7 @@ graph and names the first node that breaks this; the runtime then refuses to chu
 
 from __future__ import annotations
 
-from .ir import Graph, Node
+from .ir import BINARY_OPS, Graph, Node
 
 __all__ = ["batch_mixing", "batched_values"]
 
@@ -33,7 +33,7 @@ def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
         if carried != [0]:
             return "its right-hand operand depends on the batch"
         return None if len(shape[node.inputs[0]]) >= 2 else "it reduces over the batch axis"
-    if node.op in ("add", "mul"):
+    if node.op in BINARY_OPS:
         for i, name in enumerate(node.inputs):
             rank = len(shape[name])
             if i in carried and rank != len(out):

@@ -26,7 +26,7 @@ from ..schedule import create_schedule
 from ..target import Target
 from ..te import clip, compute, placeholder
 from .evaluate import dequantize_array, quantize_array
-from .ir import Graph, GraphError, Node
+from .ir import BINARY_OPS, Graph, GraphError, Node
 
 __all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]
 
@@ -43,7 +43,7 @@ def _contiguous(array) -> np.ndarray:
 
 def quantized_elementwise(target: Target, op: str, shape, y_shape, lshift, shift: int, relu: bool) -> CompiledOp:
     """int8 ``clip(((x << lx) ∘ (y << ly) + round) >> shift, lo, 127)`` with ``y``
-    broadcast to ``x`` (``∘`` is ``+`` or ``×``; ``op == "requantize"`` has no ``y``)."""
+    broadcast to ``x`` (``∘`` is ``+``, ``−`` or ``×``; ``op == "requantize"`` has no ``y``)."""
     x = placeholder(tuple(shape), "int8", "x")
     params = [x]
     y = None
@@ -60,7 +60,7 @@ def quantized_elementwise(target: Target, op: str, shape, y_shape, lshift, shift
             other = y[tuple(Const(0) if d == 1 else i for i, d in zip(idx[offset:], y_shape))].astype("int32")
             if lshift[1]:
                 other = other * Const(1 << lshift[1])
-            value = value + other if op == "add" else value * other
+            value = value + other if op == "add" else value - other if op == "sub" else value * other
         if shift:
             value = Shr(value + Const(1 << (shift - 1)), Const(shift))
         return Cast("int8", clip(value, 0 if relu else -128, 127))
@@ -130,7 +130,7 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         k, n = shapes[1]
         op = host.compile_dense(target, m, k, n, dtype=dtype, bias=len(shapes) > 2, shift=shift, relu=a["relu"])
         return _with_weights(node, op, "a", "b", (m, k), const, lambda out: out.reshape(out_shape))
-    if node.op in ("add", "mul"):
+    if node.op in BINARY_OPS:
         return _binary(graph, node, target, shapes, out_shape, dtype)
     if node.op == "requantize":
         return _unary(node, quantized_elementwise(target, "requantize", shapes[0], None, (0, 0), a["shift"], False))
@@ -158,11 +158,12 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
 
 
 def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: str) -> HostKernel:
-    """add/mul: the kernel broadcasts its second operand, so the full-shape operand goes
-    first (both are broadcast in numpy when neither has the output's shape)."""
+    """add/sub/mul/div: the kernel broadcasts its second operand, so the full-shape operand of
+    an add or a multiply goes first; the first operand is broadcast in numpy where it does not
+    have the output's shape and comes first (either of sub and div; both when neither has it)."""
     a = node.attrs
     order = [0, 1]
-    if shapes[0] != out_shape and shapes[1] == out_shape:
+    if node.op in ("add", "mul") and shapes[0] != out_shape and shapes[1] == out_shape:
         order = [1, 0]
     x_shape, y_shape = out_shape, shapes[order[1]]
     scalar = out_shape == ()      # rank 0 (both operands too) runs as one element

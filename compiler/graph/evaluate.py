@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ops.common import reference_epilogue
 from ..ops.reference import avg_pool2d_reference, conv2d_reference, max_pool2d_reference
-from .ir import Graph, GraphError, Node
+from .ir import BINARY_OPS, Graph, GraphError, Node
 
 __all__ = ["evaluate", "evaluate_node", "quantize_array", "dequantize_array", "rounding_shift"]
 
@@ -39,6 +39,9 @@ def _pool(node: Node, x: np.ndarray) -> np.ndarray:
     if node.op == "max_pool":
         return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"])
     return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], count_include_pad=a["count_include_pad"])
+
+
+_ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
 
 def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:
@@ -68,14 +71,16 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
             acc = flat.astype(np.int64) @ args[1].astype(np.int64)
             out = reference_epilogue(acc, args[2] if len(args) > 2 else None, a["shift"], a["relu"], 1)
         return out.reshape(lead + (out.shape[-1],))
-    if op in ("add", "mul"):
+    if op in BINARY_OPS:
         y = args[1]
         if floating:
-            value = x.astype(np.float64) + y if op == "add" else x.astype(np.float64) * y
+            # In float64, each rounds to float32 as the float32 operation would (division by
+            # zero included: ±inf, or NaN for 0/0).
+            with np.errstate(divide="ignore", invalid="ignore"):
+                value = _ARITHMETIC[op](x.astype(np.float64), y.astype(np.float64))
             return (np.maximum(value, 0) if a["relu"] else value).astype(np.float32)
         lx, ly = a["lshift"]
-        xv, yv = x.astype(np.int64) << lx, y.astype(np.int64) << ly
-        value = xv + yv if op == "add" else xv * yv
+        value = _ARITHMETIC[op](x.astype(np.int64) << lx, y.astype(np.int64) << ly)
         return _int8(rounding_shift(value, a["shift"]), 0 if a["relu"] else -128)
     if op == "relu":
         return np.maximum(x, 0).astype(x.dtype)

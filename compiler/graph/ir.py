@@ -14,8 +14,9 @@ op                  attributes
 ``conv2d``          inputs x, w (OIHW), [bias]; stride, padding, groups, relu;
                     int8: shift (requantization into the output's scale)
 ``dense``           inputs a (M, K), w (K, N), [bias]; relu; int8: shift
-``add``, ``mul``    inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
-                    x and y (``lshift``), shift (requantization)
+``add``, ``sub``,   inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
+``mul``             x and y (``lshift``), shift (requantization)
+``div``             inputs x, y (numpy broadcasting); relu (float32 only)
 ``relu``            —
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
 ``max_pool``        kernel, stride, padding (pairs)
@@ -43,15 +44,18 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "MAX_DIM", "MAX_ELEMENTS"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "MAX_DIM", "MAX_ELEMENTS"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
 MAX_DIM = (1 << 31) - 1
 MAX_ELEMENTS = 1 << 40
 
-OPS = ("conv2d", "dense", "add", "mul", "relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "identity",
-       "concat", "softmax", "batch_norm", "quantize", "dequantize", "requantize")
+#: The element-wise operators of two tensors (numpy broadcasting).
+BINARY_OPS = ("add", "sub", "mul", "div")
+#: Every operator of the table above.
+OPS = ("conv2d", "dense", *BINARY_OPS, "relu", "clip", "max_pool", "avg_pool", "reshape", "transpose",
+       "identity", "concat", "softmax", "batch_norm", "quantize", "dequantize", "requantize")
 
 
 class GraphError(CompileError):

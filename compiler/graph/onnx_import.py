@@ -197,9 +197,9 @@ class _Importer:
 
     def _fold(self, onnx_node: onnx.NodeProto, node: Node) -> np.ndarray:
         args = [self.constants[i] for i in node.inputs]
-        if node.op in ("add", "mul") and all(a.dtype.kind in "iu" for a in args):
+        if node.op in ("add", "sub", "mul") and all(a.dtype.kind in "iu" for a in args):
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
-            value = args[0] + args[1] if node.op == "add" else args[0] * args[1]
+            value = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[node.op](args[0], args[1])
             return np.maximum(value, 0) if node.attrs.get("relu") else value
         if any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape", "transpose"):
             # Concat, Reshape (Flatten, Squeeze, Unsqueeze) and Transpose only move elements: any
@@ -471,8 +471,21 @@ class _Importer:
     def op_Add(self, node, attrs):
         self.emit("add", node, list(node.input[:2]), relu=False)
 
+    def op_Sub(self, node, attrs):
+        self.emit("sub", node, list(node.input[:2]), relu=False)
+
     def op_Mul(self, node, attrs):
         self.emit("mul", node, list(node.input[:2]), relu=False)
+
+    def op_Div(self, node, attrs):
+        self.emit("div", node, list(node.input[:2]), relu=False)
+
+    def op_Neg(self, node, attrs):
+        # x · (−1), exact in float32 and in int8 too: −1 quantizes to −64 · 2^-6 and the
+        # product's shift by 6 back to x's scale drops nothing, so no new kernel is needed.
+        x = self.constants.get(self.name(node.input[0]))
+        kind = x.dtype if x is not None and x.dtype.kind in "iu" else np.float32    # an integer constant folds
+        self.emit("mul", node, [node.input[0], self._const_like(node, "minus_one", np.array(-1, kind))], relu=False)
 
     def op_Relu(self, node, attrs):
         self.emit("relu", node, [node.input[0]])

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops.common import out_size
 from .evaluate import evaluate_node
-from .ir import MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
+from .ir import BINARY_OPS, MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
 
 __all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
 
@@ -62,7 +62,7 @@ def _axes(node: Node, axes, rank: int) -> list[int]:
 def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
     """The output shape of ``node``, checking its inputs; resolves shape-dependent attributes."""
     shapes = [graph.values[i].shape for i in node.inputs]
-    dtypes = {graph.values[i].dtype for i in node.inputs[:2]} if node.op in ("add", "mul", "dense") else \
+    dtypes = {graph.values[i].dtype for i in node.inputs[:2]} if node.op in (*BINARY_OPS, "dense") else \
         {graph.values[i].dtype for i in node.inputs} if node.op == "concat" else set()
     if len(dtypes) > 1:
         raise _fail(node, f"its inputs have different types ({', '.join(sorted(dtypes))}); ONNX needs one")
@@ -90,7 +90,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
         if len(shapes) > 2 and shapes[2] != (w[1],):
             raise _fail(node, f"the bias must have shape [{w[1]}], not {list(shapes[2])}")
         return tuple(x[:-1]) + (w[1],)
-    if op in ("add", "mul"):
+    if op in BINARY_OPS:
         try:
             return tuple(np.broadcast_shapes(x, shapes[1]))
         except ValueError:

@@ -13,19 +13,20 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   weights take a coarser ``e_w`` where the sum's exact worst case over every int8 input
   (Σ|w|·128 + |bias| per channel) would otherwise overflow int32 (a very long dot product, a
   bias large next to its weights);
-- an add shifts its operands left to the finer of their two scales, adds, and
-  shifts right with rounding into its output's (a residual add with its ReLU is
-  one pass); an operand more than 2^MAX_LSHIFT finer than the other is first
-  requantized (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
+- an add (or a subtraction) shifts its operands left to the finer of their two scales, adds
+  (subtracts), and shifts right with rounding into its output's (a residual add with its ReLU
+  is one pass); an operand more than 2^MAX_LSHIFT finer than the other is first requantized
+  (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
 - pooling, ReLU, clip, reshapes and transposes keep their input's scale; a concat takes the
   coarsest of its inputs' scales (the others are requantized to it); a tensor only
   clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
   its producer reaches);
-- a softmax runs in float32 on its dequantized input, and so does an average pool whose
-  output range is narrower than its input's (a global pool's); the network quantizes its
-  inputs at entry and dequantizes its outputs at exit, so it takes and returns
-  float32 like the ONNX model (an output already in float32 — an input returned as it is,
-  or a copy of it, a softmax's — leaves exactly as it is).
+- the operators of `FLOAT_ONLY` (softmax, division) run in float32 on their dequantized
+  inputs, and so does an average pool whose output range is narrower than its input's (a
+  global pool's); the nodes reading their results quantize them. The network quantizes its
+  inputs at entry and dequantizes its outputs at exit, so it takes and returns float32 like
+  the ONNX model (an output already in float32 — an input returned as it is, or a copy of
+  it, a softmax's — leaves exactly as it is).
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ import numpy as np
 from .evaluate import evaluate, quantize_array
 from .ir import Graph, GraphError, Node, Value
 
-__all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT"]
+__all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
 #: Largest left shift of an add operand: 127 · 2**23, twice, still fits int32.
 MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
+#: Operators with no exact int8 form: an int8 network computes them in float32 on the CPU,
+#: from their inputs dequantized, and the nodes reading them quantize their results.
+FLOAT_ONLY = ("softmax", "div")
 
 
 def exponent_for(max_abs: float, what: str = "a tensor") -> int:
@@ -198,6 +202,19 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         rename[name] = q
         return q
 
+    dequantized: dict[str, str] = {}       # int8 tensor → its float32 version
+
+    def float_input(name: str) -> str:
+        """Tensor ``name`` in float32: as it is (a graph input, a constant, a float-path result), or
+        its int8 version dequantized (once)."""
+        if name not in rename or graph.is_constant(name):
+            return name
+        if name not in dequantized:
+            q = rename[name]
+            dequantized[name] = add_value(f"{name}/float", graph.values[name].shape, "float32", None)
+            new_nodes.append(Node("dequantize", f"{name}/dequantize", [q], dequantized[name], {"exponent": exponent[q]}))
+        return dequantized[name]
+
     def requantized(p: str, e: int) -> str:
         """int8 tensor ``p`` at the coarser exponent ``e``."""
         r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
@@ -217,19 +234,13 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         finer = op in ("avg_pool", "clip") and (
             node.inputs[0] not in rename
             or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
-        if op == "softmax" or finer:
-            # A softmax runs in float32. So does a mean or a clip whose range is narrower than
-            # its input's (a global average pool's; a clip of a tensor that other nodes read at
-            # a wider range): kept at its input's coarse scale, a 15×15 pool's int8 output was
-            # 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros; computed from
-            # the dequantized input, it is quantized at its own scale where it is read.
-            x = node.inputs[0]
-            if x in rename:
-                f = add_value(f"{x}/float", graph.values[x].shape, "float32", None)
-                new_nodes.append(Node("dequantize", f"{x}/dequantize", [rename[x]], f,
-                                      {"exponent": exponent[rename[x]]}))
-                x = f
-            new_nodes.append(Node(op, node.name, [x], out, dict(node.attrs)))
+        if op in FLOAT_ONLY or finer:
+            # A softmax or a division runs in float32. So does a mean or a clip whose range is
+            # narrower than its input's (a global average pool's; a clip of a tensor that other
+            # nodes read at a wider range): kept at its input's coarse scale, a 15×15 pool's int8
+            # output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros;
+            # computed from the dequantized input, it is quantized at its own scale where it is read.
+            new_nodes.append(Node(op, node.name, [float_input(i) for i in node.inputs], out, dict(node.attrs)))
             floating.add(out)
             continue
         if op == "identity" and node.inputs[0] in floating:
@@ -289,9 +300,9 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))
-        elif op in ("add", "mul"):
+        elif op in ("add", "sub", "mul"):
             constant = [graph.is_constant(i) for i in node.inputs]
-            if op == "add" and constant.count(True) == 1:
+            if op != "mul" and constant.count(True) == 1:
                 # A constant far finer than the tensor it is added to (a bias of 1e-7) is
                 # quantized no finer than the int32 sum can align: what it loses is below the
                 # tensor's own resolution.
@@ -301,7 +312,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                 x, y = (c, t) if constant[0] else (t, c)
             else:
                 x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
-                if op == "add" and abs(exponent[x] - exponent[y]) > MAX_LSHIFT:
+                if op != "mul" and abs(exponent[x] - exponent[y]) > MAX_LSHIFT:
                     # So is a tensor far finer than the one it is added to (a residual branch
                     # with a layer scale of 1e-7): requantized first, it loses what lies below
                     # 2^-MAX_LSHIFT of the other's step.
@@ -310,7 +321,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                     else:
                         y = requantized(y, exponent[x] + MAX_LSHIFT)
             ex, ey = exponent[x], exponent[y]
-            if op == "add":
+            if op != "mul":
                 acc = max(ex, ey)
                 lshift = (acc - ex, acc - ey)
                 assert max(lshift) <= MAX_LSHIFT, (node.name, lshift)

@@ -108,7 +108,7 @@ def _host_only(target, what: str):
 
 
 def compile_elementwise(target, op: str, shape, **options) -> CompiledOp:
-    """``add``, ``mul``, ``relu``, ``clip`` on cpu/gpu (see `host.compile_elementwise`)."""
+    """An element-wise operator of `nn.ELEMENTWISE_OPS` on cpu/gpu (see `host.compile_elementwise`)."""
     return host.compile_elementwise(_host_only(target, op), op, shape, **options)
 
 

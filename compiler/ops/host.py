@@ -21,7 +21,7 @@ from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
-    ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
+    ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
     elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te, transpose_te,
 )
 
@@ -240,10 +240,12 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
                         shift: int | None = None, relu: bool = False, lo=None, hi=None) -> CompiledOp:
-    """``add``/``mul`` (``y`` broadcast to ``x``), ``relu``, ``clip`` on a tensor of any rank.
+    """An operator of `ELEMENTWISE_OPS` on a tensor of any rank: ``add``/``sub``/``mul``/``div``
+    (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``).
 
     Integer operands (int8, or int32 accumulators as the accelerator's element-wise
-    operators take) compute in int32 and end with the epilogue (``shift``: int8)."""
+    operators take) compute in int32 and end with the epilogue (``shift``: int8); the
+    operators of `FLOAT_ELEMENTWISE_OPS` take float32 only."""
     _host(target)
     if op not in ELEMENTWISE_OPS:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
@@ -255,8 +257,9 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
         if y_shape is not None and tuple(y_shape):
             raise OpError(f"y of shape {list(y_shape)} does not broadcast to x's shape []")
         shape, y_shape = (1,), (None if y_shape is None else (1,))
-    dtype = _check_dtype(op, dtype, ("int8", "int32", "float32"))
-    if op in ("add", "mul"):
+    dtype = _check_dtype(op, dtype, ("float32",) if op in FLOAT_ELEMENTWISE_OPS else ("int8", "int32", "float32"))
+    binary = ELEMENTWISE_OPS[op] == 2
+    if binary:
         y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)
         if len(y_shape) > len(shape) or any(d not in (1, s) for d, s in zip(y_shape, shape[len(shape) - len(y_shape):])):
             raise OpError(f"y of shape {list(y_shape)} does not broadcast to x's shape {list(shape)}")
@@ -272,8 +275,7 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
             lo, hi = int(lo), int(hi)
     if shift is not None and dtype == "float32":
         raise OpError("a shift applies to integer operands, not float32")
-    t = elementwise_te(op, shape, dtype, y_shape if op in ("add", "mul") else None, shift=shift, relu=relu,
-                       lo=lo, hi=hi)
+    t = elementwise_te(op, shape, dtype, y_shape if binary else None, shift=shift, relu=relu, lo=lo, hi=hi)
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules

@@ -24,6 +24,7 @@ clip/ReLU); floats accumulate in float32 (bias, ReLU). `dense_vnni_te` and
 from __future__ import annotations
 
 import math
+import operator
 
 from dataclasses import dataclass
 
@@ -38,11 +39,14 @@ __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pool2d_te", "softmax_te",
     "round_up",
-    "ELEMENTWISE_OPS", "window_pixel",
+    "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "window_pixel",
 ]
 
 #: Element-wise operators and their arity.
-ELEMENTWISE_OPS = {"add": 2, "mul": 2, "relu": 1, "clip": 1}
+ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "clip": 1}
+#: Those of them that take floats only.
+FLOAT_ELEMENTWISE_OPS = ("div",)
+_ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -313,15 +317,17 @@ def pack_dense_weights_vnni(w, panel: int):
 
 def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,
                    shift: int | None = None, relu: bool = False, lo=None, hi=None) -> dict[str, Tensor]:
-    """``add``/``mul`` (``y`` broadcast to ``x``'s shape, numpy's rules), ``relu``, ``clip``.
+    """``add``/``sub``/``mul``/``div`` (``y`` broadcast to ``x``'s shape, numpy's rules),
+    ``relu``, ``clip``.
 
     Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
-    requantize to int8; ``relu``); float inputs compute in float32 (``relu``).
-    ``clip`` keeps the input type."""
+    requantize to int8; ``relu``); float inputs compute in float32 (``relu``);
+    the operators of `FLOAT_ELEMENTWISE_OPS` take floats only. ``clip`` keeps the
+    input type."""
     x = placeholder(shape, dtype, "x")
     tensors = {"x": x}
     acc = accumulator_dtype(dtype)
-    if op in ("add", "mul"):
+    if ELEMENTWISE_OPS.get(op) == 2:
         y_shape = tuple(shape) if y_shape is None else tuple(y_shape)
         y = tensors["y"] = placeholder(y_shape, dtype, "y")
         offset = len(shape) - len(y_shape)
@@ -332,7 +338,7 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
 
         def body(*idx):
             a, b = x[idx].astype(acc), ry(idx).astype(acc)
-            return epi.apply(a + b if op == "add" else a * b, None)
+            return epi.apply(_ARITHMETIC[op](a, b), None)
         tensors["out"] = compute(shape, body, name="out", dtype=epi.out_dtype(acc))
     elif op == "relu":
         tensors["out"] = compute(shape, lambda *idx: Max(x[idx], Const(0, dtype)), name="out")

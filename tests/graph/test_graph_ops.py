@@ -1,6 +1,7 @@
-"""The layout operators (Squeeze, Unsqueeze, Transpose) against ONNX Runtime: float32 on the
-cpu, int8 bit-identical on fsim, the cpu and the graph's numpy semantics, each network
-through a .gfm round trip; their attributes' refusals and how they treat a batch."""
+"""The operators added to the first set — Squeeze, Unsqueeze, Transpose, Sub, Div, Neg — against
+ONNX Runtime: float32 on the cpu, int8 on fsim and the cpu (bit-identical, and equal to the
+graph's numpy semantics), random shapes and data; their refusals, how they treat a batch, and
+the .gfm round trip of every one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from onnx import helper
 
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
+from gemforge.compiler.graph.quantize import FLOAT_ONLY
 from gemforge.driver.model import Model, compile_model
 from onnx_models import model, ort_run
 
@@ -21,40 +23,38 @@ def _normal(rng, shape) -> np.ndarray:
     return rng.normal(size=shape).astype(np.float32)
 
 
+def _by_name(compiled: Model, result) -> dict[str, np.ndarray]:
+    return result if isinstance(result, dict) else {compiled.outputs[0]: result}
+
+
 def _same_as_onnx_runtime(m, feeds: dict[str, np.ndarray], rng, *, int8: bool = True, rtol: float = 1e-5):
-    """The float32 network equals ONNX Runtime within ``rtol`` on the cpu (and so do the graph's
-    numpy semantics and the network loaded from its .gfm); the int8 network, calibrated on
-    ``feeds`` and a few more samples like them, runs bit for bit alike on fsim, the cpu, in
-    numpy and loaded, within a few steps of its output's scale of ONNX Runtime's."""
+    """The float32 network (and the graph's numpy semantics) equals ONNX Runtime within ``rtol``
+    on the cpu. The int8 network, calibrated on ``feeds`` and a few samples like them (negated,
+    shuffled), gives the same bits on fsim and the cpu, and in numpy (up to an int8 step where a
+    float32 path feeds it), within a few steps of its output's scale of ONNX Runtime."""
     expected = dict(zip([o.name for o in m.graph.output], ort_run(m, feeds)))
-    scale = max(float(np.nanmax(np.abs(e[np.isfinite(e)]), initial=0)) for e in expected.values()) or 1.0
-    runs = [compile_model(m)]
-    if int8:
-        samples = {k: np.stack([v] + [_normal(rng, v.shape) * float(np.abs(v).max()) for _ in range(3)])
-                   for k, v in feeds.items()}
-        runs.append(compile_model(m, quantize="int8", calibrate=samples, config="tiny"))
+    scale = max(float(np.max(np.abs(e[np.isfinite(e)]), initial=0)) for e in expected.values()) or 1.0
     arg = feeds if len(feeds) > 1 else next(iter(feeds.values()))
-    for compiled in runs:
-        got = compiled.run(arg, "cpu")
-        got = got if isinstance(got, dict) else {compiled.outputs[0]: got}
-        loaded = Model.from_bytes(compiled.to_bytes()).run(arg, "cpu")
-        loaded = loaded if isinstance(loaded, dict) else {compiled.outputs[0]: loaded}
-        ref = evaluate(compiled.graph, feeds)
-        if compiled.dtype == "int8":
-            on_fsim = compiled.run(arg, "fsim")
-            on_fsim = on_fsim if isinstance(on_fsim, dict) else {compiled.outputs[0]: on_fsim}
-        for name, e in expected.items():
-            g = got[name]
-            assert g.shape == e.shape and g.dtype == np.float32, (name, g.shape, e.shape)
-            np.testing.assert_array_equal(loaded[name], g)
-            if compiled.dtype == "float32":
-                np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * scale)
-                np.testing.assert_allclose(ref[name], e, rtol=rtol, atol=rtol * scale)
-            else:
-                np.testing.assert_array_equal(on_fsim[name], g)
-                np.testing.assert_array_equal(ref[name], g)
-                assert np.abs(g - e).max() <= 0.05 * scale, (name, np.abs(g - e).max(), scale)
-    return runs
+    compiled = compile_model(m)
+    got, ref = _by_name(compiled, compiled.run(arg, "cpu")), evaluate(compiled.graph, feeds)
+    for name, e in expected.items():
+        assert got[name].shape == e.shape and got[name].dtype == np.float32, (name, got[name].shape, e.shape)
+        np.testing.assert_allclose(got[name], e, rtol=rtol, atol=rtol * scale)
+        np.testing.assert_allclose(ref[name], e, rtol=rtol, atol=rtol * scale)
+    if not int8:
+        return
+    samples = {k: np.stack([v, -v, *(rng.permutation(v.ravel()).reshape(v.shape) for _ in range(2))])
+               for k, v in feeds.items()}
+    q = compile_model(m, quantize="int8", calibrate=samples, config="tiny")
+    got, on_fsim, ref = _by_name(q, q.run(arg, "cpu")), _by_name(q, q.run(arg, "fsim")), evaluate(q.graph, feeds)
+    # numpy computes a float32 path in float64: a result an ulp apart may round to the next int8 step.
+    floating = any(node.op in FLOAT_ONLY for node in q.graph.nodes)
+    step = max((2.0 ** -v.exponent for v in q.graph.values.values() if v.dtype == "int8"), default=0.0)
+    for name, e in expected.items():
+        assert got[name].shape == e.shape and got[name].dtype == np.float32, (name, got[name].shape, e.shape)
+        np.testing.assert_array_equal(on_fsim[name], got[name])
+        np.testing.assert_allclose(ref[name], got[name], rtol=1e-5 if floating else 0, atol=step if floating else 0)
+        assert np.abs(got[name] - e).max() <= 0.05 * scale, (name, np.abs(got[name] - e).max(), scale)
 
 
 # ------------------------------------------------------------------------ Squeeze, Unsqueeze, Transpose
@@ -150,3 +150,110 @@ def test_layout_operators_on_a_batch():
     squeezes = model([N("Squeeze", ["x"], ["y"], name="sq")], [("x", ["N", 3, 1])], [("y", [3])])
     with pytest.raises(GraphError, match=r"node sq \(reshape\): it reshapes across the batch axis"):
         compile_model(squeezes).run(_normal(rng, (2, 3, 1)), "cpu")
+
+
+# ------------------------------------------------------------------------ Sub, Div, Neg
+
+def _away_from_zero(rng, shape) -> np.ndarray:
+    return (rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", ["Sub", "Div"])
+@pytest.mark.parametrize("x_shape, y_shape", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (3, 1)), ((4,), (2, 3, 1)),
+                                              ((1, 4), (3, 1)), ((), (2, 3))])
+def test_sub_and_div_broadcast_both_ways(op, x_shape, y_shape):
+    """Either operand may be the smaller one (a kernel that swapped them would flip the sign)."""
+    rng = np.random.default_rng(len(x_shape) * 10 + len(y_shape))
+    m = model([N(op, ["x", "y"], ["z"])], [("x", list(x_shape)), ("y", list(y_shape))], [("z", None)])
+    _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape), "y": _away_from_zero(rng, y_shape)}, rng)
+
+
+@pytest.mark.parametrize("op", ["Sub", "Div"])
+def test_sub_and_div_with_a_constant_on_either_side(op):
+    rng = np.random.default_rng(30)
+    m = model([N(op, ["x", "c"], ["a"]), N(op, ["c", "y"], ["b"]), N("Add", ["a", "b"], ["z"])],
+              [("x", [2, 3, 4]), ("y", [2, 3, 4])], [("z", None)], {"c": _away_from_zero(rng, (3, 1))})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 4)), "y": _away_from_zero(rng, (2, 3, 4))}, rng)
+
+
+def test_division_by_zero_gives_inf_and_nan_as_onnx_runtime_does():
+    """Float32 only: an int8 network cannot be calibrated where a tensor is infinite or NaN."""
+    x = np.float32([1, -1, 0, 2, -0.0, np.inf])
+    y = np.float32([0, 0, 0, -0.0, 1, np.inf])
+    m = model([N("Div", ["x", "y"], ["z"])], [("x", [6]), ("y", [6])], [("z", None)])
+    expected = ort_run(m, {"x": x, "y": y})[0]
+    np.testing.assert_array_equal(expected, [np.inf, -np.inf, np.nan, -np.inf, -0.0, np.nan])
+    compiled = compile_model(m)
+    np.testing.assert_array_equal(compiled.run({"x": x, "y": y}, "cpu"), expected)
+    np.testing.assert_array_equal(evaluate(compiled.graph, {"x": x, "y": y})["z"], expected)
+
+
+def test_neg():
+    """x · (−1), exactly, in float32 and in int8 (after a convolution on the accelerator)."""
+    rng = np.random.default_rng(31)
+    w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Neg", ["c"], ["y"]), N("Neg", ["x"], ["z"])],
+              [("x", [1, 3, 5, 5])], [("y", None), ("z", None)], {"w": w})
+    x = _normal(rng, (1, 3, 5, 5))
+    _same_as_onnx_runtime(m, {"x": x}, rng)
+    q = compile_model(m, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+    by_layer = evaluate(q.graph, {"x": x}, keep=True)
+    for tensor in ("c", "x"):
+        q_in = next(n for n in q.graph.nodes if n.output.startswith(f"{tensor}/q")).output
+        q_out = next(n for n in q.graph.nodes if n.inputs[0] == q_in and n.op == "mul").output
+        assert q.graph.values[q_in].exponent == q.graph.values[q_out].exponent
+        np.testing.assert_array_equal(by_layer[q_out], np.minimum(-by_layer[q_in].astype(np.int16), 127))
+    # Of an integer constant (a shape computed in the model), folded at import.
+    m = model([N("Neg", ["s"], ["t"]), N("Reshape", ["x", "t"], ["y"])], [("x", [2, 3, 4])], [("y", [6, 4])],
+              {"s": np.int64([-6, -4])})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 4))}, rng, int8=False)
+
+
+# ------------------------------------------------------------------------ the .gfm round trip
+
+def _every_new_operator(rng):
+    """One network with each operator of this file (and those its int8 form runs in float32)."""
+    w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             N("Unsqueeze", ["t", "one"], ["u"]), N("Squeeze", ["u", "one"], ["s"]), N("Neg", ["s"], ["n"]),
+             N("Sub", ["n", "k"], ["d"]), N("Div", ["d", "k"], ["y"])]
+    return model(nodes, [("x", [1, 3, 4, 5])], [("y", None)],
+                 {"w": w, "one": np.int64([1]), "k": _away_from_zero(rng, (4,))})
+
+
+def test_every_new_operator_survives_save_and_load(tmp_path):
+    rng = np.random.default_rng(40)
+    m = _every_new_operator(rng)
+    x = _normal(rng, (1, 3, 4, 5))
+    for options in ({}, {"quantize": "int8", "calibrate": np.stack([x, -x]), "config": "tiny"}):
+        compiled = compile_model(m, **options)
+        compiled.save(tmp_path / "m.gfm")
+        loaded = Model.load(tmp_path / "m.gfm")
+        assert [n.describe() for n in loaded.graph.nodes] == [n.describe() for n in compiled.graph.nodes]
+        for device in ("cpu", "fsim") if options else ("cpu",):
+            np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
+
+
+@pytest.mark.parametrize("op, attr, value, match", [
+    ("transpose", "perm", [0, 1, 2, 3], r"node d \(sub\): shapes \[1, 4, 4, 5\] and \[4\] do not broadcast"),
+    ("transpose", "perm", ["a"], "attribute perm"),
+    ("transpose", "perm", None, "lacks attribute"),
+    ("reshape", "squeeze", [-1], "attribute squeeze"),
+    ("reshape", "unsqueeze", [4], r"node s \(reshape\): it squeezes axes of size 1 only"),
+    ("sub", "lshift", None, "lacks attribute"),
+])
+def test_an_edited_layout_or_arithmetic_attribute_is_refused_when_loaded(op, attr, value, match):
+    from test_graph_int8 import _edit_manifest
+    rng = np.random.default_rng(41)
+    x = _normal(rng, (1, 3, 4, 5))
+    compiled = compile_model(_every_new_operator(rng), quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+
+    def edit(manifest):
+        node = next(n for n in manifest["graph"]["nodes"] if n["op"] == op and (attr in n["attrs"] or value is None))
+        if value is None:
+            node["attrs"].pop(attr)
+        else:
+            node["attrs"][attr] = value
+    data = _edit_manifest(compiled.to_bytes(), edit)
+    with pytest.raises(GraphError, match=f"not a valid gemforge model.*{match}"):
+        Model.from_bytes(data)
