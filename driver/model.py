@@ -594,7 +594,7 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
     "exponent": lambda v: _integers(v, -126, 127),
     **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad")},
-    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) for k in ("lo", "hi", "epsilon")},
+    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) for k in ("lo", "hi", "epsilon", "alpha")},
 }
 
 
@@ -602,8 +602,10 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
 _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",),
     **{op: ("relu",) for op in BINARY_OPS},
-    "clip": ("lo", "hi"), "max_pool": ("kernel", "stride", "padding"), "avg_pool": ("kernel", "stride", "padding"),
-    "reshape": ("shape",), "transpose": ("perm",), "concat": ("axis",), "softmax": ("axis",), "batch_norm": ("epsilon",),
+    "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
+    "avg_pool": ("kernel", "stride", "padding"),
+    "reshape": ("shape",), "transpose": ("perm",), "concat": ("axis",), "softmax": ("axis",),
+    "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
 }
 _INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",),

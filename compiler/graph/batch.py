@@ -11,14 +11,14 @@ graph and names the first node that breaks this; the runtime then refuses to chu
 
 from __future__ import annotations
 
-from .ir import BINARY_OPS, Graph, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, Graph, Node
 
 __all__ = ["batch_mixing", "batched_values"]
 
 #: Operators that compute each item of their first input on its own (the other inputs are
 #: weights, biases or statistics).
-_PER_ITEM = {"conv2d", "max_pool", "avg_pool", "relu", "clip", "identity", "batch_norm", "quantize", "dequantize",
-             "requantize"}
+_PER_ITEM = {"conv2d", "max_pool", "avg_pool", "relu", *FLOAT_FUNCTIONS, "clip", "identity", "batch_norm", "quantize",
+             "dequantize", "requantize"}
 
 
 def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:

@@ -26,7 +26,7 @@ from ..schedule import create_schedule
 from ..target import Target
 from ..te import clip, compute, placeholder
 from .evaluate import dequantize_array, quantize_array
-from .ir import BINARY_OPS, Graph, GraphError, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, Graph, GraphError, Node
 
 __all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]
 
@@ -134,8 +134,8 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         return _binary(graph, node, target, shapes, out_shape, dtype)
     if node.op == "requantize":
         return _unary(node, quantized_elementwise(target, "requantize", shapes[0], None, (0, 0), a["shift"], False))
-    if node.op == "relu":
-        return _unary(node, host.compile_elementwise(target, "relu", shapes[0], dtype=dtype))
+    if node.op == "relu" or node.op in FLOAT_FUNCTIONS:
+        return _unary(node, host.compile_elementwise(target, node.op, shapes[0], dtype=dtype, alpha=a.get("alpha")))
     if node.op == "clip":
         lo, hi = a["lo"], a["hi"]
         if not int8:   # the kernel takes finite bounds; ±FLT_MAX clips nothing a float32 holds

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ops.common import reference_epilogue
 from ..ops.reference import avg_pool2d_reference, conv2d_reference, max_pool2d_reference
-from .ir import BINARY_OPS, Graph, GraphError, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, Graph, GraphError, Node
 
 __all__ = ["evaluate", "evaluate_node", "quantize_array", "dequantize_array", "rounding_shift"]
 
@@ -42,6 +42,7 @@ def _pool(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 _ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_FUNCTIONS = {"sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
 
 
 def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:
@@ -84,6 +85,12 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return _int8(rounding_shift(value, a["shift"]), 0 if a["relu"] else -128)
     if op == "relu":
         return np.maximum(x, 0).astype(x.dtype)
+    if op in FLOAT_FUNCTIONS:
+        v = x.astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):     # exp to inf, sqrt of negatives to NaN
+            if op == "leaky_relu":
+                return np.where(v < 0, v * a["alpha"], v).astype(np.float32)
+            return _FUNCTIONS[op](v).astype(np.float32)
     if op == "clip":
         return np.clip(x, a["lo"], a["hi"]).astype(x.dtype)
     if op in ("max_pool", "avg_pool"):

@@ -18,6 +18,10 @@ op                  attributes
 ``mul``             x and y (``lshift``), shift (requantization)
 ``div``             inputs x, y (numpy broadcasting); relu (float32 only)
 ``relu``            —
+``sigmoid``,        — (float32 only: an int8 network computes them in float32)
+``tanh``, ``exp``,
+``sqrt``, ``abs``
+``leaky_relu``      alpha (float32 only)
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
 ``max_pool``        kernel, stride, padding (pairs)
 ``avg_pool``        kernel, stride, padding, count_include_pad, global
@@ -44,7 +48,7 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "MAX_DIM", "MAX_ELEMENTS"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "FLOAT_FUNCTIONS", "MAX_DIM", "MAX_ELEMENTS"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
@@ -53,8 +57,10 @@ MAX_ELEMENTS = 1 << 40
 
 #: The element-wise operators of two tensors (numpy broadcasting).
 BINARY_OPS = ("add", "sub", "mul", "div")
+#: Element-wise functions of one tensor that only float32 computes.
+FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "sqrt", "abs", "leaky_relu")
 #: Every operator of the table above.
-OPS = ("conv2d", "dense", *BINARY_OPS, "relu", "clip", "max_pool", "avg_pool", "reshape", "transpose",
+OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose",
        "identity", "concat", "softmax", "batch_norm", "quantize", "dequantize", "requantize")
 
 

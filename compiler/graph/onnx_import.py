@@ -487,8 +487,42 @@ class _Importer:
         kind = x.dtype if x is not None and x.dtype.kind in "iu" else np.float32    # an integer constant folds
         self.emit("mul", node, [node.input[0], self._const_like(node, "minus_one", np.array(-1, kind))], relu=False)
 
+    def op_Pow(self, node, attrs):
+        y = self.constant(node, node.input[1], "the exponent Y")
+        if y.size != 1 or float(y.reshape(-1)[0]) != 2.0:
+            raise self.fail(node, f"the exponent Y must be the constant 2 (x · x), not {y.reshape(-1)[:4].tolist()}"
+                                  f"{' …' if y.size > 4 else ''} of shape {list(y.shape)}")
+        if y.ndim == 0:
+            self.emit("mul", node, [node.input[0], node.input[0]], relu=False)
+            return
+        # A Y of rank ≥ 1 broadcasts x · x to its rank: times ones of its shape (exact).
+        square = self.emit("mul", node, [node.input[0], node.input[0]], output=self._fresh(node.output[0] + "/square"),
+                           relu=False)
+        self.emit("mul", node, [square, self._const_like(node, "ones", np.ones(y.shape, np.float32))], relu=False)
+
     def op_Relu(self, node, attrs):
         self.emit("relu", node, [node.input[0]])
+
+    def op_LeakyRelu(self, node, attrs):
+        alpha = float(attrs.get("alpha", 0.01))
+        if not math.isfinite(alpha):
+            raise self.fail(node, f"alpha must be a finite number, not {alpha}")
+        self.emit("leaky_relu", node, [node.input[0]], alpha=alpha)
+
+    def op_Sigmoid(self, node, attrs):
+        self.emit("sigmoid", node, [node.input[0]])
+
+    def op_Tanh(self, node, attrs):
+        self.emit("tanh", node, [node.input[0]])
+
+    def op_Exp(self, node, attrs):
+        self.emit("exp", node, [node.input[0]])
+
+    def op_Sqrt(self, node, attrs):
+        self.emit("sqrt", node, [node.input[0]])
+
+    def op_Abs(self, node, attrs):
+        self.emit("abs", node, [node.input[0]])
 
     def op_Clip(self, node, attrs):
         bounds = []
@@ -539,7 +573,8 @@ class _Importer:
             return None
         axes = self.constant(node, node.input[1], "the axes")
         if axes.ndim > 1 or axes.dtype.kind not in "iu":
-            raise self.fail(node, f"the axes must be a 1-D integer tensor, not {axes.dtype} of shape {list(axes.shape)}")
+            raise self.fail(node, f"the axes must be a 1-D integer tensor, not {axes.dtype} of shape "
+                                  f"{list(axes.shape)}")
         return tuple(int(a) for a in axes.reshape(-1))
 
     def op_Squeeze(self, node, attrs):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops.common import out_size
 from .evaluate import evaluate_node
-from .ir import BINARY_OPS, MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
 
 __all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
 
@@ -95,7 +95,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             return tuple(np.broadcast_shapes(x, shapes[1]))
         except ValueError:
             raise _fail(node, f"shapes {list(x)} and {list(shapes[1])} do not broadcast") from None
-    if op in ("relu", "clip", "identity", "quantize", "dequantize", "requantize"):
+    if op in ("relu", *FLOAT_FUNCTIONS, "clip", "identity", "quantize", "dequantize", "requantize"):
         return tuple(x)
     if op == "batch_norm":
         if len(x) < 2 or any(s != (x[1],) for s in shapes[1:5]):

@@ -21,12 +21,13 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   coarsest of its inputs' scales (the others are requantized to it); a tensor only
   clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
   its producer reaches);
-- the operators of `FLOAT_ONLY` (softmax, division) run in float32 on their dequantized
-  inputs, and so does an average pool whose output range is narrower than its input's (a
-  global pool's); the nodes reading their results quantize them. The network quantizes its
-  inputs at entry and dequantizes its outputs at exit, so it takes and returns float32 like
-  the ONNX model (an output already in float32 — an input returned as it is, or a copy of
-  it, a softmax's — leaves exactly as it is).
+- the operators of `FLOAT_ONLY` (softmax, division, sigmoid, tanh and the other float
+  functions) run in float32 on their dequantized inputs, and so does an average pool whose
+  output range is narrower than its input's (a global pool's); the nodes reading their
+  results quantize them. The network quantizes its inputs at entry and dequantizes its
+  outputs at exit, so it takes and returns float32 like the ONNX model (an output already
+  in float32 — an input returned as it is, or a copy of it, a softmax's — leaves exactly as
+  it is).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import math
 import numpy as np
 
 from .evaluate import evaluate, quantize_array
-from .ir import Graph, GraphError, Node, Value
+from .ir import FLOAT_FUNCTIONS, Graph, GraphError, Node, Value
 
 __all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
@@ -45,7 +46,7 @@ MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
 #: Operators with no exact int8 form: an int8 network computes them in float32 on the CPU,
 #: from their inputs dequantized, and the nodes reading them quantize their results.
-FLOAT_ONLY = ("softmax", "div")
+FLOAT_ONLY = ("softmax", "div", *FLOAT_FUNCTIONS)
 
 
 def exponent_for(max_abs: float, what: str = "a tensor") -> int:
@@ -211,8 +212,8 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             return name
         if name not in dequantized:
             q = rename[name]
-            dequantized[name] = add_value(f"{name}/float", graph.values[name].shape, "float32", None)
-            new_nodes.append(Node("dequantize", f"{name}/dequantize", [q], dequantized[name], {"exponent": exponent[q]}))
+            f = dequantized[name] = add_value(f"{name}/float", graph.values[name].shape, "float32", None)
+            new_nodes.append(Node("dequantize", f"{name}/dequantize", [q], f, {"exponent": exponent[q]}))
         return dequantized[name]
 
     def requantized(p: str, e: int) -> str:
@@ -235,11 +236,12 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             node.inputs[0] not in rename
             or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
         if op in FLOAT_ONLY or finer:
-            # A softmax or a division runs in float32. So does a mean or a clip whose range is
-            # narrower than its input's (a global average pool's; a clip of a tensor that other
-            # nodes read at a wider range): kept at its input's coarse scale, a 15×15 pool's int8
-            # output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros;
-            # computed from the dequantized input, it is quantized at its own scale where it is read.
+            # A softmax, a division or a float function runs in float32. So does a mean or a clip
+            # whose range is narrower than its input's (a global average pool's; a clip of a tensor
+            # that other nodes read at a wider range): kept at its input's coarse scale, a 15×15
+            # pool's int8 output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all
+            # zeros; computed from the dequantized input, it is quantized at its own scale where
+            # it is read.
             new_nodes.append(Node(op, node.name, [float_input(i) for i in node.inputs], out, dict(node.attrs)))
             floating.add(out)
             continue

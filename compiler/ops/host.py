@@ -21,8 +21,8 @@ from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
-    ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te,
-    elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te, transpose_te,
+    ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
+    dense_vnni_te, elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te, transpose_te,
 )
 
 __all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_pool2d",
@@ -238,10 +238,15 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
 
 
+#: Element-wise operators that need ``exp`` or ``tanh``, which the GPU back end lacks (no libdevice).
+_NOT_ON_GPU = ("sigmoid", "tanh", "exp")
+
+
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
-                        shift: int | None = None, relu: bool = False, lo=None, hi=None) -> CompiledOp:
+                        shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> CompiledOp:
     """An operator of `ELEMENTWISE_OPS` on a tensor of any rank: ``add``/``sub``/``mul``/``div``
-    (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``).
+    (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``) and the float functions
+    (``leaky_relu``: ``alpha``).
 
     Integer operands (int8, or int32 accumulators as the accelerator's element-wise
     operators take) compute in int32 and end with the epilogue (``shift``: int8); the
@@ -258,6 +263,10 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
             raise OpError(f"y of shape {list(y_shape)} does not broadcast to x's shape []")
         shape, y_shape = (1,), (None if y_shape is None else (1,))
     dtype = _check_dtype(op, dtype, ("float32",) if op in FLOAT_ELEMENTWISE_OPS else ("int8", "int32", "float32"))
+    if target.kind == "gpu" and op in _NOT_ON_GPU:
+        raise OpError(f"{op} has no GPU kernel (the GPU back end has no exp or tanh: no libdevice); run it on the cpu")
+    if (op == "leaky_relu") != (alpha is not None):
+        raise OpError(f"alpha is leaky_relu's slope below 0; {op} takes {'one' if op == 'leaky_relu' else 'none'}")
     binary = ELEMENTWISE_OPS[op] == 2
     if binary:
         y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)
@@ -275,7 +284,8 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
             lo, hi = int(lo), int(hi)
     if shift is not None and dtype == "float32":
         raise OpError("a shift applies to integer operands, not float32")
-    t = elementwise_te(op, shape, dtype, y_shape if binary else None, shift=shift, relu=relu, lo=lo, hi=hi)
+    t = elementwise_te(op, shape, dtype, y_shape if binary else None, shift=shift, relu=relu, lo=lo, hi=hi,
+                       alpha=alpha)
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules

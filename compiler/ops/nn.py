@@ -43,9 +43,10 @@ __all__ = [
 ]
 
 #: Element-wise operators and their arity.
-ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "clip": 1}
+ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "clip": 1, "sigmoid": 1, "tanh": 1, "exp": 1,
+                   "sqrt": 1, "abs": 1, "leaky_relu": 1}
 #: Those of them that take floats only.
-FLOAT_ELEMENTWISE_OPS = ("div",)
+FLOAT_ELEMENTWISE_OPS = ("div", "sigmoid", "tanh", "exp", "sqrt", "abs", "leaky_relu")
 _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 
 
@@ -315,10 +316,27 @@ def pack_dense_weights_vnni(w, panel: int):
     return w4.reshape(n_pad // panel, k4, panel), corr
 
 
+def _sigmoid(x: Expr) -> Expr:
+    """1 / (1 + e^-x) from e = e^-|x|, which cannot overflow: 1 / (1 + e) for x ≥ 0 and
+    e / (1 + e) below, each within a few ulps (1 − 1/(1 + e^x) would cancel for x ≪ 0)."""
+    e = Call("exp", (-Call("fabs", (x,)),))
+    s = Const(1.0, x.dtype) / (Const(1.0, x.dtype) + e)
+    return Select(Cmp("<", x, Const(0.0, x.dtype)), e * s, s)
+
+
+def _float_function(op: str, x: Expr, alpha) -> Expr:
+    if op == "sigmoid":
+        return _sigmoid(x)
+    if op == "leaky_relu":
+        return Select(Cmp("<", x, Const(0.0, x.dtype)), x * Const(alpha, x.dtype), x)
+    return Call({"abs": "fabs"}.get(op, op), (x,))
+
+
 def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,
-                   shift: int | None = None, relu: bool = False, lo=None, hi=None) -> dict[str, Tensor]:
+                   shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> dict[str, Tensor]:
     """``add``/``sub``/``mul``/``div`` (``y`` broadcast to ``x``'s shape, numpy's rules),
-    ``relu``, ``clip``.
+    ``relu``, ``clip``, and the float functions ``sigmoid``, ``tanh``, ``exp``, ``sqrt``,
+    ``abs``, ``leaky_relu`` (slope ``alpha`` below 0).
 
     Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
     requantize to int8; ``relu``); float inputs compute in float32 (``relu``);
@@ -344,6 +362,8 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
         tensors["out"] = compute(shape, lambda *idx: Max(x[idx], Const(0, dtype)), name="out")
     elif op == "clip":
         tensors["out"] = compute(shape, lambda *idx: clip(x[idx], lo, hi), name="out")
+    elif op in FLOAT_ELEMENTWISE_OPS:
+        tensors["out"] = compute(shape, lambda *idx: _float_function(op, x[idx], alpha), name="out")
     else:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     return tensors
