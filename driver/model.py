@@ -60,7 +60,8 @@ __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICE
 FORMAT_VERSION = 1
 ACCEL_DEVICES = ("fsim", "verilator", "icarus")
 HOST_DEVICES = ("cpu", "gpu")
-_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze")
+_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze", "axes",
+                "pads")
 
 
 class ModelError(GraphError):
@@ -588,13 +589,14 @@ def _integers(value, minimum: int | None = None, maximum: int | None = None) -> 
 #: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
 _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups")},
-    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze")},
+    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads")},
     **{k: _integers for k in ("axis", "flatten_axis", "shape")},
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
     **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
     "exponent": lambda v: _integers(v, -126, 127),
-    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad")},
-    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) for k in ("lo", "hi", "epsilon", "alpha")},
+    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad", "keepdims")},
+    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+       for k in ("lo", "hi", "epsilon", "alpha", "value")},
 }
 
 
@@ -604,7 +606,8 @@ _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     **{op: ("relu",) for op in BINARY_OPS},
     "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
     "avg_pool": ("kernel", "stride", "padding"),
-    "reshape": ("shape",), "transpose": ("perm",), "concat": ("axis",), "softmax": ("axis",),
+    "reshape": ("shape",), "transpose": ("perm",), "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",),
+    "reduce_mean": ("axes", "keepdims"),
     "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
 }

@@ -57,6 +57,8 @@ def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
         return None if keeps else "it reshapes across the batch axis"
     if node.op == "transpose":
         return None if node.attrs["perm"][0] == 0 else "it moves the batch axis"
+    if node.op == "pad":
+        return "it pads the batch axis" if node.attrs["pads"][0] or node.attrs["pads"][len(out)] else None
     if node.op == "concat":
         axis = node.attrs["axis"] % len(out)
         if axis == 0:
@@ -64,6 +66,8 @@ def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
         return None if len(carried) == len(node.inputs) else "it joins batched and unbatched tensors"
     if node.op == "softmax":
         return "it normalizes over the batch axis" if node.attrs["axis"] % len(out) == 0 else None
+    if node.op == "reduce_mean":
+        return "it averages over the batch axis" if 0 in node.attrs["axes"] else None
     return f"gemforge does not know how {node.op} treats the batch axis"
 
 

@@ -3,8 +3,8 @@
 `host_kernel` turns one node into a `HostKernel` — a compiled operator plus
 its constant operands packed once (weights in the kernel's layout) — whose
 ``run(device, args)`` takes and returns numpy arrays in the graph's layouts.
-Convolutions, dense layers, element-wise operators, transposes, pooling and
-softmax are compiled by the operator library (`ops.host`); the int8 network's
+Convolutions, dense layers, element-wise operators, transposes, pads, pooling,
+means and softmax are compiled by the operator library (`ops.host`); the int8 network's
 element-wise operators with their operand shifts and rounding are expressions
 built here. Reshapes, concats and the network's entry quantization and exit
 dequantization move or convert data and run in numpy.
@@ -12,6 +12,7 @@ dequantization move or convert data and run in numpy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -143,10 +144,22 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         return _unary(node, host.compile_elementwise(target, "clip", shapes[0], dtype=dtype, lo=lo, hi=hi))
     if node.op == "transpose":
         return _unary(node, host.compile_transpose(target, shapes[0], a["perm"], dtype=dtype))
+    if node.op == "pad":
+        return _unary(node, host.compile_pad(target, shapes[0], a["pads"], a["value"], dtype=dtype))
     if node.op in ("max_pool", "avg_pool"):
         return _unary(node, host.compile_pool2d(target, node.op.split("_")[0], shapes[0], a["kernel"],
                                                 stride=a["stride"], padding=a["padding"], dtype=dtype,
                                                 count_include_pad=a.get("count_include_pad", False)))
+    if node.op == "reduce_mean":
+        # The kernel averages rows: the reduced axes are moved last and flattened.
+        kept = [i for i in range(len(shapes[0])) if i not in a["axes"]]
+        order = kept + list(a["axes"])
+        rows, length = math.prod(shapes[0][i] for i in kept), math.prod(shapes[0][i] for i in a["axes"])
+        op = host.compile_mean(target, rows, length, dtype=dtype)
+
+        def prepare(args):
+            return op.pack_inputs(x=_contiguous(args[0].transpose(order)).reshape(rows, length))
+        return HostKernel(node, op, prepare, lambda out: out.reshape(out_shape))
     if node.op == "softmax":
         # The kernel normalizes the last axis: another axis is moved there and back.
         axis = a["axis"]

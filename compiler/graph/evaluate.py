@@ -99,10 +99,14 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return x.reshape(a["shape"])
     if op == "transpose":
         return np.ascontiguousarray(x.transpose(a["perm"]))
+    if op == "pad":
+        return np.pad(x, list(zip(a["pads"][:x.ndim], a["pads"][x.ndim:])), constant_values=a["value"])
     if op == "identity":
         return x.copy()
     if op == "concat":
         return np.concatenate(args, axis=a["axis"])
+    if op == "reduce_mean":
+        return np.mean(x.astype(np.float64), axis=a["axes"], keepdims=a["keepdims"]).astype(np.float32)
     if op == "softmax":
         v = x.astype(np.float64)
         e = np.exp(v - v.max(axis=a["axis"], keepdims=True))

@@ -29,9 +29,12 @@ op                  attributes
                     flatten_axis; squeeze, the axes removed (None: every axis
                     of size 1); unsqueeze, the axes inserted), the data unchanged
 ``transpose``       perm (None: the axes reversed; resolved), numpy's transpose
+``pad``             pads (before all axes, then after; resolved from those of
+                    axes, None: all), value (int8: on the input's grid)
 ``identity``        — (a copy under a model output's ONNX name)
 ``concat``          axis
 ``softmax``         axis (float32 only)
+``reduce_mean``     axes (None: all; resolved), keepdims (float32 only)
 ``batch_norm``      inputs x, scale, bias, mean, var; epsilon
 ``quantize``        float32 → int8 at the output's exponent (round half to even)
 ``dequantize``      int8 → float32
@@ -61,7 +64,7 @@ BINARY_OPS = ("add", "sub", "mul", "div")
 FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "sqrt", "abs", "leaky_relu")
 #: Every operator of the table above.
 OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose",
-       "identity", "concat", "softmax", "batch_norm", "quantize", "dequantize", "requantize")
+       "pad", "identity", "concat", "softmax", "reduce_mean", "batch_norm", "quantize", "dequantize", "requantize")
 
 
 class GraphError(CompileError):

@@ -30,7 +30,8 @@ _MAX_MEMBER_NAME = 0xFFFF
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
-_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,)}
+_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,),
+                    "ReduceMean": (1,), "Pad": (2, 3)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
                  *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
@@ -566,12 +567,12 @@ class _Importer:
         self.emit("reshape", node, [node.input[0]], target=tuple(int(d) for d in shape),
                   allowzero=bool(attrs.get("allowzero", 0)))
 
-    def _axes(self, node) -> tuple[int, ...] | None:
-        """The constant axes of Squeeze and Unsqueeze (their second input, since opset 13);
-        None where the input is omitted."""
-        if len(node.input) < 2 or not node.input[1]:
+    def _axes(self, node, position: int = 1) -> tuple[int, ...] | None:
+        """The constant axes of Squeeze, Unsqueeze (their second input since opset 13), ReduceMean
+        (since opset 18) and Pad (its fourth, since opset 18); None where the input is omitted."""
+        if len(node.input) <= position or not node.input[position]:
             return None
-        axes = self.constant(node, node.input[1], "the axes")
+        axes = self.constant(node, node.input[position], "the axes")
         if axes.ndim > 1 or axes.dtype.kind not in "iu":
             raise self.fail(node, f"the axes must be a 1-D integer tensor, not {axes.dtype} of shape "
                                   f"{list(axes.shape)}")
@@ -588,6 +589,25 @@ class _Importer:
         perm = attrs.get("perm")
         self.emit("transpose", node, [node.input[0]], perm=None if perm is None else tuple(int(p) for p in perm))
 
+    def op_Pad(self, node, attrs):
+        mode = attrs.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode != "constant":
+            raise self.fail(node, f"mode {mode} is not supported (only constant)")
+        pads = self.constant(node, node.input[1], "the pads")
+        if pads.ndim != 1 or pads.dtype.kind not in "iu":
+            raise self.fail(node, f"the pads must be a 1-D integer tensor, not {pads.dtype} of shape "
+                                  f"{list(pads.shape)}")
+        if (pads < 0).any():
+            raise self.fail(node, f"pads {pads.tolist()} are negative somewhere (cropping), which is not supported")
+        value = 0.0
+        if len(node.input) > 2 and node.input[2]:
+            given = self.constant(node, node.input[2], "the constant_value")
+            if given.size != 1:
+                raise self.fail(node, f"the constant_value must be a scalar, not of shape {list(given.shape)}")
+            value = float(given.reshape(-1)[0])
+        self.emit("pad", node, [node.input[0]], pads=tuple(int(p) for p in pads), axes=self._axes(node, 3), value=value)
+
     def op_BatchNormalization(self, node, attrs):
         if int(attrs.get("training_mode", 0)) or any(o for o in node.output[1:]):
             raise self.fail(node, "training mode is not supported (inference only)")
@@ -602,6 +622,14 @@ class _Importer:
 
     def op_Softmax(self, node, attrs):
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
+
+    def op_ReduceMean(self, node, attrs):
+        axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])   # opset 18: input
+        if not axes and int(attrs.get("noop_with_empty_axes", 0)):
+            self.alias[node.output[0]] = self.name(node.input[0])
+            return
+        # No axes: the mean of every element.
+        self.emit("reduce_mean", node, [node.input[0]], axes=axes or None, keepdims=bool(attrs.get("keepdims", 1)))
 
     def op_Identity(self, node, attrs):
         self.alias[node.output[0]] = self.name(node.input[0])

@@ -159,6 +159,18 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
                               f"(the input is {list(x)})")
         a["perm"] = perm
         return tuple(x[p] for p in perm)
+    if op == "pad":
+        axes = list(range(len(x))) if a["axes"] is None else _axes(node, a["axes"], len(x))
+        if len(set(axes)) != len(axes):
+            raise _fail(node, f"axes {list(a['axes'])} name an axis of the rank-{len(x)} input twice")
+        if len(a["pads"]) != 2 * len(axes):
+            raise _fail(node, f"pads {list(a['pads'])} must give a start and an end for each of the {len(axes)} "
+                              "padded axes")
+        before, after = [0] * len(x), [0] * len(x)
+        for k, axis in enumerate(axes):
+            before[axis], after[axis] = a["pads"][k], a["pads"][k + len(axes)]
+        a["pads"], a["axes"] = tuple(before + after), None
+        return tuple(d + b + e for d, b, e in zip(x, before, after))
     if op == "concat":
         axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
         if not 0 <= axis < len(x):
@@ -168,6 +180,12 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             if len(s) != len(x) or any(d != e for i, (d, e) in enumerate(zip(s, x)) if i != axis):
                 raise _fail(node, f"inputs {[list(s) for s in shapes]} differ outside axis {axis}")
         return tuple(x[:axis]) + (sum(s[axis] for s in shapes),) + tuple(x[axis + 1:])
+    if op == "reduce_mean":
+        axes = list(range(len(x))) if a["axes"] is None else _axes(node, a["axes"], len(x))
+        if len(set(axes)) != len(axes):
+            raise _fail(node, f"axes {list(a['axes'])} name an axis of the rank-{len(x)} input twice")
+        a["axes"] = tuple(sorted(axes))
+        return tuple(1 if i in axes else d for i, d in enumerate(x) if a["keepdims"] or i not in axes)
     if op == "softmax":
         axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
         if not 0 <= axis < len(x):

@@ -17,11 +17,12 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   (subtracts), and shifts right with rounding into its output's (a residual add with its ReLU
   is one pass); an operand more than 2^MAX_LSHIFT finer than the other is first requantized
   (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
-- pooling, ReLU, clip, reshapes and transposes keep their input's scale; a concat takes the
+- pooling, ReLU, clip, reshapes, transposes and pads keep their input's scale (a pad whose value
+  is off that grid runs in float32); a concat takes the
   coarsest of its inputs' scales (the others are requantized to it); a tensor only
   clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
   its producer reaches);
-- the operators of `FLOAT_ONLY` (softmax, division, sigmoid, tanh and the other float
+- the operators of `FLOAT_ONLY` (softmax, a mean, division, sigmoid, tanh and the other float
   functions) run in float32 on their dequantized inputs, and so does an average pool whose
   output range is narrower than its input's (a global pool's); the nodes reading their
   results quantize them. The network quantizes its inputs at entry and dequantizes its
@@ -46,7 +47,7 @@ MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
 #: Operators with no exact int8 form: an int8 network computes them in float32 on the CPU,
 #: from their inputs dequantized, and the nodes reading them quantize their results.
-FLOAT_ONLY = ("softmax", "div", *FLOAT_FUNCTIONS)
+FLOAT_ONLY = ("softmax", "reduce_mean", "div", *FLOAT_FUNCTIONS)
 
 
 def exponent_for(max_abs: float, what: str = "a tensor") -> int:
@@ -62,6 +63,12 @@ def exponent_for(max_abs: float, what: str = "a tensor") -> int:
         raise GraphError(f"{what} reaches {max_abs:.3g}, beyond the ±{127 * 2.0 ** -_EXPONENT_RANGE[0]:.3g} int8 "
                          f"represents at its coarsest scale 2^{-_EXPONENT_RANGE[0]}; scale the model's values down")
     return int(min(e, _EXPONENT_RANGE[1]))
+
+
+def _on_grid(value: float, exponent: int) -> bool:
+    """Whether int8 at scale 2^-exponent holds ``value`` exactly."""
+    q = value * 2.0 ** exponent
+    return bool(np.isfinite(q)) and q == round(q) and -128 <= q <= 127
 
 
 def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
@@ -235,13 +242,16 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         finer = op in ("avg_pool", "clip") and (
             node.inputs[0] not in rename
             or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
-        if op in FLOAT_ONLY or finer:
-            # A softmax, a division or a float function runs in float32. So does a mean or a clip
-            # whose range is narrower than its input's (a global average pool's; a clip of a tensor
-            # that other nodes read at a wider range): kept at its input's coarse scale, a 15×15
-            # pool's int8 output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all
-            # zeros; computed from the dequantized input, it is quantized at its own scale where
-            # it is read.
+        # A pad keeps its input's scale where its value lies on that grid (zero always does).
+        off_grid = op == "pad" and (node.inputs[0] not in rename
+                                    or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
+        if op in FLOAT_ONLY or finer or off_grid:
+            # A softmax, a mean, a division or a float function runs in float32. So does an
+            # average pool or a clip whose range is narrower than its input's (a global pool's; a
+            # clip of a tensor that other nodes read at a wider range): kept at its input's coarse
+            # scale, a 15×15 pool's int8 output was 19 % off and a Clip(0, 0.1) of a tensor
+            # reaching 20 was all zeros; computed from the dequantized input, it is quantized at
+            # its own scale where it is read.
             new_nodes.append(Node(op, node.name, [float_input(i) for i in node.inputs], out, dict(node.attrs)))
             floating.add(out)
             continue
@@ -338,7 +348,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             aligned = [requantized(p, e) if exponent[p] != e else p for p in parts]
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
-        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "identity"):
+        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "pad", "identity"):
             x = int8_input(node.inputs[0])
             e = exponent[x]
             attrs = dict(node.attrs)
@@ -348,6 +358,8 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
                 attrs["lo"] = -128 if lo <= -128 else min(127, math.ceil(lo))
                 attrs["hi"] = 127 if hi >= 127 else max(-128, math.floor(hi))
                 attrs["hi"] = max(attrs["hi"], attrs["lo"])
+            if op == "pad":
+                attrs["value"] = int(node.attrs["value"] * 2.0 ** e)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x], q, attrs))
         else:

@@ -24,7 +24,8 @@ from .reference import (
 __all__ = ["CompiledOp", "Epilogue", "OpError", "accumulator_overflow",
            "compile_dense", "run_dense", "dense_reference", "compile_conv2d", "run_conv2d", "conv2d_reference",
            "compile_add", "compile_relu", "compile_clip", "compile_max_pool2d", "compile_elementwise",
-           "compile_pool2d", "compile_softmax", "max_pool2d_reference", "avg_pool2d_reference",
+           "compile_pool2d", "compile_softmax", "compile_transpose", "compile_pad", "compile_mean",
+           "max_pool2d_reference", "avg_pool2d_reference",
            "softmax_reference", "elementwise_reference"]
 
 
@@ -120,6 +121,21 @@ def compile_pool2d(target, kind: str, shape, kernel, **options) -> CompiledOp:
 def compile_softmax(target, shape, **options) -> CompiledOp:
     """Softmax over the last axis on the cpu."""
     return host.compile_softmax(_host_only(target, "softmax"), shape, **options)
+
+
+def compile_transpose(target, shape, perm, **options) -> CompiledOp:
+    """A tensor's axes reordered on cpu/gpu (see `host.compile_transpose`)."""
+    return host.compile_transpose(_host_only(target, "transpose"), shape, perm, **options)
+
+
+def compile_pad(target, shape, pads, value=0, **options) -> CompiledOp:
+    """A tensor framed by a constant on cpu/gpu (see `host.compile_pad`)."""
+    return host.compile_pad(_host_only(target, "pad"), shape, pads, value, **options)
+
+
+def compile_mean(target, rows: int, length: int, **options) -> CompiledOp:
+    """The mean of each row of a float32 matrix on the cpu (see `host.compile_mean`)."""
+    return host.compile_mean(_host_only(target, "mean"), rows, length, **options)
 
 
 def _target_for_operands(device, op: str, x: np.ndarray, y: np.ndarray):

@@ -22,7 +22,7 @@ from ..te import Tensor
 
 __all__ = ["vector_lanes", "plan_tile", "TILE_EFFICIENCY", "schedule_matmul", "schedule_panels", "schedule_im2col",
            "schedule_flat_image", "schedule_rows", "schedule_elementwise",
-           "schedule_pool", "schedule_softmax", "MAX_ACCUMULATORS"]
+           "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
 
 #: Accumulator vector registers a micro-kernel may use (AVX-512 has 32; the rest
 #: hold the right operand's vectors and the broadcast).
@@ -189,6 +189,15 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
 #: Softmax keeps a row of exponentials in a local array up to this length (on the
 #: stack); longer rows use a main-memory workspace.
 SOFTMAX_LOCAL_ROW = 16384
+
+
+def schedule_mean(s: Schedule, tensors: dict[str, Tensor]) -> None:
+    """Rows in parallel, each row's sum in a register."""
+    out = s[tensors["out"]]
+    out.parallel(out.leaf[0])
+    total = s[tensors["sum"]]
+    total.set_scope("local")
+    total.compute_at(out, out.leaf[0])
 
 
 def schedule_softmax(s: Schedule, tensors: dict[str, Tensor]) -> None:

@@ -22,11 +22,12 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, out_size
 from .nn import (
     ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
-    dense_vnni_te, elementwise_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pool2d_te, softmax_te, transpose_te,
+    dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
+    softmax_te, transpose_te,
 )
 
-__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_pool2d",
-           "compile_softmax", "HOST_DTYPES"]
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_pad",
+           "compile_pool2d", "compile_mean", "compile_softmax", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
 HOST_DTYPES = ("int8", "float32")
@@ -335,6 +336,35 @@ def compile_transpose(target: Target, shape, perm, *, dtype: str = "float32") ->
                       lambda out: out.reshape(out_shape), plan={"dtype": dtype, "perm": perm})
 
 
+def compile_pad(target: Target, shape, pads, value=0, *, dtype: str = "float32") -> CompiledOp:
+    """A tensor of any rank framed by ``value``: ``pads`` gives the elements before each axis,
+    then those after each (ONNX's Pad in constant mode)."""
+    _host(target)
+    shape = tuple(_positive("pad dimension", v) for v in shape)
+    pads = tuple(pads)
+    if len(pads) != 2 * len(shape) or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 0
+                                          for p in pads):
+        raise OpError(f"pads must be {2 * len(shape)} non-negative integers for a rank-{len(shape)} tensor, not "
+                      f"{list(pads)}")
+    dtype = _check_dtype("pad", dtype, ("int8", "int32", "float32"))
+    if dtype != "float32":
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        if not (float(value).is_integer() and lo <= value <= hi):
+            raise OpError(f"the pad value of an {dtype} tensor must be an integer in {lo}..{hi}, not {value!r}")
+    out_shape = tuple(n + b + a for n, b, a in zip(shape, pads[:len(shape)], pads[len(shape):]))
+    # A rank-0 tensor runs as a tensor of one element (it has no axes to pad).
+    t = pad_te(shape or (1,), pads[:len(shape)] or (0,), pads[len(shape):] or (0,), dtype, value)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_elementwise(s, t["out"])
+    else:
+        cpu_schedules.schedule_elementwise(s, t["out"])
+    kernel = build(s, target, [t["x"], t["out"]], name="pad")
+    return CompiledOp("pad", kernel, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
+                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "pads": pads})
+
+
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:
     pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
     if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
@@ -374,6 +404,22 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     return CompiledOp(f"{kind}_pool2d", kernel_fn, ["x"], "out",
                       lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
                       plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding})
+
+
+def compile_mean(target: Target, rows: int, length: int, *, dtype: str = "float32") -> CompiledOp:
+    """The mean of each row of a float32 matrix (rows, length): a reduction over axes moved
+    last and flattened."""
+    _host(target)
+    rows, length = _positive("mean rows", rows), _positive("mean length", length)
+    dtype = _check_dtype("mean", dtype, ("float32",))
+    if target.kind == "gpu":
+        raise OpError("reduce_mean has no GPU schedule; run it on the cpu")
+    t = mean_te(rows, length, dtype)
+    s = create_schedule(t["out"])
+    cpu_schedules.schedule_mean(s, t)
+    kernel = build(s, target, [t["x"], t["out"]], name="mean")
+    return CompiledOp("mean", kernel, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, (rows, length))},
+                      lambda out: out, plan={"dtype": dtype})
 
 
 def compile_softmax(target: Target, shape, *, dtype: str = "float32") -> CompiledOp:

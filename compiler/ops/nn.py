@@ -18,7 +18,8 @@ Integers accumulate in int32 and end with the `Epilogue` (bias, shift,
 clip/ReLU); floats accumulate in float32 (bias, ReLU). `dense_vnni_te` and
 `conv2d_vnni_te` compute the int8 products on 4-byte dot products
 (`dot4_u8s8`), with the packings that needs. Other operators: element-wise
-(with broadcasting), transposes, max/average pooling (global included) and softmax.
+(with broadcasting), transposes, constant padding, max/average pooling (global included),
+means and softmax.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from .common import Epilogue, OpError, out_size
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
-    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pool2d_te", "softmax_te",
-    "round_up",
+    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pad_te", "pool2d_te",
+    "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "window_pixel",
 ]
 
@@ -378,6 +379,25 @@ def transpose_te(shape: tuple[int, ...], perm: tuple[int, ...], dtype: str) -> d
     return {"x": x, "out": out}
 
 
+def pad_te(shape: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...], dtype: str,
+           value) -> dict[str, Tensor]:
+    """``x`` framed by ``value``: ``before[d]`` and ``after[d]`` elements on each side of axis d."""
+    x = placeholder(shape, dtype, "x")
+
+    def body(*i):
+        inner = BufferLoad(x.buffer, tuple(j - b for j, b in zip(i, before)), zero_outside=True)   # zero outside x
+        if not value:
+            return inner
+        inside = None
+        for j, b, a, n in zip(i, before, after, shape):
+            if b or a:
+                axis = And(Cmp("<=", Const(b), j), Cmp("<", j, Const(b + n)))
+                inside = axis if inside is None else And(inside, axis)
+        return inner if inside is None else Select(inside, inner, Const(value, dtype))
+    out = compute(tuple(n + b + a for n, b, a in zip(shape, before, after)), body, name="out")
+    return {"x": x, "out": out}
+
+
 def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
               padding: tuple[int, int], dtype: str, *, count_include_pad: bool = False) -> dict[str, Tensor]:
     """Max or average pooling of NCHW ``x`` over ``kernel`` windows.
@@ -429,6 +449,18 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2, acc)), k))
     tensors["out"] = compute((n, c, oh, ow), mean, name="out", dtype=dtype)
     return tensors
+
+
+def mean_te(rows: int, length: int, dtype: str) -> dict[str, Tensor]:
+    """The mean of each row of ``x`` (rows, length), summed in float64: a float32 sum of many
+    values, each rounded, drifts from the mean numpy and ONNX Runtime compute."""
+    if not is_float(dtype):
+        raise OpError(f"mean takes float32 data, not {dtype}")
+    x = placeholder((rows, length), dtype, "x")
+    k = reduce_axis(length, "k")
+    total = compute((rows,), lambda i: sum_(x[i, k].astype("float64"), [k]), name="sum")
+    out = compute((rows,), lambda i: Cast(dtype, total[i] / Const(float(length), "float64")), name="out")
+    return {"x": x, "sum": total, "out": out}
 
 
 def softmax_te(shape: tuple[int, ...], dtype: str) -> dict[str, Tensor]:

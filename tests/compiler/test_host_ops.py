@@ -11,8 +11,8 @@ from compiler_helpers import BATCHED, device_for, max_pool_ignoring_nan, with_na
 from gemforge.compiler import CpuTarget
 from gemforge.compiler.ops import (
     OpError, avg_pool2d_reference, compile_add, compile_clip, compile_conv2d, compile_dense, compile_elementwise,
-    compile_max_pool2d, compile_pool2d, compile_relu, compile_softmax, conv2d_reference, dense_reference,
-    elementwise_reference, max_pool2d_reference, softmax_reference,
+    compile_max_pool2d, compile_mean, compile_pad, compile_pool2d, compile_relu, compile_softmax, compile_transpose,
+    conv2d_reference, dense_reference, elementwise_reference, max_pool2d_reference, softmax_reference,
 )
 from gemforge.driver.device import open_device
 from gemforge.hw.config import PRESETS
@@ -194,6 +194,34 @@ def test_softmax(shape, cpu):
     np.testing.assert_allclose(out, softmax_reference(x), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int32", "float32"])
+def test_transpose_and_pad_move_every_type_exactly(dtype, cpu):
+    rng = np.random.default_rng(9)
+    x = _data(rng, (2, 3, 4, 5), dtype)
+    for perm in ((3, 1, 0, 2), (0, 1, 2, 3), (3, 2, 1, 0)):
+        out, _ = compile_transpose("cpu", x.shape, perm, dtype=dtype).run(cpu, x=x)
+        np.testing.assert_array_equal(out, x.transpose(perm))
+    for pads, value in (((0, 1, 0, 2, 1, 0, 3, 0), 0), ((1, 0, 2, 0, 0, 3, 0, 1), -7)):
+        out, _ = compile_pad("cpu", x.shape, pads, value, dtype=dtype).run(cpu, x=x)
+        np.testing.assert_array_equal(out, np.pad(x, list(zip(pads[:4], pads[4:])), constant_values=value))
+
+
+def test_float_elementwise_and_mean(cpu):
+    rng = np.random.default_rng(10)
+    x, y = (rng.standard_normal((3, 40)) * 4).astype(np.float32), rng.uniform(0.5, 2, (40,)).astype(np.float32)
+    for op, want in (("sub", x - y), ("div", x / y), ("exp", np.exp(x)), ("tanh", np.tanh(x)), ("abs", np.abs(x)),
+                     ("sigmoid", 1 / (1 + np.exp(-x.astype(np.float64)))), ("sqrt", np.sqrt(np.abs(x)))):
+        arg = np.abs(x) if op == "sqrt" else x
+        options = {"y_shape": y.shape} if op in ("sub", "div") else {}
+        op_ = compile_elementwise("cpu", op, x.shape, dtype="float32", **options)
+        out, _ = op_.run(cpu, x=arg, **({"y": y} if options else {}))
+        np.testing.assert_allclose(out, want, rtol=1e-6, err_msg=op)
+    out, _ = compile_elementwise("cpu", "leaky_relu", x.shape, dtype="float32", alpha=0.1).run(cpu, x=x)
+    np.testing.assert_array_equal(out, np.where(x < 0, x * np.float32(0.1), x))
+    out, _ = compile_mean("cpu", 3, 40).run(cpu, x=x)
+    np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=1), rtol=1e-6)
+
+
 def test_bad_arguments_get_clear_errors(cpu):
     with pytest.raises(OpError, match="shift .* applies to int8 operands"):
         compile_dense("cpu", 4, 4, 4, dtype="float32", shift=3)
@@ -207,6 +235,16 @@ def test_bad_arguments_get_clear_errors(cpu):
         compile_elementwise("cpu", "add", (2, 3), dtype="int8", y_shape=(4,))
     with pytest.raises(OpError, match="runs on the cpu or gpu, not on the accelerator"):
         compile_softmax("tiny", (4, 4))
+    with pytest.raises(OpError, match="sigmoid takes float32 data, not 'int8'"):
+        compile_elementwise("cpu", "sigmoid", (4,), dtype="int8")
+    with pytest.raises(OpError, match="alpha is leaky_relu's slope below 0; relu takes none"):
+        compile_elementwise("cpu", "relu", (4,), dtype="float32", alpha=0.1)
+    with pytest.raises(OpError, match=r"perm \[0, 0\] is not a permutation of the axes of a rank-2 tensor"):
+        compile_transpose("cpu", (2, 3), (0, 0))
+    with pytest.raises(OpError, match=r"pads must be 4 non-negative integers for a rank-2 tensor, not \[1, -1, 0, 0\]"):
+        compile_pad("cpu", (2, 3), (1, -1, 0, 0))
+    with pytest.raises(OpError, match=r"the pad value of an int8 tensor must be an integer in -128\.\.127, not 0\.5"):
+        compile_pad("cpu", (2, 3), (1, 1, 0, 0), 0.5, dtype="int8")
     with pytest.raises(OpError, match="computes int8 operands, not float32"):
         compile_dense("tiny", 4, 4, 4, dtype="float32")
     op = compile_dense("cpu", 4, 4, 4, dtype="float32")

@@ -1,7 +1,8 @@
-"""The operators added to the first set — Squeeze, Unsqueeze, Transpose, Sub, Div, Neg — against
-ONNX Runtime: float32 on the cpu, int8 on fsim and the cpu (bit-identical, and equal to the
-graph's numpy semantics), random shapes and data; their refusals, how they treat a batch, and
-the .gfm round trip of every one."""
+"""The operators added to the first set — Squeeze, Unsqueeze, Transpose, Sub, Div, Neg, the float
+functions (Sigmoid, Tanh, Exp, LeakyRelu, Sqrt, Abs, Pow of 2), ReduceMean and Pad — against ONNX
+Runtime: float32 on the cpu, int8 on fsim and the cpu (bit-identical, and equal to the graph's
+numpy semantics), random shapes and data; their refusals, how they treat a batch, how the GPU back
+end takes them, and the .gfm round trip of every one."""
 
 from __future__ import annotations
 
@@ -210,16 +211,96 @@ def test_neg():
     _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 4))}, rng, int8=False)
 
 
+# ------------------------------------------------------------------------ ReduceMean, Pad
+
+@pytest.mark.parametrize("shape, attrs, axes, opset", [
+    ((2, 3, 4, 5), {}, [2, 3], 18),                                 # axes as an input (opset 18)
+    ((2, 3, 4, 5), {"axes": [-1, 1], "keepdims": 0}, None, 13),
+    ((3, 4), {}, None, 13),                                          # every axis
+    ((2, 3, 4), {"keepdims": 0}, None, 13),                          # every axis, to a scalar
+    ((2, 3, 4), {"noop_with_empty_axes": 1}, [], 18),                # no axes: the input as it is
+])
+def test_reduce_mean(shape, attrs, axes, opset):
+    """After a ReLU, so that the int8 network averages a dequantized int8 tensor in float32."""
+    rng = np.random.default_rng(len(shape) + len(attrs) + opset)
+    inputs = ["r"] + (["a"] if axes is not None else [])
+    init = {} if axes is None else {"a": np.int64(axes)}
+    m = model([N("Relu", ["x"], ["r"]), N("ReduceMean", inputs, ["y"], **attrs)], [("x", list(shape))],
+              [("y", None)], init, opset=opset)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, shape)}, rng)
+
+
+@pytest.mark.parametrize("shape, pads, value, axes, opset", [
+    ((2, 3, 4, 5), [0, 0, 1, 2, 0, 0, 3, 1], None, None, 13),       # zeros
+    ((2, 3, 4, 5), [0, 1, 1, 2, 0, 0, 0, 1], 0.5, None, 13),        # on the int8 grid: an int8 pad
+    ((2, 3, 4, 5), [0, 1, 1, 2, 0, 0, 0, 1], 0.3, None, 13),        # off it: in float32
+    ((2, 3, 4, 5), [2, 0, 1, 1], -1.0, [-1, 1], 18),                # some axes, negative
+    ((7,), [3, 0], 2.0, None, 13),
+])
+def test_pad(shape, pads, value, axes, opset):
+    """After a convolution where the input is 4-D (the accelerator's output padded in int8)."""
+    rng = np.random.default_rng(len(pads) + opset + int(10 * (value or 0)))
+    init = {"p": np.int64(pads), "w": rng.normal(0, 0.4, (3, 3, 3, 3)).astype(np.float32)}
+    inputs = ["c" if len(shape) == 4 else "x", "p", "" if value is None else "v"] + (["a"] if axes else [])
+    if value is not None:
+        init["v"] = np.float32(value)
+    if axes:
+        init["a"] = np.int64(axes)
+    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4)] if len(shape) == 4 else []
+    m = model(nodes + [N("Pad", inputs, ["y"])], [("x", list(shape))], [("y", None)],
+              {k: v for k, v in init.items() if nodes or k != "w"}, opset=opset)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, shape)}, rng)
+
+
+@pytest.mark.parametrize("node, init, match", [
+    (N("ReduceMean", ["x"], ["y"], axes=[1, -2], name="m"), {},
+     r"node m \(reduce_mean\): axes \[1, -2\] name an axis of the rank-3 input twice"),
+    (N("ReduceMean", ["x"], ["y"], axes=[3], name="m"), {}, r"node m \(reduce_mean\): axes \[3\] are out of range"),
+    (N("Pad", ["x", "p"], ["y"], mode="reflect", name="p"), {"p": np.int64([0] * 6)},
+     r"node p \(Pad\): mode reflect is not supported \(only constant\)"),
+    (N("Pad", ["x", "p"], ["y"], name="p"), {"p": np.int64([0, -1, 0, 0, 0, 0])},
+     r"node p \(Pad\): pads \[0, -1, 0, 0, 0, 0\] are negative somewhere \(cropping\)"),
+    (N("Pad", ["x", "p"], ["y"], name="p"), {"p": np.int64([1, 1])},
+     r"node p \(pad\): pads \[1, 1\] must give a start and an end for each of the 3 padded axes"),
+    (N("Pad", ["x", "p"], ["y"], name="p"), {}, r"node p \(Pad\): the pads must be a constant"),
+    (N("Pad", ["x", "p", "v"], ["y"], name="p"), {"p": np.int64([0] * 6), "v": np.float32([1, 2])},
+     r"node p \(Pad\): the constant_value must be a scalar, not of shape \[2\]"),
+])
+def test_reduce_mean_and_pad_refusals(node, init, match):
+    inputs = [("x", [2, 3, 4])] + ([("p", [6])] if "p" in node.input and "p" not in init else [])
+    with pytest.raises(GraphError, match=match) as info:
+        compile_model(model([node], inputs, [("y", [1])], init))
+    assert "\n" not in str(info.value)
+
+
+def test_reduce_mean_and_pad_on_a_batch():
+    """Over other axes they keep the items apart; over the batch axis they are named."""
+    rng = np.random.default_rng(60)
+    keep = model([N("Pad", ["x", "p"], ["t"]), N("ReduceMean", ["t"], ["y"], axes=[2], keepdims=0)],
+                 [("x", ["N", 3, 4])], [("y", ["N", 3])], {"p": np.int64([0, 0, 1, 0, 0, 2])})
+    x = _normal(rng, (4, 3, 4))
+    np.testing.assert_allclose(compile_model(keep).run(x, "cpu"), ort_run(keep, {"x": x})[0], rtol=1e-6)
+    for node, match in ((N("ReduceMean", ["x"], ["y"], axes=[0], name="m"), r"node m \(reduce_mean\): it averages "
+                                                                            "over the batch axis"),
+                        (N("Pad", ["x", "p"], ["y"], name="p"), r"node p \(pad\): it pads the batch axis")):
+        m = model([node], [("x", ["N", 3, 4])], [("y", [1, 3, 4])], {"p": np.int64([1, 0, 0, 0, 0, 0])})
+        with pytest.raises(GraphError, match=match):
+            compile_model(m).run(x, "cpu")
+
+
 # ------------------------------------------------------------------------ the .gfm round trip
 
 def _every_new_operator(rng):
-    """One network with each operator of this file (and those its int8 form runs in float32)."""
+    """One network with an operator of each kind this file tests, each attribute set."""
     w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
     nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
              N("Unsqueeze", ["t", "one"], ["u"]), N("Squeeze", ["u", "one"], ["s"]), N("Neg", ["s"], ["n"]),
-             N("Sub", ["n", "k"], ["d"]), N("Div", ["d", "k"], ["y"])]
+             N("Sub", ["n", "k"], ["d"]), N("Pad", ["d", "pads", "half"], ["p"]), N("Div", ["p", "k"], ["q"]),
+             N("LeakyRelu", ["q"], ["l"], alpha=0.25), N("Sigmoid", ["l"], ["g"]), N("Mul", ["g", "k"], ["h"]),
+             N("ReduceMean", ["h"], ["y"], axes=[2], keepdims=0)]
     return model(nodes, [("x", [1, 3, 4, 5])], [("y", None)],
-                 {"w": w, "one": np.int64([1]), "k": _away_from_zero(rng, (4,))})
+                 {"w": w, "one": np.int64([1]), "k": _away_from_zero(rng, (4,)), "half": np.float32(0.5),
+                  "pads": np.int64([0, 1, 0, 0, 0, 0, 2, 0])})
 
 
 def test_every_new_operator_survives_save_and_load(tmp_path):
@@ -237,6 +318,10 @@ def test_every_new_operator_survives_save_and_load(tmp_path):
 
 @pytest.mark.parametrize("op, attr, value, match", [
     ("transpose", "perm", [0, 1, 2, 3], r"node d \(sub\): shapes \[1, 4, 4, 5\] and \[4\] do not broadcast"),
+    ("pad", "pads", [0, 0, 0, 0, 0, 0, 0, 1], r"node q \(div\): shapes \[1, 4, 5, 5\] and \[4\] do not broadcast"),
+    ("pad", "value", "0", "attribute value"),
+    ("leaky_relu", "alpha", None, "lacks attribute"),
+    ("reduce_mean", "keepdims", 1, "attribute keepdims"),
     ("transpose", "perm", ["a"], "attribute perm"),
     ("transpose", "perm", None, "lacks attribute"),
     ("reshape", "squeeze", [-1], "attribute squeeze"),
@@ -321,22 +406,24 @@ def test_pow_with_a_one_element_exponent_of_higher_rank_broadcasts_as_onnx_runti
 
 def test_gpu_kernels_or_one_line_refusals():
     """Every new operator builds for an sm_90 GPU (PTX checked by ptxas where present), except
-    those needing exp or tanh, which the GPU back end lacks: they are refused by name, pointing
-    at the cpu."""
+    those needing exp or tanh, which the GPU back end lacks, and the mean, which has no GPU
+    schedule (as softmax has none): they are refused by name, pointing at the cpu."""
     from gemforge.compiler.graph.cpu_kernels import host_kernel
     from gemforge.compiler.ops.common import OpError
     from gemforge.compiler.target import GpuTarget
     rng = np.random.default_rng(51)
     m = model([N("Transpose", ["x"], ["t"], perm=[1, 0]), N("Sub", ["t", "k"], ["s"]), N("Div", ["s", "k"], ["d"]),
-               N("Neg", ["d"], ["n"]), N("Sqrt", ["n"], ["q"]), N("Abs", ["q"], ["a"]), N("LeakyRelu", ["a"], ["y"]),
-               N("Sigmoid", ["y"], ["z1"]), N("Tanh", ["y"], ["z2"]), N("Exp", ["y"], ["z3"])],
-              [("x", [3, 4])], [("z1", None), ("z2", None), ("z3", None)], {"k": _away_from_zero(rng, (3,))})
+               N("Neg", ["d"], ["n"]), N("Sqrt", ["n"], ["q"]), N("Abs", ["q"], ["a"]), N("LeakyRelu", ["a"], ["l"]),
+               N("Pad", ["l", "pads", "one"], ["y"]), N("Sigmoid", ["y"], ["z1"]), N("Tanh", ["y"], ["z2"]),
+               N("Exp", ["y"], ["z3"]), N("ReduceMean", ["y"], ["z4"], axes=[0])],
+              [("x", [3, 4])], [("z1", None), ("z2", None), ("z3", None), ("z4", None)],
+              {"k": _away_from_zero(rng, (3,)), "pads": np.int64([1, 0, 0, 2]), "one": np.float32(1)})
     graph = compile_model(m).graph
     gpu = GpuTarget("sm_90")
     for node in graph.nodes:
-        if node.op in ("sigmoid", "tanh", "exp"):
-            with pytest.raises(OpError, match=rf"^{node.op} has no GPU kernel \(the GPU back end has no exp or tanh: "
-                                              r"no libdevice\); run it on the cpu$"):
+        if node.op in ("sigmoid", "tanh", "exp", "reduce_mean"):
+            with pytest.raises(OpError, match=rf"^{node.op} has no GPU (kernel \(the GPU back end has no exp or tanh: "
+                                              r"no libdevice\)|schedule); run it on the cpu$"):
                 host_kernel(graph, node, gpu)
         else:
             assert host_kernel(graph, node, gpu).op is not None, node.op
