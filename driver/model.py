@@ -602,12 +602,10 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
 
 #: The attributes a run reads of each operator (`cpu_kernels`, `evaluate`), and those of an int8 graph.
 _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",),
-    **{op: ("relu",) for op in BINARY_OPS},
+    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), **{op: ("relu",) for op in BINARY_OPS},
     "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
-    "avg_pool": ("kernel", "stride", "padding"),
-    "reshape": ("shape",), "transpose": ("perm",), "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",),
-    "reduce_mean": ("axes", "keepdims"),
+    "avg_pool": ("kernel", "stride", "padding"), "reshape": ("shape",), "transpose": ("perm",),
+    "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",), "reduce_mean": ("axes", "keepdims"),
     "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
 }

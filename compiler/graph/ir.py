@@ -29,8 +29,9 @@ op                  attributes
                     flatten_axis; squeeze, the axes removed (None: every axis
                     of size 1); unsqueeze, the axes inserted), the data unchanged
 ``transpose``       perm (None: the axes reversed; resolved), numpy's transpose
-``pad``             pads (before all axes, then after; resolved from those of
-                    axes, None: all), value (int8: on the input's grid)
+``pad``             pads (the starts of the padded axes, then their ends), axes
+                    (None: all; resolved to all), value (int8: an integer, the
+                    constant on the input's grid)
 ``identity``        — (a copy under a model output's ONNX name)
 ``concat``          axis
 ``softmax``         axis (float32 only)

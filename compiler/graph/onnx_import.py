@@ -624,7 +624,8 @@ class _Importer:
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
 
     def op_ReduceMean(self, node, attrs):
-        axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])   # opset 18: input
+        # The axes: an attribute before opset 18, an input since.
+        axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])
         if not axes and int(attrs.get("noop_with_empty_axes", 0)):
             self.alias[node.output[0]] = self.name(node.input[0])
             return

@@ -52,11 +52,15 @@ def _window_out(node: Node, size: tuple[int, int], pooling: bool = True) -> tupl
     return out[0], out[1]
 
 
-def _axes(node: Node, axes, rank: int) -> list[int]:
-    """``axes`` of a rank-``rank`` tensor, negative ones counted from the end."""
+def _axes(node: Node, axes, rank: int, of: str = "input", repeats: bool = False) -> list[int]:
+    """``axes`` of the node's rank-``rank`` input (or output), negative ones counted from the
+    end; each named once unless ``repeats``."""
     if any(not -rank <= i < rank for i in axes):
         raise _fail(node, f"axes {list(axes)} are out of range for rank {rank} (from {-rank} to {rank - 1})")
-    return [i % rank for i in axes]
+    resolved = [i % rank for i in axes]
+    if not repeats and len(set(resolved)) != len(resolved):
+        raise _fail(node, f"axes {list(axes)} name an axis of the rank-{rank} {of} twice")
+    return resolved
 
 
 def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
@@ -119,7 +123,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
                 axes = [i for i, d in enumerate(x) if d == 1]
             else:
                 # Repeated axes squeeze once, as in ONNX Runtime.
-                axes = sorted(set(_axes(node, a["squeeze"], len(x))))
+                axes = sorted(set(_axes(node, a["squeeze"], len(x), repeats=True)))
                 wide = [f"{i} ({x[i]})" for i in axes if x[i] != 1]
                 if wide:
                     raise _fail(node, f"it squeezes axes of size 1 only, not axis {', '.join(wide)} of {list(x)}")
@@ -127,9 +131,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             shape = tuple(d for i, d in enumerate(x) if i not in axes)
         elif "unsqueeze" in a:
             rank = len(x) + len(a["unsqueeze"])
-            axes = _axes(node, a["unsqueeze"], rank)
-            if len(set(axes)) != len(axes):
-                raise _fail(node, f"axes {list(a['unsqueeze'])} name an axis of the rank-{rank} output twice")
+            axes = _axes(node, a["unsqueeze"], rank, of="output")
             a["unsqueeze"] = tuple(sorted(axes))
             rest = iter(x)
             shape = tuple(1 if i in axes else next(rest) for i in range(rank))
@@ -160,9 +162,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
         a["perm"] = perm
         return tuple(x[p] for p in perm)
     if op == "pad":
-        axes = list(range(len(x))) if a["axes"] is None else _axes(node, a["axes"], len(x))
-        if len(set(axes)) != len(axes):
-            raise _fail(node, f"axes {list(a['axes'])} name an axis of the rank-{len(x)} input twice")
+        axes = list(range(len(x))) if a.get("axes") is None else _axes(node, a["axes"], len(x))
         if len(a["pads"]) != 2 * len(axes):
             raise _fail(node, f"pads {list(a['pads'])} must give a start and an end for each of the {len(axes)} "
                               "padded axes")
@@ -182,8 +182,6 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
         return tuple(x[:axis]) + (sum(s[axis] for s in shapes),) + tuple(x[axis + 1:])
     if op == "reduce_mean":
         axes = list(range(len(x))) if a["axes"] is None else _axes(node, a["axes"], len(x))
-        if len(set(axes)) != len(axes):
-            raise _fail(node, f"axes {list(a['axes'])} name an axis of the rank-{len(x)} input twice")
         a["axes"] = tuple(sorted(axes))
         return tuple(1 if i in axes else d for i, d in enumerate(x) if a["keepdims"] or i not in axes)
     if op == "softmax":

@@ -17,11 +17,10 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   (subtracts), and shifts right with rounding into its output's (a residual add with its ReLU
   is one pass); an operand more than 2^MAX_LSHIFT finer than the other is first requantized
   (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
-- pooling, ReLU, clip, reshapes, transposes and pads keep their input's scale (a pad whose value
-  is off that grid runs in float32); a concat takes the
-  coarsest of its inputs' scales (the others are requantized to it); a tensor only
-  clips read is calibrated on what the clips let through (a ReLU6's 6, not the 900
-  its producer reaches);
+- pooling, ReLU, clip, reshapes, transposes and pads keep their input's scale (a pad whose
+  value is off that grid runs in float32); a concat takes the coarsest of its inputs' scales
+  (the others are requantized to it); a tensor only clips read is calibrated on what the
+  clips let through (a ReLU6's 6, not the 900 its producer reaches);
 - the operators of `FLOAT_ONLY` (softmax, a mean, division, sigmoid, tanh and the other float
   functions) run in float32 on their dequantized inputs, and so does an average pool whose
   output range is narrower than its input's (a global pool's); the nodes reading their
@@ -246,12 +245,12 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         off_grid = op == "pad" and (node.inputs[0] not in rename
                                     or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
         if op in FLOAT_ONLY or finer or off_grid:
-            # A softmax, a mean, a division or a float function runs in float32. So does an
-            # average pool or a clip whose range is narrower than its input's (a global pool's; a
-            # clip of a tensor that other nodes read at a wider range): kept at its input's coarse
-            # scale, a 15×15 pool's int8 output was 19 % off and a Clip(0, 0.1) of a tensor
-            # reaching 20 was all zeros; computed from the dequantized input, it is quantized at
-            # its own scale where it is read.
+            # A softmax, a mean, a division or a float function runs in float32, and so does a pad
+            # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
+            # whose range is narrower than its input's (a global pool's; a clip of a tensor that
+            # other nodes read at a wider range): kept at its input's coarse scale, a 15×15 pool's
+            # int8 output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros;
+            # computed from the dequantized input, it is quantized at its own scale where it is read.
             new_nodes.append(Node(op, node.name, [float_input(i) for i in node.inputs], out, dict(node.attrs)))
             floating.add(out)
             continue

@@ -213,8 +213,8 @@ def test_float_elementwise_and_mean(cpu):
                      ("sigmoid", 1 / (1 + np.exp(-x.astype(np.float64)))), ("sqrt", np.sqrt(np.abs(x)))):
         arg = np.abs(x) if op == "sqrt" else x
         options = {"y_shape": y.shape} if op in ("sub", "div") else {}
-        op_ = compile_elementwise("cpu", op, x.shape, dtype="float32", **options)
-        out, _ = op_.run(cpu, x=arg, **({"y": y} if options else {}))
+        kernel = compile_elementwise("cpu", op, x.shape, dtype="float32", **options)
+        out, _ = kernel.run(cpu, x=arg, **({"y": y} if options else {}))
         np.testing.assert_allclose(out, want, rtol=1e-6, err_msg=op)
     out, _ = compile_elementwise("cpu", "leaky_relu", x.shape, dtype="float32", alpha=0.1).run(cpu, x=x)
     np.testing.assert_array_equal(out, np.where(x < 0, x * np.float32(0.1), x))

@@ -154,6 +154,7 @@ def test_layout_operators_on_a_batch():
         compile_model(squeezes).run(_normal(rng, (2, 3, 1)), "cpu")
 
 
+
 # ------------------------------------------------------------------------ Sub, Div, Neg
 
 def _away_from_zero(rng, shape) -> np.ndarray:
@@ -209,6 +210,67 @@ def test_neg():
     m = model([N("Neg", ["s"], ["t"]), N("Reshape", ["x", "t"], ["y"])], [("x", [2, 3, 4])], [("y", [6, 4])],
               {"s": np.int64([-6, -4])})
     _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 4))}, rng, int8=False)
+
+
+
+# ------------------------------------------------------------------------ float functions
+
+@pytest.mark.parametrize("op, attrs", [("Sigmoid", {}), ("Tanh", {}), ("Exp", {}), ("Sqrt", {}), ("Abs", {}),
+                                       ("LeakyRelu", {}), ("LeakyRelu", {"alpha": -0.3}), ("Pow", {})])
+def test_float_functions(op, attrs):
+    """Between a convolution and a multiply: the int8 network computes the function in float32
+    from the convolution's dequantized output (the accelerator's, on fsim), and the multiply
+    quantizes its result. Its error is the input's rounding carried through the function
+    (within 15 % of the largest output, as for a whole network, where the function is steep)."""
+    rng = np.random.default_rng(sum(map(ord, op)) + len(attrs))
+    init = {"w": rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "k": _away_from_zero(rng, (4, 1, 1))}
+    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4)]
+    if op == "Sqrt":
+        nodes.append(N("Abs", ["c"], ["c_abs"]))
+    if op == "Pow":
+        init["two"] = np.float32(2)
+    nodes += [N(op, [nodes[-1].output[0]] + (["two"] if op == "Pow" else []), ["f"], **attrs),
+              N("Mul", ["f", "k"], ["y"])]
+    m = model(nodes, [("x", [2, 3, 5, 6])], [("y", None)], init)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 5, 6))}, rng, int8_tol=0.15)
+
+
+def test_float_function_kernels():
+    """The kernels against ONNX Runtime and, more tightly, against the graph's float64 semantics,
+    over a wide range and at ±inf, NaN, ±0 and values whose exponentials overflow or vanish.
+    ONNX Runtime's Sigmoid and Tanh are approximations good to about 1e-7 absolute."""
+    x = np.concatenate([np.random.default_rng(52).normal(0, 8, 500),
+                        [-np.inf, -100, -20, -1e-8, -0.0, 0.0, 1e-8, 0.5, 20, 88.5, 100, np.inf, np.nan]])
+    x = x.astype(np.float32)
+    for op in ("Sigmoid", "Tanh", "Exp", "Sqrt", "Abs", "LeakyRelu"):
+        m = model([N(op, ["x"], ["y"])], [("x", [len(x)])], [("y", None)])
+        expected = ort_run(m, {"x": x})[0]
+        compiled = compile_model(m)
+        got = compiled.run(x, "cpu")
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=op)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=op)
+        np.testing.assert_allclose(got, evaluate(compiled.graph, {"x": x})["y"], rtol=1e-6, atol=1e-37, err_msg=op)
+
+
+@pytest.mark.parametrize("node, init, match", [
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(3)},
+     r"node p \(Pow\): the exponent Y must be the constant 2 \(x · x\), not \[3\.0\] of shape \[\]"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 2])}, r"not \[2\.0, 2\.0\] of shape \[2\]"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {}, r"node p \(Pow\): the exponent Y must be a constant"),
+    (N("LeakyRelu", ["x"], ["y"], alpha=float("inf"), name="l"), {},
+     r"node l \(LeakyRelu\): alpha must be a finite number, not inf"),
+])
+def test_float_function_refusals(node, init, match):
+    inputs = [("x", [2, 3])] + ([("p", [])] if "p" in node.input and "p" not in init else [])
+    with pytest.raises(GraphError, match=match):
+        compile_model(model([node], inputs, [("y", [2, 3])], init))
+
+
+def test_pow_with_a_one_element_exponent_of_higher_rank_broadcasts_as_onnx_runtime_does():
+    rng = np.random.default_rng(50)
+    m = model([N("Pow", ["x", "p"], ["y"])], [("x", [3])], [("y", None)], {"p": np.float32([[2]])})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (3,))}, rng)
+
 
 
 # ------------------------------------------------------------------------ ReduceMean, Pad
@@ -288,6 +350,7 @@ def test_reduce_mean_and_pad_on_a_batch():
             compile_model(m).run(x, "cpu")
 
 
+
 # ------------------------------------------------------------------------ the .gfm round trip
 
 def _every_new_operator(rng):
@@ -316,6 +379,15 @@ def test_every_new_operator_survives_save_and_load(tmp_path):
             np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
 
 
+@pytest.fixture(scope="module")
+def every_new_operator_gfm() -> bytes:
+    """The int8 network of `_every_new_operator` as a .gfm file's bytes."""
+    rng = np.random.default_rng(41)
+    x = _normal(rng, (1, 3, 4, 5))
+    return compile_model(_every_new_operator(rng), quantize="int8", calibrate=np.stack([x, -x]),
+                         config="tiny").to_bytes()
+
+
 @pytest.mark.parametrize("op, attr, value, match", [
     ("transpose", "perm", [0, 1, 2, 3], r"node d \(sub\): shapes \[1, 4, 4, 5\] and \[4\] do not broadcast"),
     ("pad", "pads", [0, 0, 0, 0, 0, 0, 0, 1], r"node q \(div\): shapes \[1, 4, 5, 5\] and \[4\] do not broadcast"),
@@ -328,11 +400,8 @@ def test_every_new_operator_survives_save_and_load(tmp_path):
     ("reshape", "unsqueeze", [4], r"node s \(reshape\): it squeezes axes of size 1 only"),
     ("sub", "lshift", None, "lacks attribute"),
 ])
-def test_an_edited_layout_or_arithmetic_attribute_is_refused_when_loaded(op, attr, value, match):
+def test_an_edited_attribute_of_a_new_operator_is_refused_when_loaded(op, attr, value, match, every_new_operator_gfm):
     from test_graph_int8 import _edit_manifest
-    rng = np.random.default_rng(41)
-    x = _normal(rng, (1, 3, 4, 5))
-    compiled = compile_model(_every_new_operator(rng), quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
 
     def edit(manifest):
         node = next(n for n in manifest["graph"]["nodes"] if n["op"] == op and (attr in n["attrs"] or value is None))
@@ -340,69 +409,12 @@ def test_an_edited_layout_or_arithmetic_attribute_is_refused_when_loaded(op, att
             node["attrs"].pop(attr)
         else:
             node["attrs"][attr] = value
-    data = _edit_manifest(compiled.to_bytes(), edit)
     with pytest.raises(GraphError, match=f"not a valid gemforge model.*{match}"):
-        Model.from_bytes(data)
+        Model.from_bytes(_edit_manifest(every_new_operator_gfm, edit))
 
 
-# ------------------------------------------------------------------------ float functions
 
-@pytest.mark.parametrize("op, attrs", [("Sigmoid", {}), ("Tanh", {}), ("Exp", {}), ("Sqrt", {}), ("Abs", {}),
-                                       ("LeakyRelu", {}), ("LeakyRelu", {"alpha": -0.3}), ("Pow", {})])
-def test_float_functions(op, attrs):
-    """Between a convolution and a multiply: the int8 network computes the function in float32
-    from the convolution's dequantized output (the accelerator's, on fsim), and the multiply
-    quantizes its result. Its error is the input's rounding carried through the function
-    (within 15 % of the largest output, as for a whole network, where the function is steep)."""
-    rng = np.random.default_rng(sum(map(ord, op)) + len(attrs))
-    init = {"w": rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "k": _away_from_zero(rng, (4, 1, 1))}
-    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4)]
-    if op == "Sqrt":
-        nodes.append(N("Abs", ["c"], ["c_abs"]))
-    if op == "Pow":
-        init["two"] = np.float32(2)
-    nodes += [N(op, [nodes[-1].output[0]] + (["two"] if op == "Pow" else []), ["f"], **attrs),
-              N("Mul", ["f", "k"], ["y"])]
-    m = model(nodes, [("x", [2, 3, 5, 6])], [("y", None)], init)
-    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 5, 6))}, rng, int8_tol=0.15)
-
-
-def test_float_function_kernels():
-    """The kernels against ONNX Runtime and, more tightly, against the graph's float64 semantics,
-    over a wide range and at ±inf, NaN, ±0 and values whose exponentials overflow or vanish.
-    ONNX Runtime's Sigmoid and Tanh are approximations good to about 1e-7 absolute."""
-    x = np.concatenate([np.random.default_rng(52).normal(0, 8, 500),
-                        [-np.inf, -100, -20, -1e-8, -0.0, 0.0, 1e-8, 0.5, 20, 88.5, 100, np.inf, np.nan]])
-    x = x.astype(np.float32)
-    for op in ("Sigmoid", "Tanh", "Exp", "Sqrt", "Abs", "LeakyRelu"):
-        m = model([N(op, ["x"], ["y"])], [("x", [len(x)])], [("y", None)])
-        expected = ort_run(m, {"x": x})[0]
-        compiled = compile_model(m)
-        got = compiled.run(x, "cpu")
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=op)
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=op)
-        np.testing.assert_allclose(got, evaluate(compiled.graph, {"x": x})["y"], rtol=1e-6, atol=1e-37, err_msg=op)
-
-
-@pytest.mark.parametrize("node, init, match", [
-    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(3)},
-     r"node p \(Pow\): the exponent Y must be the constant 2 \(x · x\), not \[3\.0\] of shape \[\]"),
-    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 2])}, r"not \[2\.0, 2\.0\] of shape \[2\]"),
-    (N("Pow", ["x", "p"], ["y"], name="p"), {}, r"node p \(Pow\): the exponent Y must be a constant"),
-    (N("LeakyRelu", ["x"], ["y"], alpha=float("inf"), name="l"), {},
-     r"node l \(LeakyRelu\): alpha must be a finite number, not inf"),
-])
-def test_float_function_refusals(node, init, match):
-    inputs = [("x", [2, 3])] + ([("p", [])] if "p" in node.input and "p" not in init else [])
-    with pytest.raises(GraphError, match=match):
-        compile_model(model([node], inputs, [("y", [2, 3])], init))
-
-
-def test_pow_with_a_one_element_exponent_of_higher_rank_broadcasts_as_onnx_runtime_does():
-    rng = np.random.default_rng(50)
-    m = model([N("Pow", ["x", "p"], ["y"])], [("x", [3])], [("y", None)], {"p": np.float32([[2]])})
-    _same_as_onnx_runtime(m, {"x": _normal(rng, (3,))}, rng)
-
+# ------------------------------------------------------------------------ the GPU back end
 
 def test_gpu_kernels_or_one_line_refusals():
     """Every new operator builds for an sm_90 GPU (PTX checked by ptxas where present), except
