@@ -9,7 +9,10 @@ each engine's next instruction and every token count instead of hanging.
 
 Every instruction is executed as a whole with numpy: a GEMM gathers all its
 micro-op operands at once and multiplies them in one batched product, so no
-Python code runs per multiply-accumulate.
+Python code runs per multiply-accumulate. An ALU loop that repeats one chained
+body (2^28 repetitions of acc[1] += acc[0]; acc[0] += acc[1], say) is not run
+repetition by repetition either: ADD and MUL take a matrix power, and the other
+ops run until the values repeat.
 
 The execution rules it enforces are those of the `gemforge.hw.isa` module
 docstring. Internally the accumulator buffer is int64 holding values already
@@ -93,6 +96,16 @@ COUNTER_NAMES = (
 # bounds the memory of the gathered operands.
 _CHUNK_UOPS = 1 << 16
 
+# An ALU loop that repeats one body (`Fsim._alu_periodic`): ADD and MUL bodies touching at
+# most this many accumulator entries are raised to their repeat count as a k×k matrix, k^3
+# work per squaring (numpy's integer matmul has no BLAS: about 6 ms at 128, 50 ms at 256).
+_MATRIX_ENTRIES = 128
+# Repetitions watched for a repeated state before the rest run as an ordinary loop.
+_CYCLE_SEARCH = 1024
+# Bodies of up to this many micro-ops repeat one micro-op at a time: below about 16,
+# planning their batches each repetition (`Fsim._alu_in_order`) costs more (measured).
+_STEP_BODY = 16
+
 
 def _wrap(values: np.ndarray, bits: int) -> np.ndarray:
     """Reduce int64 values to signed ``bits``-bit two's complement."""
@@ -119,6 +132,26 @@ def _pow_u64(base: np.ndarray, exponent: np.ndarray) -> np.ndarray:
         base = base * base
         exponent >>= 1
     return result
+
+
+def _matrix_power(m: np.ndarray, times: int, cap: int | None = None) -> np.ndarray:
+    """``m ** times`` (``times`` >= 1) by repeated squaring. A uint64 ``m`` gives the power
+    modulo 2^64, exact modulo any 2^b with b <= 64: numpy's integer matmul wraps, and reducing
+    modulo 2^b keeps sums and products. With ``cap``, ``m`` holds non-negative integers at most
+    ``cap`` and the power is saturated at ``cap``: min(·, cap) keeps sums and products of
+    non-negative integers too, and the int64 sums stay below k·cap²."""
+    result = None
+    while True:
+        if times & 1:
+            result = m if result is None else result @ m
+            if cap is not None:
+                result = np.minimum(result, cap)
+        times >>= 1
+        if not times:
+            return result
+        m = m @ m
+        if cap is not None:
+            m = np.minimum(m, cap)
 
 
 def _int_dtype(bits: int) -> np.dtype:
@@ -622,8 +655,10 @@ class Fsim:
         """Micro-ops run exactly in order (each reads the accumulator after the previous one's
         write, as the pipeline's forwarding guarantees), computed in batches whose result equals
         that order: all at once when no entry is written twice or read after a write; as
-        per-entry reductions when the operands do not change during the instruction; otherwise
-        in blocks of micro-ops that read nothing written earlier in the block (`_alu_in_order`)."""
+        per-entry reductions when the operands do not change during the instruction; a loop
+        that repeats one body, whose values then depend on every earlier repetition, as a
+        matrix power or up to a cycle of its values (`_alu_periodic`); otherwise in blocks of
+        micro-ops that read nothing written earlier in the block (`_alu_in_order`)."""
         uops = self._loop_uops(insn, index)
         n = insn.uop_count
         self.counters["alu_uops"] += n
@@ -642,6 +677,8 @@ class Fsim:
         if insn.imm is not None or not self._alu_sources_written(insn, uops):
             if self._alu_constant_operands(insn, uops):
                 return
+        if self._alu_periodic(insn, uops):
+            return
         for (dst, src), _ in self._index_chunks(insn, uops, self._alu_chunk):
             self._alu_in_order(insn.op, dst, src)
 
@@ -710,6 +747,109 @@ class Fsim:
             assert self._alu_grouped(insn.op, insn.imm, dst[lo:hi], src[lo:hi], count[lo:hi])
             lo = hi
         return True
+
+    def _alu_periodic(self, insn: Alu, uops: np.ndarray) -> bool:
+        """Run an ALU loop whose outer factors are 0, so each outer iteration applies the same
+        body (the inner loop; with inner factors of 0 too, each inner iteration: the micro-op
+        range), without running every repetition. The body maps the accumulator entries it
+        touches to new values from those alone, so ADD and MUL take a matrix power
+        (`_alu_matrix`), and the others stop at a fixed point or skip whole cycles of the
+        touched values (`_alu_until_cycle`); repetitions still left then run as an ordinary
+        loop. Returns False, having done nothing, when the loop does not repeat a body of at
+        most one batch (`_alu_chunk`) at least twice."""
+        if insn.dst_factor_out or insn.src_factor_out:
+            return False
+        inner_steps = insn.dst_factor_in or insn.src_factor_in
+        body_uops = uops.shape[0] * (insn.iter_in if inner_steps else 1)
+        times = insn.iter_out * (1 if inner_steps else insn.iter_in)
+        if times < 2 or body_uops > self._alu_chunk:
+            return False
+        (dst, src), repeat = next(self._index_chunks(insn, uops, body_uops, collapse=True))
+        assert repeat == times and dst.size == body_uops
+        if insn.op in (AluOp.ADD, AluOp.MUL) and self._alu_matrix(insn.op, dst, src, times):
+            return True
+        left = self._alu_until_cycle(insn.op, dst, src, times)
+        per_batch = max(1, self._alu_chunk // dst.size)
+        while left:
+            count = min(left, per_batch)
+            self._alu_in_order(insn.op, np.tile(dst, count), np.tile(src, count))
+            left -= count
+        return True
+
+    def _alu_matrix(self, op: AluOp, dst: np.ndarray, src: np.ndarray, times: int) -> bool:
+        """``times`` repetitions of an ADD or MUL body of register micro-ops (dst, src). On
+        the k entries it touches an ADD body is linear: its matrix M starts as the identity and
+        each micro-op adds row s to row d, and the repetitions are M^times modulo 2^64, exact
+        modulo 2^acc_width (`_matrix_power`). A MUL body makes each entry a product of powers
+        of the entries' old values, with the same M as exponents. An exponent below acc_width
+        is used as it is; a larger one makes any even base 0 and is taken modulo 2^(acc_width-2),
+        which every odd value's order divides, plus 2^(acc_width-2) (still at least acc_width).
+        Returns False, having done nothing, when the body touches more than `_MATRIX_ENTRIES`
+        entries."""
+        touched, local = np.unique(np.concatenate((dst, src)), return_inverse=True)
+        k = touched.size
+        if k > _MATRIX_ENTRIES:
+            return False
+        width = self.config.acc_width
+        m = np.eye(k, dtype=np.uint64)
+        capped = np.eye(k, dtype=np.int64)              # MUL: M saturated at acc_width
+        for d, s in zip(local[:dst.size].tolist(), local[dst.size:].tolist()):
+            m[d] += m[s]
+            if op == AluOp.MUL:
+                capped[d] = np.minimum(capped[d] + capped[s], width)
+        written = np.unique(local[:dst.size])
+        old = self.acc[touched]
+        power = _matrix_power(m, times)[written]
+        if op == AluOp.ADD:
+            new = (power @ old.reshape(k, -1).view(np.uint64)).reshape((-1,) + old.shape[1:])
+        else:
+            order = 1 << (width - 2)
+            capped = _matrix_power(capped, times, cap=width)[written]
+            exponents = np.where(capped < width, capped, (power & np.uint64(order - 1)).view(np.int64) + order)
+            rows = max(1, (1 << 20) // old.size)        # destinations per batch: ~2^20 powers
+            new = np.concatenate([np.multiply.reduce(_pow_u64(old, exponents[r:r + rows, :, None, None]), axis=1)
+                                  for r in range(0, len(exponents), rows)])
+        self._write_acc(touched[written], _wrap_u64(new, width))
+        return True
+
+    def _alu_until_cycle(self, op: AluOp, dst: np.ndarray, src: np.ndarray, times: int) -> int:
+        """Up to ``times`` repetitions of a body of register micro-ops (dst, src), one at a
+        time, watching the entries it touches: once their values equal those after an earlier
+        repetition, the remaining repetitions are whole cycles of that length and a remainder.
+        Each repetition is compared with the one before (a fixed point) and with the one saved
+        at the last power of two (Brent's cycle finding, which needs no store of past states).
+        MIN and MAX are watched to the end: each entry only moves one way among the values
+        present, so they reach a fixed point. Other ops are watched for `_CYCLE_SEARCH`
+        repetitions; returns how many repetitions are left (0 when done)."""
+        touched = np.unique(np.concatenate((dst, src)))
+        pairs = list(zip(dst.tolist(), src.tolist())) if dst.size <= _STEP_BODY else None
+
+        def body() -> None:
+            if pairs is None:
+                self._alu_in_order(op, dst, src)
+                return
+            for d, s in pairs:
+                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
+
+        search = times if op in (AluOp.MIN, AluOp.MAX) else min(times, _CYCLE_SEARCH)
+        previous = saved = self.acc[touched]
+        saved_at = 0
+        for step in range(1, search + 1):
+            body()
+            state = self.acc[touched]
+            if np.array_equal(state, previous):
+                period = 1
+            elif np.array_equal(state, saved):
+                period = step - saved_at
+            else:
+                if step & (step - 1) == 0:
+                    saved, saved_at = state, step
+                previous = state
+                continue
+            for _ in range((times - step) % period):
+                body()
+            return 0
+        return times - search
 
     def _alu_grouped(self, op: AluOp, imm: int | None, dst: np.ndarray, src: np.ndarray,
                      count: np.ndarray) -> bool:

@@ -3,6 +3,7 @@ plus the engine/token semantics, error reporting and counters."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program, encode_uops
 from gemforge.hw.regmap import Fault
+from gemforge.sim import fsim
 from gemforge.sim.fsim import DeadlockError, Fsim, FsimError, OutOfBoundsError
+from gemforge.sim.trace import TracingFsim
 
 from reference import ReferenceModel, wrap
 
@@ -56,6 +59,19 @@ def random_state(sim: Fsim, ref: ReferenceModel, rng: np.random.Generator, uop_l
     uops = np.stack([rng.integers(0, lim, c.uop_depth) for lim in limits], axis=1)
     sim.uop[...] = uops
     ref.uop = [tuple(int(v) for v in row) for row in uops]
+
+
+def set_acc(sim: Fsim, ref: ReferenceModel, values: np.ndarray) -> None:
+    """Give both models the same accumulator (and its output mirror)."""
+    sim._write_acc(slice(None), values)
+    ref.sram["acc"] = values.tolist()
+    ref.sram["out"] = wrap(values, sim.config.out_width).tolist()
+
+
+def set_uops(sim: Fsim, ref: ReferenceModel, bgn: int, uops: np.ndarray) -> None:
+    sim.uop[bgn:bgn + len(uops)] = uops
+    for k, row in enumerate(uops):
+        ref.uop[bgn + k] = tuple(int(v) for v in row)
 
 
 def assert_same_state(sim: Fsim, ref: ReferenceModel) -> None:
@@ -400,13 +416,9 @@ def test_alu_aliased_micro_ops_match_reference_in_order(config_name, op, use_imm
             values = rng.integers(-3, 4, sim.acc.shape)
         else:
             values = rng.integers(-(1 << (config.acc_width - 1)), 1 << (config.acc_width - 1), sim.acc.shape)
-        sim._write_acc(slice(None), values)
-        ref.sram["acc"] = values.tolist()
-        ref.sram["out"] = wrap(values, config.out_width).tolist()
+        set_acc(sim, ref, values)
         uops, insn = _aliased_alu(rng, config, op, use_imm, entries)
-        sim.uop[insn.uop_bgn:insn.uop_end] = uops
-        for k, row in enumerate(uops):
-            ref.uop[insn.uop_bgn + k] = tuple(int(v) for v in row)
+        set_uops(sim, ref, insn.uop_bgn, uops)
         sim.execute(insn)
         ref.execute(insn)
         np.testing.assert_array_equal(sim.acc, ref.buffer("acc"), err_msg=str(insn))
@@ -453,6 +465,282 @@ def test_alu_long_repeated_destination_runs_fast():
     assert sim.acc[2, 0].tolist() == [int(v) % 2 for v in values[2, 0]]
     assert sim.acc[3, 0].tolist() == [wrap(int(v) - 3 * n, 32) for v in values[3, 0]]
     assert sim.counters["alu_uops"] == 3 * n
+
+
+def _alu_values(rng, config, op, trial):
+    """Accumulator values for an ALU test, by trial: the whole signed acc_width range; SHR
+    amounts around ±acc_width, MUL small odd values (their products never die out); ADD
+    multiples of 2^(acc_width-3) and MUL values whose squares are 1 (sums and products then
+    return to earlier values within a few repetitions)."""
+    shape = (config.acc_depth, config.batch, config.block_out)
+    half = 1 << (config.acc_width - 1)
+    if trial % 3 == 1 and op == AluOp.SHR:
+        return rng.integers(-config.acc_width - 8, config.acc_width + 8, shape)
+    if trial % 3 == 1 and op == AluOp.MUL:
+        return 2 * rng.integers(-4, 4, shape) + 1
+    if trial % 3 == 2 and op == AluOp.ADD:
+        return rng.integers(-4, 4, shape) * (half >> 2)
+    if trial % 3 == 2 and op == AluOp.MUL:
+        return rng.choice([1, -1, 1 - half, half - 1], shape)
+    return rng.integers(-half, half, shape)
+
+
+def _periodic_alu(rng, config, op, use_imm, entries, iters):
+    """A random ALU loop that repeats one body: outer factors 0, inner factors 0 or small (the
+    body is the inner loop), a few micro-ops crowded into ``entries`` entries so that they
+    chain (sources read what the body wrote), iteration counts drawn from ``iters``."""
+    uop_count = int(rng.integers(1, 6))
+    io, ii = int(rng.choice(iters)), int(rng.choice(iters))
+    factors = {"dst_factor_in": 0, "src_factor_in": 0}
+    if rng.random() < 0.4:
+        factors = {"dst_factor_in": int(rng.choice([0, 1])), "src_factor_in": int(rng.choice([0, 1, 2]))}
+        ii = min(ii, 8)
+    uops = rng.integers(0, entries, (uop_count, 3))
+    imm = None
+    if use_imm:
+        imm = int(rng.choice([0, 1, 3, -2, 31, 33, -31, -40])) if op == AluOp.SHR else int(rng.integers(-2**15, 2**15))
+    bgn = int(rng.integers(0, config.uop_depth - uop_count))
+    return uops, Alu(op=op, imm=imm, uop_bgn=bgn, uop_end=bgn + uop_count, iter_out=io, iter_in=ii, **factors)
+
+
+def _check_periodic_against_reference(config, op, use_imm, seed, iters, trials):
+    """``trials`` random loops of `_periodic_alu`, each on fresh `_alu_values`, in fsim and the
+    reference."""
+    sim, ref, rng = make_pair(config, seed)
+    for trial in range(trials):
+        set_acc(sim, ref, _alu_values(rng, config, op, trial))
+        uops, insn = _periodic_alu(rng, config, op, use_imm, int(rng.choice([1, 2, 3, 6])), iters)
+        set_uops(sim, ref, insn.uop_bgn, uops)
+        sim.execute(insn)
+        ref.execute(insn)
+        np.testing.assert_array_equal(sim.acc, ref.buffer("acc"), err_msg=f"{insn} {uops.tolist()}")
+        np.testing.assert_array_equal(sim.out.astype(np.int64), ref.buffer("out"), err_msg=str(insn))
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16", "nonsquare", "wide"])
+@pytest.mark.parametrize("op", list(AluOp))
+@pytest.mark.parametrize("use_imm", [False, True])
+def test_alu_periodic_loops_match_reference(config_name, op, use_imm):
+    """Loops that repeat one chained body (a matrix power for ADD and MUL, a fixed point or
+    cycle for the others; with an immediate, per-entry reductions) equal the reference's
+    one-micro-op-at-a-time loop, from 1 to 1,600 repetitions."""
+    _check_periodic_against_reference(CONFIGS[config_name], op, use_imm, seed=int(op) * 2 + use_imm,
+                                      iters=[1, 2, 3, 5, 17, 40], trials=8)
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16"])
+@pytest.mark.parametrize("op", list(AluOp))
+@pytest.mark.parametrize("search", [3, 1024])
+def test_alu_periodic_loops_without_a_matrix_match_reference(config_name, op, search, monkeypatch):
+    """With no matrix allowed, ADD and MUL bodies repeat one at a time too, skipping whole
+    cycles of their values; with a cycle search of three repetitions, most repeated bodies run
+    their remaining repetitions as an ordinary loop after the search. Both exact."""
+    monkeypatch.setattr(fsim, "_MATRIX_ENTRIES", 0)
+    monkeypatch.setattr(fsim, "_CYCLE_SEARCH", search)
+    _check_periodic_against_reference(CONFIGS[config_name], op, False, seed=40 + int(op),
+                                      iters=[2, 3, 5, 17, 40], trials=9)
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16"])
+def test_alu_periodic_loop_skips_whole_cycles(config_name, monkeypatch):
+    """With no matrix allowed, acc[0] += acc[1]; acc[2] += acc[0]; acc[3] += acc[3] on
+    multiples of 2^(acc_width-3): acc[3] is 0 from the third repetition on, and acc[0] and
+    acc[2] return to earlier values every 16 (t·acc[1] and t(t+1)/2·acc[1] modulo 8·acc[1]),
+    so repetitions past the first cycle are skipped, by any remainder."""
+    monkeypatch.setattr(fsim, "_MATRIX_ENTRIES", 0)
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=9)
+    set_uops(sim, ref, 0, np.array([[0, 1, 0], [2, 0, 0], [3, 3, 0]]))
+    step = 1 << (config.acc_width - 3)
+    for times in [2, 3, 15, 16, 17, 33, 50, 101, 16383 * 16383]:
+        set_acc(sim, ref, rng.integers(-4, 4, sim.acc.shape) * step)
+        if times < 16383:
+            insn = Alu(op=AluOp.ADD, uop_bgn=0, uop_end=3, iter_out=times, iter_in=1)
+            ref.execute(insn)
+            expect = ref.buffer("acc")
+        else:
+            insn = Alu(op=AluOp.ADD, uop_bgn=0, uop_end=3, iter_out=16383, iter_in=16383)
+            expect = _reference_after(ref, dataclasses.replace(insn, iter_out=1, iter_in=1), times, [0, 1, 2, 3])
+        sim.execute(insn)
+        np.testing.assert_array_equal(sim.acc, expect, err_msg=f"{times} repetitions")
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16"])
+def test_alu_periodic_mul_powers_of_two_vanish_exactly_at_acc_width(config_name):
+    """acc[0] ·= acc[1]; acc[2] ·= acc[0], n times: acc[0] gains a factor 2^n from an acc[1]
+    of 2, which is 0 from n = acc_width on (the exponent is counted exactly up to there)."""
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=5)
+    set_uops(sim, ref, 0, np.array([[0, 1, 0], [2, 0, 0]]))
+    for n in range(config.acc_width - 3, config.acc_width + 3):
+        values = 2 * rng.integers(-50, 50, sim.acc.shape) + 1
+        values[1] = rng.choice([2, -2, 6], values[1].shape)
+        set_acc(sim, ref, values)
+        insn = Alu(op=AluOp.MUL, uop_bgn=0, uop_end=2, iter_out=n, iter_in=1)
+        sim.execute(insn)
+        ref.execute(insn)
+        np.testing.assert_array_equal(sim.acc, ref.buffer("acc"), err_msg=f"n={n}")
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16"])
+@pytest.mark.parametrize("op", list(AluOp))
+def test_alu_periodic_loops_of_thousands_of_repetitions_match_reference(config_name, op):
+    """5,000 repetitions of a chained body (MUL exponents far past acc_width, ADD wrapping
+    many times over) against the reference run in full."""
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=60 + int(op))
+    for trial in range(2):
+        set_acc(sim, ref, _alu_values(rng, config, op, trial))
+        uops = rng.integers(0, 3, (int(rng.integers(2, 4)), 3))
+        set_uops(sim, ref, 0, uops)
+        insn = Alu(op=op, uop_bgn=0, uop_end=len(uops), iter_out=100, iter_in=50)
+        sim.execute(insn)
+        ref.execute(insn)
+        np.testing.assert_array_equal(sim.acc, ref.buffer("acc"), err_msg=f"{insn} {uops.tolist()}")
+
+
+def _reference_after(ref: ReferenceModel, body: Alu, times: int, entries: list[int]) -> np.ndarray:
+    """The reference's accumulator after ``times`` repetitions of ``body``, ``times`` too many
+    to run: ADD through the body's matrix, whose column j the reference gives from the state with
+    entry j 1 and the others 0 (an ADD body is linear); the other ops by running the body until
+    the touched entries repeat an earlier repetition's values (the body reads only those)."""
+    width = ref.config.acc_width
+    start = ref.buffer("acc")
+    if body.op == AluOp.ADD:
+        columns = []
+        for j in entries:
+            for e in entries:
+                ref.write_acc(e, (np.zeros_like(start[e]) + (e == j)).tolist())
+            ref.execute(body)
+            columns.append([int(ref.buffer("acc")[e].reshape(-1)[0]) for e in entries])
+        matrix = [list(row) for row in zip(*columns)]
+        power = [[int(r == c) for c in range(len(entries))] for r in range(len(entries))]
+        n = times
+        while n:
+            if n & 1:
+                power = [[sum(a * b for a, b in zip(row, col)) % (1 << width) for col in zip(*matrix)]
+                         for row in power]
+            matrix = [[sum(a * b for a, b in zip(row, col)) % (1 << width) for col in zip(*matrix)]
+                      for row in matrix]
+            n >>= 1
+        result = start.copy()
+        for r, e in enumerate(entries):
+            result[e] = wrap(sum(power[r][c] * start[f].astype(object) for c, f in enumerate(entries)), width)
+        return result
+    seen, states = {}, []
+    while True:
+        state = ref.buffer("acc")
+        key = state[entries].tobytes()
+        if key in seen:
+            first = seen[key]
+            return states[times if times < first else first + (times - first) % (len(states) - first)]
+        assert len(states) < 5000, "no repeated state in 5,000 repetitions"
+        seen[key] = len(states)
+        states.append(state)
+        ref.execute(body)
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "acc16"])
+@pytest.mark.parametrize("op", [AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.SHR])
+@pytest.mark.parametrize("inner", ["repeated", "loop"])
+def test_alu_periodic_loops_of_2_28_micro_ops_match_reduced_reference(config_name, op, inner):
+    """16383 × 16383 repetitions of a random chained body (or 16383 of an inner loop of 3),
+    against the reference's result for that many repetitions found without running them all
+    (`_reference_after`; MUL: the Fibonacci loop below)."""
+    config = CONFIGS[config_name]
+    sim, ref, rng = make_pair(config, seed=80 + int(op) + 7 * (inner == "loop"))
+    for trial in range(3):
+        set_acc(sim, ref, _alu_values(rng, config, op, trial))
+        uops = rng.integers(0, 4, (int(rng.integers(2, 5)), 3))
+        set_uops(sim, ref, 0, uops)
+        if inner == "loop":
+            insn = Alu(op=op, uop_bgn=0, uop_end=len(uops), iter_out=16383, iter_in=3, dst_factor_in=1, src_factor_in=2)
+            body, times = dataclasses.replace(insn, iter_out=1), 16383
+        else:
+            insn = Alu(op=op, uop_bgn=0, uop_end=len(uops), iter_out=16383, iter_in=16383)
+            body, times = dataclasses.replace(insn, iter_out=1, iter_in=1), 16383 * 16383
+        entries = sorted({int(u[c]) + j * f for u in uops for c, f in ((0, body.dst_factor_in), (1, body.src_factor_in))
+                          for j in range(body.iter_in)})
+        start = time.perf_counter()
+        sim.execute(insn)
+        assert time.perf_counter() - start < 5
+        np.testing.assert_array_equal(sim.acc, _reference_after(ref, body, times, entries),
+                                      err_msg=f"{insn} {uops.tolist()}")
+
+
+def _fibonacci_pair(n: int, modulus: int) -> tuple[int, int]:
+    """(F(n), F(n+1)) modulo ``modulus`` by fast doubling on Python integers."""
+    if n == 0:
+        return 0, 1
+    a, b = _fibonacci_pair(n // 2, modulus)
+    c = a * (2 * b - a) % modulus
+    d = (a * a + b * b) % modulus
+    return (d, (c + d) % modulus) if n % 2 else (c, d)
+
+
+def test_alu_fibonacci_loop_of_2_29_micro_ops_runs_fast():
+    """acc[1] += acc[0]; acc[0] += acc[1], 16383 × 16383 times (2^29 micro-ops, about 5 s on
+    the hardware, over an hour one micro-op at a time): each repetition is the Fibonacci step
+    squared, so (acc[0], acc[1]) becomes (F(2n+1)·a + F(2n)·b, F(2n)·a + F(2n−1)·b). The MUL
+    loop's values are powers with those exponents: modulo 2^32 an odd value's powers repeat
+    every 2^30 (its order divides it) and an even value's are 0 from the 32nd on."""
+    config = PRESETS["tiny"]
+    n = 16383 * 16383
+    f0, f1 = _fibonacci_pair(2 * n - 1, 1 << 32)
+    f2 = (f0 + f1) % (1 << 32)                        # F(2n-1), F(2n), F(2n+1)
+    e0, e1 = _fibonacci_pair(2 * n - 1, 1 << 30)
+    e2 = (e0 + e1) % (1 << 30)
+    a = np.array([1, -7, 2**31 - 1, 12345], np.int64)
+    b = np.array([1, 3, -2**31, 2**20 + 1], np.int64)
+    for op in (AluOp.ADD, AluOp.MUL):
+        sim = Fsim(config, np.zeros(4096, np.uint8))
+        sim._write_acc(slice(0, 2), np.stack([a, b]).reshape(2, 1, 4))
+        sim.uop[0:2] = [[1, 0, 0], [0, 1, 0]]
+        start = time.perf_counter()
+        sim.execute(Alu(op=op, uop_bgn=0, uop_end=2, iter_out=16383, iter_in=16383))
+        assert time.perf_counter() - start < 2
+        assert sim.counters["alu_uops"] == 2 * n
+        for x, y, got in zip(a.tolist(), b.tolist(), sim.acc[:2, 0].T.tolist()):
+            if op == AluOp.ADD:
+                expect = [f2 * x + f1 * y, f1 * x + f0 * y]
+            else:
+                odd = x % 2 and y % 2
+                expect = [pow(x, e2, 1 << 32) * pow(y, e1, 1 << 32) * odd,
+                          pow(x, e1, 1 << 32) * pow(y, e0, 1 << 32) * odd]
+            assert got == [wrap(v, 32) for v in expect], (op, x, y)
+
+
+@pytest.mark.parametrize("op", [AluOp.ADD, AluOp.MIN, AluOp.SHR])
+@pytest.mark.parametrize("iter_in", [4, 8])
+def test_alu_periodic_loop_records_its_accesses_for_the_race_detector(op, iter_in):
+    """A repeated body's reads and writes (12 or 24 micro-ops: run one by one, or in batches),
+    as the race detector records them, are the entries the loop addresses; its micro-ops are
+    all counted."""
+    config = PRESETS["tiny"]
+    sim = TracingFsim(config, np.zeros(4096, np.uint8))
+    sim.acc[...] = np.random.default_rng(1).integers(-40, 40, sim.acc.shape)    # before any instruction
+    sim.uop[3:6] = [[20, 21, 0], [21, 20, 0], [30, 20, 0]]
+    insn = Alu(op=op, uop_bgn=3, uop_end=6, iter_out=5000, iter_in=iter_in, dst_factor_in=1, src_factor_in=2)
+    sim.execute(insn, index=7)
+    dst = {d + j for d in (20, 21, 30) for j in range(iter_in)}
+    src = {s + 2 * j for s in (21, 20, 20) for j in range(iter_in)}
+    accesses = sim.accesses[7]
+    assert accesses[("acc", "w")].tolist() == accesses[("out", "w")].tolist() == sorted(dst)
+    assert accesses[("acc", "r")].tolist() == sorted(dst | src)
+    assert accesses[("uop", "r")].tolist() == [3, 4, 5]
+    assert sim.counters["alu_uops"] == 5000 * iter_in * 3
+
+
+def test_alu_periodic_loop_out_of_range_changes_nothing():
+    """The loop's indices are checked before any repetition runs."""
+    config = PRESETS["tiny"]
+    sim = Fsim(config, np.zeros(4096, np.uint8))
+    sim._write_acc(slice(None), np.arange(config.acc_depth)[:, None, None] * np.ones((1, 1, 4), np.int64))
+    before = sim.acc.copy()
+    sim.uop[0:2] = [[1, 0, 0], [0, 250, 0]]
+    with pytest.raises(OutOfBoundsError, match=r"src index 256 is outside the 256-entry acc buffer \(at i=0, j=3"):
+        sim.execute(Alu(op=AluOp.ADD, uop_bgn=0, uop_end=2, iter_out=16383, iter_in=4, src_factor_in=2))
+    np.testing.assert_array_equal(sim.acc, before)
 
 
 # ---------------------------------------------------------------------------- engines and tokens
