@@ -518,10 +518,7 @@ def _check_network(net: CompiledNetwork) -> None:
             if not _ATTR_TYPES.get(key, lambda v: True)(value):
                 raise ModelError(f"node {node.name!r}: attribute {key} = {str(value)[:40]} has the wrong type or is "
                                  "out of range")
-        required = _REQUIRED_ATTRS.get(node.op, ()) + (_INT8_ATTRS.get(node.op, ()) if net.dtype == "int8" else ())
-        missing_attrs = [k for k in required if k not in node.attrs]
-        if missing_attrs:
-            raise ModelError(f"node {node.name!r} ({node.op}) lacks attribute(s) {', '.join(missing_attrs)}")
+        _check_attrs_present(node, _REQUIRED_ATTRS)
         if node.op not in OPS or node.device not in ("cpu", "accel"):
             raise ModelError(f"node {node.name!r} has an unknown operator {node.op!r} or device {node.device!r}")
         missing = [i for i in node.inputs if i not in defined or i not in g.values]
@@ -547,7 +544,18 @@ def _check_network(net: CompiledNetwork) -> None:
     infer_shapes(g)
     if any(g.values[k].shape != shape for k, shape in stored.items()):
         raise ModelError("the stored tensor shapes disagree with the graph's operators")
+    for node in g.nodes:
+        # By the type shape inference gives the node's operand: an int8 network computes some
+        # adds and products in float32 (those of its float path's results).
+        if node.inputs and g.values[node.inputs[0]].dtype == "int8":
+            _check_attrs_present(node, _INT8_ATTRS)
     _check_memory_plan(net)
+
+
+def _check_attrs_present(node: Node, required: dict[str, tuple[str, ...]]) -> None:
+    missing = [k for k in required.get(node.op, ()) if k not in node.attrs]
+    if missing:
+        raise ModelError(f"node {node.name!r} ({node.op}) lacks attribute(s) {', '.join(missing)}")
 
 
 def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> None:

@@ -23,8 +23,9 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   clips let through (a ReLU6's 6, not the 900 its producer reaches);
 - the operators of `FLOAT_ONLY` (softmax, a mean, division, sigmoid, tanh and the other float
   functions) run in float32 on their dequantized inputs, and so does an average pool whose
-  output range is narrower than its input's (a global pool's); the nodes reading their
-  results quantize them. The network quantizes its inputs at entry and dequantizes its
+  output range is narrower than its input's (a global pool's); so do the adds, products, ReLUs
+  and moves of their results (`_FLOAT_PROPAGATING`: a layer norm stays float32 to its end).
+  The nodes reading float32 results where an int8 tensor is needed quantize them. The network quantizes its inputs at entry and dequantizes its
   outputs at exit, so it takes and returns float32 like the ONNX model (an output already
   in float32 — an input returned as it is, or a copy of it, a softmax's — leaves exactly as
   it is).
@@ -151,6 +152,10 @@ def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None
     return float(np.max(per_channel + np.abs(bias_q), initial=0.0))
 
 
+#: Operators an int8 network keeps in float32 where their variable operands are float32 results
+#: of the float path (`quantize`): quantizing those only to add, scale or move them gains nothing.
+_FLOAT_PROPAGATING = ("add", "sub", "mul", "relu", "max_pool", "reshape", "transpose")
+
 #: Operators that keep their input's scale and commute with saturation (monotone, no
 #: arithmetic between elements): a tensor read only through them into clips may be narrowed.
 _SATURATION_SAFE = ("relu", "max_pool", "reshape", "transpose", "identity", "clip")
@@ -244,7 +249,15 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # A pad keeps its input's scale where its value lies on that grid (zero always does).
         off_grid = op == "pad" and (node.inputs[0] not in rename
                                     or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
-        if op in FLOAT_ONLY or finer or off_grid:
+        # An element-wise or layout operator whose variable operands are all float32, one at least
+        # a float-path result (a mean, a softmax, a float function's), stays in float32: the CPU
+        # runs it either way, and quantizing the result first only to add to it lost what lies
+        # below its grid (a layer norm's variance plus its epsilon, 1e-5, rounded to 0, so a row
+        # of equal values came out 0/0 = NaN where ONNX Runtime gives 0).
+        variable = [i for i in node.inputs if not graph.is_constant(i)]
+        stays_float = (op in _FLOAT_PROPAGATING and all(i in floating for i in variable)
+                       and any(i not in graph.inputs for i in variable))
+        if op in FLOAT_ONLY or finer or off_grid or stays_float:
             # A softmax, a mean, a division or a float function runs in float32, and so does a pad
             # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
             # whose range is narrower than its input's (a global pool's; a clip of a tensor that

@@ -350,6 +350,24 @@ def test_reduce_mean_and_pad_on_a_batch():
             compile_model(m).run(x, "cpu")
 
 
+def test_an_int8_layer_norm_keeps_its_epsilon():
+    """(x − mean) / √(var + ε) in an int8 network: what follows the means stays in float32, so a
+    row of equal values gives 0 as in ONNX Runtime. The variance was quantized before ε was
+    added, ε (1e-5, far below its grid) rounded away, and that row came out 0 / 0 = NaN."""
+    rng = np.random.default_rng(61)
+    nodes = [N("ReduceMean", ["x"], ["mean"], axes=[-1]), N("Sub", ["x", "mean"], ["d"]), N("Pow", ["d", "two"], ["d2"]),
+             N("ReduceMean", ["d2"], ["var"], axes=[-1]), N("Add", ["var", "eps"], ["ve"]), N("Sqrt", ["ve"], ["sd"]),
+             N("Div", ["d", "sd"], ["y"])]
+    m = model(nodes, [("x", [3, 16])], [("y", None)], {"two": np.float32(2), "eps": np.float32(1e-5)})
+    x = 3 * _normal(rng, (3, 16))
+    x[1] = 0.7
+    _same_as_onnx_runtime(m, {"x": x}, rng, int8_tol=1e-5)
+    # Its float32 adds and products in an int8 network survive a save and load.
+    q = compile_model(m, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+    assert any(node.op in ("add", "sub", "mul") and q.graph.values[node.output].dtype == "float32"
+               for node in q.graph.nodes)
+    np.testing.assert_array_equal(Model.from_bytes(q.to_bytes()).run(x, "fsim"), q.run(x, "cpu"))
+
 
 # ------------------------------------------------------------------------ the .gfm round trip
 
