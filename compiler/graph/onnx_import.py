@@ -490,13 +490,13 @@ class _Importer:
 
     def op_Pow(self, node, attrs):
         y = self.constant(node, node.input[1], "the exponent Y")
-        if y.size != 1 or float(y.reshape(-1)[0]) != 2.0:
+        if y.size == 0 or not np.all(y == 2):
             raise self.fail(node, f"the exponent Y must be the constant 2 (x · x), not {y.reshape(-1)[:4].tolist()}"
                                   f"{' …' if y.size > 4 else ''} of shape {list(y.shape)}")
         if y.ndim == 0:
             self.emit("mul", node, [node.input[0], node.input[0]], relu=False)
             return
-        # A Y of rank ≥ 1 broadcasts x · x to its rank: times ones of its shape (exact).
+        # A Y of rank ≥ 1 (every element 2) broadcasts x · x to its shape: times ones of it (exact).
         square = self.emit("mul", node, [node.input[0], node.input[0]], output=self._fresh(node.output[0] + "/square"),
                            relu=False)
         self.emit("mul", node, [square, self._const_like(node, "ones", np.ones(y.shape, np.float32))], relu=False)

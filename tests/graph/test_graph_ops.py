@@ -255,7 +255,7 @@ def test_float_function_kernels():
 @pytest.mark.parametrize("node, init, match", [
     (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(3)},
      r"node p \(Pow\): the exponent Y must be the constant 2 \(x · x\), not \[3\.0\] of shape \[\]"),
-    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 2])}, r"not \[2\.0, 2\.0\] of shape \[2\]"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 3, 2])}, r"not \[2\.0, 3\.0, 2\.0\] of shape \[3\]"),
     (N("Pow", ["x", "p"], ["y"], name="p"), {}, r"node p \(Pow\): the exponent Y must be a constant"),
     (N("LeakyRelu", ["x"], ["y"], alpha=float("inf"), name="l"), {},
      r"node l \(LeakyRelu\): alpha must be a finite number, not inf"),
@@ -266,10 +266,14 @@ def test_float_function_refusals(node, init, match):
         compile_model(model([node], inputs, [("y", [2, 3])], init))
 
 
-def test_pow_with_a_one_element_exponent_of_higher_rank_broadcasts_as_onnx_runtime_does():
+@pytest.mark.parametrize("x_shape, p_shape", [((3,), (1, 1)), ((), (2,)), ((2, 3), (4, 1, 3))])
+def test_pow_with_an_exponent_of_twos_of_higher_rank_broadcasts_as_onnx_runtime_does(x_shape, p_shape):
+    """An exponent of any shape whose elements are all 2: one element or many (a Y of shape [2]
+    beside a scalar x was refused as though it were not 2)."""
     rng = np.random.default_rng(50)
-    m = model([N("Pow", ["x", "p"], ["y"])], [("x", [3])], [("y", None)], {"p": np.float32([[2]])})
-    _same_as_onnx_runtime(m, {"x": _normal(rng, (3,))}, rng)
+    m = model([N("Pow", ["x", "p"], ["y"])], [("x", list(x_shape))], [("y", list(np.broadcast_shapes(x_shape, p_shape)))],
+              {"p": np.full(p_shape, 2, np.float32)})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape)}, rng)
 
 
 
