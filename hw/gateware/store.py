@@ -165,11 +165,17 @@ class StoreEngine(wiring.Component):
         # the read in flight, `fetched` and the stage); a read is issued only while it is below
         # `_QUEUE_DEPTH - 1`, so the queue never overflows. `room` is that test for this cycle,
         # registered from the count's next value, so that no adder stands in front of the reads.
+        # The writer's take arrives late in the cycle (through the DRAM write handshake), so
+        # both outcomes are computed from this side's count first and the take only selects
+        # one: it passes a multiplexer, not the adder and the compare, on its way to `room`.
         occupancy = Signal(range(_QUEUE_DEPTH + 1))
         room = Signal(init=1)
         can_issue = reading & room & (~need_bias | bias_pending)
-        occupancy_next = occupancy + can_issue - (queue.r_en & queue.r_rdy)
-        m.d.sync += [occupancy.eq(occupancy_next), room.eq(occupancy_next < _QUEUE_DEPTH - 1)]
+        taken = queue.r_en & queue.r_rdy
+        counted = Signal(range(_QUEUE_DEPTH + 2))       # the count with this cycle's read issued
+        m.d.comb += counted.eq(occupancy + can_issue)
+        m.d.sync += [occupancy.eq(Mux(taken, counted - 1, counted)),
+                     room.eq(Mux(taken, counted < _QUEUE_DEPTH, counted < _QUEUE_DEPTH - 1))]
         walks = {name: DmaWalk(m, dma_cmd, exact_log2(max(1, c.bus_bytes // entry)), lanes)
                  for name, (_, entry, lanes) in paths.items()}
         count = Signal(range(max(lanes for _, _, lanes in paths.values()) + 1))
