@@ -72,13 +72,18 @@ class ReadArbiter(CheckedComponent):
         requests = Signal(self._count)          # ``asking`` of the cycle before
         m.d.sync += requests.eq(asking)
 
+        # Round robin: the first requester after the last owner, else the first requester. The
+        # clients after the owner are a mask kept in a register beside it, so the choice is a
+        # priority pick of `requests & after_owner` or of `requests`, each bit of it a few
+        # inputs wide, instead of a compare of `owner` with every index in front of each pick.
+        after_owner = Signal(self._count, init=((1 << self._count) - 1) & ~1)  # clients above 0
         with m.If(~holder.any()):
-            # Round robin: the first requester after the last owner.
-            for offset in reversed(range(1, self._count + 1)):
-                for i in range(self._count):
-                    with m.If((owner == i) & requests[(i + offset) % self._count]):
-                        chosen = (i + offset) % self._count
-                        m.d.sync += [owner.eq(chosen), holder.eq(1 << chosen)]
+            later = requests & after_owner
+            pick = Mux(later.any(), later, requests)
+            for i in range(self._count):
+                with m.If(pick[i] & ~pick[:i].any() if i else pick[0]):
+                    m.d.sync += [owner.eq(i), holder.eq(1 << i),
+                                 after_owner.eq(((1 << self._count) - 1) & ~((2 << i) - 1))]
         with m.Else():
             # The holder keeps the grant while it asks (``holder`` is one-hot, so each bit
             # needs only its own client's request).
