@@ -170,7 +170,13 @@ class StoreEngine(wiring.Component):
         # one: it passes a multiplexer, not the adder and the compare, on its way to `room`.
         occupancy = Signal(range(_QUEUE_DEPTH + 1))
         room = Signal(init=1)
-        can_issue = reading & room & (~need_bias | bias_pending)
+        # A read is issued on the selected path; only the requantizing path waits for its bias.
+        # `selected` is one-hot, so each path's walk advances on its own short AND of registers
+        # instead of one `can_issue` that carries the bias wait into every walk's counters.
+        issue = {name: reading & room & selected[name] for name in paths}
+        issue["req"] = issue["req"] & (~(requant.bias & ~bias_valid) | bias_pending)
+        can_issue = Signal()
+        m.d.comb += can_issue.eq(Cat(*issue.values()).any())
         taken = queue.r_en & queue.r_rdy
         counted = Signal(range(_QUEUE_DEPTH + 2))       # the count with this cycle's read issued
         m.d.comb += counted.eq(occupancy + can_issue)
@@ -215,11 +221,11 @@ class StoreEngine(wiring.Component):
             m.d.comb += group.count.eq(staged_count)
             with m.If(selected[name]):
                 m.d.comb += queue_in[name].eq(group)
+        for name, walk in walks.items():
+            with m.If(issue[name]):
+                walk.advance()
         with m.If(can_issue):
             m.d.sync += addr.eq(addr + count)
-            for name, walk in walks.items():
-                with m.If(selected[name]):
-                    walk.advance()
             with m.If(requant.bias_per_row & walks["req"].row_end):
                 m.d.sync += [bias_valid.eq(0), bias_index.eq(bias_index + 1)]    # after the latch: wins
             with m.If(last):
