@@ -100,6 +100,9 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
     if op == "transpose":
         return np.ascontiguousarray(x.transpose(a["perm"]))
     if op == "pad":
+        if x.ndim == 0:
+            # A scalar has no axes to pad (its pads are empty), and np.pad refuses an empty list.
+            return x.copy()
         return np.pad(x, list(zip(a["pads"][:x.ndim], a["pads"][x.ndim:])), constant_values=a["value"])
     if op == "identity":
         return x.copy()

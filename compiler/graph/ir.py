@@ -52,12 +52,16 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "FLOAT_FUNCTIONS", "MAX_DIM", "MAX_ELEMENTS"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "FLOAT_FUNCTIONS", "MAX_DIM", "MAX_ELEMENTS",
+           "MAX_RANK"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
 MAX_DIM = (1 << 31) - 1
 MAX_ELEMENTS = 1 << 40
+#: The most axes of any tensor: numpy, which folds constants, evaluates the graph and holds
+#: every run's arrays, makes arrays of up to 64 (its NPY_MAXDIMS) and fails on more.
+MAX_RANK = 64
 
 #: The element-wise operators of two tensors (numpy broadcasting).
 BINARY_OPS = ("add", "sub", "mul", "div")

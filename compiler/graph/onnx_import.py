@@ -19,7 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from .evaluate import evaluate_node
-from .ir import MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node, Value
+from .ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
 from .passes import _shape_of
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
@@ -340,6 +340,9 @@ class _Importer:
             shape = tuple(shape)
         if any(d < 1 for d in shape):
             raise GraphError(f"model input {vi.name!r} has a non-positive dimension: {list(shape)}")
+        if len(shape) > MAX_RANK:
+            raise GraphError(f"model input {vi.name!r} has {len(shape)} axes, more than the {MAX_RANK} gemforge "
+                             "compiles (numpy's limit)")
         if max(shape, default=1) > MAX_DIM or math.prod(shape) > MAX_ELEMENTS:
             raise GraphError(f"model input {vi.name!r} has shape {list(shape)}, beyond what gemforge compiles "
                              f"(dimensions up to {MAX_DIM:,} and {MAX_ELEMENTS:,} elements in all)")
@@ -624,6 +627,11 @@ class _Importer:
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
 
     def op_ReduceMean(self, node, attrs):
+        # The flags must be 0 or 1: ONNX Runtime reads any other value as 0 (keepdims=2 drops
+        # the axes), which bool() here would read as 1.
+        for flag in ("keepdims", "noop_with_empty_axes"):
+            if flag in attrs and attrs[flag] not in (0, 1):
+                raise self.fail(node, f"{flag} must be 0 or 1, not {attrs[flag]}")
         # The axes: an attribute before opset 18, an input since.
         axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])
         if not axes and int(attrs.get("noop_with_empty_axes", 0)):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops.common import out_size
 from .evaluate import evaluate_node
-from .ir import BINARY_OPS, FLOAT_FUNCTIONS, MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node
 
 __all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
 
@@ -63,6 +63,24 @@ def _axes(node: Node, axes, rank: int, of: str = "input", repeats: bool = False)
     return resolved
 
 
+def _broadcast(node: Node, x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of ``x`` and ``y`` broadcast together (numpy's and ONNX's rules), by hand:
+    np.broadcast_shapes takes at most 32 axes and fails on more with a RuntimeError."""
+    rank = max(len(x), len(y))
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in (x, y)]
+    if any(d != e and 1 not in (d, e) for d, e in zip(*padded)):
+        raise _fail(node, f"shapes {list(x)} and {list(y)} do not broadcast")
+    return tuple(e if d == 1 else d for d, e in zip(*padded))
+
+
+def _check_rank(node: Node, rank: int) -> None:
+    """Refuse an output of more than `MAX_RANK` axes, before it is built: numpy, which folds
+    and runs the graph, fails on such an array."""
+    if rank > MAX_RANK:
+        raise _fail(node, f"its output would have {rank} axes, more than the {MAX_RANK} gemforge compiles "
+                          "(numpy's limit)")
+
+
 def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
     """The output shape of ``node``, checking its inputs; resolves shape-dependent attributes."""
     shapes = [graph.values[i].shape for i in node.inputs]
@@ -95,10 +113,7 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             raise _fail(node, f"the bias must have shape [{w[1]}], not {list(shapes[2])}")
         return tuple(x[:-1]) + (w[1],)
     if op in BINARY_OPS:
-        try:
-            return tuple(np.broadcast_shapes(x, shapes[1]))
-        except ValueError:
-            raise _fail(node, f"shapes {list(x)} and {list(shapes[1])} do not broadcast") from None
+        return _broadcast(node, x, shapes[1])
     if op in ("relu", *FLOAT_FUNCTIONS, "clip", "identity", "quantize", "dequantize", "requantize"):
         return tuple(x)
     if op == "batch_norm":
@@ -131,12 +146,14 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             shape = tuple(d for i, d in enumerate(x) if i not in axes)
         elif "unsqueeze" in a:
             rank = len(x) + len(a["unsqueeze"])
+            _check_rank(node, rank)
             axes = _axes(node, a["unsqueeze"], rank, of="output")
             a["unsqueeze"] = tuple(sorted(axes))
             rest = iter(x)
             shape = tuple(1 if i in axes else next(rest) for i in range(rank))
         else:
             target = list(a["target"])
+            _check_rank(node, len(target))
             for i, d in enumerate(target):
                 if d == 0 and not a.get("allowzero"):
                     if i >= len(x):

@@ -121,6 +121,11 @@ def test_squeeze_and_unsqueeze(nodes, shape, axes):
      r"node t \(transpose\): perm \[1, 1\] must be a permutation of the input's axes, \[0, 1\]"),
     (N("Transpose", ["x"], ["y"], perm=[-1, 0], name="t"), [2, 3], {}, r"perm \[-1, 0\] must be a permutation"),
     (N("Transpose", ["x"], ["y"], perm=[0], name="t"), [2, 3], {}, r"perm \[0\] must be a permutation"),
+    # More than numpy's 64 axes (ONNX Runtime refuses them too).
+    (N("Unsqueeze", ["x", "a"], ["y"], name="u"), [2, 3], {"a": np.arange(63, dtype=np.int64)},
+     r"^node u \(reshape\): its output would have 65 axes, more than the 64 gemforge compiles \(numpy's limit\)$"),
+    (N("Reshape", ["x", "s"], ["y"], name="r"), [2, 3], {"s": np.int64([2, 3] + [1] * 98)},
+     r"^node r \(reshape\): its output would have 100 axes, more than the 64 gemforge compiles"),
 ])
 def test_layout_refusals(node, shape, init, match):
     inputs = [("x", shape)] + ([("a", [1])] if "a" in node.input and "a" not in init else [])
@@ -128,6 +133,21 @@ def test_layout_refusals(node, shape, init, match):
     with pytest.raises(GraphError, match=match) as info:
         compile_model(m)
     assert "\n" not in str(info.value)
+
+
+def test_up_to_64_axes():
+    """numpy's limit: 64 axes compile and run as in ONNX Runtime; 65, from a constant folded at
+    import or a model input, are refused by name (numpy failed on them when run or folded)."""
+    rng = np.random.default_rng(21)
+    m = model([N("Unsqueeze", ["x", "a"], ["y"])], [("x", [2, 3])], [("y", None)], {"a": np.arange(62, dtype=np.int64)})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3))}, rng)
+    m = model([N("Unsqueeze", ["c", "a"], ["u"], name="u"), N("Add", ["x", "u"], ["y"])], [("x", [3])], [("y", None)],
+              {"c": np.float32([1, 2, 3]), "a": np.arange(64, dtype=np.int64)})
+    with pytest.raises(GraphError, match=r"^node u \(reshape\): its output would have 65 axes, more than the 64"):
+        compile_model(m)
+    m = model([N("Relu", ["x"], ["y"])], [("x", [1] * 65)], [("y", [1] * 65)])
+    with pytest.raises(GraphError, match=r"^model input 'x' has 65 axes, more than the 64 gemforge compiles"):
+        compile_model(m)
 
 
 def test_layout_operators_on_a_batch():
@@ -169,6 +189,24 @@ def test_sub_and_div_broadcast_both_ways(op, x_shape, y_shape):
     rng = np.random.default_rng(len(x_shape) * 10 + len(y_shape))
     m = model([N(op, ["x", "y"], ["z"])], [("x", list(x_shape)), ("y", list(y_shape))], [("z", None)])
     _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape), "y": _away_from_zero(rng, y_shape)}, rng)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow"])
+def test_broadcasting_beyond_32_axes(op):
+    """np.broadcast_shapes takes at most 32 axes: a 40-axis operator failed with its RuntimeError.
+    Incompatible shapes of that rank are refused by name."""
+    rng = np.random.default_rng(32)
+    x_shape, y_shape = [1] * 37 + [2, 1, 3], [2] + [1] * 36 + [1, 4, 3]
+    if op == "Pow":
+        m = model([N(op, ["x", "y"], ["z"])], [("x", x_shape)], [("z", None)], {"y": np.full(y_shape, 2, np.float32)})
+        _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape)}, rng)
+        return
+    m = model([N(op, ["x", "y"], ["z"])], [("x", x_shape), ("y", y_shape)], [("z", None)])
+    _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape), "y": _away_from_zero(rng, y_shape)}, rng)
+    m = model([N(op, ["x", "y"], ["z"], name="b")], [("x", x_shape), ("y", y_shape[:-1] + [2])], [("z", x_shape)])
+    with pytest.raises(GraphError, match=rf"^node b \({op.lower()}\): shapes \[1, 1, .*, 2, 1, 3\] and "
+                                         r"\[2, 1, .*, 1, 4, 2\] do not broadcast$"):
+        compile_model(m)
 
 
 @pytest.mark.parametrize("op", ["Sub", "Div"])
@@ -318,6 +356,26 @@ def test_pad(shape, pads, value, axes, opset):
     _same_as_onnx_runtime(m, {"x": _normal(rng, shape)}, rng)
 
 
+@pytest.mark.parametrize("opset", [13, 18])
+def test_pad_of_a_scalar_is_the_scalar(opset):
+    """A scalar has no axes to pad (its pads are empty): the pad is the input as it is, in the
+    graph's numpy semantics (np.pad raised a TypeError on the empty pads, folding a constant or
+    evaluating) as in its kernels, float32 and int8. ONNX Runtime 1.31 refuses a scalar Pad
+    ("Input tensor has no dimensions"), so the expected value is the input itself."""
+    axes = ["a"] if opset == 18 else []
+    init = {"p": np.int64([]), "v": np.float32(0.5), "c": np.float32(-2.25), "a": np.int64([])}
+    m = model([N("Pad", ["x", "p", "v"] + axes, ["t"]), N("Pad", ["c", "p", ""] + axes, ["k"]),   # folded at import
+               N("Add", ["t", "k"], ["y"])], [("x", [])], [("y", [])],
+              {k: v for k, v in init.items() if axes or k != "a"}, opset=opset)
+    compiled = compile_model(m)
+    for x in (np.array(1.5, np.float32), np.array(-3.0, np.float32)):
+        np.testing.assert_array_equal(compiled.run(x, "cpu"), x - 2.25)
+        np.testing.assert_array_equal(evaluate(compiled.graph, {"x": x})["y"], x - 2.25)
+        q = compile_model(m, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+        for device in ("cpu", "fsim"):
+            np.testing.assert_array_equal(q.run(x, device), x - 2.25)
+
+
 @pytest.mark.parametrize("node, init, match", [
     (N("ReduceMean", ["x"], ["y"], axes=[1, -2], name="m"), {},
      r"node m \(reduce_mean\): axes \[1, -2\] name an axis of the rank-3 input twice"),
@@ -337,6 +395,17 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
     with pytest.raises(GraphError, match=match) as info:
         compile_model(model([node], inputs, [("y", [1])], init))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("attrs, opset", [({"keepdims": 2}, 13), ({"keepdims": -1}, 13),
+                                          ({"noop_with_empty_axes": 2}, 18), ({"noop_with_empty_axes": -1}, 18)])
+def test_reduce_mean_flags_other_than_0_or_1_are_refused(attrs, opset):
+    """ONNX Runtime reads such a keepdims or noop_with_empty_axes as 0 (keepdims=2 drops the
+    reduced axes; noop_with_empty_axes=2 without axes averages everything); they were read as 1."""
+    (flag, value), = attrs.items()
+    m = model([N("ReduceMean", ["x"], ["y"], name="m", **attrs)], [("x", [2, 3, 4])], [("y", None)], opset=opset)
+    with pytest.raises(GraphError, match=rf"^node m \(ReduceMean\): {flag} must be 0 or 1, not {value}$"):
+        compile_model(m)
 
 
 def test_reduce_mean_and_pad_on_a_batch():
