@@ -24,8 +24,8 @@ __all__ = ["vector_lanes", "plan_tile", "TILE_EFFICIENCY", "schedule_matmul", "s
            "schedule_flat_image", "schedule_rows", "schedule_elementwise",
            "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
 
-#: Accumulator vector registers a micro-kernel may use (AVX-512 has 32; the rest
-#: hold the right operand's vectors and the broadcast).
+#: Accumulator vector registers a micro-kernel may use with 32 registers (AVX-512,
+#: AArch64); the rest hold the right operand's vectors and the broadcast.
 MAX_ACCUMULATORS = 24
 
 
@@ -34,32 +34,45 @@ def vector_lanes(vector_bits: int, dtype_bits: int = 32) -> int:
     return max(1, vector_bits // dtype_bits)
 
 
-#: Relative speed of the register-tile shapes (rows, vectors) as measured on the ResNet-18
-#: convolutions and a 1024³ GEMM (AVX-512, float32 and int8 alike): 8 rows × 2 vectors
-#: was within 4% of the best everywhere; wider or narrower tiles lose to load
-#: pressure or to too few rows per loaded vector. Other shapes get a generic estimate.
-TILE_EFFICIENCY = {(8, 2): 1.0, (16, 1): 0.93, (4, 4): 0.9, (8, 3): 0.9, (6, 4): 0.85, (12, 2): 0.8}
+#: Relative speed of the register-tile shapes (rows, vectors) for each register file size,
+#: measured on a 1024³ float32 GEMM (and, with 32 registers, the ResNet-18 convolutions,
+#: float32 and int8 alike). With 32 registers (AVX-512): 8 rows × 2 vectors was within 4%
+#: of the best everywhere; wider or narrower tiles lose to load pressure or to too few rows
+#: per loaded vector. With 16 (AVX2, znver3; 1024³ and 960³, runs ±15% apart): 6 × 2 (BLIS's
+#: Haswell kernel: 12 accumulators, 2 loaded vectors and the broadcast, 15 registers) and
+#: 4 × 3 ran at 140-175 GFLOP/s, 8 × 2 at 46: its 16 accumulators alone fill the register
+#: file and spill every step. Other shapes get a generic estimate.
+TILE_EFFICIENCY = {
+    32: {(8, 2): 1.0, (16, 1): 0.93, (4, 4): 0.9, (8, 3): 0.9, (6, 4): 0.85, (12, 2): 0.8},
+    16: {(6, 2): 1.0, (4, 3): 1.0, (3, 3): 0.95, (2, 4): 0.92, (5, 2): 0.87, (3, 2): 0.78, (2, 3): 0.77,
+         (4, 2): 0.74, (6, 1): 0.72, (7, 1): 0.72, (9, 1): 0.55, (10, 1): 0.53, (2, 2): 0.52, (1, 4): 0.51,
+         (8, 1): 0.41, (12, 1): 0.33, (1, 2): 0.3},
+}
 
 
-def plan_tile(rows: int, cols: int, lanes: int) -> tuple[int, int]:
+def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32) -> tuple[int, int]:
     """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
-    output of ``rows`` × ``cols``, minimizing an estimate of the micro-kernel's time.
+    output of ``rows`` × ``cols`` on a CPU with ``registers`` vector registers, minimizing
+    an estimate of the micro-kernel's time.
 
     Columns are padded to ``nb`` (the padding is computed and dropped). Rows are not:
     a last, partial row tile runs the general code, about three times slower per row.
-    Tile shapes are weighed by `TILE_EFFICIENCY`; others by their accumulator count
-    (about 16 hide the FMA latency; at most `MAX_ACCUMULATORS` fit the registers)."""
+    A tile's accumulators, its loaded vectors and the broadcast must fit the registers
+    (at most `MAX_ACCUMULATORS` accumulators). Tile shapes are weighed by
+    `TILE_EFFICIENCY`; others by their accumulator count (about half the registers hide
+    the FMA latency)."""
+    measured = TILE_EFFICIENCY.get(registers, {})
     best = None
     for vectors in (4, 3, 2, 1):
         nb = vectors * lanes
         padded_cols = -(-cols // nb) * nb
         for mb in range(1, min(16, rows) + 1):
             accumulators = mb * vectors
-            if accumulators > MAX_ACCUMULATORS:
+            if accumulators > min(MAX_ACCUMULATORS, registers - vectors - 1):
                 break
             full, rest = divmod(rows, mb)
             row_cost = full * mb + 3 * rest
-            efficiency = TILE_EFFICIENCY.get((mb, vectors), 0.75 * min(1.0, accumulators / 16))
+            efficiency = measured.get((mb, vectors), 0.75 * min(1.0, accumulators / (registers // 2)))
             key = (row_cost * padded_cols / efficiency, -accumulators, -nb)
             if best is None or key < best[0]:
                 best = (key, mb, nb)

@@ -34,8 +34,8 @@ from ..llvm.module import optimize_o3, split_workspaces
 from . import runtime
 from .codegen import CpuCodegen
 
-__all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits", "has_feature",
-           "aligned_empty"]
+__all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits",
+           "vector_registers", "has_feature", "aligned_empty"]
 
 #: Alignment of the arrays the back end allocates: one cache line, one AVX-512 vector
 #: (a vector load that straddles two cache lines costs about twice as much).
@@ -106,6 +106,16 @@ def vector_bits(target: CpuTarget) -> int:
     if "+avx" in features or "+avx2" in features:
         return 256
     return 128
+
+
+def vector_registers(target: CpuTarget) -> int:
+    """How many vector registers the target CPU has: 32 with AVX-512 (zmm0-31) and on
+    AArch64 (v0-v31), 16 on x86-64 without it (ymm0-15 or xmm0-15). A micro-kernel's
+    register tile must fit them, or LLVM spills accumulators to the stack every step."""
+    _initialize()
+    if "+avx512f" in set(_host(target)[1].split(",")) or llvm.get_process_triple().startswith(("aarch64", "arm64")):
+        return 32
+    return 16
 
 
 def target_machine(target: CpuTarget, *, fresh: bool = False):
