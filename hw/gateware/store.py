@@ -165,18 +165,18 @@ class StoreEngine(wiring.Component):
         # the read in flight, `fetched` and the stage); a read is issued only while it is below
         # `_QUEUE_DEPTH - 1`, so the queue never overflows. `room` is that test for this cycle,
         # registered from the count's next value, so that no adder stands in front of the reads.
-        # The writer's take arrives late in the cycle (through the DRAM write handshake), so
-        # both outcomes are computed from this side's count first and the take only selects
-        # one: it passes a multiplexer, not the adder and the compare, on its way to `room`.
         occupancy = Signal(range(_QUEUE_DEPTH + 1))
         room = Signal(init=1)
         # A read is issued on the selected path; only the requantizing path waits for its bias.
         # `selected` is one-hot, so each path's walk advances on its own short AND of registers
         # instead of one `can_issue` that carries the bias wait into every walk's counters.
         issue = {name: reading & room & selected[name] for name in paths}
-        issue["req"] = issue["req"] & (~(requant.bias & ~bias_valid) | bias_pending)
+        issue["req"] = issue["req"] & (~need_bias | bias_pending)
         can_issue = Signal()
         m.d.comb += can_issue.eq(Cat(*issue.values()).any())
+        # The writer's take arrives late in the cycle (through the DRAM write handshake), so
+        # both outcomes are computed from this side's count first and the take only selects
+        # one: it passes a multiplexer, not the adder and the compare, on its way to `room`.
         taken = queue.r_en & queue.r_rdy
         counted = Signal(range(_QUEUE_DEPTH + 2))       # the count with this cycle's read issued
         m.d.comb += counted.eq(occupancy + can_issue)
