@@ -129,3 +129,26 @@ def test_dimensions_beyond_one_dma_row_are_refused_in_user_terms():
         compile_accel_dense(tiny, 1, 65536 * tiny.block_in, 4)
     with pytest.raises(OpError, match=r"N = 262144"):
         compile_accel_dense(tiny, 1, 4, 65536 * tiny.block_out)
+
+
+def test_compiled_op_refuses_operands_its_buffers_cannot_hold():
+    """`CompiledOp.run` packs operands into the buffers' integer types: floats were truncated
+    (1.9 → 1), uint8 200 wrapped to -56 and a bias beyond a 16-bit accumulator wrapped, all
+    silently. Each is refused now; in-range integers of any type still run exactly."""
+    tiny = PRESETS["tiny"]
+    device = device_for(tiny)
+    op = compile_dense(tiny, 2, 4, 4, bias=True)
+    b, bias = np.ones((4, 4), np.int8), np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match="a tensor of float32 where this config's buffer holds int8 integers"):
+        op.run(device, a=np.full((2, 4), 1.9, np.float32), b=b, bias=bias)
+    with pytest.raises(ValueError, match=r"uint8 holds values beyond int8 \(-128\.\.127\)"):
+        op.run(device, a=np.full((2, 4), 200, np.uint8), b=b, bias=bias)
+    a = np.arange(8, dtype=np.uint8).reshape(2, 4)          # uint8 within int8's range
+    out, _ = op.run(device, a=a, b=b, bias=bias)
+    np.testing.assert_array_equal(out, a.astype(np.int32) @ b.astype(np.int32))
+    acc16 = tiny.replace(name="acc16", acc_width=16, acc_buffer_bytes=2048)
+    op16 = compile_dense(acc16, 1, 4, 4, bias=True)
+    with pytest.raises(ValueError, match=r"int32 holds values beyond int16"):
+        op16.run(device_for(acc16), a=np.zeros((1, 4), np.int8), b=b, bias=np.full(4, 40000, np.int32))
+    with pytest.raises(ValueError, match="a tensor of float64 where"):
+        pack_bias(tiny, np.full(4, 2.5))

@@ -39,14 +39,23 @@ def int_dtype(bits: int) -> np.dtype:
     return np.dtype(f"<i{bits // 8}")
 
 
-def _padded(array: np.ndarray, shape: tuple[int, ...], dtype) -> np.ndarray:
-    target = np.dtype(dtype)
-    if array.size and array.dtype.kind in "iu" and target.kind == "i" and array.dtype.itemsize > target.itemsize:
+def _check_fits(array: np.ndarray, target: np.dtype) -> None:
+    """Refuse data the accelerator's ``target`` integers cannot hold as given: a cast would
+    truncate floats and keep only the low bits of wider or unsigned integers, silently."""
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"a tensor of {array.dtype.name} where this config's buffer holds {target.name} "
+                         "integers; pass integers (quantize float data first)")
+    if array.size and not np.can_cast(array.dtype, target):
         info = np.iinfo(target)
         if array.min() < info.min or array.max() > info.max:
-            # The accelerator's buffers hold `target`: a cast would keep only the low bits.
             raise ValueError(f"a tensor of {array.dtype.name} holds values beyond {target.name} "
                              f"({info.min}..{info.max}), the type this config's buffer holds")
+
+
+def _padded(array: np.ndarray, shape: tuple[int, ...], dtype) -> np.ndarray:
+    target = np.dtype(dtype)
+    if target.kind == "i":
+        _check_fits(array, target)
     out = np.zeros(shape, dtype)
     out[tuple(slice(0, s) for s in array.shape)] = array
     return out
@@ -79,6 +88,7 @@ def pack_bias(config: AccelConfig, bias: np.ndarray, tiles: int | None = None) -
     """(O,) int32 → (O/BO, B, BO) accumulator entries (the same bias for every batch lane)."""
     bo = config.block_out
     ot = tiles or ceil_div(bias.shape[0], bo)
+    _check_fits(bias, int_dtype(config.acc_width))
     flat = _padded(bias.astype(np.int64), (ot * bo,), np.int64)
     lanes = np.broadcast_to(flat.reshape(ot, 1, bo), (ot, config.batch, bo))
     return np.ascontiguousarray(lanes.astype(int_dtype(config.acc_width)))
