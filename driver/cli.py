@@ -29,7 +29,7 @@ from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
-from gemforge.files import check_writable, npz_bytes, write_bytes_atomic, write_files_atomic
+from gemforge.files import check_regular_input, check_writable, npz_bytes, write_bytes_atomic, write_files_atomic
 from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
@@ -70,7 +70,16 @@ def _refuse_overwriting(output: str, *inputs: str | None) -> None:
             raise UsageError(f"the output {output} is also an input of this command; write it elsewhere")
 
 
+def _check_regular(path: str, named: str) -> None:
+    """Refuse a FIFO or device as an input file (``named`` says which) before reading blocks."""
+    try:
+        check_regular_input(path)
+    except OSError as exc:
+        raise UsageError(f"{named} {exc.strerror}") from None
+
+
 def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) -> np.ndarray:
+    _check_regular(path, f"{what} file {path}")
     try:
         array = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -286,6 +295,7 @@ def _load_inputs(path: str, what: str = "input"):
     """One .npy array (a one-input model), or a .npz archive of arrays by input name."""
     if not path.endswith(".npz"):
         return _load_npy(path, what, None, None)
+    _check_regular(path, f"{what} file {path}")
     try:
         with np.load(path, allow_pickle=False) as archive:
             unpacked = sum(info.file_size for info in archive.zip.infolist())
@@ -311,7 +321,11 @@ def cmd_run(args: argparse.Namespace) -> None:
     profile = _profile_path(args)
     if profile is not None and Path(profile).is_dir():     # found before the run, not after its output
         raise UsageError(f"--profile {profile} is a directory; give the PNG file to write")
-    if profile is not None and Path(profile).is_file() and Path(profile).samefile(args.output):
+    # The same file however it is spelled (./out.npy, a link), whether or not it exists yet:
+    # the profile would replace the output.
+    if profile is not None and (os.path.realpath(profile) == os.path.realpath(args.output) or
+                                (Path(profile).is_file() and Path(args.output).exists()
+                                 and Path(profile).samefile(args.output))):
         raise UsageError(f"--profile {profile} is the output file itself; give the PNG a name of its own")
     for path in (args.output, profile):     # both checked before either is written
         if path is not None:
@@ -355,6 +369,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     # Read before the (long) measurements: a bad file is refused at once.
     merged = []
     for merge in args.merge or ():
+        _check_regular(merge, f"--merge {merge}")
         try:
             earlier = json.loads(Path(merge).read_text())
         except (OSError, ValueError) as exc:

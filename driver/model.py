@@ -48,7 +48,7 @@ from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import BINARY_OPS, OPS, Graph, GraphError, Node, Value
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
-from gemforge.files import npz_bytes, write_bytes_atomic
+from gemforge.files import check_regular_input, npz_bytes, write_bytes_atomic
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import insn_bytes
 from gemforge.hw.program import Program, ProgramError
@@ -432,6 +432,7 @@ class Model:
     def load(cls, path: str | Path) -> Model:
         path = Path(path)
         try:
+            check_regular_input(path)
             data = path.read_bytes()
         except OSError as exc:
             raise ModelError(f"cannot read model {path}: {exc.strerror}") from None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gemforge.files import check_regular_input
 from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.program import Program
 from gemforge.sim import regress
@@ -143,11 +144,14 @@ def _regress(args: argparse.Namespace, variant: str) -> int:
 def _replay(args: argparse.Namespace, variant: str) -> int:
     path = Path(args.replay)
     try:
+        check_regular_input(path)
         data = path.read_bytes()
     except FileNotFoundError:
         raise regress.RegressError(f"program file {path} does not exist") from None
     except IsADirectoryError:
         raise regress.RegressError(f"{path} is a directory, not a program file") from None
+    except OSError as exc:
+        raise regress.RegressError(f"cannot read program file {path}: {exc.strerror}") from None
     program = Program.from_bytes(data, source=str(path))
     if not 0 <= args.stall <= 255:
         raise regress.RegressError(f"--stall must be between 0 and 255 (probability in 256ths), not {args.stall}")

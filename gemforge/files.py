@@ -3,9 +3,11 @@ write leaves the previous file in place."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
+import stat
 import tempfile
 import zipfile
 from contextlib import ExitStack, contextmanager
@@ -15,7 +17,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 __all__ = ["write_bytes_atomic", "write_files_atomic", "write_text_atomic", "move_atomic", "npz_bytes",
-           "check_writable"]
+           "check_writable", "check_regular_input"]
 
 
 def _target(path: str | Path) -> tuple[Path, bool]:
@@ -33,6 +35,18 @@ def _target(path: str | Path) -> tuple[Path, bool]:
     if path.is_dir():
         raise IsADirectoryError(21, "is a directory, not a file to write", str(path))
     return path, not (path.exists() and not path.is_file())
+
+
+def check_regular_input(path: str | Path) -> None:
+    """Refuse an input that exists but is neither a regular file nor a directory (a FIFO, a
+    socket, a device): reading one blocks until something writes to it, forever if nothing
+    does. An OSError like the read's own, so each reader words it as it words those."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return              # missing, unreadable or an invalid name: the read itself says so
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise OSError(errno.EINVAL, "is not a regular file (a pipe or device would block the read)", str(path))
 
 
 def check_writable(path: str | Path) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import tomli_w
 
-from gemforge.files import write_text_atomic
+from gemforge.files import check_regular_input, write_text_atomic
 
 __all__ = [
     "AccelConfig",
@@ -93,6 +93,20 @@ def _is_pow2(value: int) -> bool:
 def _bits_for(count: int) -> int:
     """Bits needed to index ``count`` distinct entries (at least 1)."""
     return max(1, (count - 1).bit_length())
+
+
+class _RepeatedKey(Exception):
+    """A JSON object names a field twice (json.loads would keep the last silently)."""
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object without repeated names, as TOML requires of its tables."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
 
 
 @dataclass(frozen=True)
@@ -393,7 +407,8 @@ class AccelConfig:
     def load(cls, path: str | Path) -> AccelConfig:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            check_regular_input(path)
+            text = path.read_text(encoding="utf-8-sig")     # a byte-order mark is not part of the text
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
@@ -402,11 +417,13 @@ class AccelConfig:
             if path.suffix == ".toml":
                 data = tomllib.loads(text)
             elif path.suffix == ".json":
-                data = json.loads(text)
+                data = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
             else:
                 raise ConfigError(f"config file {path} must end in .toml or .json")
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        except _RepeatedKey as exc:
+            raise ConfigError(f"config file {path} gives {exc.args[0]!r} twice; give each field once") from None
         except ConfigError:
             raise
         except ValueError:       # Python's limit on integer digits (4300), far beyond any field's range

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -519,6 +520,18 @@ def test_empty_and_special_input_files_are_one_line(tmp_path, capsys):
     assert code == 2 and "is not a readable .npy array" in err
     code, _, err = run(capsys, "disasm", "/dev/zero")
     assert code == 2 and "not a regular file" in err
+    # A FIFO blocks a read until something writes to it: every loader refuses one at once.
+    if hasattr(os, "mkfifo"):
+        for name in ("fifo.npy", "fifo.toml", "fifo.gfm", "fifo.gfp", "fifo.json"):
+            os.mkfifo(tmp_path / name)
+        for argv in (("run-op", "gemm", "--a", tmp_path / "fifo.npy", "--b", tmp_path / "b.npy", "-o",
+                      tmp_path / "c.npy", "--config", "tiny"),
+                     ("info", "--config", tmp_path / "fifo.toml"),
+                     ("run", tmp_path / "fifo.gfm", "--input", tmp_path / "b.npy", "-o", tmp_path / "c.npy"),
+                     ("regress", "--replay", tmp_path / "fifo.gfp"),
+                     ("bench", "--merge", tmp_path / "fifo.json")):
+            code, _, err = run(capsys, *argv)
+            assert code == 2 and "not a regular file" in err and err.count("\n") == 1, (argv, err)
     # A byte-order mark before the first line is not part of it.
     (tmp_path / "bom.s").write_bytes("\ufefffinish\n".encode())
     assert run(capsys, "asm", tmp_path / "bom.s", "-o", tmp_path / "bom.gfp", "--config", "tiny")[0] == 0
@@ -582,6 +595,10 @@ def test_run_replaces_no_output_when_its_profile_cannot_be_written(tmp_path, cap
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
     code, _, err = run(capsys, *argv, "--profile", tmp_path / "y.npy")
     assert code == 2 and "is the output file itself" in err
+    # The same file spelled another way, before it exists: the PNG replaced the result.
+    fresh = ("run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "new.npy", "--device", "cpu")
+    code, _, err = run(capsys, *fresh, "--profile", f"{tmp_path}/./new.npy")
+    assert code == 2 and "is the output file itself" in err and not (tmp_path / "new.npy").exists()
     code, out, _ = run(capsys, *argv, "--profile", tmp_path / "p.png")
     assert code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 4), 3, np.float32))

@@ -158,6 +158,22 @@ def test_malformed_json_refused(tmp_path):
         AccelConfig.load(path)
 
 
+def test_json_field_given_twice_refused(tmp_path):
+    """json.loads keeps the last of repeated names silently; TOML refuses them, and so does JSON now."""
+    path = tmp_path / "twice.json"
+    path.write_text('{"base": "tiny", "batch": 2, "batch": 4}')
+    with pytest.raises(ConfigError, match=rf"config file {path} gives 'batch' twice"):
+        AccelConfig.load(path)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_byte_order_mark_is_not_part_of_the_file(tmp_path, suffix):
+    path = tmp_path / f"bom{suffix}"
+    text = 'base = "tiny"\nbatch = 2\n' if suffix == ".toml" else '{"base": "tiny", "batch": 2}'
+    path.write_bytes("\ufeff".encode() + text.encode())
+    assert AccelConfig.load(path) == PRESETS["tiny"].replace(batch=2, name=AccelConfig.load(path).name)
+
+
 def test_missing_file_refused(tmp_path):
     path = tmp_path / "absent.toml"
     with pytest.raises(ConfigError, match=rf"cannot read config file {path}"):
