@@ -152,3 +152,10 @@ def test_compiled_op_refuses_operands_its_buffers_cannot_hold():
         op16.run(device_for(acc16), a=np.zeros((1, 4), np.int8), b=b, bias=np.full(4, 40000, np.int32))
     with pytest.raises(ValueError, match="a tensor of float64 where"):
         pack_bias(tiny, np.full(4, 2.5))
+
+
+def test_untileable_dense_names_the_buffer_too_small():
+    tiny = PRESETS["tiny"]
+    one = tiny.replace(name="acc1", acc_buffer_bytes=tiny.acc_entry_bytes, out_buffer_bytes=tiny.out_entry_bytes)
+    with pytest.raises(OpError, match=r"the accumulator buffer holds 1 entries and needs 2"):
+        compile_dense(one, 4, 4, 4, bias=True)

@@ -84,8 +84,13 @@ def plan_dense(config: AccelConfig, mt: int, kt: int, nt: int, *, threads: int,
                 if best is None or cost < best[0]:
                     best = (cost, tm, tn, tk, order)
     if best is None:
+        # The smallest tile (one entry of each) and what it needs of each buffer.
+        needs = {"input": (threads, c.inp_depth), "weight": (threads, c.wgt_depth),
+                 "accumulator": (threads * (2 if epilogue.bias else 1), c.acc_depth)}
+        short = [f"the {name} buffer holds {depth} entries and needs {need}"
+                 for name, (need, depth) in needs.items() if need > depth]
         raise OpError(f"dense cannot be tiled for config {c.name!r}: even one entry per tile does not fit "
-                      f"{threads} virtual thread(s)")
+                      f"{threads} virtual thread(s) ({'; '.join(short) or 'its loop limits'})")
     return {"tm": best[1], "tn": best[2], "tk": best[3], "threads": threads, "order": best[4]}
 
 
