@@ -336,6 +336,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         if not args.output.endswith(".npz"):
             raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
         outputs = {args.output: npz_bytes(y)}
+    elif args.output.endswith(".npz"):      # one output, asked for as an archive: by its name
+        outputs = {args.output: npz_bytes({model.outputs[0]: y})}
     else:
         outputs = {args.output: _npy_bytes(y)}
     if profile is not None:

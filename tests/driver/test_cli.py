@@ -599,6 +599,11 @@ def test_run_replaces_no_output_when_its_profile_cannot_be_written(tmp_path, cap
     fresh = ("run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "new.npy", "--device", "cpu")
     code, _, err = run(capsys, *fresh, "--profile", f"{tmp_path}/./new.npy")
     assert code == 2 and "is the output file itself" in err and not (tmp_path / "new.npy").exists()
+    # One output asked for as a .npz: an archive holding it by name, not .npy bytes under that name.
+    code, _, _ = run(capsys, *fresh[:4], "-o", tmp_path / "y.npz", "--device", "cpu")
+    assert code == 0
+    with np.load(tmp_path / "y.npz") as archive:
+        np.testing.assert_array_equal(archive["y"], np.full((2, 4), 3, np.float32))
     code, out, _ = run(capsys, *argv, "--profile", tmp_path / "p.png")
     assert code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 4), 3, np.float32))
