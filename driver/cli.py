@@ -85,6 +85,11 @@ def _load_npy(path: str, what: str, dtype: np.dtype | None, ndim: int | None) ->
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
     except (ValueError, OSError, EOFError) as exc:   # EOFError: an empty or truncated file
+        if "allow_pickle" in str(exc):
+            # numpy's advice to load it "unsafely" is wrong here: the file is not an array, or an
+            # array of Python objects, and gemforge never unpickles what it is given.
+            raise UsageError(f"{what} file {path} is not a .npy array of numbers (it is another kind of file, or "
+                             "holds Python objects, which gemforge does not load)") from None
         raise UsageError(f"{what} file {path} is not a readable .npy array ({exc or 'it ends early'})") from None
     if not isinstance(array, np.ndarray):
         raise UsageError(f"{what} file {path} holds several arrays; give a single-array .npy file")

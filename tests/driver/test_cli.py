@@ -149,7 +149,7 @@ def test_missing_and_garbage_files(tmp_path, capsys):
     (tmp_path / "junk.npy").write_bytes(b"junk")
     code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "junk.npy", "--b", tmp_path / "junk.npy",
                        "-o", tmp_path / "c.npy")
-    assert code == 2 and "not a readable .npy array" in err
+    assert code == 2 and "not a .npy array of numbers" in err
     code, _, err = run(capsys, "disasm", tmp_path / "junk.npy")
     assert code == 2 and "not a gemforge program" in err
 
@@ -518,6 +518,13 @@ def test_empty_and_special_input_files_are_one_line(tmp_path, capsys):
     code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / "empty.npy", "--b", tmp_path / "b.npy",
                        "-o", tmp_path / "c.npy", "--config", "tiny")
     assert code == 2 and "is not a readable .npy array" in err
+    # Text, or an array of Python objects: not numpy's advice to unpickle it.
+    (tmp_path / "text.npy").write_text("1 2 3\n")
+    np.save(tmp_path / "objects.npy", np.array([{}, 1], dtype=object))
+    for name in ("text.npy", "objects.npy"):
+        code, _, err = run(capsys, "run-op", "gemm", "--a", tmp_path / name, "--b", tmp_path / "b.npy",
+                           "-o", tmp_path / "c.npy", "--config", "tiny")
+        assert code == 2 and "is not a .npy array of numbers" in err and "allow_pickle" not in err, err
     code, _, err = run(capsys, "disasm", "/dev/zero")
     assert code == 2 and "not a regular file" in err
     # A FIFO blocks a read until something writes to it: every loader refuses one at once.
