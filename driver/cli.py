@@ -70,6 +70,21 @@ def _refuse_overwriting(output: str, *inputs: str | None) -> None:
             raise UsageError(f"the output {output} is also an input of this command; write it elsewhere")
 
 
+def _check_output_dir(path: str, option: str = "-o") -> None:
+    """Refuse, before any work, an output directory that cannot be made: the path is a file
+    (or a dangling link), or it lies under one (mkdir said only 'File exists' or 'Not a directory')."""
+    out = Path(path)
+    if os.path.lexists(out) and not out.is_dir():
+        raise UsageError(f"{option} {path} exists and is not a directory; give a directory to write into "
+                         "(created if needed)")
+    for ancestor in out.parents:
+        if os.path.lexists(ancestor):
+            if not ancestor.is_dir():
+                raise UsageError(f"{option} {path} lies under {ancestor}, which exists and is not a directory; "
+                                 "give a directory to write into (created if needed)")
+            break
+
+
 def _check_regular(path: str, named: str) -> None:
     """Refuse a FIFO or device as an input file (``named`` says which) before reading blocks."""
     try:
@@ -357,6 +372,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
+    _check_output_dir(args.output_dir)
     if not run_demo(args.device, out_dir=Path(args.output_dir)):
         raise UsageError("the demo's results differ from numpy")
 
@@ -413,7 +429,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from gemforge.hw.generate import generate
-    for path in generate(_config(args), args.output):
+    config = _config(args)
+    _check_output_dir(args.output)
+    for path in generate(config, args.output):
         print(path)
 
 
@@ -425,6 +443,7 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
     from gemforge.hw.synth import PlaceOptions, run_synth
     config = _config(args)
+    _check_output_dir(args.output)
     place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout)
     what = {"generate": "generating the netlist and the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
@@ -470,6 +489,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         raise SweepError("give a space file and an output directory: gemforge sweep SPACE.toml -o DIR")
     if args.jobs < 1:
         raise SweepError(f"--jobs must be at least 1, not {args.jobs}")
+    _check_output_dir(args.output)
     space = load_space(args.space)
     points = run_sweep(space, args.output, jobs=args.jobs, scheduler=args.scheduler,
                        progress=not args.quiet, log=lambda line: print(line, file=sys.stderr))

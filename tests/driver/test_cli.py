@@ -233,6 +233,22 @@ def test_unwritable_output_is_one_line(tmp_path, capsys):
     assert code == 2 and err.startswith("gemforge: error: ") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["generate", "--config", "tiny"], ["synth", "--config", "tiny"],
+                                  ["sweep", "examples/sweeps/small.toml", "--quiet"], ["demo"]])
+def test_an_output_directory_that_is_a_file_is_refused_by_name(tmp_path, capsys, argv):
+    """mkdir's own message was all there was: 'File exists: PATH' (or 'Not a directory' under a file)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("kept")
+    argv = [str(Path(__file__).parents[2] / a) if a.endswith(".toml") else a for a in argv]
+    code, _, err = run(capsys, *argv, "-o", blocker)
+    assert code == 2 and err == (f"gemforge: error: -o {blocker} exists and is not a directory; give a directory "
+                                 "to write into (created if needed)\n")
+    code, _, err = run(capsys, *argv, "-o", blocker / "sub")
+    assert code == 2 and err == (f"gemforge: error: -o {blocker / 'sub'} lies under {blocker}, which exists and is "
+                                 "not a directory; give a directory to write into (created if needed)\n")
+    assert blocker.read_text() == "kept"
+
+
 # ---------------------------------------------------------------------------- the LLVM back ends
 
 def test_run_op_on_the_cpu_float32_and_grouped_int8(tmp_path, capsys):
