@@ -375,10 +375,13 @@ class AccelConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must be a table of fields, not {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        # A key of another type (1, None: a dict built in Python) is unknown too, shown as its repr.
+        unknown = sorted((key if isinstance(key, str) else repr(key), isinstance(key, str))
+                         for key in data if key not in known)
         if unknown:
+            typed = "" if all(is_str for _, is_str in unknown) else " (a field is named by a string)"
             raise ConfigError(
-                f"{source} has unknown field(s) {', '.join(unknown)}; "
+                f"{source} has unknown field(s) {', '.join(name for name, _ in unknown)}{typed}; "
                 f"allowed fields are {', '.join(sorted(known))}")
         # A stored config (a program's, a model's) is complete: a missing field must not take
         # the class default under the name of a config whose value differs.
