@@ -159,48 +159,48 @@ class AccelConfig:
 
     def _validate(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise ConfigError(f"name must be {_RULES['name']}, not {self.name!r}")
+            raise ConfigError(f"name must be {_RULES['name']}, not {_echo(self.name)}")
         for field in dataclasses.fields(self):
             if field.name in ("name", "clock_mhz"):
                 continue
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{field.name} must be an integer, not {value!r}")
+                raise ConfigError(f"{field.name} must be an integer, not {_echo(value)}")
         for field in ("batch", "block_in", "block_out"):
             value = getattr(self, field)
             if not _is_pow2(value) or value > MAX_CORE_DIM:
-                raise ConfigError(f"{field} must be {_RULES[field]}, not {value}")
+                raise ConfigError(f"{field} must be {_RULES[field]}, not {_echo(value)}")
         for field in ("inp_width", "wgt_width"):
             value = getattr(self, field)
             if value not in SUPPORTED_INPUT_WIDTHS:
                 raise ConfigError(
-                    f"{field} must be one of {_fmt(SUPPORTED_INPUT_WIDTHS)} bits, not {value}")
+                    f"{field} must be one of {_fmt(SUPPORTED_INPUT_WIDTHS)} bits, not {_echo(value)}")
         if self.acc_width not in SUPPORTED_ACC_WIDTHS:
             raise ConfigError(
-                f"acc_width must be one of {_fmt(SUPPORTED_ACC_WIDTHS)} bits, not {self.acc_width}")
+                f"acc_width must be one of {_fmt(SUPPORTED_ACC_WIDTHS)} bits, not {_echo(self.acc_width)}")
         if self.out_width not in SUPPORTED_OUT_WIDTHS:
             raise ConfigError(
-                f"out_width must be one of {_fmt(SUPPORTED_OUT_WIDTHS)} bits, not {self.out_width}")
+                f"out_width must be one of {_fmt(SUPPORTED_OUT_WIDTHS)} bits, not {_echo(self.out_width)}")
         if self.out_width > self.acc_width:
             raise ConfigError(
                 f"out_width ({self.out_width}) must not exceed acc_width ({self.acc_width}): "
                 "the output buffer holds the low bits of each accumulator")
         if self.bus_width not in SUPPORTED_BUS_WIDTHS:
             raise ConfigError(
-                f"bus_width must be one of {_fmt(SUPPORTED_BUS_WIDTHS)} bits, not {self.bus_width}")
+                f"bus_width must be one of {_fmt(SUPPORTED_BUS_WIDTHS)} bits, not {_echo(self.bus_width)}")
         for buffer in ("inp", "wgt", "acc", "out", "uop"):
             field = f"{buffer}_buffer_bytes"
             size = getattr(self, field)
             entry = self.entry_bytes(buffer)
             if not _is_pow2(size):
-                raise ConfigError(f"{field} must be a power of two, not {size}")
+                raise ConfigError(f"{field} must be a power of two, not {_echo(size)}")
             if size < entry:
                 raise ConfigError(
                     f"{field} ({size}) is smaller than one {_BUFFER_NAMES[buffer]} entry "
                     f"({entry} bytes for this core shape and width)")
             if size // entry > MAX_BUFFER_DEPTH:
                 raise ConfigError(
-                    f"{field} ({size}) holds {size // entry} entries, more than the "
+                    f"{field} ({_echo(size)}) holds {_echo(size // entry)} entries, more than the "
                     f"{MAX_BUFFER_DEPTH} an instruction's SRAM address field can index; "
                     f"use at most {MAX_BUFFER_DEPTH * entry} bytes")
         total = sum(getattr(self, f"{b}_buffer_bytes") for b in ("inp", "wgt", "acc", "out", "uop"))
@@ -219,10 +219,10 @@ class AccelConfig:
         for field in ("cmd_queue_depth", "token_queue_depth"):
             value = getattr(self, field)
             if not _is_pow2(value) or not QUEUE_DEPTH_RANGE[0] <= value <= QUEUE_DEPTH_RANGE[1]:
-                raise ConfigError(f"{field} must be {_RULES[field]}, not {value}")
+                raise ConfigError(f"{field} must be {_RULES[field]}, not {_echo(value)}")
         if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, (int, float)) \
                 or not CLOCK_MHZ_RANGE[0] <= self.clock_mhz <= CLOCK_MHZ_RANGE[1]:
-            raise ConfigError(f"clock_mhz must be {_RULES['clock_mhz']}, not {self.clock_mhz!r}")
+            raise ConfigError(f"clock_mhz must be {_RULES['clock_mhz']}, not {_echo(self.clock_mhz)}")
         # One spelling of each value: `clock_mhz = 100` in a file is the preset's 100.0 (its
         # dict, JSON and digest included).
         object.__setattr__(self, "clock_mhz", float(self.clock_mhz))
@@ -380,8 +380,10 @@ class AccelConfig:
                          for key in data if key not in known)
         if unknown:
             typed = "" if all(is_str for _, is_str in unknown) else " (a field is named by a string)"
+            names = [_echo(name, quote=False) for name, _ in unknown[:_ECHO_NAMES]]
+            more = f" and {len(unknown) - _ECHO_NAMES} more" if len(unknown) > _ECHO_NAMES else ""
             raise ConfigError(
-                f"{source} has unknown field(s) {', '.join(name for name, _ in unknown)}{typed}; "
+                f"{source} has unknown field(s) {', '.join(names)}{more}{typed}; "
                 f"allowed fields are {', '.join(sorted(known))}")
         # A stored config (a program's, a model's) is complete: a missing field must not take
         # the class default under the name of a config whose value differs.
@@ -426,7 +428,7 @@ class AccelConfig:
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
         except _RepeatedKey as exc:
-            raise ConfigError(f"config file {path} gives {exc.args[0]!r} twice; give each field once") from None
+            raise ConfigError(f"config file {path} gives {_echo(exc.args[0])} twice; give each field once") from None
         except ConfigError:
             raise
         except ValueError:       # Python's limit on integer digits (4300), far beyond any field's range
@@ -446,7 +448,7 @@ class AccelConfig:
         base = data.pop("base", None)
         if base is not None:
             if not isinstance(base, str) or base not in PRESETS:
-                raise ConfigError(f"{source}: base must name a preset ({', '.join(PRESETS)}), not {base!r}")
+                raise ConfigError(f"{source}: base must name a preset ({', '.join(PRESETS)}), not {_echo(base)}")
             data = {**PRESETS[base].to_dict(), **data}
         known = {f.name for f in dataclasses.fields(cls)}
         missing = sorted(known - set(data))
@@ -464,6 +466,22 @@ class AccelConfig:
 MAX_ONCHIP_BYTES = 64 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUFFER_NAMES = {"inp": "input", "wgt": "weight", "acc": "accumulator", "out": "output", "uop": "micro-op"}
+
+
+#: Most characters of a value (a 400-digit number, a page of text) an error message echoes.
+_ECHO_LIMIT = 40
+#: Most unknown field names one message lists.
+_ECHO_NAMES = 10
+
+
+def _echo(value: Any, *, quote: bool = True) -> str:
+    """``value`` as an error message shows it: its repr (a string bare with ``quote=False``),
+    cut to its first `_ECHO_LIMIT` characters and '…' when longer."""
+    try:
+        text = value if isinstance(value, str) and not quote else repr(value)
+    except ValueError:      # an integer beyond Python's 4300 digits (given in Python, not in a file)
+        return f"an integer of {value.bit_length():,} bits"
+    return text if len(text) <= _ECHO_LIMIT else text[:_ECHO_LIMIT] + "…"
 
 
 def _fmt(values: tuple[int, ...]) -> str:
@@ -536,4 +554,4 @@ def load_config(spec: str | Path | AccelConfig | None) -> AccelConfig:
     if path.suffix in (".toml", ".json"):
         return AccelConfig.load(path)
     raise ConfigError(
-        f"unknown config {text!r}: give a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+        f"unknown config {_echo(text)}: give a preset ({', '.join(PRESETS)}) or a .toml/.json file")

@@ -497,6 +497,31 @@ def test_malformed_config_files_are_one_line(tmp_path, capsys, text, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
+BIG = "9" * 400
+CLOCK = "clock_mhz must be a number between 1 and 1000, not "
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("c.json", f'{{"base": "tiny", "clock_mhz": {BIG}}}', f"{CLOCK}{BIG[:40]}…"),
+    ("c.toml", f'base = "tiny"\nclock_mhz = {BIG}\n', f"{CLOCK}{BIG[:40]}…"),
+    ("c.json", f'{{"base": "tiny", "clock_mhz": "{BIG}"}}', f"{CLOCK}'{BIG[:39]}…"),
+    ("c.toml", f'base = "tiny"\nclock_mhz = "{BIG}"\n', f"{CLOCK}'{BIG[:39]}…"),
+    ("c.json", f'{{"base": "tiny", "batch": {BIG}}}', f"batch must be a power of two between 1 and 256, not {BIG[:40]}…"),
+    ("c.toml", f'base = "tiny"\nbatch = [{", ".join(["1"] * 300)}]\n',
+     "batch must be an integer, not [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, …"),
+    ("c.toml", f'base = "tiny"\nname = "{"x" * 500}"\n', f"not '{'x' * 39}…"),
+    ("c.json", f'{{"base": "{"x" * 500}"}}', f"base must name a preset (tiny, default, large, ulx3s), not '{'x' * 39}…"),
+    ("c.json", f'{{"base": "tiny", "{"x" * 500}": 1}}', f"has unknown field(s) {'x' * 40}…; allowed fields are"),
+    ("c.json", f'{{"{"y" * 500}": 1, "{"y" * 500}": 2}}', f"gives '{'y' * 39}… twice; give each field once"),
+])
+def test_config_errors_shorten_the_values_they_echo(tmp_path, capsys, name, text, message):
+    """A 400-digit clock_mhz (or a page of text) was echoed in full in the one-line error."""
+    (tmp_path / name).write_text(text)
+    code, _, err = run(capsys, "info", "--config", tmp_path / name)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert len(err) < 500, err
+
+
 def test_asm_refuses_binary_sources_and_shapes_beyond_any_arena(tmp_path, capsys):
     (tmp_path / "bin.s").write_bytes(b"\x93\x00binary")
     code, _, err = run(capsys, "asm", tmp_path / "bin.s", "-o", tmp_path / "p.gfp")
