@@ -16,7 +16,7 @@ constraints between them, a workload (`gemforge.driver.workloads`) and what to m
     block_out = [4, 8]
     inp_buffer_bytes = {start = 1024, stop = 4096, factor = 2}    # or {start, stop, step}
 
-Every combination of the fields is a point. A point the constraints exclude, or whose config
+Every combination of the fields (at least one) is a point. A point the constraints exclude, or whose config
 is invalid, is listed with the reason; the others are evaluated by `evaluate_point`, a pure
 function of (config, workload, options, the source and tool versions): the workload compiled
 for the config, its cycles from the cycle model (`gemforge.sim.cycle_model`) and, for a
@@ -160,6 +160,9 @@ def space_from_dict(data: dict, *, source: str = "space", root: Path = Path(".")
     unknown = sorted(set(data) - set(_SPACE_KEYS))
     if unknown:
         raise SweepError(f"{source}: unknown key {unknown[0]!r}; a space has {', '.join(_SPACE_KEYS)}")
+    if not data.get("fields"):      # an empty file too: it would sweep the one point of the defaults
+        raise SweepError(f"{source}: no fields to sweep; a space needs a [fields] table giving config fields a list "
+                         "or range of values each (see examples/sweeps/small.toml)")
     base_spec = data.get("base", "default")
     if not isinstance(base_spec, str):
         raise SweepError(f"{source}: base is a preset name or a config file path, not {base_spec!r}")

@@ -31,6 +31,7 @@ def write_space(tmp_path: Path, data: dict) -> Path:
 
 @pytest.mark.parametrize("change, message", [
     ({"colour": "red"}, "unknown key 'colour'"),
+    ({"fields": {}}, r"space: no fields to sweep; a space needs a \[fields\] table"),
     ({"fields": {"blockin": [4]}}, "'blockin' is not a config field"),
     ({"fields": {"block_in": []}}, "lists no values"),
     ({"fields": {"block_in": {"start": 4, "stop": 16}}}, "a range is"),
@@ -59,6 +60,20 @@ def write_space(tmp_path: Path, data: dict) -> Path:
 def test_bad_spaces_are_refused_with_the_reason(change, message):
     with pytest.raises(SweepError, match=message):
         space_from_dict({**QUICK, **change})
+
+
+@pytest.mark.parametrize("text", ["", "# nothing\n", 'name = "x"\nbase = "tiny"\nworkload = "digits"\n',
+                                  'base = "tiny"\n[fields]\n'])
+def test_a_space_file_without_fields_is_refused_not_run_as_the_default(tmp_path, capsys, text):
+    """An empty space file (or one without [fields]) swept the one point of the defaults,
+    resnet18-convs on the default config, with exit status 0."""
+    (tmp_path / "space.toml").write_text(text)
+    code = main(["sweep", str(tmp_path / "space.toml"), "-o", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"gemforge: error: {tmp_path / 'space.toml'}: no fields to sweep; a space needs a "
+                                 "[fields] table giving config fields a list or range of values each (see "
+                                 "examples/sweeps/small.toml)\n")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("constraint, message", [
