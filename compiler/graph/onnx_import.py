@@ -570,15 +570,20 @@ class _Importer:
         self.emit("reshape", node, [node.input[0]], target=tuple(int(d) for d in shape),
                   allowzero=bool(attrs.get("allowzero", 0)))
 
-    def _axes(self, node, position: int = 1) -> tuple[int, ...] | None:
+    def _axes(self, node, position: int = 1, dtypes: tuple[str, ...] = ("int64",),
+              scalar: bool = False) -> tuple[int, ...] | None:
         """The constant axes of Squeeze, Unsqueeze (their second input since opset 13), ReduceMean
-        (since opset 18) and Pad (its fourth, since opset 18); None where the input is omitted."""
+        (since opset 18) and Pad (its fourth, since opset 18); None where the input is omitted.
+        ONNX takes a 1-D tensor of ``dtypes``: int64, and int32 too for Pad's (which ONNX Runtime
+        1.31 refuses, against the spec). ONNX Runtime refuses another type, and a scalar but for
+        Unsqueeze's (``scalar``), which it reads as one axis."""
         if len(node.input) <= position or not node.input[position]:
             return None
         axes = self.constant(node, node.input[position], "the axes")
-        if axes.ndim > 1 or axes.dtype.kind not in "iu":
-            raise self.fail(node, f"the axes must be a 1-D integer tensor, not {axes.dtype} of shape "
-                                  f"{list(axes.shape)}")
+        if axes.dtype.name not in dtypes or axes.ndim > 1 or (axes.ndim == 0 and not scalar):
+            shape = "a 1-D or scalar" if scalar else "a 1-D"
+            raise self.fail(node, f"the axes must be {shape} {' or '.join(dtypes)} tensor, not {axes.dtype} of "
+                                  f"shape {list(axes.shape)}")
         return tuple(int(a) for a in axes.reshape(-1))
 
     def op_Squeeze(self, node, attrs):
@@ -586,7 +591,7 @@ class _Importer:
         self.emit("reshape", node, [node.input[0]], squeeze=self._axes(node) or None)
 
     def op_Unsqueeze(self, node, attrs):
-        self.emit("reshape", node, [node.input[0]], unsqueeze=self._axes(node))
+        self.emit("reshape", node, [node.input[0]], unsqueeze=self._axes(node, scalar=True))
 
     def op_Transpose(self, node, attrs):
         perm = attrs.get("perm")
@@ -598,8 +603,8 @@ class _Importer:
         if mode != "constant":
             raise self.fail(node, f"mode {mode} is not supported (only constant)")
         pads = self.constant(node, node.input[1], "the pads")
-        if pads.ndim != 1 or pads.dtype.kind not in "iu":
-            raise self.fail(node, f"the pads must be a 1-D integer tensor, not {pads.dtype} of shape "
+        if pads.ndim != 1 or pads.dtype != np.int64:      # ONNX Runtime refuses an int32 one
+            raise self.fail(node, f"the pads must be a 1-D int64 tensor, not {pads.dtype} of shape "
                                   f"{list(pads.shape)}")
         if (pads < 0).any():
             raise self.fail(node, f"pads {pads.tolist()} are negative somewhere (cropping), which is not supported")
@@ -608,8 +613,14 @@ class _Importer:
             given = self.constant(node, node.input[2], "the constant_value")
             if given.size != 1:
                 raise self.fail(node, f"the constant_value must be a scalar, not of shape {list(given.shape)}")
+            # One type parameter for data and constant_value: ONNX Runtime refuses an int64 value
+            # beside float32 data.
+            data = self.values[self.name(node.input[0])].dtype
+            if given.dtype.name != data:
+                raise self.fail(node, f"the constant_value must have the data's type, {data}, not {given.dtype}")
             value = float(given.reshape(-1)[0])
-        self.emit("pad", node, [node.input[0]], pads=tuple(int(p) for p in pads), axes=self._axes(node, 3), value=value)
+        self.emit("pad", node, [node.input[0]], pads=tuple(int(p) for p in pads),
+                  axes=self._axes(node, 3, ("int32", "int64")), value=value)
 
     def op_BatchNormalization(self, node, attrs):
         if int(attrs.get("training_mode", 0)) or any(o for o in node.output[1:]):

@@ -96,6 +96,7 @@ def test_transpose_of_a_scalar_and_of_integer_constants():
     ([N("Squeeze", ["x"], ["y"])], [1, 1], None),                                   # to a scalar
     ([N("Unsqueeze", ["x", "a"], ["y"])], [3, 2], np.int64([4, 0, -3])),             # unsorted, negative
     ([N("Unsqueeze", ["x", "a"], ["y"])], [], np.int64([0])),                        # a scalar
+    ([N("Unsqueeze", ["x", "a"], ["y"])], [3, 2], np.int64(1)),                      # 0-d axes: ONNX Runtime's one axis
     ([N("Unsqueeze", ["x", "a"], ["u"]), N("Squeeze", ["u", "a"], ["y"])], [2, 3], np.int64([1])),
 ])
 def test_squeeze_and_unsqueeze(nodes, shape, axes):
@@ -112,7 +113,7 @@ def test_squeeze_and_unsqueeze(nodes, shape, axes):
     (N("Squeeze", ["x", "a"], ["y"], name="s"), [1, 3], {"a": np.int64([2])},
      r"node s \(reshape\): axes \[2\] are out of range for rank 2 \(from -2 to 1\)"),
     (N("Squeeze", ["x", "a"], ["y"], name="s"), [1, 3], {"a": np.float32([0])},
-     r"node s \(Squeeze\): the axes must be a 1-D integer tensor, not float32 of shape \[1\]"),
+     r"node s \(Squeeze\): the axes must be a 1-D int64 tensor, not float32 of shape \[1\]"),
     (N("Unsqueeze", ["x", "a"], ["y"], name="u"), [2, 3], {"a": np.int64([1, -3])},
      r"node u \(reshape\): axes \[1, -3\] name an axis of the rank-4 output twice"),
     (N("Unsqueeze", ["x", "a"], ["y"], name="u"), [2, 3], {"a": np.int64([3])},
@@ -395,6 +396,40 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
     with pytest.raises(GraphError, match=match) as info:
         compile_model(model([node], inputs, [("y", [1])], init))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("op, shapes, init, opset, match", [
+    # Squeeze, Unsqueeze and ReduceMean take int64 axes only; Squeeze and ReduceMean a 1-D tensor
+    # (Unsqueeze a scalar too, which ONNX Runtime reads as one axis and runs).
+    ("Squeeze", ([1, 3], [3]), {"a": np.int32([0])}, 13,
+     r"the axes must be a 1-D int64 tensor, not int32 of shape \[1\]"),
+    ("Squeeze", ([1, 3], [3]), {"a": np.int64(0)}, 13, r"the axes must be a 1-D int64 tensor, not int64 of shape \[\]"),
+    ("Unsqueeze", ([2, 3], [1, 2, 3]), {"a": np.int32([0])}, 13,
+     r"the axes must be a 1-D or scalar int64 tensor, not int32 of shape \[1\]"),
+    ("ReduceMean", ([2, 3], [1, 3]), {"a": np.int32([0])}, 18,
+     r"the axes must be a 1-D int64 tensor, not int32 of shape \[1\]"),
+    ("ReduceMean", ([2, 3], [1, 3]), {"a": np.int64(0)}, 18,
+     r"the axes must be a 1-D int64 tensor, not int64 of shape \[\]"),
+    # Pad: the constant_value of the data's type, int64 pads, 1-D axes (int32 or int64).
+    ("Pad", ([2, 3], [2, 5]), {"p": np.int64([0, 1, 0, 1]), "v": np.int64(2)}, 13,
+     r"the constant_value must have the data's type, float32, not int64"),
+    ("Pad", ([2, 3], [2, 5]), {"p": np.int64([0, 1, 0, 1]), "v": np.bool_(True)}, 18,
+     r"the constant_value must have the data's type, float32, not bool"),
+    ("Pad", ([2, 3], [2, 5]), {"p": np.int32([0, 1, 0, 1])}, 13,
+     r"the pads must be a 1-D int64 tensor, not int32 of shape \[4\]"),
+    ("Pad", ([2, 3], [2, 5]), {"p": np.int64([1, 1]), "": None, "a": np.int64(1)}, 18,
+     r"the axes must be a 1-D int32 or int64 tensor, not int64 of shape \[\]"),
+])
+def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, shapes, init, opset, match):
+    """gemforge compiled these, and ONNX Runtime refuses each (its type check when loading, or
+    its kernel when run): int32 axes where ONNX takes int64, a scalar where it takes a 1-D
+    tensor, int32 pads, and a Pad's constant_value of another type than its data."""
+    m = model([N(op, ["x", *init], ["y"], name="n")], [("x", shapes[0])], [("y", shapes[1])],
+              {k: v for k, v in init.items() if k}, opset=opset)
+    with pytest.raises(GraphError, match=rf"^node n \({op}\): {match}$"):
+        compile_model(m)
+    with pytest.raises(Exception, match="ONNXRuntimeError"):
+        ort_run(m, {"x": np.ones(shapes[0], np.float32)})
 
 
 @pytest.mark.parametrize("attrs, opset", [({"keepdims": 2}, 13), ({"keepdims": -1}, 13),
