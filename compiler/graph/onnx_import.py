@@ -565,8 +565,9 @@ class _Importer:
 
     def op_Reshape(self, node, attrs):
         shape = self.constant(node, node.input[1], "the target shape")
-        if shape.ndim != 1 or shape.dtype.kind not in "iu":
-            raise self.fail(node, "the target shape must be a 1-D integer tensor")
+        if shape.ndim != 1 or shape.dtype != np.int64:    # ONNX Runtime refuses an int32 one
+            raise self.fail(node, f"the target shape must be a 1-D int64 tensor, not {shape.dtype} of shape "
+                                  f"{list(shape.shape)}")
         self.emit("reshape", node, [node.input[0]], target=tuple(int(d) for d in shape),
                   allowzero=bool(attrs.get("allowzero", 0)))
 

@@ -419,11 +419,17 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
      r"the pads must be a 1-D int64 tensor, not int32 of shape \[4\]"),
     ("Pad", ([2, 3], [2, 5]), {"p": np.int64([1, 1]), "": None, "a": np.int64(1)}, 18,
      r"the axes must be a 1-D int32 or int64 tensor, not int64 of shape \[\]"),
+    # Reshape: an int64 target shape.
+    ("Reshape", ([2, 3], [3, 2]), {"s": np.int32([3, 2])}, 13,
+     r"the target shape must be a 1-D int64 tensor, not int32 of shape \[2\]"),
+    ("Reshape", ([2, 3], [3, 2]), {"s": np.uint64([3, 2])}, 13,
+     r"the target shape must be a 1-D int64 tensor, not uint64 of shape \[2\]"),
 ])
 def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, shapes, init, opset, match):
     """gemforge compiled these, and ONNX Runtime refuses each (its type check when loading, or
     its kernel when run): int32 axes where ONNX takes int64, a scalar where it takes a 1-D
-    tensor, int32 pads, and a Pad's constant_value of another type than its data."""
+    tensor, int32 pads, a Pad's constant_value of another type than its data, and an int32 (or
+    uint64) Reshape target shape."""
     m = model([N(op, ["x", *init], ["y"], name="n")], [("x", shapes[0])], [("y", shapes[1])],
               {k: v for k, v in init.items() if k}, opset=opset)
     with pytest.raises(GraphError, match=rf"^node n \({op}\): {match}$"):
