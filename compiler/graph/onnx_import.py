@@ -529,12 +529,18 @@ class _Importer:
         self.emit("abs", node, [node.input[0]])
 
     def op_Clip(self, node, attrs):
+        # min and max are scalars (ONNX Runtime takes shape [1] too, not [1, 1]) of the data's
+        # type: one type parameter, and ONNX Runtime refuses an int64 bound beside float32 data.
+        data = self.values[self.name(node.input[0])].dtype
         bounds = []
-        for i, default in ((1, -np.inf), (2, np.inf)):
+        for i, which, default in ((1, "min", -np.inf), (2, "max", np.inf)):
             if len(node.input) > i and node.input[i]:
-                value = self.constant(node, node.input[i], "min and max")
-                if value.size != 1:
-                    raise self.fail(node, "min and max must be scalars")
+                value = self.constant(node, node.input[i], f"the {which}")
+                if value.shape not in ((), (1,)):
+                    raise self.fail(node, f"the {which} must be a scalar (or of shape [1]), not of shape "
+                                          f"{list(value.shape)}")
+                if value.dtype.name != data:
+                    raise self.fail(node, f"the {which} must have the data's type, {data}, not {value.dtype}")
                 bounds.append(float(value.reshape(-1)[0]))
             else:
                 bounds.append(default)

@@ -424,18 +424,37 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
      r"the target shape must be a 1-D int64 tensor, not int32 of shape \[2\]"),
     ("Reshape", ([2, 3], [3, 2]), {"s": np.uint64([3, 2])}, 13,
      r"the target shape must be a 1-D int64 tensor, not uint64 of shape \[2\]"),
+    # Clip: min and max of the data's type, scalars (or of shape [1], which ONNX Runtime takes).
+    ("Clip", ([2, 3], [2, 3]), {"lo": np.int64(0)}, 13, r"the min must have the data's type, float32, not int64"),
+    ("Clip", ([2, 3], [2, 3]), {"": None, "hi": np.int32(1)}, 13,
+     r"the max must have the data's type, float32, not int32"),
+    ("Clip", ([2, 3], [2, 3]), {"lo": np.bool_(False)}, 13, r"the min must have the data's type, float32, not bool"),
+    ("Clip", ([2, 3], [2, 3]), {"lo": np.float32([[0]])}, 13,
+     r"the min must be a scalar \(or of shape \[1\]\), not of shape \[1, 1\]"),
+    ("Clip", ([2, 3], [2, 3]), {"lo": np.float32(0), "hi": np.float32([[[1]]])}, 13,
+     r"the max must be a scalar \(or of shape \[1\]\), not of shape \[1, 1, 1\]"),
 ])
 def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, shapes, init, opset, match):
     """gemforge compiled these, and ONNX Runtime refuses each (its type check when loading, or
     its kernel when run): int32 axes where ONNX takes int64, a scalar where it takes a 1-D
-    tensor, int32 pads, a Pad's constant_value of another type than its data, and an int32 (or
-    uint64) Reshape target shape."""
+    tensor, int32 pads, a Pad's constant_value or a Clip's min or max of another type than its
+    data, a Clip's min or max of more than one axis, and an int32 (or uint64) Reshape target
+    shape."""
     m = model([N(op, ["x", *init], ["y"], name="n")], [("x", shapes[0])], [("y", shapes[1])],
               {k: v for k, v in init.items() if k}, opset=opset)
     with pytest.raises(GraphError, match=rf"^node n \({op}\): {match}$"):
         compile_model(m)
     with pytest.raises(Exception, match="ONNXRuntimeError"):
         ort_run(m, {"x": np.ones(shapes[0], np.float32)})
+
+
+def test_clip_bounds_of_shape_1_run_as_onnx_runtime():
+    """ONNX types Clip's min and max as scalars; ONNX Runtime takes shape [1] too (not [1, 1],
+    which is refused above), and so does gemforge."""
+    rng = np.random.default_rng(70)
+    m = model([N("Clip", ["x", "lo", "hi"], ["y"])], [("x", [2, 3])], [("y", [2, 3])],
+              {"lo": np.float32([-0.5]), "hi": np.float32([0.7])})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3))}, rng)
 
 
 @pytest.mark.parametrize("attrs, opset", [({"keepdims": 2}, 13), ({"keepdims": -1}, 13),
