@@ -664,9 +664,22 @@ class _Importer:
     def op_Dropout(self, node, attrs):
         if len(node.output) > 1 and node.output[1]:
             raise self.fail(node, "the mask output is not supported (inference only)")
+        # ratio is a float scalar in [0, 1) and training_mode a bool scalar: ONNX Runtime refuses
+        # another type or shape (shape [1] too) when loading, and such a ratio when run.
+        if len(node.input) > 1 and node.input[1]:
+            ratio = self.values[self.name(node.input[1])]
+            if ratio.dtype != "float32" or ratio.shape not in ((), None):     # None: computed here
+                raise self.fail(node, f"the ratio must be a float32 scalar, not {ratio.dtype} of shape "
+                                      f"{list(ratio.shape or ())}")
+            value = self.constants.get(ratio.name)
+            if value is not None and not 0 <= value < 1:
+                raise self.fail(node, f"the ratio must be in [0, 1), not {float(value)}")
         if len(node.input) > 2 and node.input[2]:
             mode = self.constant(node, node.input[2], "training_mode")
-            if bool(mode.reshape(-1)[0]):
+            if mode.dtype != np.bool_ or mode.ndim:
+                raise self.fail(node, f"the training_mode must be a bool scalar, not {mode.dtype} of shape "
+                                      f"{list(mode.shape)}")
+            if bool(mode):
                 raise self.fail(node, "training mode is not supported (inference only)")
         self.alias[node.output[0]] = self.name(node.input[0])
 

@@ -433,13 +433,24 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
      r"the min must be a scalar \(or of shape \[1\]\), not of shape \[1, 1\]"),
     ("Clip", ([2, 3], [2, 3]), {"lo": np.float32(0), "hi": np.float32([[[1]]])}, 13,
      r"the max must be a scalar \(or of shape \[1\]\), not of shape \[1, 1, 1\]"),
+    # Dropout: a float scalar ratio in [0, 1) (its kernel checks the range in inference too) and
+    # a bool scalar training_mode.
+    ("Dropout", ([2, 3], [2, 3]), {"r": np.int64(0)}, 13, r"the ratio must be a float32 scalar, not int64 of shape \[\]"),
+    ("Dropout", ([2, 3], [2, 3]), {"r": np.float32([0.5])}, 13,
+     r"the ratio must be a float32 scalar, not float32 of shape \[1\]"),
+    ("Dropout", ([2, 3], [2, 3]), {"r": np.float32(1)}, 13, r"the ratio must be in \[0, 1\), not 1\.0"),
+    ("Dropout", ([2, 3], [2, 3]), {"r": np.float32(-0.5)}, 13, r"the ratio must be in \[0, 1\), not -0\.5"),
+    ("Dropout", ([2, 3], [2, 3]), {"": None, "t": np.int64(0)}, 13,
+     r"the training_mode must be a bool scalar, not int64 of shape \[\]"),
+    ("Dropout", ([2, 3], [2, 3]), {"r": np.float32(0.5), "t": np.bool_([False])}, 13,
+     r"the training_mode must be a bool scalar, not bool of shape \[1\]"),
 ])
 def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, shapes, init, opset, match):
     """gemforge compiled these, and ONNX Runtime refuses each (its type check when loading, or
     its kernel when run): int32 axes where ONNX takes int64, a scalar where it takes a 1-D
     tensor, int32 pads, a Pad's constant_value or a Clip's min or max of another type than its
-    data, a Clip's min or max of more than one axis, and an int32 (or uint64) Reshape target
-    shape."""
+    data, a Clip's min or max of more than one axis, an int32 (or uint64) Reshape target shape,
+    and a Dropout's ratio or training_mode of another type or shape (or a ratio out of range)."""
     m = model([N(op, ["x", *init], ["y"], name="n")], [("x", shapes[0])], [("y", shapes[1])],
               {k: v for k, v in init.items() if k}, opset=opset)
     with pytest.raises(GraphError, match=rf"^node n \({op}\): {match}$"):
@@ -454,6 +465,15 @@ def test_clip_bounds_of_shape_1_run_as_onnx_runtime():
     rng = np.random.default_rng(70)
     m = model([N("Clip", ["x", "lo", "hi"], ["y"])], [("x", [2, 3])], [("y", [2, 3])],
               {"lo": np.float32([-0.5]), "hi": np.float32([0.7])})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3))}, rng)
+
+
+@pytest.mark.parametrize("ratio, mode", [(np.float32(0.5), np.bool_(False)), (np.float32(0), None), (None, np.bool_(0))])
+def test_dropout_with_a_ratio_and_training_mode_off_is_the_identity_as_in_onnx_runtime(ratio, mode):
+    rng = np.random.default_rng(71)
+    init = {"r": ratio, "t": mode}
+    m = model([N("Dropout", ["x", *("" if v is None else k for k, v in init.items())], ["d"]), N("Relu", ["d"], ["y"])],
+              [("x", [2, 3])], [("y", [2, 3])], {k: v for k, v in init.items() if v is not None})
     _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3))}, rng)
 
 
