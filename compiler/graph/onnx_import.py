@@ -426,6 +426,14 @@ class _Importer:
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
         trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
         a, b = node.input[0], node.input[1]
+        # A, B and C share one type: ONNX Runtime refuses an int64 (or bool) B or C beside float32
+        # A, even where beta is 0, which would be cast here.
+        kind = self.values[self.name(a)].dtype
+        for i, what in ((1, "B"), (2, "C")):
+            if len(node.input) > i and self.name(node.input[i]) in self.constants:
+                given = self.constants[self.name(node.input[i])].dtype
+                if given.name != kind:
+                    raise self.fail(node, f"{what} must have A's type, {kind}, not {given}")
         if trans_a:
             if self.name(a) in self.constants:
                 a = self._const_like(node, "at", self.constants[self.name(a)].T)

@@ -444,13 +444,21 @@ def test_reduce_mean_and_pad_refusals(node, init, match):
      r"the training_mode must be a bool scalar, not int64 of shape \[\]"),
     ("Dropout", ([2, 3], [2, 3]), {"r": np.float32(0.5), "t": np.bool_([False])}, 13,
      r"the training_mode must be a bool scalar, not bool of shape \[1\]"),
+    # Gemm: B and C of A's type (C even where beta is 0).
+    ("Gemm", ([2, 3], [2, 4]), {"w": np.ones((3, 4), np.int64)}, 13, r"B must have A's type, float32, not int64"),
+    ("Gemm", ([2, 3], [2, 4]), {"w": np.ones((3, 4), np.bool_)}, 13, r"B must have A's type, float32, not bool"),
+    ("Gemm", ([2, 3], [2, 4]), {"w": np.ones((3, 4), np.float32), "c": np.ones(4, np.int32)}, 13,
+     r"C must have A's type, float32, not int32"),
+    ("Gemm", ([2, 3], [2, 4]), {"w": np.ones((3, 4), np.float32), "c": np.ones((2, 4), np.int64)}, 13,
+     r"C must have A's type, float32, not int64"),
 ])
 def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, shapes, init, opset, match):
     """gemforge compiled these, and ONNX Runtime refuses each (its type check when loading, or
     its kernel when run): int32 axes where ONNX takes int64, a scalar where it takes a 1-D
     tensor, int32 pads, a Pad's constant_value or a Clip's min or max of another type than its
     data, a Clip's min or max of more than one axis, an int32 (or uint64) Reshape target shape,
-    and a Dropout's ratio or training_mode of another type or shape (or a ratio out of range)."""
+    a Dropout's ratio or training_mode of another type or shape (or a ratio out of range), and a
+    Gemm's B or C of another type than A (cast to float32)."""
     m = model([N(op, ["x", *init], ["y"], name="n")], [("x", shapes[0])], [("y", shapes[1])],
               {k: v for k, v in init.items() if k}, opset=opset)
     with pytest.raises(GraphError, match=rf"^node n \({op}\): {match}$"):
