@@ -198,17 +198,20 @@ class _Importer:
 
     def _fold(self, onnx_node: onnx.NodeProto, node: Node) -> np.ndarray:
         args = [self.constants[i] for i in node.inputs]
-        if node.op in ("add", "sub", "mul") and all(a.dtype.kind in "iu" for a in args):
-            # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
-            value = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[node.op](args[0], args[1])
-            return np.maximum(value, 0) if node.attrs.get("relu") else value
-        if any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape", "transpose"):
+        integer = node.op in ("add", "sub", "mul") and all(a.dtype.kind in "iu" for a in args)
+        if not integer and any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape", "transpose"):
             # Concat, Reshape (Flatten, Squeeze, Unsqueeze) and Transpose only move elements: any
             # type folds (a Reshape's target shape is often a Concat of int64 constants).
             raise self.fail(onnx_node, f"{node.op} of integer constants is not supported")
         values = {i: Value(i, tuple(a.shape), a.dtype.name) for i, a in zip(node.inputs, args)}
         values[node.output] = Value(node.output)
-        _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)   # checks, resolves attrs
+        # Checks (one type, as ONNX Runtime requires of int32 beside int64 too; shapes that
+        # broadcast) and resolves attrs.
+        _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)
+        if integer:
+            # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
+            value = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[node.op](args[0], args[1])
+            return np.maximum(value, 0) if node.attrs.get("relu") else value
         return evaluate_node(node, args)
 
     # ------------------------------------------------------------------ the model

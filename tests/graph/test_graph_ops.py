@@ -467,6 +467,24 @@ def test_axes_pads_and_values_onnx_runtime_refuses_are_refused_at_import(op, sha
         ort_run(m, {"x": np.ones(shapes[0], np.float32)})
 
 
+@pytest.mark.parametrize("op, a, b, match", [
+    ("Add", np.int32([3, 2]), np.int64([0, 0]), r"its inputs have different types \(int32, int64\); ONNX needs one"),
+    ("Sub", np.int64([3, 2]), np.int32([0, 0]), r"its inputs have different types \(int32, int64\); ONNX needs one"),
+    ("Mul", np.int64([3, 2]), np.uint8([1, 1]), r"its inputs have different types \(int64, uint8\); ONNX needs one"),
+    ("Add", np.int64([3, 2]), np.int64([0, 0, 0]), r"shapes \[2\] and \[3\] do not broadcast"),
+])
+def test_integer_arithmetic_folded_at_import_takes_one_type_and_shapes_that_broadcast(op, a, b, match):
+    """Add, Sub and Mul of integer constants (a shape computed in the model) folded with numpy's
+    promotion: int32 beside int64 compiled, which ONNX Runtime refuses (one type parameter), and
+    shapes that do not broadcast raised numpy's ValueError."""
+    m = model([N(op, ["a", "b"], ["s"], name="n"), N("Reshape", ["x", "s"], ["y"])], [("x", [2, 3])], [("y", [3, 2])],
+              {"a": a, "b": b})
+    with pytest.raises(GraphError, match=rf"^node n \({op.lower()}\): {match}$"):
+        compile_model(m)
+    with pytest.raises(Exception, match="ONNXRuntimeError"):
+        ort_run(m, {"x": np.ones((2, 3), np.float32)})
+
+
 def test_clip_bounds_of_shape_1_run_as_onnx_runtime():
     """ONNX types Clip's min and max as scalars; ONNX Runtime takes shape [1] too (not [1, 1],
     which is refused above), and so does gemforge."""
