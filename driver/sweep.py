@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gemforge.files import write_bytes_atomic, write_text_atomic
+from gemforge.files import check_regular_input, write_bytes_atomic, write_text_atomic
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 
 __all__ = ["SweepError", "Space", "load_space", "expand", "evaluate_point", "run_sweep", "pareto_front",
@@ -146,6 +146,7 @@ def load_space(path: str | Path) -> Space:
     """Parse and check a space file; `SweepError` names the first problem."""
     path = Path(path)
     try:
+        check_regular_input(path)       # a FIFO or device would block the read
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SweepError(f"space file {path} does not exist") from None

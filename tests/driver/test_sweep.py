@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,22 @@ def test_a_space_file_without_fields_is_refused_not_run_as_the_default(tmp_path,
     assert code == 2 and err == (f"gemforge: error: {tmp_path / 'space.toml'}: no fields to sweep; a space needs a "
                                  "[fields] table giving config fields a list or range of values each (see "
                                  "examples/sweeps/small.toml)\n")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_as_the_space_file_is_refused_not_read(tmp_path):
+    """Reading a FIFO blocks until something writes to it: `gemforge sweep FIFO` hung (the other
+    loaders refuse one). Run in a subprocess with a timeout, so that a regression fails rather
+    than hanging the suite."""
+    fifo = tmp_path / "space.toml"
+    os.mkfifo(fifo)
+    code = "import sys; from gemforge.driver.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "sweep", str(fifo), "-o", str(tmp_path / "out"), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"gemforge: error: cannot read space file {fifo}: is not a regular file (a pipe or device "
+                           "would block the read)\n")
     assert not (tmp_path / "out").exists()
 
 
