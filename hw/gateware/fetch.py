@@ -82,7 +82,14 @@ class FetchEngine(wiring.Component):
         to_dispatch = Signal(32)
         total = Signal(32)           # the program's instruction count
         arrived = Signal(32)         # instructions read so far (to know the last one)
-        requested = Signal(range(2 * CHUNK + 1))   # requested but not yet in the queue
+        # Entries in the queue plus those requested but not yet in it: requests never take it
+        # beyond 2·CHUNK, so a request is due only while it holds at most CHUNK. Kept as a
+        # counter of its own, with ``room`` (at most CHUNK) a register updated with it: from
+        # the queue's level (its output register's valid plus the inner FIFO's count, an
+        # adder) through the compare into the reader's command was tiny's ECP5 critical path
+        # (`fetch.queue.r_rdy → fetch.cmd payload`, 11.2 ns).
+        occupied = Signal(range(2 * CHUNK + 1))
+        room = Signal(init=1)
         insn_log = exact_log2(insn_bytes(c))
 
         # The next request's size, min(to_read, CHUNK), and whether one is due, are registers
@@ -96,7 +103,7 @@ class FetchEngine(wiring.Component):
         m.d.comb += [
             reader.cmd.p.base.eq(next_entry), reader.cmd.p.y_size.eq(1),
             reader.cmd.p.x_size.eq(chunk), reader.cmd.p.x_stride.eq(0),
-            reader.cmd.valid.eq(to_request & (queue.level + requested <= CHUNK)),
+            reader.cmd.valid.eq(to_request & room),
             reader.out.ready.eq(1),      # requests never exceed the queue's free room
         ]
         req_fire = reader.cmd.valid & reader.cmd.ready
@@ -135,7 +142,6 @@ class FetchEngine(wiring.Component):
         m.d.comb += [written.word.eq(queued.word), written.fault.eq(check.fault),
                      written.go.eq(Mux(check.fault == Fault.NONE, 1 << queued.to, 0)),
                      queue.w_data.eq(written), queue.w_en.eq(queued_valid)]
-        m.d.sync += requested.eq(requested + Mux(req_fire, chunk, 0) - queued_valid)
         with m.If(req_fire):
             m.d.sync += next_entry.eq(next_entry + chunk)
             set_to_read(to_read - chunk)
@@ -147,8 +153,12 @@ class FetchEngine(wiring.Component):
         for index, port in enumerate(ports):
             m.d.comb += [port.payload.eq(head.word), port.valid.eq(queue.r_rdy & head.go[index])]
         m.d.comb += queue.r_en.eq(Cat(port.valid & port.ready for port in ports).any())
-        with m.If(queue.r_en & queue.r_rdy):
+        dispatched = queue.r_en & queue.r_rdy
+        with m.If(dispatched):
             m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
+        next_occupied = Signal.like(occupied)
+        m.d.comb += next_occupied.eq(occupied + Mux(req_fire, chunk, 0) - dispatched)
+        m.d.sync += [occupied.eq(next_occupied), room.eq(next_occupied <= CHUNK)]
 
         with m.If(self.start):
             m.d.sync += [next_entry.eq(self.address >> insn_log), to_dispatch.eq(self.count), self.fetched.eq(0),
