@@ -15,8 +15,8 @@ queue empty) or with ERROR and a `Fault` code in the ERROR register: the
 accelerator detects the fault, stops issuing bus requests, waits for the ones
 in flight to complete, resets its engines and queues (not the registers, the
 counters or the buffers' contents) and is idle again. ERROR and ERROR_INFO keep
-the cause; the DEBUG registers, which show the engines and queues as they are,
-then read as after reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after
+the cause; the DEBUG registers, which show the engines and queues as they are
+(DEBUG_STATE, DEBUG_CMDQ and DEBUG_TOKENS as they were the cycle before), then read as after reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after
 EMPTY_PROGRAM or MISALIGNED_PROGRAM, which START refuses before fetching: it keeps the
 previous program's count). A fault the watchdog
 finds (DEADLOCK, NO_FINISH, and a TOKEN_IMBALANCE with work left behind) ends

@@ -325,10 +325,18 @@ class Accelerator(CheckedComponent):
             regs.status["BUSY"].eq(busy), regs.status["DONE"].eq(done), regs.status["ERROR"].eq(error),
             regs.status["ABORTING"].eq(aborting),
             regs.error["CODE"].eq(fault_code), regs.error_info.eq(fault_info),
-            regs.debug_state["FETCH"].eq(fetch.state), regs.debug_state["FINISH_RETIRED"].eq(finished),
-            *(regs.debug_state[e.value.upper()].eq(engines[e.value].state) for e in PIPELINE),
-            *(regs.debug_cmdq[e.value.upper()].eq(sat(queues[e.value].level, CMDQ_LEVEL_BITS)) for e in PIPELINE),
-            *(token_regs[token_field(q)][token_field(q)].eq(tokens[q.short].count) for q in TOKEN_QUEUES),
             regs.debug_fetched.eq(fetch.fetched),
         ]
+        # The debug view is registered, a cycle behind the engines: their states are decoded
+        # from queues and handshakes all over the design, and from there through the read
+        # multiplexer into RDATA was one of tiny's longest paths on the ECP5
+        # (`store.pending_pushes → s_axil.rdata`, 10.7 ns). No read can tell a cycle's lag.
+        debug_view = [
+            (regs.debug_state["FETCH"], fetch.state), (regs.debug_state["FINISH_RETIRED"], finished),
+            *((regs.debug_state[e.value.upper()], engines[e.value].state) for e in PIPELINE),
+            *((regs.debug_cmdq[e.value.upper()], sat(queues[e.value].level, CMDQ_LEVEL_BITS)) for e in PIPELINE),
+            *((token_regs[token_field(q)][token_field(q)], tokens[q.short].count) for q in TOKEN_QUEUES),
+        ]
+        for field, value in debug_view:
+            m.d.sync += field.eq(value)
         return m
