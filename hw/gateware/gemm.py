@@ -15,6 +15,13 @@ Each lane's dot product is a module of its own (`DotLane`, named by `lane_name`)
 so that a synthesis flow can choose per lane how its multipliers are built: an
 FPGA's DSP blocks, or LUT logic where the DSPs run out (`gemforge.hw.synth`
 rewrites the chosen lanes' multipliers with Yosys's ``booth`` pass).
+
+The product registers stay in the fabric. Yosys infers no DSP-block registers on the ECP5,
+so putting them in the MULT18X18D (its output register) means instantiating the block; that
+was measured (tiny, nextpnr seed 2): the operand → product path shrinks to the block's setup,
+but the block's output route to the fabric (2.5–2.9 ns) then lands in the adder tree's cycle
+and the ALU's forwarding, and Fmax fell from 89.6 to 78.0 MHz. Registers on both sides of the
+block would help, at a cycle more of GEMM latency.
 """
 
 from amaranth import *
