@@ -843,6 +843,7 @@ def render_report(out_dir: str | Path) -> Path:
     front, invalid and failed points, and the cycle model's error on the RTL sample."""
     out = Path(out_dir)
     try:
+        check_regular_input(out / "sweep.json")     # a FIFO or device would block the read
         summary = json.loads((out / "sweep.json").read_text())
     except FileNotFoundError:
         raise SweepError(f"{out} holds no sweep.json; run `gemforge sweep SPACE.toml -o {out}` first") from None

@@ -297,3 +297,28 @@ def test_unreadable_reports_and_unknown_scheduler_schemes_are_one_line(tmp_path)
             render_report(tmp_path)
     with pytest.raises(SweepError, match="must be tcp://HOST:PORT"):
         run_sweep(space_from_dict(QUICK), tmp_path / "out", scheduler="bogus://x", progress=False)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_as_sweep_json_is_refused_not_read(tmp_path):
+    """`sweep --report DIR` read DIR/sweep.json without the FIFO check: a FIFO there blocked it.
+    Read in a thread, so that a regression fails (the FIFO then released by a writer) rather
+    than hanging the suite."""
+    import threading
+    os.mkfifo(tmp_path / "sweep.json")
+    outcome = []
+
+    def report():
+        try:
+            render_report(tmp_path)
+        except SweepError as exc:
+            outcome.append(str(exc))
+
+    reader = threading.Thread(target=report, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    if reader.is_alive():
+        os.close(os.open(tmp_path / "sweep.json", os.O_WRONLY | os.O_NONBLOCK))    # let the read end
+        pytest.fail("render_report blocked reading a FIFO")
+    assert outcome == [f"{tmp_path / 'sweep.json'} is not a readable sweep summary ([Errno 22] is not a regular "
+                       f"file (a pipe or device would block the read): '{tmp_path / 'sweep.json'}')"]
