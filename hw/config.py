@@ -375,12 +375,14 @@ class AccelConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must be a table of fields, not {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        # A key of another type (1, None: a dict built in Python) is unknown too, shown as its repr.
-        unknown = sorted((key if isinstance(key, str) else repr(key), isinstance(key, str))
+        # A key of another type (1, None: a dict built in Python) is unknown too, shown as its
+        # repr; so is a name that is not an identifier (quotes show its spaces, escapes its
+        # control characters, which would break the message over lines).
+        unknown = sorted((_echo(key, quote=not (isinstance(key, str) and key.isidentifier())), isinstance(key, str))
                          for key in data if key not in known)
         if unknown:
             typed = "" if all(is_str for _, is_str in unknown) else " (a field is named by a string)"
-            names = [_echo(name, quote=False) for name, _ in unknown[:_ECHO_NAMES]]
+            names = [name for name, _ in unknown[:_ECHO_NAMES]]
             more = f" and {len(unknown) - _ECHO_NAMES} more" if len(unknown) > _ECHO_NAMES else ""
             raise ConfigError(
                 f"{source} has unknown field(s) {', '.join(names)}{more}{typed}; "
@@ -480,7 +482,11 @@ def _echo(value: Any, *, quote: bool = True) -> str:
     try:
         text = value if isinstance(value, str) and not quote else repr(value)
     except ValueError:      # an integer beyond Python's 4300 digits (given in Python, not in a file)
-        return f"an integer of {value.bit_length():,} bits"
+        if isinstance(value, int):
+            return f"an integer of {value.bit_length():,} bits"
+        return f"a {type(value).__name__}"
+    except Exception:       # a repr that fails otherwise (an object built in Python)
+        return f"a {type(value).__name__}"
     return text if len(text) <= _ECHO_LIMIT else text[:_ECHO_LIMIT] + "…"
 
 

@@ -359,3 +359,20 @@ def test_echoed_values_are_cut_to_forty_characters():
         AccelConfig.from_dict(many)
     with pytest.raises(ConfigError, match=r"^unknown config 'x{39}…: give a preset"):
         load_config("x" * 300)
+
+
+def test_keys_and_values_that_cannot_be_shown_plainly_are_still_one_line():
+    """A key beyond Python's 4300 digits raised repr's ValueError; a name with a newline broke the
+    message over lines; a value whose repr fails raised from the message's own formatting."""
+    with pytest.raises(ConfigError, match=r"^config has unknown field\(s\) an integer of 16,610 bits "):
+        AccelConfig.from_dict({10 ** 5000: 1})
+    with pytest.raises(ConfigError, match=r"^config has unknown field\(s\) '1', 'a\\nb', 1 \(a field") as caught:
+        AccelConfig.from_dict({"a\nb": 1, 1: 2, "1": 3})
+    assert "\n" not in str(caught.value)
+
+    class Unprintable:
+        def __repr__(self):
+            raise ValueError("no")
+
+    with pytest.raises(ConfigError, match=r"^batch must be an integer, not a Unprintable$"):
+        PRESETS["tiny"].replace(batch=Unprintable())
