@@ -847,7 +847,9 @@ def render_report(out_dir: str | Path) -> Path:
         summary = json.loads((out / "sweep.json").read_text())
     except FileNotFoundError:
         raise SweepError(f"{out} holds no sweep.json; run `gemforge sweep SPACE.toml -o {out}` first") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise SweepError(f"cannot read {out / 'sweep.json'}: {exc.strerror}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
         raise SweepError(f"{out / 'sweep.json'} is not a readable sweep summary ({exc})"[:300]) from None
     try:
         return _render_report(out, summary)

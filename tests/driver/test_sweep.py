@@ -320,5 +320,5 @@ def test_a_fifo_as_sweep_json_is_refused_not_read(tmp_path):
     if reader.is_alive():
         os.close(os.open(tmp_path / "sweep.json", os.O_WRONLY | os.O_NONBLOCK))    # let the read end
         pytest.fail("render_report blocked reading a FIFO")
-    assert outcome == [f"{tmp_path / 'sweep.json'} is not a readable sweep summary ([Errno 22] is not a regular "
-                       f"file (a pipe or device would block the read): '{tmp_path / 'sweep.json'}')"]
+    assert outcome == [f"cannot read {tmp_path / 'sweep.json'}: is not a regular file (a pipe or device would block "
+                       "the read)"]
