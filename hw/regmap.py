@@ -15,10 +15,11 @@ queue empty) or with ERROR and a `Fault` code in the ERROR register: the
 accelerator detects the fault, stops issuing bus requests, waits for the ones
 in flight to complete, resets its engines and queues (not the registers, the
 counters or the buffers' contents) and is idle again. ERROR and ERROR_INFO keep
-the cause; the DEBUG registers, which show the engines and queues as they are
-(DEBUG_STATE, DEBUG_CMDQ and DEBUG_TOKENS as they were the cycle before), then read as after reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after
-EMPTY_PROGRAM or MISALIGNED_PROGRAM, which START refuses before fetching: it keeps the
-previous program's count). A fault the watchdog
+the cause; the DEBUG registers, which show the engines and queues (DEBUG_STATE,
+DEBUG_CMDQ and DEBUG_TOKENS a cycle late, being registered), then read as after
+reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after EMPTY_PROGRAM or
+MISALIGNED_PROGRAM, which START refuses before fetching: it keeps the previous
+program's count). A fault the watchdog
 finds (DEADLOCK, NO_FINISH, and a TOKEN_IMBALANCE with work left behind) ends
 the program DEADLOCK_CYCLES cycles after the last progress, so a host's timeout
 must be longer than that. The host's ABORT takes the
@@ -270,13 +271,16 @@ def _build() -> list[Register]:
         Register("INSN_COUNT", 0x14, "rw", "number of instructions to fetch; read at START, so a write while busy "
                                            "applies to the next program"),
         Register("DEBUG_STATE", 0x18, "ro", "engine states ("
-                 + ", ".join(f"{v} {k}" for k, v in ENGINE_STATES.items()) + ")", fields=(
+                 + ", ".join(f"{v} {k}" for k, v in ENGINE_STATES.items()) + "), as they were the cycle before",
+                 fields=(
             *(Bitfield(e.upper(), ENGINE_STATE_BITS, f"{e} engine state") for e in ENGINES),
             Bitfield("FINISH_RETIRED", 1, "FINISH has retired"))),
-        Register("DEBUG_CMDQ", 0x1C, "ro", f"command-queue levels (saturating at {(1 << CMDQ_LEVEL_BITS) - 1})",
+        Register("DEBUG_CMDQ", 0x1C, "ro", f"command-queue levels (saturating at {(1 << CMDQ_LEVEL_BITS) - 1}), "
+                 "as they were the cycle before",
                  fields=tuple(Bitfield(e.value.upper(), CMDQ_LEVEL_BITS, f"the {e.value} engine's command queue")
                               for e in PIPELINE)),
-        *(Register(f"DEBUG_TOKENS_{'AB'[i // 2]}", 0x20 + 4 * (i // 2), "ro", "dependency-token counts", fields=tuple(
+        *(Register(f"DEBUG_TOKENS_{'AB'[i // 2]}", 0x20 + 4 * (i // 2), "ro", "dependency-token counts, as they were the "
+                 "cycle before", fields=tuple(
             Bitfield(token_field(q), TOKEN_COUNT_BITS, f"tokens in the {q.name} queue")
             for q in TOKEN_QUEUES[i:i + 2])) for i in range(0, len(TOKEN_QUEUES), 2)),
         Register("DEBUG_FETCHED", 0x28, "ro", "instructions fetched and passed to their engines so far (one "
