@@ -29,7 +29,8 @@ from gemforge.hw.isa import IsaError, derived
 
 from .device import DeviceError, available_backends, open_device
 from .operators import OPERATORS
-from gemforge.files import check_regular_input, check_writable, npz_bytes, write_bytes_atomic, write_files_atomic
+from gemforge.files import (check_regular_input, check_writable, file_above, npz_bytes, write_bytes_atomic,
+                            write_files_atomic)
 from gemforge.hw.program import Program, ProgramError
 
 __all__ = ["main", "build_parser"]
@@ -77,12 +78,10 @@ def _check_output_dir(path: str, option: str = "-o") -> None:
     if os.path.lexists(out) and not out.is_dir():
         raise UsageError(f"{option} {path} exists and is not a directory; give a directory to write into "
                          "(created if needed)")
-    for ancestor in out.parents:
-        if os.path.lexists(ancestor):
-            if not ancestor.is_dir():
-                raise UsageError(f"{option} {path} lies under {ancestor}, which exists and is not a directory; "
-                                 "give a directory to write into (created if needed)")
-            break
+    blocking = file_above(out)
+    if blocking is not None:
+        raise UsageError(f"{option} {path} lies under {blocking}, which exists and is not a directory; "
+                         "give a directory to write into (created if needed)")
 
 
 def _check_regular(path: str, named: str) -> None:

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 __all__ = ["write_bytes_atomic", "write_files_atomic", "write_text_atomic", "move_atomic", "npz_bytes",
-           "check_writable", "check_regular_input"]
+           "check_writable", "check_regular_input", "file_above"]
 
 
 def _target(path: str | Path) -> tuple[Path, bool]:
@@ -53,11 +53,18 @@ def check_writable(path: str | Path) -> None:
     """Refuse, before any work, an output path that cannot be written: a directory, a name
     ending in a slash, a dangling link, or one whose nearest existing ancestor is a file."""
     target, _ = _target(path)
-    for ancestor in target.parents:
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise NotADirectoryError(20, f"{ancestor} is a file, not a folder to write into", str(path))
-            break
+    blocking = file_above(target)
+    if blocking is not None:
+        raise NotADirectoryError(20, f"{blocking} is a file, not a folder to write into", str(path))
+
+
+def file_above(path: str | Path) -> Path | None:
+    """The nearest existing folder-to-be of ``path`` (an ancestor) when it is not a folder (a
+    file, a dangling link), which keeps ``path`` from being made; None when nothing does."""
+    for ancestor in Path(path).parents:
+        if os.path.lexists(ancestor):
+            return None if ancestor.is_dir() else ancestor
+    return None
 
 
 @contextmanager
