@@ -89,7 +89,7 @@ def pack_bias(config: AccelConfig, bias: np.ndarray, tiles: int | None = None) -
     bo = config.block_out
     ot = tiles or ceil_div(bias.shape[0], bo)
     _check_fits(bias, int_dtype(config.acc_width))
-    flat = _padded(bias.astype(np.int64), (ot * bo,), np.int64)
+    flat = _padded(bias, (ot * bo,), np.int64)
     lanes = np.broadcast_to(flat.reshape(ot, 1, bo), (ot, config.batch, bo))
     return np.ascontiguousarray(lanes.astype(int_dtype(config.acc_width)))
 
