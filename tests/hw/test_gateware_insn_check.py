@@ -69,3 +69,39 @@ def test_tile_range_at_the_buffer_end(preset):
     for (insn, expected), got in zip(cases, seen):
         assert got == expected, f"{insn}: {got.name}, expected {expected.name}"
     assert {expected for _, expected in cases} == {Fault.NONE, Fault.BUFFER_RANGE}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_store_bias_range_at_the_accumulator_end(preset):
+    """A requantizing STORE's bias entries, ``bias_base`` and (per row) ``y_size - 1`` more, raise
+    `Fault.BUFFER_RANGE` exactly when they pass the accumulator's depth, as `isa.validate` says."""
+    config = PRESETS[preset]
+    depth = config.depth(MemType.ACC.buffer)
+    rng = random.Random(f"bias-{preset}")
+    cases = []
+    for _ in range(80):
+        per_row = rng.random() < 0.5
+        y_size = rng.randint(1, 5)
+        count = y_size if per_row else 1
+        bias_base = max(0, min(rng.choice([depth - count, depth - count + 1, depth - count - 1, depth,
+                                           rng.randint(0, depth)]), _field_max(config, Opcode.STORE, "bias_base")))
+        insn = Store(mem=MemType.ACC, sram_base=0, dram_base=0, y_size=y_size, x_size=1, x_stride=1,
+                     requant=True, bias=True, bias_per_row=per_row, bias_base=bias_base)
+        cases.append((insn, Fault.BUFFER_RANGE if bias_base + count > depth else Fault.NONE))
+    dut = InsnChecker(config)
+    seen = []
+
+    async def tb(ctx):
+        for insn, _ in cases:
+            ctx.set(dut.word, encode(insn, config))
+            ctx.set(dut.last, 1)
+            ctx.set(dut.en, 1)
+            await ctx.tick()
+            ctx.set(dut.en, 0)
+            await ctx.tick().repeat(InsnChecker.LATENCY - 1)
+            seen.append(Fault(ctx.get(dut.fault)))
+
+    simulate(dut, tb)
+    for (insn, expected), got in zip(cases, seen):
+        assert got == expected, f"{insn}: {got.name}, expected {expected.name}"
+    assert {expected for _, expected in cases} == {Fault.NONE, Fault.BUFFER_RANGE}
