@@ -2,22 +2,15 @@
 entries (the DMA's shared parts and conventions are in `gemforge.hw.gateware.dma`)."""
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .axi import AxiReadSignature
-from .banked import group_layout
 from .dma import BurstGenerator, DmaCommand, DmaWalk, GroupDma, refuse_unless_positive
 from .skid import SkidBuffer
 
-__all__ = ["DmaReader", "read_group_layout"]
-
-
-def read_group_layout(width, lanes):
-    """A reader's group: `group_layout` (``entries``, ``count``) and ``row_end``, set on the
-    group that ends a row of the command."""
-    return data.StructLayout({**dict(group_layout(width, lanes).members), "row_end": 1})
+__all__ = ["DmaReader"]
 
 
 class DmaReader(GroupDma):
@@ -41,11 +34,10 @@ class DmaReader(GroupDma):
         ``x_size`` and ``y_size`` must be non-zero. Accepted when the burst
         generator is free, fewer than ``depth`` commands are in flight and, unless
         none is, no other bus client asks (``bus.contended``).
-    out : Out(stream of read_group_layout(entry_bytes·8, lanes))
+    out : Out(stream of group_layout(entry_bytes·8, lanes))
         The entries of the tiles, command after command, row by row, in the groups
         of `dma_groups`: the entries of one beat that belong to one row,
-        ``entries[0]`` first; ``row_end`` marks a row's last group (a tile loader ends
-        its data run on it, where comparing its own count with ``count`` was a long path).
+        ``entries[0]`` first.
     bus : Out(AxiReadSignature)
         ``req`` is held from the first command until the last entry of the last
         command in flight is delivered.
@@ -62,7 +54,7 @@ class DmaReader(GroupDma):
         self._depth = depth
         super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),
-            "out": Out(stream.Signature(read_group_layout(entry_bytes * 8, self.lanes))),
+            "out": Out(group),
             "bus": Out(AxiReadSignature(bus_bytes * 8)),
             "busy": Out(1),
         })
@@ -104,7 +96,6 @@ class DmaReader(GroupDma):
             bus.req.eq(in_flight),
             self.busy.eq(in_flight),
             out.p.count.eq(walk.count),
-            out.p.row_end.eq(walk.row_end),
         ]
         finishing = Signal()
 

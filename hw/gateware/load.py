@@ -63,7 +63,7 @@ class LoadEngine(wiring.Component):
         config = self._config
         loaders = {}
         for name in ("inp", "wgt"):
-            loader = loaders[name] = TileLoader(config, name, cmd_has_data=True)
+            loader = loaders[name] = TileLoader(config, name)
             m.submodules[f"{name}_loader"] = loader
             wiring.connect(m, wiring.flipped(getattr(self, f"{name}_bus")), loader.bus)
             wiring.connect(m, wiring.flipped(getattr(self, f"{name}_wr")), loader.wr)
@@ -74,15 +74,9 @@ class LoadEngine(wiring.Component):
         seq = EngineSequencer(m, config, self.cmd, word, token_ports(self, Engine.LOAD))
         is_wgt = insn.mem == MemType.WGT
 
-        # Whether the LOAD reads DRAM at all, for the loaders' handshakes (`TileLoader.cmd_has_data`):
-        # registered from the word, which is loaded in IDLE and then holds through POP (a
-        # cycle at least) and LAUNCH, so the register has caught up by the time LAUNCH offers it.
-        has_data = Signal()
-        m.d.sync += has_data.eq((insn.y_size != 0) & (insn.x_size != 0))
         for loader in loaders.values():
             for name in loader.cmd.p.shape().members:        # `tile_load.load_command_layout`
                 m.d.comb += loader.cmd.p[name].eq(insn[name])
-            m.d.comb += loader.cmd_has_data.eq(has_data)
 
         pushes = PendingPushes(m, token_ports(self, Engine.LOAD),
                                [loaders["inp"].done, loaders["wgt"].done])

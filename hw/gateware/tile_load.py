@@ -54,58 +54,6 @@ def load_command_layout(config):
     return data.StructLayout({f.name: f.width for f in fields[first:]})
 
 
-def _facts_layout():
-    """What the tile walk decides on, worked out from a command's fields as it is accepted
-    (`_facts_of`): which sizes are non-zero, which padding runs fit one group (``_fits``:
-    at most ``lanes`` positions) and which section sizes are 1."""
-    return data.StructLayout({
-        "x_pad0_nonzero": 1, "x_size_nonzero": 1, "x_pad1_nonzero": 1, "pitch_nonzero": 1,
-        "y_size_nonzero": 1, "y_pad1_nonzero": 1,
-        "x_pad0_fits": 1, "x_pad1_fits": 1, "pitch_fits": 1, "y_size_one": 1, "y_pad1_one": 1})
-
-
-def _facts_of(fields, pitch, lanes):
-    """The `_facts_layout` view of a command's ``fields`` and ``pitch`` (``lanes``: entries
-    per group write)."""
-    members = _facts_layout().members
-    values = {
-        "x_pad0_nonzero": fields.x_pad0 != 0, "x_size_nonzero": fields.x_size != 0,
-        "x_pad1_nonzero": fields.x_pad1 != 0, "pitch_nonzero": pitch != 0,
-        "y_size_nonzero": fields.y_size != 0, "y_pad1_nonzero": fields.y_pad1 != 0,
-        "x_pad0_fits": fields.x_pad0 <= lanes, "x_pad1_fits": fields.x_pad1 <= lanes, "pitch_fits": pitch <= lanes,
-        "y_size_one": fields.y_size == 1, "y_pad1_one": fields.y_pad1 == 1,
-    }
-    return data.View(_facts_layout(), Cat(*(values[name] for name in members)))
-
-
-def _first_run(fields, facts, row_pitch, data_row):
-    """(run, length, the length fits one group) of a row's first run: a padding row's whole
-    pitch, else the first non-empty run of a data row (the right padding when there is no
-    other). ``facts`` are the fields' `_facts_layout`."""
-    run = Mux(data_row, Mux(facts.x_pad0_nonzero, _Run.LEFT, Mux(facts.x_size_nonzero, _Run.DATA, _Run.RIGHT)),
-              _Run.FULL)
-    length = Mux(data_row, Mux(facts.x_pad0_nonzero, fields.x_pad0,
-                               Mux(facts.x_size_nonzero, fields.x_size, fields.x_pad1)), row_pitch)
-    fits = Mux(data_row, Mux(facts.x_pad0_nonzero, facts.x_pad0_fits,
-                             Mux(facts.x_size_nonzero, 0, facts.x_pad1_fits)), facts.pitch_fits)
-    return run, length, fits
-
-
-def _first_section(fields, facts, after):
-    """(section, rows, rows == 1) of the first non-empty section after ``after`` (None: from
-    the start, where ``y_pad0`` is compared here: a walk never returns to the top section);
-    `_Section.DONE` when none is left."""
-    order = [(_Section.TOP, fields.y_pad0, fields.y_pad0 != 0, fields.y_pad0 == 1),
-             (_Section.MID, fields.y_size, facts.y_size_nonzero, facts.y_size_one),
-             (_Section.BOT, fields.y_pad1, facts.y_pad1_nonzero, facts.y_pad1_one)]
-    if after is not None:
-        order = order[[s for s, *_ in order].index(after) + 1:]
-    section, rows, one = C(_Section.DONE.value, _Section), C(0, len(fields.y_size)), C(0, 1)
-    for name, size, nonzero, size_one in reversed(order):
-        section, rows, one = Mux(nonzero, name, section), Mux(nonzero, size, rows), Mux(nonzero, size_one, one)
-    return section, rows, one
-
-
 class TileLoader(CheckedComponent):
     """Executes LOADs into one buffer.
 
@@ -129,22 +77,16 @@ class TileLoader(CheckedComponent):
         ``busy``: a command is in flight. ``mem_stall``: a data position waits for DRAM.
     depth : int
         Commands in flight (accepted, not yet written).
-    cmd_has_data : In(1), only with ``cmd_has_data=True``
-        ``cmd.p``'s ``y_size != 0 and x_size != 0``, which the caller then gives from a
-        register, where it is otherwise worked out here: the zero tests then lie off the path
-        from the command to ``cmd.ready`` (the load engine's launch, and from it its
-        pending-push queue's write, was one of tiny's longest paths on the ECP5).
     """
 
     @classmethod
-    def check_arguments(cls, config, buffer, depth=4, cmd_has_data=False):
+    def check_arguments(cls, config, buffer, depth=4):
         refuse_unless_positive(depth, "Command depth")
         if buffer not in ("inp", "wgt", "acc", "uop"):
             raise ValueError(f"LOAD targets inp, wgt, acc or uop, not {buffer!r}")
 
-    def __init__(self, config, buffer, depth=4, cmd_has_data=False):
+    def __init__(self, config, buffer, depth=4):
         self._depth = depth
-        self._has_data_given = cmd_has_data
         self._config = config
         self._buffer = buffer
         self._entry_bytes = config.entry_bytes(buffer)
@@ -157,7 +99,6 @@ class TileLoader(CheckedComponent):
             "done": Out(1),
             "busy": Out(1),
             "mem_stall": Out(1),
-            **({"cmd_has_data": In(1)} if cmd_has_data else {}),
         })
 
     def elaborate(self, platform):
@@ -172,15 +113,10 @@ class TileLoader(CheckedComponent):
         # three sections of rows (y_pad0 padding rows, y_size data rows, y_pad1 padding rows); a
         # padding row is one run of `pitch` zeros, a data row up to three runs (x_pad0 zeros,
         # x_size entries from the reader, x_pad1 zeros); empty sections and runs are skipped.
-        # Sections and runs are counted down in registers, and every choice of what follows is
-        # made from flags worked out as the command entered the queue (`_Facts`: which fields
-        # are zero, which padding runs fit one group, which counts are 1), so no command field's
-        # compare lies between a register and the write: the tile walk's compares of its
-        # counters and fields were among the design's longest paths on the ECP5. A data run
-        # ends on the reader's ``row_end`` (a tile row's data run is one DMA row), a padding run
-        # on `pad_last`, kept for the run's current `left`.
+        # Sections and runs are counted down in registers, and what follows each is chosen
+        # from registered fields, so no command field's arithmetic lies between a register and
+        # the write (the tile walk was the design's longest path when it compared positions).
         cmd = Signal(layout)
-        facts = Signal(_facts_layout())
         active = Signal()
         empty = Signal()        # the tile has no positions
         pitch = Signal(len(cmd.x_size) + 1)     # a size plus two pads
@@ -191,42 +127,59 @@ class TileLoader(CheckedComponent):
         rows_left = Signal(len(cmd.y_size))     # rows of `section` left, this one included
         final_row = Signal()                    # rows_left == 1 (a flip-flop, off the compare)
         run = Signal(_Run)
-        left = Signal(len(pitch))               # positions of a padding `run` left
-        pad_last = Signal()                     # left <= lanes: this group ends the padding run
+        left = Signal(len(pitch))               # positions of `run` left
+
+        def first_run(fields, row_pitch, data_row):
+            """(run, length) of a row's first run: a padding row's whole pitch, else the first
+            non-empty run of a data row."""
+            return (Mux(data_row, Mux(fields.x_pad0 != 0, _Run.LEFT, Mux(fields.x_size != 0, _Run.DATA, _Run.RIGHT)),
+                        _Run.FULL),
+                    Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
+                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch))
+
+        def first_section(fields, after):
+            """(section, rows) of the first non-empty section after ``after`` (None: from the
+            start); `_Section.DONE` when none is left."""
+            order = [(_Section.TOP, fields.y_pad0), (_Section.MID, fields.y_size), (_Section.BOT, fields.y_pad1)]
+            if after is not None:
+                order = order[[s for s, _ in order].index(after) + 1:]
+            section_value, rows_value = C(_Section.DONE.value, _Section), C(0, len(cmd.y_size))
+            for name, rows in reversed(order):
+                section_value = Mux(rows != 0, name, section_value)
+                rows_value = Mux(rows != 0, rows, rows_value)
+            return section_value, rows_value
 
         # Accept: the data part (if any) to the reader, the whole command to the writer's queue
-        # together with its facts and where its walk starts. That start is computed here, as
-        # the command enters the queue, so the writer takes a command by loading registers
-        # from the queue: the pitch's adds and the section and run choices sat between the
-        # queue's read and the walk's registers, on the path from the previous tile's last write.
+        # together with where its walk starts. That start is computed here, as the command
+        # enters the queue, so the writer takes a command by loading registers from the queue:
+        # the pitch's adds and the section and run choices sat between the queue's read and the
+        # walk's registers, on the path from the previous tile's last write.
         start_layout = data.StructLayout({
-            "cmd": layout, "facts": _facts_layout(), "pitch": len(pitch), "section": _Section,
-            "rows": len(rows_left), "final_row": 1, "run": _Run, "left": len(left), "pad_last": 1, "empty": 1})
+            "cmd": layout, "pitch": len(pitch), "section": _Section, "rows": len(rows_left), "final_row": 1,
+            "run": _Run, "left": len(left), "empty": 1})
         m.submodules.queue = queue = fifo.SyncFIFO(width=start_layout.size, depth=self._depth)
         incoming = self.cmd.p
-        incoming_data = (self.cmd_has_data if self._has_data_given
-                         else (incoming.y_size != 0) & (incoming.x_size != 0))
+        incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
         entering = data.View(start_layout, queue.w_data)
         incoming_pitch = incoming.x_pad0 + incoming.x_size + incoming.x_pad1
-        incoming_facts = _facts_of(incoming, incoming_pitch, lanes)
-        start_section, start_rows, start_final = _first_section(incoming, incoming_facts, None)
-        start_run, start_left, start_pad_last = _first_run(incoming, incoming_facts, incoming_pitch,
-                                                           start_section == _Section.MID)
+        start_section, start_rows = first_section(incoming, None)
+        start_run, start_left = first_run(incoming, incoming_pitch, start_section == _Section.MID)
         m.d.comb += [
             *dma_command_from(reader.cmd.p, incoming),
             reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
             self.cmd.ready.eq(queue.w_rdy & (~incoming_data | reader.cmd.ready)),
-            entering.cmd.eq(incoming), entering.facts.eq(incoming_facts), entering.pitch.eq(incoming_pitch),
-            entering.section.eq(start_section), entering.rows.eq(start_rows), entering.final_row.eq(start_final),
-            entering.run.eq(start_run), entering.left.eq(start_left), entering.pad_last.eq(start_pad_last),
-            entering.empty.eq((start_section == _Section.DONE) | ~incoming_facts.pitch_nonzero),
+            entering.cmd.eq(incoming), entering.pitch.eq(incoming_pitch),
+            entering.section.eq(start_section), entering.rows.eq(start_rows),
+            entering.final_row.eq(start_rows == 1), entering.run.eq(start_run), entering.left.eq(start_left),
+            entering.empty.eq((start_section == _Section.DONE) | (incoming_pitch == 0)),
             queue.w_en.eq(self.cmd.valid & self.cmd.ready),
         ]
 
         is_data = run == _Run.DATA
+        pad_count = Mux(left < lanes, left, lanes)
         count = Signal(range(lanes + 1))
-        m.d.comb += count.eq(Mux(is_data, reader.out.p.count, Mux(pad_last, left, lanes)))
-        run_end = Mux(is_data, reader.out.p.row_end, pad_last)
+        m.d.comb += count.eq(Mux(is_data, reader.out.p.count, pad_count))
+        run_end = Mux(is_data, left == reader.out.p.count, left <= lanes)
 
         writing = active & ~empty
         with m.If(writing):
@@ -240,45 +193,41 @@ class TileLoader(CheckedComponent):
                 m.d.comb += self.wr.data.eq(reader.out.p.entries)
         with m.If(active & empty):
             m.d.comb += self.done.eq(1)
-
-        def begin_run(value, length, length_pad_last):
-            m.d.sync += [run.eq(value), left.eq(length), pad_last.eq(length_pad_last)]
-
         with m.If(self.wr.en):
-            m.d.sync += addr.eq(addr + count)
-            with m.If(~run_end):
-                # Only a padding run counts down here (a data run ends on the reader's row_end).
-                m.d.sync += [left.eq(left - lanes), pad_last.eq(left <= 2 * lanes)]
-            with m.Else():
+            m.d.sync += [addr.eq(addr + count), left.eq(left - count)]
+            with m.If(run_end):
                 # The next run of this row, if any; else the next row.
                 row_end = Signal()
                 with m.Switch(run):
                     with m.Case(_Run.LEFT):
-                        with m.If(facts.x_size_nonzero):
-                            begin_run(_Run.DATA, cmd.x_size, 0)
-                        with m.Elif(facts.x_pad1_nonzero):
-                            begin_run(_Run.RIGHT, cmd.x_pad1, facts.x_pad1_fits)
+                        with m.If(cmd.x_size != 0):
+                            m.d.sync += [run.eq(_Run.DATA), left.eq(cmd.x_size)]
+                        with m.Elif(cmd.x_pad1 != 0):
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Case(_Run.DATA):
-                        with m.If(facts.x_pad1_nonzero):
-                            begin_run(_Run.RIGHT, cmd.x_pad1, facts.x_pad1_fits)
+                        with m.If(cmd.x_pad1 != 0):
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Default():
                         m.d.comb += row_end.eq(1)
                 with m.If(row_end):
                     with m.If(~final_row):
-                        m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2)]
-                        begin_run(*_first_run(cmd, facts, pitch, section == _Section.MID))
+                        next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
+                        m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2),
+                                     run.eq(next_run), left.eq(next_left)]
                     with m.Else():
                         with m.Switch(section):
                             for current in (_Section.TOP, _Section.MID, _Section.BOT):
                                 with m.Case(current):
-                                    following, rows, final = _first_section(cmd, facts, current)
-                                    m.d.sync += [section.eq(following), rows_left.eq(rows), final_row.eq(final)]
-                                    begin_run(*_first_run(cmd, facts, pitch, following == _Section.MID))
-                                    with m.If(following == _Section.DONE):
+                                    following_section, following_rows = first_section(cmd, current)
+                                    next_run, next_left = first_run(cmd, pitch, following_section == _Section.MID)
+                                    m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
+                                                 final_row.eq(following_rows == 1),
+                                                 run.eq(next_run), left.eq(next_left)]
+                                    with m.If(following_section == _Section.DONE):
                                         m.d.comb += self.done.eq(1)
         with m.If(self.done):
             m.d.sync += active.eq(0)
@@ -286,11 +235,9 @@ class TileLoader(CheckedComponent):
             following = data.View(start_layout, queue.r_data)
             m.d.comb += queue.r_en.eq(1)
             m.d.sync += [
-                cmd.eq(following.cmd), facts.eq(following.facts), active.eq(1),
-                addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
+                cmd.eq(following.cmd), active.eq(1), addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
                 section.eq(following.section), rows_left.eq(following.rows), final_row.eq(following.final_row),
-                run.eq(following.run), left.eq(following.left), pad_last.eq(following.pad_last),
-                empty.eq(following.empty),
+                run.eq(following.run), left.eq(following.left), empty.eq(following.empty),
             ]
 
         m.d.comb += self.busy.eq(active | queue.r_rdy | reader.busy)
