@@ -21,7 +21,10 @@ so putting them in the MULT18X18D (its output register) means instantiating the 
 was measured (tiny, nextpnr seed 2): the operand → product path shrinks to the block's setup,
 but the block's output route to the fabric (2.5–2.9 ns) then lands in the adder tree's cycle
 and the ALU's forwarding, and Fmax fell from 89.6 to 78.0 MHz. Registers on both sides of the
-block would help, at a cycle more of GEMM latency.
+block would help, at a cycle more of GEMM latency. The operand registers alone in the block
+(``REG_INPUTA/B_CLK``, in place of ``inp_r``/``wgt_r``; the product register in the fabric) were
+measured too (tiny, seed 2): the buffers' block-RAM read then runs through the bank select into
+the block's input setup, and ``inp_mem → gemm_lane.dsp`` (12.2 ns) became the slowest path.
 """
 
 from amaranth import *
