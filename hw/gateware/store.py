@@ -108,9 +108,18 @@ class StoreEngine(wiring.Component):
         word = Signal(insn_bits(c))
         layout = insn_layout(c, Opcode.STORE)
         insn = data.View(layout, word[:layout.size])
+        # The STORE's path, decoded from the word and registered (also one-hot, `takes`): the word
+        # is loaded in IDLE and holds through POP (a cycle at least) and LAUNCH, so the registers
+        # have caught up by LAUNCH, and the launch's handshake with the writers, the pending
+        # pushes and the owner check start at flip-flops, not at the word's decode (on the ECP5,
+        # store.word -> pending_pushes was 12.5 ns on tiny).
         insn_path = Signal(range(len(paths)))
-        m.d.comb += insn_path.eq(Mux(insn.requant, path_index["req"],
+        m.d.sync += insn_path.eq(Mux(insn.requant, path_index["req"],
                                      Mux(insn.mem == MemType.ACC, path_index["acc"], path_index["out"])))
+        takes = {name: Signal(name=f"takes_{name}") for name in paths}
+        m.d.sync += [takes[name].eq(Mux(insn.requant, name == "req",
+                                        Mux(insn.mem == MemType.ACC, name == "acc", name == "out")))
+                     for name in paths]
         insn_cmd = Signal(DmaCommand)
         m.d.comb += dma_command_from(insn_cmd, insn)
         for writer in writers.values():
@@ -262,11 +271,11 @@ class StoreEngine(wiring.Component):
                 # (Fetch dispatches no STORE with a zero size: `InsnChecker`.)
                 # The reads of the previous STORE are issued; a change of writer also
                 # waits for the previous owner's last write response.
-                same_owner = Cat(selected[name] & (insn_path == i) for name, i in path_index.items()).any()
+                same_owner = Cat(selected[name] & takes[name] for name in paths).any()
                 switch_ok = same_owner | ~owner_busy
                 launch_ok = ~reading & pushes.ready & switch_ok
                 for name, writer in writers.items():
-                    with m.If(insn_path == path_index[name]):
+                    with m.If(takes[name]):
                         m.d.comb += writer.cmd.valid.eq(launch_ok)
                         with m.If(writer.cmd.ready & launch_ok):
                             m.d.sync += [reading.eq(1), addr.eq(insn.sram_base), dma_cmd.eq(insn_cmd),
