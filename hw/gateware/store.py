@@ -113,13 +113,11 @@ class StoreEngine(wiring.Component):
         # have caught up by LAUNCH, and the launch's handshake with the writers, the pending
         # pushes and the owner check start at flip-flops, not at the word's decode (on the ECP5,
         # store.word -> pending_pushes was 12.5 ns on tiny).
+        word_path = Mux(insn.requant, path_index["req"],
+                        Mux(insn.mem == MemType.ACC, path_index["acc"], path_index["out"]))
         insn_path = Signal(range(len(paths)))
-        m.d.sync += insn_path.eq(Mux(insn.requant, path_index["req"],
-                                     Mux(insn.mem == MemType.ACC, path_index["acc"], path_index["out"])))
         takes = {name: Signal(name=f"takes_{name}") for name in paths}
-        m.d.sync += [takes[name].eq(Mux(insn.requant, name == "req",
-                                        Mux(insn.mem == MemType.ACC, name == "acc", name == "out")))
-                     for name in paths]
+        m.d.sync += [insn_path.eq(word_path), *(takes[name].eq(word_path == i) for name, i in path_index.items())]
         insn_cmd = Signal(DmaCommand)
         m.d.comb += dma_command_from(insn_cmd, insn)
         for writer in writers.values():
