@@ -222,6 +222,11 @@ def infer_shapes(graph: Graph) -> Graph:
         if value.shape and (max(value.shape) > MAX_DIM or math.prod(value.shape) > MAX_ELEMENTS):
             raise _fail(node, f"its output would have shape {list(value.shape)}, beyond what gemforge compiles "
                               f"(dimensions up to {MAX_DIM:,} and {MAX_ELEMENTS:,} elements in all)")
+        if 0 in value.shape:
+            # A zero-size constant operand (a weight of shape [0, K]) gives an empty result,
+            # which no kernel computes: refused here rather than when the model runs.
+            raise _fail(node, f"its output would have shape {list(value.shape)}, with no elements; gemforge "
+                              "compiles tensors of one element or more")
         if node.op in ("quantize", "requantize"):
             value.dtype = "int8"
         elif node.op == "dequantize":

@@ -262,3 +262,17 @@ def test_float_network_compiles_for_the_gpu():
     kinds = {n.op: type(host_kernel(model.graph, n, GpuTarget("sm_90")).op).__name__ for n in model.graph.nodes}
     assert kinds["conv2d"] == kinds["dense"] == kinds["max_pool"] == "CompiledOp"
     assert kinds["concat"] == kinds["reshape"] == "NoneType"      # data movement, on the host
+
+
+@pytest.mark.parametrize("nodes, initializers, columns", [
+    ([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], {"w": np.zeros((3, 0), np.float32)}, 3),
+    ([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1, name="mm")], {"w": np.zeros((0, 3), np.float32)}, 3),
+    ([helper.make_node("Mul", ["x", "w"], ["y"], name="mm")], {"w": np.zeros((0,), np.float32)}, 1),
+])
+def test_an_empty_result_is_refused_when_compiling(nodes, initializers, columns):
+    """A zero-size weight gives an empty tensor (ONNX Runtime returns one), which no kernel
+    computes: refused by name at compile time, not when the compiled model runs."""
+    m = model(nodes, [("x", [2, columns])], [("y", [2, 0])], initializers)
+    _error(m, r"node mm \((dense|mul)\): its output would have shape \[2, 0\], with no elements")
+    q = dict(quantize="int8", calibrate=np.ones((2, 2, columns), np.float32))
+    _error(m, "with no elements", **q)
