@@ -276,3 +276,12 @@ def test_an_empty_result_is_refused_when_compiling(nodes, initializers, columns)
     _error(m, r"node mm \((dense|mul)\): its output would have shape \[2, 0\], with no elements")
     q = dict(quantize="int8", calibrate=np.ones((2, 2, columns), np.float32))
     _error(m, "with no elements", **q)
+
+
+def test_a_variable_right_operand_of_higher_rank_is_refused_as_such():
+    """MatMul of a constant [2, 3, 4] by the input [4, 5]: the refusal names the variable
+    right-hand operand (it said 'two variable tensors', though the left one is a constant)."""
+    m = model([helper.make_node("MatMul", ["a", "x"], ["y"], name="mm")], [("x", [4, 5])], [("y", [2, 3, 5])],
+              {"a": np.ones((2, 3, 4), np.float32)})
+    _error(m, r"node mm \(dense\): a product whose right-hand operand is not a constant must be 2-D, "
+              r"not \[2, 3, 4\] @ \[4, 5\]")
