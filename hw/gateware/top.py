@@ -205,16 +205,24 @@ class Accelerator(CheckedComponent):
         read_error = axi.rvalid & axi.rready & (axi.rresp != RESP_OKAY)
         write_error = axi.bvalid & axi.bready & (axi.bresp != RESP_OKAY)
         watchdog = Signal(range(DEADLOCK_CYCLES + 1))
-        progress = Const(0)
-        for name, q in queues.items():
-            progress = progress | (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy)
-        for tq in tokens.values():
-            progress = progress | tq.pusher.push | tq.popper.pop
-        for signal in (load.retire, compute.retire, store.retire, compute.gemm_active, compute.alu_active,
-                       load.inp_wr.en, load.wgt_wr.en, compute.acc_wr.en, bus_pending):
-            progress = progress | signal
-        progressed = Signal()        # registered: keeps the engines' handshakes off the counter's path
-        m.d.sync += progressed.eq(progress)
+        # Progress is registered where it happens, one flip-flop per source (a queue, a token
+        # queue, an engine, the bus), and the flip-flops are ORed: the engines' handshakes stay
+        # off the counter's path, and no OR tree gathers them from across the device before a
+        # register (one register of the whole OR ran from the store's write responses to the
+        # watchdog: `store.req_writer.responses.level → progressed`, 11.4 ns on tiny's ECP5).
+        progress_sources = {
+            **{f"queue_{name}": (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy) for name, q in queues.items()},
+            **{f"tokens_{name}": tq.pusher.push | tq.popper.pop for name, tq in tokens.items()},
+            "load": load.retire | load.inp_wr.en | load.wgt_wr.en,
+            "compute": compute.retire | compute.gemm_active | compute.alu_active | compute.acc_wr.en,
+            "store": store.retire,
+            "bus": bus_pending,
+        }
+        progressed = Const(0)
+        for name, source in progress_sources.items():
+            seen = Signal(name=f"progress_{name}")
+            m.d.sync += seen.eq(source)
+            progressed = progressed | seen
         with m.If(~busy | aborting | progressed):
             m.d.sync += watchdog.eq(0)
         with m.Elif(watchdog != DEADLOCK_CYCLES):
