@@ -3,13 +3,15 @@
 ``dot[b][o] = Σ_k inp[b][k] · wgt[o][k]`` over ``block_in`` signed products,
 i.e. ``batch · block_in · block_out`` multiplies per cycle, in three steps of a
 cycle each: the operands are registered as they arrive, the products are
-registered, and an adder tree sums them in the next cycle. So neither the
+registered, and an adder tree sums them into a register. So neither the
 multipliers nor the tree share a cycle with a buffer's block-RAM read (on the
 ECP5 the path from a DP16KD's read data through a MULT18X18D into the product
 register was tiny's critical path at 58 MHz, most of it the block RAM's
-clock-to-out and routing). The sums are returned modulo 2^acc_width (the
-accumulator adds them with wrap-around, so dropping the high bits here changes
-nothing).
+clock-to-out and routing), nor the tree with the route to the compute
+pipeline's operand select (the paths from the products through the tree into
+that select's register were among tiny's slowest at 88 MHz, 11.0–11.4 ns).
+The sums are returned modulo 2^acc_width (the accumulator adds them with
+wrap-around, so dropping the high bits here changes nothing).
 
 Each lane's dot product is a module of its own (`DotLane`, named by `lane_name`),
 so that a synthesis flow can choose per lane how its multipliers are built: an
@@ -45,14 +47,15 @@ def lane_name(b: int, o: int) -> str:
 
 
 class DotLane(wiring.Component):
-    """``Σ_k x[k]·w[k]`` over ``block_in`` signed products, registered once after the multipliers.
+    """``Σ_k x[k]·w[k]`` over ``block_in`` signed products, registered after the multipliers
+    and again after the adder tree.
 
     Attributes
     ----------
     x : In(block_in·inp_width)
     w : In(block_in·wgt_width)
     dot : Out(acc_width)
-        The sum for the ``x``/``w`` of one cycle before, modulo 2^acc_width.
+        The sum for the ``x``/``w`` of two cycles before, modulo 2^acc_width.
     """
 
     def __init__(self, config):
@@ -71,11 +74,14 @@ class DotLane(wiring.Component):
             product = Signal(signed(c.inp_width + c.wgt_width), name=f"product_{k}")
             m.d.sync += product.eq(x[k] * w[k])
             terms.append(product)
-        # Balanced adder tree.
+        # Balanced adder tree, its sum registered at its own width (a few bits over a product's,
+        # not acc_width: fewer flip-flops) and sign-extended or wrapped to acc_width after.
         while len(terms) > 1:
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                      for i in range(0, len(terms), 2)]
-        m.d.comb += self.dot.eq(terms[0])   # sign-extends or wraps to acc_width
+        total = Signal.like(terms[0], name="total")
+        m.d.sync += total.eq(terms[0])
+        m.d.comb += self.dot.eq(total)
         return m
 
 
@@ -88,11 +94,11 @@ class GemmCore(wiring.Component):
     wgt : In(block_out·block_in·wgt_width)
     dot : Out(batch·block_out·acc_width)
         Row-major ``[b][o]`` lanes, like an accumulator entry: the dot products of
-        the ``inp`` and ``wgt`` of `LATENCY` cycles before (operand and product registers).
+        the ``inp`` and ``wgt`` of `LATENCY` cycles before (operand, product and sum registers).
     """
 
     #: Cycles from ``inp``/``wgt`` to ``dot``.
-    LATENCY = 2
+    LATENCY = 3
 
     def __init__(self, config):
         self._config = config
