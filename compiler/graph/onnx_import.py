@@ -143,6 +143,8 @@ class _Importer:
         self.symbolic_batch = False
         self.batched_inputs: list[str] = []      # inputs whose first dimension is the symbolic batch
         self.frozen_inputs: list[str] = []       # graph inputs that are initializers too, compiled as constants
+        # inputs whose symbolic first dimension ``input_shapes`` fixes at other than the batch
+        self.fixed_first: dict[str, tuple[int, ...]] = {}
         self.node_names: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -371,9 +373,12 @@ class _Importer:
                 if dim.HasField("dim_value") and dim.dim_value != d:
                     raise GraphError(f"the shape given for model input {name!r}, {list(shape)}, has {d} in "
                                      f"dimension {axis}, which the model fixes at {dim.dim_value}")
-            if declared and not declared[0].HasField("dim_value") and shape[0] == self.batch:
-                self.symbolic_batch = True
-                self.batched_inputs.append(name)
+            if declared and not declared[0].HasField("dim_value"):
+                if shape[0] == self.batch:
+                    self.symbolic_batch = True
+                    self.batched_inputs.append(name)
+                else:
+                    self.fixed_first[name] = shape
         return shape
 
     # ------------------------------------------------------------------ operators
@@ -736,7 +741,14 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
                          f"{onnx.__version__} knows is {newest}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
-    graph = _Importer(model, batch, dict(input_shapes or {})).run()
+    importer = _Importer(model, batch, dict(input_shapes or {}))
+    graph = importer.run()
+    if batch != 1 and not graph.notes["symbolic_batch"] and importer.fixed_first:
+        # The model's first dimension is symbolic, but the shape given fixes it at another size.
+        name, shape = next(iter(importer.fixed_first.items()))
+        raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the shape given for "
+                         f"model input {name!r}, {list(shape)}, fixes its first dimension at {shape[0]}; a "
+                         f"first dimension of {batch} there stays the batch")
     if batch != 1 and not graph.notes["symbolic_batch"]:
         raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the model's inputs have "
                          f"fixed shapes ({', '.join(f'{i}: {list(graph.values[i].shape)}' for i in graph.inputs)})")

@@ -148,6 +148,21 @@ def test_compile_takes_input_shapes_from_the_command_line(tmp_path, capsys):
         assert message in err and "\n" not in err, err
 
 
+def test_a_given_first_dimension_other_than_the_batch_is_named(tmp_path, capsys):
+    """--input-shape x=2,… with --batch 3 on a symbolic first dimension: the refusal names the
+    given shape (it said the model's inputs have fixed shapes, though its first one is symbolic)."""
+    with pytest.raises(GraphError, match=r"batch 3 applies to a symbolic first input dimension, but the shape given "
+                                         r"for model input 'x', \[2, 2, 3, 5\], fixes its first dimension at 2; a "
+                                         r"first dimension of 3 there stays the batch"):
+        compile_model(_symbolic_relu(), batch=3, input_shapes={"x": (2, 2, 3, 5)})
+    onnx.save(_symbolic_relu(), tmp_path / "m.onnx")
+    base = ["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.gfm"), "--batch", "3", "--input-shape"]
+    assert main(base + ["x=2,2,3,5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fixes its first dimension at 2" in err and "fixed shapes" not in err and "\n" not in err, err
+    assert main(base + ["x=3,2,3,5"]) == 0                         # equal to --batch: stays the batch
+
+
 # ------------------------------------------------------------------------ names
 
 @pytest.mark.parametrize("where", ["initializer", "node output", "input"])
