@@ -432,6 +432,10 @@ class _Importer:
 
     def op_Gemm(self, node, attrs):
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        # ONNX defines the flags as 0 or 1; another value is refused rather than read as either.
+        for flag in ("transA", "transB"):
+            if flag in attrs and attrs[flag] not in (0, 1):
+                raise self.fail(node, f"{flag} must be 0 or 1, not {attrs[flag]}")
         trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
         a, b = node.input[0], node.input[1]
         # A, B and C share one type: ONNX Runtime refuses an int64 (or bool) B or C beside float32

@@ -285,3 +285,17 @@ def test_a_variable_right_operand_of_higher_rank_is_refused_as_such():
               {"a": np.ones((2, 3, 4), np.float32)})
     _error(m, r"node mm \(dense\): a product whose right-hand operand is not a constant must be 2-D, "
               r"not \[2, 3, 4\] @ \[4, 5\]")
+
+
+@pytest.mark.parametrize("flag, value, inputs, x_shape, a", [
+    ("transA", 2, ["x", "w"], [3, 2], np.ones((3, 4), np.float32)),      # a variable A: said 'transA=1'
+    ("transA", 2, ["w", "x"], [3, 4], np.ones((3, 2), np.float32)),      # a constant A
+    ("transB", 2, ["x", "w"], [2, 3], np.ones((4, 3), np.float32)),
+    ("transB", -1, ["x", "w"], [2, 3], np.ones((4, 3), np.float32)),
+])
+def test_a_gemm_transpose_flag_other_than_0_or_1_is_refused(flag, value, inputs, x_shape, a):
+    """ONNX's transA and transB are 0 or 1: another value is refused naming it (a variable A with
+    transA=2 was refused as 'transA=1'; other cases compiled it as 1)."""
+    m = model([helper.make_node("Gemm", inputs, ["y"], name="g", **{flag: value})], [("x", x_shape)], [("y", None)],
+              {"w": a})
+    _error(m, rf"node g \(Gemm\): {flag} must be 0 or 1, not {value}$")
