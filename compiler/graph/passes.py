@@ -108,8 +108,8 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
         if len(w) != 2 or (not a.get("matmul") and len(x) != 2) or len(x) < 1 or x[-1] != w[0]:
             raise _fail(node, f"cannot multiply {list(x)} by {list(w)}; supported: (…, K) @ (K, N)")
         if len(x) != 2 and not graph.is_constant(node.inputs[1]):
-            raise _fail(node, f"a product whose right-hand operand is not a constant must be 2-D, not {list(x)} "
-                              f"@ {list(w)}")
+            raise _fail(node, f"a product by a right-hand operand that is not a constant needs a 2-D left-hand "
+                              f"operand (M, K), not {list(x)} @ {list(w)}")
         if len(shapes) > 2 and shapes[2] != (w[1],):
             raise _fail(node, f"the bias must have shape [{w[1]}], not {list(shapes[2])}")
         return tuple(x[:-1]) + (w[1],)

@@ -3,6 +3,8 @@ and as whole models (within 1e-4 relative), and the front end's refusals."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -278,13 +280,16 @@ def test_an_empty_result_is_refused_when_compiling(nodes, initializers, columns)
     _error(m, "with no elements", **q)
 
 
-def test_a_variable_right_operand_of_higher_rank_is_refused_as_such():
-    """MatMul of a constant [2, 3, 4] by the input [4, 5]: the refusal names the variable
-    right-hand operand (it said 'two variable tensors', though the left one is a constant)."""
-    m = model([helper.make_node("MatMul", ["a", "x"], ["y"], name="mm")], [("x", [4, 5])], [("y", [2, 3, 5])],
-              {"a": np.ones((2, 3, 4), np.float32)})
-    _error(m, r"node mm \(dense\): a product whose right-hand operand is not a constant must be 2-D, "
-              r"not \[2, 3, 4\] @ \[4, 5\]")
+@pytest.mark.parametrize("a_shape", [(2, 3, 4), (4,)])
+def test_a_variable_right_operand_of_higher_rank_is_refused_as_such(a_shape):
+    """MatMul of a constant [2, 3, 4] or [4] by the input [4, 5]: the refusal names what is
+    unsupported, a left-hand operand other than 2-D beside a variable right-hand one (it said
+    'two variable tensors', though the left one is a constant, then that the product must be 2-D)."""
+    m = model([helper.make_node("MatMul", ["a", "x"], ["y"], name="mm")], [("x", [4, 5])], [("y", None)],
+              {"a": np.ones(a_shape, np.float32)})
+    shape = re.escape(str(list(a_shape)))
+    _error(m, rf"node mm \(dense\): a product by a right-hand operand that is not a constant needs a 2-D "
+              rf"left-hand operand \(M, K\), not {shape} @ \[4, 5\]$")
 
 
 @pytest.mark.parametrize("flag, value, inputs, x_shape, a", [
