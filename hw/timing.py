@@ -26,9 +26,9 @@ __all__ = ["Timing", "timing_of", "compute_cycles", "LOAD_FIXED", "COMPUTE_FIXED
 #: (issue, arbitration, DRAM latency, the last entry written, the push), from runs of 1 and 101
 #: back-to-back LOADs (`rtl_perf.dma_insn_fixed_cycles`, `default`).
 LOAD_FIXED = 12
-#: Cycles a GEMM or ALU instruction costs beyond its micro-ops: dispatch and the eight-stage
-#: compute pipeline's drain (`rtl_perf` ``gemm_insn_fixed_cycles``, 12.53 on `tiny`).
-COMPUTE_FIXED = 12
+#: Cycles a GEMM or ALU instruction costs beyond its micro-ops: dispatch and the seven-stage
+#: compute pipeline's drain (`rtl_perf` ``gemm_insn_fixed_cycles``, 11.54 on `tiny`).
+COMPUTE_FIXED = 11
 #: Instructions fetch reads per burst (its local queue holds two such chunks).
 FETCH_CHUNK = 16
 

@@ -1,6 +1,6 @@
 """The compute engine: GEMM/ALU instructions, accumulator and micro-op loads.
 
-GEMM and ALU instructions run through the eight-stage `pipeline.ComputePipeline`
+GEMM and ALU instructions run through the seven-stage `pipeline.ComputePipeline`
 (one micro-op per cycle); the engine pops the instruction's tokens, starts the
 pipeline, waits for it to drain and pushes. The pipeline's write-back and the
 accumulator LOADs share the accumulator's group write port (never in the same

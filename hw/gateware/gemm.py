@@ -3,15 +3,13 @@
 ``dot[b][o] = Σ_k inp[b][k] · wgt[o][k]`` over ``block_in`` signed products,
 i.e. ``batch · block_in · block_out`` multiplies per cycle, in three steps of a
 cycle each: the operands are registered as they arrive, the products are
-registered, and an adder tree sums them into a register. So neither the
+registered, and an adder tree sums them in the next cycle. So neither the
 multipliers nor the tree share a cycle with a buffer's block-RAM read (on the
 ECP5 the path from a DP16KD's read data through a MULT18X18D into the product
 register was tiny's critical path at 58 MHz, most of it the block RAM's
-clock-to-out and routing), nor the tree with the route to the compute
-pipeline's operand select (the paths from the products through the tree into
-that select's register were among tiny's slowest at 88 MHz, 11.0–11.4 ns).
-The sums are returned modulo 2^acc_width (the accumulator adds them with
-wrap-around, so dropping the high bits here changes nothing).
+clock-to-out and routing). The sums are returned modulo 2^acc_width (the
+accumulator adds them with wrap-around, so dropping the high bits here changes
+nothing).
 
 Each lane's dot product is a module of its own (`DotLane`, named by `lane_name`),
 so that a synthesis flow can choose per lane how its multipliers are built: an
@@ -27,6 +25,14 @@ block would help, at a cycle more of GEMM latency. The operand registers alone i
 (``REG_INPUTA/B_CLK``, in place of ``inp_r``/``wgt_r``; the product register in the fabric) were
 measured too (tiny, seed 2): the buffers' block-RAM read then runs through the bank select into
 the block's input setup, and ``inp_mem → gemm_lane.dsp`` (12.2 ns) became the slowest path.
+
+A register after the adder tree (a third cycle; the compute pipeline an eight-stage one that
+reads the accumulator a stage later, commit f0b0cf1, reverted) was measured on tiny, seeds 1–4:
+the tree's paths into the ALU's operand left the slowest lists, but the pipeline's one-cycle
+forwarding loop (``alu.b → alu.b``, 11.2–11.7 ns, through SHR's shift-amount decode and barrel
+shifter) stayed as the floor, the slowest paths moved to placement-dependent control logic, and
+Fmax was 86.6 / 69.5 / 75.4 / 84.8 MHz against 90.0 / 84.8 / 88.0 without it, at a cycle more
+per GEMM and ALU instruction. It pays only once that loop is shorter than the tree's path.
 """
 
 from amaranth import *
@@ -47,15 +53,14 @@ def lane_name(b: int, o: int) -> str:
 
 
 class DotLane(wiring.Component):
-    """``Σ_k x[k]·w[k]`` over ``block_in`` signed products, registered after the multipliers
-    and again after the adder tree.
+    """``Σ_k x[k]·w[k]`` over ``block_in`` signed products, registered once after the multipliers.
 
     Attributes
     ----------
     x : In(block_in·inp_width)
     w : In(block_in·wgt_width)
     dot : Out(acc_width)
-        The sum for the ``x``/``w`` of two cycles before, modulo 2^acc_width.
+        The sum for the ``x``/``w`` of one cycle before, modulo 2^acc_width.
     """
 
     def __init__(self, config):
@@ -74,14 +79,11 @@ class DotLane(wiring.Component):
             product = Signal(signed(c.inp_width + c.wgt_width), name=f"product_{k}")
             m.d.sync += product.eq(x[k] * w[k])
             terms.append(product)
-        # Balanced adder tree, its sum registered at its own width (a few bits over a product's,
-        # not acc_width: fewer flip-flops) and sign-extended or wrapped to acc_width after.
+        # Balanced adder tree.
         while len(terms) > 1:
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                      for i in range(0, len(terms), 2)]
-        total = Signal.like(terms[0], name="total")
-        m.d.sync += total.eq(terms[0])
-        m.d.comb += self.dot.eq(total)
+        m.d.comb += self.dot.eq(terms[0])   # sign-extends or wraps to acc_width
         return m
 
 
@@ -94,11 +96,11 @@ class GemmCore(wiring.Component):
     wgt : In(block_out·block_in·wgt_width)
     dot : Out(batch·block_out·acc_width)
         Row-major ``[b][o]`` lanes, like an accumulator entry: the dot products of
-        the ``inp`` and ``wgt`` of `LATENCY` cycles before (operand, product and sum registers).
+        the ``inp`` and ``wgt`` of `LATENCY` cycles before (operand and product registers).
     """
 
     #: Cycles from ``inp``/``wgt`` to ``dot``.
-    LATENCY = 3
+    LATENCY = 2
 
     def __init__(self, config):
         self._config = config

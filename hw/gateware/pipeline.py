@@ -1,54 +1,51 @@
 """The GEMM/ALU pipeline: one micro-op per cycle, from the micro-op loop to the write-back.
 
-GEMM and ALU share eight stages:
+GEMM and ALU share seven stages:
 
 ====  ==============================================================
 S0    the micro-op loop (`uop_loop.UopLoop`: i, j, u, offsets); micro-op ``u`` arrives
       (read the cycle before, at the loop's next index) and is registered
 S1    indices = micro-op fields + loop offsets; read inp, wgt
-S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths
-S3    products (GEMM, registered in `GemmCore`); read acc[dst], acc[src]
-S4    adder tree (GEMM, its sums registered in `GemmCore`); the accumulator's data
-      registered, forward from the write-back
-S5    operand select (ALU) or the dot products (GEMM); forward from the write-back
-S6    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
-      when overwriting); the result goes round to S6's registers for the micro-op behind
-S7    the result, registered (R7), is written back; an ALU MUL's product has its final add here
+S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the depths;
+      read acc[dst], acc[src]
+S3    products (GEMM, registered in `GemmCore`); the accumulator's data registered, forward
+      from the write-back
+S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
+S5    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
+      when overwriting); the result goes round to S5's registers for the micro-op behind
+S6    the result, registered (R6), is written back; an ALU MUL's product has its final add here
 ====  ==============================================================
 
 The block-RAM reads, the multipliers and the adder tree each have a cycle of
 their own (`GemmCore`), and so does the accumulator's read: its data is
-registered in S4 and meets the dot products in S5. The accumulator is read a
-stage after the GEMM's operands so that both arrive in S5; an ALU instruction
-passes the GEMM's stages unused, a cycle of latency per instruction, not per
-micro-op.
+registered in S3 and meets the dot products in S4.
 
 Read-after-write: the accumulator read ports are transparent to the write
-port, so a micro-op sees every write made up to the cycle it reads (S3). The
+port, so a micro-op sees every write made up to the cycle it reads (S2). The
 writes it can miss are those of the three micro-ops ahead of it:
 
-- the one three ahead writes back while this one is in S4, and the one two
-  ahead while it is in S5: each stage takes the written value instead of the
+- the one three ahead writes back while this one is in S3, and the one two
+  ahead while it is in S4: each stage takes the written value instead of the
   memory's when the indices match;
-- the one directly ahead is in S6: its result, as it leaves the ALU, goes into
-  S6's operand registers instead of this one's S5 value when the indices match.
+- the one directly ahead is in S5: its result, as it leaves the ALU, goes into
+  S5's operand registers instead of this one's S4 value when the indices match.
 
 Every such select is a flip-flop, its indices compared the cycle before (the
 stages advance together, so the pair of micro-ops is then one stage further
 back), and so are the instruction's decoded fields the stages select on.
 
-The pipeline's one-cycle loop is then S6's registers → the op → a 2:1
-multiplexer → S6's registers. The op holds no compare: MIN and MAX select by
-``a < b`` computed a cycle ahead, into a register of its own, from S5's
-values and S6's operands (the result a forward brings is one of the latter).
-The write-back comes from R7, a register of the
+The pipeline's one-cycle loop is then S5's registers → the op → a 2:1
+multiplexer → S5's registers. The op holds no compare: MIN and MAX select by
+``a < b`` computed a cycle ahead, into a register of its own, from S4's
+values and S5's operands (the result a forward brings is one of the latter).
+The write-back comes from R6, a register of the
 result, so the write port, the block RAMs' outputs and their transparency logic
-are outside the loop (a write-back from S6's unregistered result, forwarded
-through S5's selects, was tiny's critical path on the ECP5). An ALU MUL registers
-half-width products in S6 and adds them in S7 (`TensorAlu`), too late for that
+are outside the loop (a write-back from S5's unregistered result, forwarded
+through S4's selects, was tiny's critical path on the ECP5). An ALU MUL registers
+half-width products in S5 and adds them in S6 (`TensorAlu`), too late for that
 forward, so its instruction issues a micro-op every second cycle: the micro-op
-behind it is two stages back and takes the product from the write-back in S5
-(the one ahead of that, in S3's read). Hence micro-ops behave exactly
+behind it is two stages back and takes the product from the write-back in S4
+(the one ahead of that, in S2's read). Hence micro-ops behave exactly
 sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
 cycle). The compute engine drains the pipeline (``busy``) before an instruction
 completes, so nothing crosses an instruction boundary.
@@ -90,12 +87,12 @@ class ComputePipeline(wiring.Component):
     issuing : Out(1)
         S0 issues a micro-op this cycle (the loop is running).
     busy : Out(1)
-        A micro-op is in S0–S7.
+        A micro-op is in S0–S6.
     uop_rd, inp_rd, wgt_rd, acc_rda, acc_rdb : Out(GroupReadSignature) of one lane
         Synchronous read ports (data one cycle after the address); the accumulator ports
         must be transparent to the buffer's write port (see the module docstring).
     wb : Out(GroupWriteSignature) of one lane
-        S7's write-back into the accumulator (``en`` only for a micro-op within range).
+        S6's write-back into the accumulator (``en`` only for a micro-op within range).
     index_fault : Out(1)
         A micro-op's index plus its loop offsets lies beyond its buffer; raised the cycle
         after the micro-op's S2 (where the index sums are compared).
@@ -130,19 +127,19 @@ class ComputePipeline(wiring.Component):
         gm = data.View(gm_l, self.insn[:gm_l.size])
         al = data.View(al_l, self.insn[:al_l.size])
         is_alu = header.opcode == Opcode.ALU
-        is_mul = Signal()       # the instruction is an ALU MUL: half rate, its product added in S7
+        is_mul = Signal()       # the instruction is an ALU MUL: half rate, its product added in S6
         m.d.comb += is_mul.eq(is_alu & (al.op == AluOp.MUL))
-        # What S5–S7 select on, decoded once and registered: the instruction is held from
+        # What S4–S6 select on, decoded once and registered: the instruction is held from
         # ``start`` and its first micro-op reaches S1 the cycle after, so the registers are
-        # valid for every micro-op. S5's operand selects then start from flip-flops, not from
+        # valid for every micro-op. S4's operand selects then start from flip-flops, not from
         # the instruction word's decode (which fanned out to every operand bit: on the ECP5
-        # the instruction → S6 path was next after the loop). S0 decodes from the word itself,
+        # the instruction → S5 path was next after the loop). S0 decodes from the word itself,
         # since the loop takes its bounds in the start cycle.
         r_is_alu, r_is_mul, r_use_imm, zero_acc, zero_b = (
             Signal(name=name) for name in ("r_is_alu", "r_is_mul", "r_use_imm", "zero_acc", "zero_b"))
         r_alu_op = Signal.like(al.op)
         # A GEMM that overwrites adds its dot product to zero; one that resets adds zero to zero.
-        # Both are decided in S5, so S6's loop carries no such select.
+        # Both are decided in S4, so S5's loop carries no such select.
         m.d.sync += [r_is_alu.eq(is_alu), r_is_mul.eq(is_mul), r_use_imm.eq(al.use_imm),
                      zero_acc.eq(~is_alu & (gm.overwrite | gm.reset)), zero_b.eq(~is_alu & gm.reset),
                      r_alu_op.eq(Mux(is_alu, al.op, AluOp.ADD))]
@@ -204,93 +201,85 @@ class ComputePipeline(wiring.Component):
                      (full["dst"] >= c.acc_depth) | (full["src"] >= c.inp_depth) | (full["wgt"] >= c.wgt_depth))
         m.d.sync += self.index_fault.eq(s2_valid & beyond)
         # The stages carry the fact to the write-back, which then writes nothing.
-        s3_bad, s4_bad, s5_bad, s6_bad, s7_bad = (Signal(name=f"s{k}_bad") for k in range(3, 8))
-        m.d.sync += [s3_bad.eq(beyond), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad), s6_bad.eq(s5_bad),
-                     s7_bad.eq(s6_bad)]
-        # Its LATENCY: S2 registers the operands, S3 the products, S4 the dot products.
-        m.submodules.gemm = gemm = GemmCore(c)
+        s3_bad, s4_bad, s5_bad, s6_bad = (Signal(name=f"s{k}_bad") for k in range(3, 7))
+        m.d.sync += [s3_bad.eq(beyond), s4_bad.eq(s3_bad), s5_bad.eq(s4_bad), s6_bad.eq(s5_bad)]
+        m.submodules.gemm = gemm = GemmCore(c)      # its LATENCY: S2 registers the operands, S3 the products
         m.d.comb += [gemm.inp.eq(self.inp_rd.data[0]), gemm.wgt.eq(self.wgt_rd.data[0])]
 
-        # The later stages' registers, declared here for the forwards into S4 and S5.
+        # The later stages' registers, declared here for the forwards into S3 and S4.
+        s5_valid = Signal()
+        s5_dst = Signal(acc_bits)
+        s5_acc = Signal(c.acc_entry_bytes * 8)
+        s5_b = Signal(c.acc_entry_bytes * 8)
         s6_valid = Signal()
         s6_dst = Signal(acc_bits)
-        s6_acc = Signal(c.acc_entry_bytes * 8)
-        s6_b = Signal(c.acc_entry_bytes * 8)
-        s7_valid = Signal()
-        s7_dst = Signal(acc_bits)
-        s7_result = Signal(c.acc_entry_bytes * 8)        # R7
+        s6_result = Signal(c.acc_entry_bytes * 8)        # R6
         m.submodules.alu = alu = TensorAlu(c)
 
-        # Every micro-op writes back from S7: R7, or a MUL's product.
+        # Every micro-op writes back from S6: R6, or a MUL's product.
         wb_data = Signal(c.acc_entry_bytes * 8)
-        m.d.comb += wb_data.eq(Mux(r_is_mul, alu.product, s7_result))
+        m.d.comb += wb_data.eq(Mux(r_is_mul, alu.product, s6_result))
 
         # Every forward's select is a register, set the cycle before it is used: the stages
-        # advance every cycle, so "the micro-op in S7 writes the entry the one in S4 reads" is
-        # "the micro-op in S6 writes the entry the one in S3 reads" a cycle earlier. The selects
+        # advance every cycle, so "the micro-op in S6 writes the entry the one in S3 reads" is
+        # "the micro-op in S5 writes the entry the one in S2 reads" a cycle earlier. The selects
         # then reach the multiplexers early, from flip-flops, with no index compare before them.
-        s6_writes = s6_valid & ~s6_bad      # the micro-op in S6 writes back (from S7, next cycle)
+        s5_writes = s5_valid & ~s5_bad      # the micro-op in S5 writes back (from S6, next cycle)
 
         def select_next(condition, name):
             select = Signal(name=name)
             m.d.sync += select.eq(condition)
             return select
 
-        # ---------------------------------------------------------------- S3: products, accumulator read
-        # The accumulator is read in S3, from registered indices, and its data registered in S4:
-        # a block RAM's output (5.6 ns on the ECP5) then ends at a register after one forward
-        # instead of running through the operand selects into S6. The read comes a stage after
-        # the inp/wgt reads because the GEMM's dot products take three cycles (`GemmCore`).
+        # The accumulator is read in S2, from the registered index sums, and its data registered
+        # in S3: a block RAM's output (5.6 ns on the ECP5) then ends at a register after one
+        # forward instead of running through the operand selects into S5.
+        m.d.comb += [self.acc_rda.addr.eq(full["dst"][:acc_bits]), self.acc_rdb.addr.eq(full["src"][:acc_bits])]
+
+        # ---------------------------------------------------------------- S3: products, accumulator data
         s3_valid = Signal()
         s3_dst = Signal(acc_bits)
         s3_src = Signal(acc_bits)
         m.d.sync += [s3_valid.eq(s2_valid), s3_dst.eq(full["dst"][:acc_bits]), s3_src.eq(full["src"][:acc_bits])]
-        m.d.comb += [self.acc_rda.addr.eq(s3_dst), self.acc_rdb.addr.eq(s3_src)]
+        # The micro-op three ahead writes back now; this one's read came a cycle before.
+        wb3_a = select_next(s5_writes & (s5_dst == full["dst"][:acc_bits]), "wb3_a")
+        wb3_b = select_next(s5_writes & (s5_dst == full["src"][:acc_bits]), "wb3_b")
+        s4_acc_a = Signal(c.acc_entry_bytes * 8)
+        s4_acc_b = Signal(c.acc_entry_bytes * 8)
+        m.d.sync += [s4_acc_a.eq(Mux(wb3_a, wb_data, self.acc_rda.data[0])),
+                     s4_acc_b.eq(Mux(wb3_b, wb_data, self.acc_rdb.data[0]))]
 
-        # ---------------------------------------------------------------- S4: dot products, accumulator data
+        # ---------------------------------------------------------------- S4: dot / operand, forwarding
         s4_valid = Signal()
         s4_dst = Signal(acc_bits)
         s4_src = Signal(acc_bits)
         m.d.sync += [s4_valid.eq(s3_valid), s4_dst.eq(s3_dst), s4_src.eq(s3_src)]
-        # The micro-op three ahead writes back now; this one's read came a cycle before.
-        wb4_a = select_next(s6_writes & (s6_dst == s3_dst), "wb4_a")
-        wb4_b = select_next(s6_writes & (s6_dst == s3_src), "wb4_b")
-        s5_acc_a = Signal(c.acc_entry_bytes * 8)
-        s5_acc_b = Signal(c.acc_entry_bytes * 8)
-        m.d.sync += [s5_acc_a.eq(Mux(wb4_a, wb_data, self.acc_rda.data[0])),
-                     s5_acc_b.eq(Mux(wb4_b, wb_data, self.acc_rdb.data[0]))]
-
-        # ---------------------------------------------------------------- S5: operand, forwarding
-        s5_valid = Signal()
-        s5_dst = Signal(acc_bits)
-        s5_src = Signal(acc_bits)
-        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst), s5_src.eq(s4_src)]
         # The micro-op two ahead writes back now, after this one's data was registered.
-        wb5_a = select_next(s6_writes & (s6_dst == s4_dst), "wb5_a")
-        wb5_b = select_next(s6_writes & (s6_dst == s4_src), "wb5_b")
-        fwd_a = Mux(wb5_a, wb_data, s5_acc_a)
-        fwd_b = Mux(wb5_b, wb_data, s5_acc_b)
+        wb4_a = select_next(s5_writes & (s5_dst == s3_dst), "wb4_a")
+        wb4_b = select_next(s5_writes & (s5_dst == s3_src), "wb4_b")
+        fwd_a = Mux(wb4_a, wb_data, s4_acc_a)
+        fwd_b = Mux(wb4_b, wb_data, s4_acc_b)
         lane_count = c.batch * c.block_out
         imm_lane = Signal(c.acc_width)
         m.d.comb += imm_lane.eq(al.imm.as_signed())
         imm_lanes = Cat(*([imm_lane] * lane_count))
         operand = Mux(r_use_imm, imm_lanes, fwd_b)
-        # The micro-op now in S6 writes what this one reads: S6's registers take its result as
-        # it leaves the ALU. The selects are registers (set when the two were in S5 and S4), so
-        # the result passes one 2:1 multiplexer on its way round (and R7 takes it for the
+        # The micro-op now in S5 writes what this one reads: S5's registers take its result as
+        # it leaves the ALU. The selects are registers (set when the two were in S4 and S3), so
+        # the result passes one 2:1 multiplexer on its way round (and R6 takes it for the
         # write-back). A MUL's result is not ready here (see the module docstring).
-        ahead = s5_valid & ~s5_bad & ~r_is_mul
-        take_a = select_next(ahead & (s5_dst == s4_dst) & ~zero_acc, "take_a")
-        take_b = select_next(ahead & (s5_dst == s4_src) & r_is_alu & ~r_use_imm, "take_b")
-        m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst),
-                     s6_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
-                     s6_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(r_is_alu, operand, gemm.dot))))]
-        # MIN/MAX's compare of the operands S6 takes next, a cycle ahead (`TensorAlu.lt`), so the
-        # loop holds no compare. Only a MIN or MAX instruction reads it, and there S6's result is
+        ahead = s4_valid & ~s4_bad & ~r_is_mul
+        take_a = select_next(ahead & (s4_dst == s3_dst) & ~zero_acc, "take_a")
+        take_b = select_next(ahead & (s4_dst == s3_src) & r_is_alu & ~r_use_imm, "take_b")
+        m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
+                     s5_acc.eq(Mux(take_a, alu.result, Mux(zero_acc, 0, fwd_a))),
+                     s5_b.eq(Mux(take_b, alu.result, Mux(zero_b, 0, Mux(r_is_alu, operand, gemm.dot))))]
+        # MIN/MAX's compare of the operands S5 takes next, a cycle ahead (`TensorAlu.lt`), so the
+        # loop holds no compare. Only a MIN or MAX instruction reads it, and there S5's result is
         # one of its operands, ``r`` = ``a`` where the lane takes a, else ``b``. An operand taken
         # from that result is then one of the two, and its compare one of two precomputed ones:
-        # the next (a, b) is (r, r), (r, B), (A, r) or (A, B), A and B being S5's values. These
-        # take the write-back from R7 directly (MIN/MAX has no MUL product in it) and B is the
+        # the next (a, b) is (r, r), (r, B), (A, r) or (A, B), A and B being S4's values. These
+        # take the write-back from R6 directly (MIN/MAX has no MUL product in it) and B is the
         # immediate or the register operand (no GEMM's dot or zero): ALU values only.
         def signed_lanes(value):
             return [v.as_signed() for v in lanes(value, lane_count, c.acc_width)]
@@ -300,41 +289,41 @@ class ComputePipeline(wiring.Component):
             # costs a sign correction after the chain (a LUT level more on the ECP5).
             return (x - y)[-1]
 
-        s6_lt = Signal(lane_count)
+        s5_lt = Signal(lane_count)
         takes_a = Signal(lane_count)      # where the lane's MIN/MAX result is its a (else its b)
-        m.d.comb += takes_a.eq(s6_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
+        m.d.comb += takes_a.eq(s5_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
         next_lt = []
-        for i, (a6, b6, a5, b5) in enumerate(zip(
-                signed_lanes(s6_acc), signed_lanes(s6_b),
-                signed_lanes(Mux(wb5_a, s7_result, s5_acc_a)),
-                signed_lanes(Mux(r_use_imm, imm_lanes, Mux(wb5_b, s7_result, s5_acc_b))))):
-            result_lt_b5 = Mux(takes_a[i], less(a6, b5), less(b6, b5))
-            a5_lt_result = Mux(takes_a[i], less(a5, a6), less(a5, b6))
-            next_lt.append(Mux(take_a, ~take_b & result_lt_b5, Mux(take_b, a5_lt_result, less(a5, b5))))
-        m.d.sync += s6_lt.eq(Cat(*next_lt))
+        for i, (a5, b5, a4, b4) in enumerate(zip(
+                signed_lanes(s5_acc), signed_lanes(s5_b),
+                signed_lanes(Mux(wb4_a, s6_result, s4_acc_a)),
+                signed_lanes(Mux(r_use_imm, imm_lanes, Mux(wb4_b, s6_result, s4_acc_b))))):
+            result_lt_b4 = Mux(takes_a[i], less(a5, b4), less(b5, b4))
+            a4_lt_result = Mux(takes_a[i], less(a4, a5), less(a4, b5))
+            next_lt.append(Mux(take_a, ~take_b & result_lt_b4, Mux(take_b, a4_lt_result, less(a4, b4))))
+        m.d.sync += s5_lt.eq(Cat(*next_lt))
 
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
-        # loaded only for a MUL, so synthesis does not merge them with s6_acc and s6_b. A MUL
-        # needs no S6 forward: the micro-op ahead of it is two stages on.
-        s6_mul_a = Signal.like(s6_acc)
-        s6_mul_b = Signal.like(s6_b)
+        # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
+        # needs no S5 forward: the micro-op ahead of it is two stages on.
+        s5_mul_a = Signal.like(s5_acc)
+        s5_mul_b = Signal.like(s5_b)
         with m.If(r_is_mul):
-            m.d.sync += [s6_mul_a.eq(fwd_a), s6_mul_b.eq(operand)]
+            m.d.sync += [s5_mul_a.eq(fwd_a), s5_mul_b.eq(operand)]
 
-        # ---------------------------------------------------------------- S6: the op, R7
+        # ---------------------------------------------------------------- S5: the op, R6
         # A GEMM's accumulate is the ALU's ADD, so the loop has no GEMM/ALU select of its own.
         m.d.comb += [alu.op.eq(r_alu_op),
-                     alu.a.eq(s6_acc), alu.b.eq(s6_b), alu.lt.eq(s6_lt),
-                     alu.mul_a.eq(s6_mul_a), alu.mul_b.eq(s6_mul_b)]
-        m.d.sync += [s7_valid.eq(s6_valid), s7_dst.eq(s6_dst), s7_result.eq(alu.result)]
+                     alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.lt.eq(s5_lt),
+                     alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
+        m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
 
-        # ---------------------------------------------------------------- S7: write-back
-        m.d.comb += [self.wb.addr.eq(s7_dst), self.wb.count.eq(1), self.wb.data[0].eq(wb_data),
-                     self.wb.en.eq(s7_valid & ~s7_bad)]
+        # ---------------------------------------------------------------- S6: write-back
+        m.d.comb += [self.wb.addr.eq(s6_dst), self.wb.count.eq(1), self.wb.data[0].eq(wb_data),
+                     self.wb.en.eq(s6_valid & ~s6_bad)]
 
         m.d.comb += [
             self.issuing.eq(issue),
-            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid | s5_valid | s6_valid | s7_valid),
+            self.busy.eq(issue | s1_valid | s2_valid | s3_valid | s4_valid | s5_valid | s6_valid),
             self.gemm_active.eq(issue & ~is_alu),
             self.gemm_reset.eq(issue & ~is_alu & gm.reset),
             self.alu_active.eq(issue & is_alu),

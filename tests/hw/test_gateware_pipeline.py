@@ -19,8 +19,6 @@ from gemforge.sim.fsim import Fsim
 NONSQUARE = AccelConfig(name="pipeline-test", batch=2, block_in=4, block_out=2, inp_buffer_bytes=128,
                         wgt_buffer_bytes=128, acc_buffer_bytes=512, out_buffer_bytes=128, uop_buffer_bytes=128)
 CONFIGS = [PRESETS["tiny"], NONSQUARE]
-#: Cycles from the last micro-op's issue to the pipeline's drain (S0–S7).
-DRAIN = 8
 
 
 def entry_word(values, width):
@@ -147,22 +145,22 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     issued = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
     assert result["faults"] == 0
-    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S7.
+    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S6.
     interval = 2 if kind == "alu" and insn.op == AluOp.MUL else 1
-    assert result["cycles"] == (issued - 1) * interval + DRAIN
+    assert result["cycles"] == (issued - 1) * interval + 7
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("operand", ["imm", "acc"])
 @pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
 def test_back_to_back_results_see_each_other(config, operand, op):
-    """Micro-ops read the entries written by the ones just before them: each forward (R7's
-    into S6, the write-back's into S5 and S4) and a MUL's half rate (its product is added in
-    S7) show when wrong."""
+    """Micro-ops read the entries written by the ones just before them: each forward (R6's
+    into S5, the write-back's into S4 and S3) and a MUL's half rate (its product is added in
+    S6) show when wrong."""
     rng = np.random.default_rng([config.block_out, operand == "imm", int(op)])
     state = random_state(config, rng)
     # Each of dst and src reads the entry written one, two and three micro-ops before (and not
-    # in between): R7's forward, the write-back's into S5, and into S4's data registers.
+    # in between): R6's forward, the write-back's into S4, and into S3's data registers.
     # Then a run into one entry (as max pooling does), with dst and src both the entry written
     # just before: each case of the compare MIN and MAX take a cycle ahead.
     pairs = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (1, 0), (2, 3), (2, 1), (1, 2), (2, 0),
@@ -175,7 +173,7 @@ def test_back_to_back_results_see_each_other(config, operand, op):
     result = run_pipeline(config, insn, uops, state)
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     interval = 2 if op == AluOp.MUL else 1
-    assert result["cycles"] == interval * (2 * 3 * len(uops) - 1) + DRAIN
+    assert result["cycles"] == interval * (2 * 3 * len(uops) - 1) + 7
 
 
 @pytest.mark.parametrize("op", [AluOp.MIN, AluOp.MAX], ids=lambda op: op.name)
@@ -212,7 +210,7 @@ def test_back_to_back_gemms_see_each_other(config, flag):
                 iter_out=2, iter_in=2)
     result = run_pipeline(config, insn, uops, state)
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
-    assert result["cycles"] == 2 * 2 * len(uops) - 1 + DRAIN
+    assert result["cycles"] == 2 * 2 * len(uops) - 1 + 7
 
 
 def test_pipeline_reports_a_micro_op_beyond_the_accumulator_and_skips_its_write():
