@@ -29,10 +29,10 @@ the block's input setup, and ``inp_mem → gemm_lane.dsp`` (12.2 ns) became the 
 A register after the adder tree (a third cycle; the compute pipeline an eight-stage one that
 reads the accumulator a stage later, commit f0b0cf1, reverted) was measured on tiny, seeds 1–4:
 the tree's paths into the ALU's operand left the slowest lists, but the pipeline's one-cycle
-forwarding loop (``alu.b → alu.b``, 11.2–11.7 ns, through SHR's shift-amount decode and barrel
-shifter) stayed as the floor, the slowest paths moved to placement-dependent control logic, and
-Fmax was 86.6 / 69.5 / 75.4 / 84.8 MHz against 90.0 / 84.8 / 88.0 without it, at a cycle more
-per GEMM and ALU instruction. It pays only once that loop is shorter than the tree's path.
+forwarding loop (``alu.b → alu.b``, 11.2–11.7 ns: the op's logic and the forward's select)
+stayed as the floor, the slowest paths moved to placement-dependent control logic, and
+Fmax (with e089621's watchdog registers too) was 86.6 / 69.5 / 75.4 / 84.8 MHz against
+90.0 / 84.8 / 88.0 at 0caa6ef, at a cycle more per GEMM and ALU instruction. It pays only once that loop is shorter than the tree's path.
 """
 
 from amaranth import *
