@@ -205,25 +205,20 @@ class Accelerator(CheckedComponent):
         read_error = axi.rvalid & axi.rready & (axi.rresp != RESP_OKAY)
         write_error = axi.bvalid & axi.bready & (axi.bresp != RESP_OKAY)
         watchdog = Signal(range(DEADLOCK_CYCLES + 1))
-        # Progress is registered where it happens, one flip-flop per source (a queue, a token
-        # queue, an engine, the bus), and the flip-flops are ORed: the engines' handshakes stay
-        # off the counter's path, and no OR tree gathers them from across the device before a
-        # register (one register of the whole OR was among tiny's slowest paths on the ECP5,
-        # `store.req_writer.responses.level → progressed`, 11.4 ns). The bus's source still
-        # carries the writers' W-valid logic (`… responses.level → progress_bus`, 10.7–11.7 ns).
-        progress_sources = {
-            **{f"queue_{name}": (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy) for name, q in queues.items()},
-            **{f"tokens_{name}": tq.pusher.push | tq.popper.pop for name, tq in tokens.items()},
-            "load": load.retire | load.inp_wr.en | load.wgt_wr.en,
-            "compute": compute.retire | compute.gemm_active | compute.alu_active | compute.acc_wr.en,
-            "store": store.retire,
-            "bus": bus_pending,
-        }
-        progressed = Const(0)
-        for name, source in progress_sources.items():
-            seen = Signal(name=f"progress_{name}")
-            m.d.sync += seen.eq(source)
-            progressed = progressed | seen
+        progress = Const(0)
+        for name, q in queues.items():
+            progress = progress | (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy)
+        for tq in tokens.values():
+            progress = progress | tq.pusher.push | tq.popper.pop
+        for signal in (load.retire, compute.retire, store.retire, compute.gemm_active, compute.alu_active,
+                       load.inp_wr.en, load.wgt_wr.en, compute.acc_wr.en, bus_pending):
+            progress = progress | signal
+        # Registered: keeps the engines' handshakes off the counter's path. A register per source
+        # (commit e089621, reverted) moved nothing on tiny's ECP5: the slow path into it is the
+        # store writers' W-valid logic behind `bus_pending` (`store.acc_writer.responses.r_level →
+        # progress_bus`, 10.6–11.7 ns; the same logic feeds `aw_held` and `soft_reset`), not the OR.
+        progressed = Signal()
+        m.d.sync += progressed.eq(progress)
         with m.If(~busy | aborting | progressed):
             m.d.sync += watchdog.eq(0)
         with m.Elif(watchdog != DEADLOCK_CYCLES):
