@@ -152,6 +152,13 @@ class _Importer:
     def fail(self, node: onnx.NodeProto, what: str) -> GraphError:
         return GraphError(f"node {node.name or '(unnamed)'} ({node.op_type}): {what}")
 
+    def check_flags(self, node: onnx.NodeProto, attrs: dict, *flags: str) -> None:
+        """Refuse a 0/1 attribute of ``node`` that is neither: ONNX Runtime reads such values
+        inconsistently (ReduceMean's keepdims=2 as 0), where int() or bool() here would read 1."""
+        for flag in flags:
+            if flag in attrs and attrs[flag] not in (0, 1):
+                raise self.fail(node, f"{flag} must be 0 or 1, not {attrs[flag]}")
+
     def name(self, onnx_name: str) -> str:
         return self.alias.get(onnx_name, onnx_name)
 
@@ -432,10 +439,7 @@ class _Importer:
 
     def op_Gemm(self, node, attrs):
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-        # ONNX defines the flags as 0 or 1; another value is refused rather than read as either.
-        for flag in ("transA", "transB"):
-            if flag in attrs and attrs[flag] not in (0, 1):
-                raise self.fail(node, f"{flag} must be 0 or 1, not {attrs[flag]}")
+        self.check_flags(node, attrs, "transA", "transB")
         trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
         a, b = node.input[0], node.input[1]
         # A, B and C share one type: ONNX Runtime refuses an int64 (or bool) B or C beside float32
@@ -665,11 +669,7 @@ class _Importer:
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
 
     def op_ReduceMean(self, node, attrs):
-        # The flags must be 0 or 1: ONNX Runtime reads any other value as 0 (keepdims=2 drops
-        # the axes), which bool() here would read as 1.
-        for flag in ("keepdims", "noop_with_empty_axes"):
-            if flag in attrs and attrs[flag] not in (0, 1):
-                raise self.fail(node, f"{flag} must be 0 or 1, not {attrs[flag]}")
+        self.check_flags(node, attrs, "keepdims", "noop_with_empty_axes")
         # The axes: an attribute before opset 18, an input since.
         axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])
         if not axes and int(attrs.get("noop_with_empty_axes", 0)):
@@ -747,13 +747,13 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
     importer = _Importer(model, batch, dict(input_shapes or {}))
     graph = importer.run()
-    if batch != 1 and not graph.notes["symbolic_batch"] and importer.fixed_first:
-        # The model's first dimension is symbolic, but the shape given fixes it at another size.
-        name, shape = next(iter(importer.fixed_first.items()))
-        raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the shape given for "
-                         f"model input {name!r}, {list(shape)}, fixes its first dimension at {shape[0]}; a "
-                         f"first dimension of {batch} there stays the batch")
     if batch != 1 and not graph.notes["symbolic_batch"]:
+        if importer.fixed_first:
+            # The model's first dimension is symbolic, but the shape given fixes it at another size.
+            name, shape = next(iter(importer.fixed_first.items()))
+            raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the shape given for "
+                             f"model input {name!r}, {list(shape)}, fixes its first dimension at {shape[0]}; a "
+                             f"first dimension of {batch} there stays the batch")
         raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the model's inputs have "
                          f"fixed shapes ({', '.join(f'{i}: {list(graph.values[i].shape)}' for i in graph.inputs)})")
     graph.notes["model_sha256"] = model_digest(model)

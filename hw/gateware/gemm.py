@@ -32,7 +32,8 @@ the tree's paths into the ALU's operand left the slowest lists, but the pipeline
 forwarding loop (``alu.b → alu.b``, 11.2–11.7 ns: the op's logic and the forward's select)
 stayed as the floor, the slowest paths moved to placement-dependent control logic, and
 Fmax (with e089621's watchdog registers too) was 86.6 / 69.5 / 75.4 / 84.8 MHz against
-90.0 / 84.8 / 88.0 at 0caa6ef, at a cycle more per GEMM and ALU instruction. It pays only once that loop is shorter than the tree's path.
+90.0 / 84.8 / 88.0 at 0caa6ef, at a cycle more per GEMM and ALU instruction. It pays only once
+that loop is shorter than the tree's path.
 """
 
 from amaranth import *

@@ -215,8 +215,8 @@ class Accelerator(CheckedComponent):
             progress = progress | signal
         # Registered: keeps the engines' handshakes off the counter's path. A register per source
         # (commit e089621, reverted) moved nothing on tiny's ECP5: the slow path into it is the
-        # store writers' W-valid logic behind `bus_pending` (`store.acc_writer.responses.r_level →
-        # progress_bus`, 10.6–11.7 ns; the same logic feeds `aw_held` and `soft_reset`), not the OR.
+        # store writers' W-valid logic behind `bus_pending` (from `store.acc_writer.responses.r_level`
+        # to that commit's bus register, 10.6–11.7 ns; the same logic feeds `aw_held` and `soft_reset`).
         progressed = Signal()
         m.d.sync += progressed.eq(progress)
         with m.If(~busy | aborting | progressed):
