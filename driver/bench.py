@@ -84,7 +84,8 @@ def roofline(program) -> dict[str, Any]:
     """The best utilization a program's work allows on an ideal machine: every engine
     busy all the time, reads and writes each at one beat per cycle on their own AXI
     channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
-    the shared compute pipeline (an ALU MUL's one per `Timing.mul_interval` cycles)."""
+    the shared compute pipeline (an ALU MUL's, or an SHR's by a register operand, one per
+    `Timing.half_rate_interval` cycles)."""
     from gemforge.hw.isa import Alu, Gemm, Load, Store
     from gemforge.hw.timing import compute_cycles, timing_of
     c = program.config

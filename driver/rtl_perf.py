@@ -6,7 +6,7 @@
   instruction (two runs differing only in ``iter_out``), so fixed costs cancel;
 * ``alu_imm_uops_per_cycle`` / ``alu_reg_uops_per_cycle``: the same for ALU ADD with an
   immediate and with a register (accumulator) operand, and ``alu_mul_uops_per_cycle`` for
-  ALU MUL (register operand), which issues at half rate (`gemforge.hw.timing.Timing.mul_interval`);
+  ALU MUL (register operand), which issues at half rate (`gemforge.hw.timing.issues_at_half_rate`);
 * ``gemm_fixed_cycles``: cycles of a whole run (fetch, micro-op load, GEMM, FINISH)
   beyond one per micro-op;
 * ``gemm_insn_fixed_cycles``: cycles each GEMM instruction of a program costs beyond

@@ -414,8 +414,8 @@ def _counters() -> str:
         "- `insns_retired` counts **FINISH** too (it retires on the compute engine like any "
         "other instruction): after a complete run it equals `INSN_COUNT`.",
         "- `fetch_busy` counts while instructions remain to be dispatched; `gemm_active` and "
-        "`alu_active` count micro-ops issued (one per cycle at most; an ALU MUL instruction issues "
-        "one every second cycle, its product taking two stages), so `gemm_active` / "
+        "`alu_active` count micro-ops issued (one per cycle at most; an ALU MUL instruction, and an "
+        "SHR by a register operand, issue one every second cycle), so `gemm_active` / "
         "`cycles` is the GEMM core's utilisation.",
     ])
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .isa import Alu, AluOp, insn_bytes
 
-__all__ = ["Timing", "timing_of", "compute_cycles", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
+__all__ = ["Timing", "timing_of", "compute_cycles", "issues_at_half_rate", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
 
 #: Cycles a LOAD costs beyond its data beats when it cannot overlap the previous one
 #: (issue, arbitration, DRAM latency, the last entry written, the push), from runs of 1 and 101
@@ -78,21 +78,30 @@ class Timing:
     #: GEMM/ALU: every cycle an instruction costs beyond its micro-ops, its take, pop and push
     #: included (the rest is dispatch into the pipeline and its drain)
     compute_fixed: int = COMPUTE_FIXED
-    #: an ALU MUL issues a micro-op every this many cycles (its product is registered before
-    #: the final add, too late for the next micro-op's forward: `gemforge.hw.gateware.alu`)
-    mul_interval: int = 2
+    #: an instruction `issues_at_half_rate` issues a micro-op every this many cycles (an ALU
+    #: MUL's product is registered before the final add, and an SHR's shift by a register
+    #: operand is decoded a cycle ahead: both too late for the next micro-op's forward,
+    #: `gemforge.hw.gateware.pipeline`)
+    half_rate_interval: int = 2
     #: micro-op and accumulator LOADs of the compute engine: the last beat to the entries written
     compute_load_write: int = 1
     #: FINISH retiring to DONE
     finish: int = 2
 
 
+def issues_at_half_rate(insn) -> bool:
+    """Whether the compute pipeline issues ``insn``'s micro-ops ``half_rate_interval`` apart:
+    an ALU MUL (immediate or register operand), and an ALU SHR by a register operand (by an
+    immediate, as requantization shifts, it runs at full rate)."""
+    return isinstance(insn, Alu) and (insn.op == AluOp.MUL or (insn.op == AluOp.SHR and insn.imm is None))
+
+
 def compute_cycles(insn, timing: Timing) -> int:
     """The micro-op cycles of a GEMM or ALU instruction ``insn``: from its first micro-op's
-    issue to the cycle after its last (an ALU MUL's micro-ops are ``mul_interval`` apart);
+    issue to the cycle after its last (`issues_at_half_rate`: ``half_rate_interval`` apart);
     the rest of the instruction is ``compute_fixed``."""
-    if isinstance(insn, Alu) and insn.op == AluOp.MUL:
-        return (insn.uop_count - 1) * timing.mul_interval + 1
+    if issues_at_half_rate(insn):
+        return (insn.uop_count - 1) * timing.half_rate_interval + 1
     return insn.uop_count
 
 

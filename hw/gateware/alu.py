@@ -6,10 +6,11 @@ negation when negative; an amount of acc_width or more gives the sign fill
 (right) or zero (left).
 
 MIN, MAX, ADD and SHR are combinational, but MIN and MAX take their compare
-(``lt``: a < b, signed, per lane) from the caller: the compute pipeline
-computes it a cycle ahead, since a 32-bit compare followed by the operand
-select was the longest part of its one-cycle forwarding loop on the ECP5
-(`gemforge.hw.gateware.pipeline`). MUL takes two cycles: the low
+(``lt``: a < b, signed, per lane) and SHR its decoded amount (``shr``:
+`shr_decode` of b) from the caller: the compute pipeline computes both a cycle
+ahead, since a 32-bit compare, and then the amount's decode, followed by the
+operand select were the longest part of its one-cycle forwarding loop on the
+ECP5 (`gemforge.hw.gateware.pipeline`). MUL takes two cycles: the low
 acc_width bits of a product need three half-width products (``al·bl``, and the
 low halves of ``al·bh`` and ``ah·bl``), which are registered before the final
 add (`_product`). A one-cycle MUL put the multipliers in the compute pipeline's forwarding
@@ -23,7 +24,26 @@ from amaranth.lib.wiring import In, Out
 from ..isa import ALU_OP_BITS, AluOp
 from .gemm import lanes
 
-__all__ = ["TensorAlu"]
+__all__ = ["TensorAlu", "shr_decode", "shr_decode_bits"]
+
+
+def shr_decode_bits(width):
+    """Bits of one lane's `shr_decode`."""
+    return 2 * (width - 1).bit_length() + 2
+
+
+def shr_decode(b, width):
+    """SHR's shift by ``b`` (one signed lane of ``width`` bits) decoded, for `TensorAlu.shr`:
+    ``Cat(right, left, negative, left_ok)``. With ``sh_bits`` = bits of ``width - 1``,
+    ``lo`` = b's low sh_bits bits and ``hi`` the rest: b ≥ 0 shifts right by
+    ``right`` = min(b, width-1) (width-1 when any bit of hi is set); b < 0 shifts left by
+    k = -b when k ≤ width-1 (``left_ok``: hi all ones, i.e. b ≥ -2^sh_bits, and
+    lo ≥ 2^sh_bits - (width-1)), and then k = 2^sh_bits - lo, so a << k = (a << 1) << ``left``
+    with ``left`` = ~lo; a larger left shift gives zero."""
+    sh_bits = (width - 1).bit_length()
+    lo, hi = b[:sh_bits], b[sh_bits:]
+    return Cat(Mux(hi.any() | (lo >= width - 1), width - 1, lo), ~lo, b[width - 1],
+               hi.all() & (lo >= (1 << sh_bits) - (width - 1)))
 
 
 class TensorAlu(wiring.Component):
@@ -37,6 +57,8 @@ class TensorAlu(wiring.Component):
         Accumulator entries (``b`` is the operand: acc[src] or the broadcast immediate).
     lt : In(batch·block_out)
         Lane ``i``'s ``a < b`` (signed), which MIN and MAX select by; the other ops ignore it.
+    shr : In(batch·block_out·shr_decode_bits(acc_width))
+        Lane ``i``'s `shr_decode` of ``b``, which SHR shifts by; the other ops ignore it.
     result : Out(batch·block_out·acc_width)
         ``op(a, b)`` in the same cycle, for MIN, MAX, ADD and SHR.
     mul_a, mul_b : In(batch·block_out·acc_width)
@@ -52,7 +74,9 @@ class TensorAlu(wiring.Component):
         self._config = config
         width = config.batch * config.block_out * config.acc_width
         super().__init__({"op": In(ALU_OP_BITS), "a": In(width), "b": In(width),
-                          "lt": In(config.batch * config.block_out), "result": Out(width),
+                          "lt": In(config.batch * config.block_out),
+                          "shr": In(config.batch * config.block_out * shr_decode_bits(config.acc_width)),
+                          "result": Out(width),
                           "mul_a": In(width), "mul_b": In(width), "product": Out(width)})
 
     def elaborate(self, platform):
@@ -67,23 +91,11 @@ class TensorAlu(wiring.Component):
                      is_add.eq(self.op == AluOp.ADD), is_shr.eq(self.op == AluOp.SHR)]
         for i, (mul_a, mul_b) in enumerate(zip(lanes(self.mul_a, n, w), lanes(self.mul_b, n, w))):
             products.append(self._product(m, i, mul_a, mul_b))
-        for i, (a, b) in enumerate(zip(lanes(self.a, n, w), lanes(self.b, n, w))):
+        for i, (a, b, shr) in enumerate(zip(lanes(self.a, n, w), lanes(self.b, n, w),
+                                            lanes(self.shr, n, shr_decode_bits(w)))):
             a, b = a.as_signed(), b.as_signed()
             r = Signal(w, name=f"lane{i}")
-            # SHR's amount decoded from the operand's bits, without an adder or a wide compare:
-            # this lane's result feeds the next micro-op's operand through the forward (the
-            # pipeline's one-cycle loop), and a negation plus two 32-bit compares in it were
-            # tiny's critical path on the ECP5. With lo = b's low sh_bits bits and hi the rest:
-            # b ≥ 0 shifts right by min(b, w-1): w-1 when any bit of hi is set;
-            # b < 0 shifts left by k = -b when k ≤ w-1, i.e. when hi is all ones (b ≥ -2^sh_bits)
-            # and lo ≥ 2^sh_bits - (w-1); then k = 2^sh_bits - lo, and a << k = (a << 1) << ~lo.
-            lo, hi = b[:sh_bits], b[sh_bits:]
-            right = Signal(sh_bits, name=f"right{i}")
-            left_ok = Signal(name=f"left_ok{i}")
-            m.d.comb += [
-                right.eq(Mux(hi.any() | (lo >= w - 1), w - 1, lo)),
-                left_ok.eq(hi.all() & (lo >= (1 << sh_bits) - (w - 1))),
-            ]
+            right, left, negative, left_ok = shr[:sh_bits], shr[sh_bits:2 * sh_bits], shr[-2], shr[-1]
             # One comparison serves MIN and MAX (equal operands give the same value either
             # way), and the op's result is an AND-OR of one-hot selects (decoded from the
             # instruction, static during it) rather than a multiplexer tree: fewer logic levels
@@ -91,10 +103,10 @@ class TensorAlu(wiring.Component):
             take_a = Signal(name=f"take_a{i}")
             shifted = Signal(w, name=f"shifted{i}")
             m.d.comb += take_a.eq(self.lt[i] ^ is_max)
-            with m.If(~b[w - 1]):
+            with m.If(~negative):
                 m.d.comb += shifted.eq(a >> right)
             with m.Elif(left_ok):
-                m.d.comb += shifted.eq((a << 1) << ~lo)
+                m.d.comb += shifted.eq((a << 1) << left)
             m.d.comb += r.eq((Mux(take_a, a, b) & is_minmax.replicate(w)) | ((a + b)[:w] & is_add.replicate(w)) |
                              (shifted & is_shr.replicate(w)))
             results.append(r)

@@ -35,16 +35,22 @@ stages advance together, so the pair of micro-ops is then one stage further
 back), and so are the instruction's decoded fields the stages select on.
 
 The pipeline's one-cycle loop is then S5's registers → the op → a 2:1
-multiplexer → S5's registers. The op holds no compare: MIN and MAX select by
-``a < b`` computed a cycle ahead, into a register of its own, from S4's
-values and S5's operands (the result a forward brings is one of the latter).
+multiplexer → S5's registers. The op holds no compare and no decode of its
+operand: MIN and MAX select by ``a < b`` computed a cycle ahead, into a
+register of its own, from S4's values and S5's operands (the result a forward
+brings is one of the latter), and SHR shifts by an amount decoded a cycle ahead
+from S4's operand. That operand is the immediate or, for an SHR by a register
+operand, never the result of the micro-op ahead: that SHR issues at half rate,
+like MUL (below). (Its decode in the loop, a 27-bit OR and a select before the
+barrel shifter, was the loop's longest path on the ECP5: 10.8 ns where ADD's
+carry chain took 7.9.)
 The write-back comes from R6, a register of the
 result, so the write port, the block RAMs' outputs and their transparency logic
 are outside the loop (a write-back from S5's unregistered result, forwarded
 through S4's selects, was tiny's critical path on the ECP5). An ALU MUL registers
 half-width products in S5 and adds them in S6 (`TensorAlu`), too late for that
-forward, so its instruction issues a micro-op every second cycle: the micro-op
-behind it is two stages back and takes the product from the write-back in S4
+forward, so its instruction issues a micro-op every second cycle (as does an SHR
+by a register operand): the micro-op behind it is two stages back and takes the product from the write-back in S4
 (the one ahead of that, in S2's read). Hence micro-ops behave exactly
 sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
 cycle). The compute engine drains the pipeline (``busy``) before an instruction
@@ -60,7 +66,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import AluOp, Opcode, insn_bits, uop_fields
-from .alu import TensorAlu
+from .alu import TensorAlu, shr_decode, shr_decode_bits
 from .banked import GroupReadSignature, GroupWriteSignature
 from .engine import insn_layout
 from .gemm import GemmCore, lanes
@@ -128,7 +134,9 @@ class ComputePipeline(wiring.Component):
         al = data.View(al_l, self.insn[:al_l.size])
         is_alu = header.opcode == Opcode.ALU
         is_mul = Signal()       # the instruction is an ALU MUL: half rate, its product added in S6
-        m.d.comb += is_mul.eq(is_alu & (al.op == AluOp.MUL))
+        half_rate = Signal()    # a MUL, or an SHR by a register operand (its amount decoded ahead)
+        m.d.comb += [is_mul.eq(is_alu & (al.op == AluOp.MUL)),
+                     half_rate.eq(is_mul | (is_alu & (al.op == AluOp.SHR) & ~al.use_imm))]
         # What S4–S6 select on, decoded once and registered: the instruction is held from
         # ``start`` and its first micro-op reaches S1 the cycle after, so the registers are
         # valid for every micro-op. S4's operand selects then start from flip-flops, not from
@@ -163,7 +171,7 @@ class ComputePipeline(wiring.Component):
         bounds = {name: Signal.like(loop_field(name), name=f"loop_{name}")
                   for name in ("uop_bgn", "uop_end", "iter_out", "iter_in")}
         r_half_rate = Signal()
-        m.d.sync += [*(bounds[name].eq(loop_field(name)) for name in bounds), r_half_rate.eq(is_mul)]
+        m.d.sync += [*(bounds[name].eq(loop_field(name)) for name in bounds), r_half_rate.eq(half_rate)]
         m.d.comb += [loop.start.eq(self.start), loop.half_rate.eq(r_half_rate),
                      *(getattr(loop, name).eq(value) for name, value in bounds.items())]
         for k, (fo, fi) in factors.items():
@@ -268,7 +276,7 @@ class ComputePipeline(wiring.Component):
         # it leaves the ALU. The selects are registers (set when the two were in S4 and S3), so
         # the result passes one 2:1 multiplexer on its way round (and R6 takes it for the
         # write-back). A MUL's result is not ready here (see the module docstring).
-        ahead = s4_valid & ~s4_bad & ~r_is_mul
+        ahead = s4_valid & ~s4_bad & ~r_half_rate
         take_a = select_next(ahead & (s4_dst == s3_dst) & ~zero_acc, "take_a")
         take_b = select_next(ahead & (s4_dst == s3_src) & r_is_alu & ~r_use_imm, "take_b")
         m.d.sync += [s5_valid.eq(s4_valid), s5_dst.eq(s4_dst),
@@ -292,7 +300,7 @@ class ComputePipeline(wiring.Component):
         s5_lt = Signal(lane_count)
         takes_a = Signal(lane_count)      # where the lane's MIN/MAX result is its a (else its b)
         m.d.comb += takes_a.eq(s5_lt ^ (r_alu_op == AluOp.MAX).replicate(lane_count))
-        next_lt = []
+        next_lt, next_shr = [], []
         for i, (a5, b5, a4, b4) in enumerate(zip(
                 signed_lanes(s5_acc), signed_lanes(s5_b),
                 signed_lanes(Mux(wb4_a, s6_result, s4_acc_a)),
@@ -300,7 +308,13 @@ class ComputePipeline(wiring.Component):
             result_lt_b4 = Mux(takes_a[i], less(a5, b4), less(b5, b4))
             a4_lt_result = Mux(takes_a[i], less(a4, a5), less(a4, b5))
             next_lt.append(Mux(take_a, ~take_b & result_lt_b4, Mux(take_b, a4_lt_result, less(a4, b4))))
+            next_shr.append(shr_decode(b4, c.acc_width))
         m.d.sync += s5_lt.eq(Cat(*next_lt))
+        # SHR's shift amount, decoded a cycle ahead (`TensorAlu.shr`) from S4's operand: the
+        # immediate, or the register operand, whose SHR issues at half rate so that it is never
+        # S5's result (the forward into S5's b is for full-rate ALU ops only).
+        s5_shr = Signal(lane_count * shr_decode_bits(c.acc_width))
+        m.d.sync += s5_shr.eq(Cat(*next_shr))
 
         # A MUL's operands again, in registers that feed only the multipliers (`TensorAlu.mul_a`);
         # loaded only for a MUL, so synthesis does not merge them with s5_acc and s5_b. A MUL
@@ -313,7 +327,7 @@ class ComputePipeline(wiring.Component):
         # ---------------------------------------------------------------- S5: the op, R6
         # A GEMM's accumulate is the ALU's ADD, so the loop has no GEMM/ALU select of its own.
         m.d.comb += [alu.op.eq(r_alu_op),
-                     alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.lt.eq(s5_lt),
+                     alu.a.eq(s5_acc), alu.b.eq(s5_b), alu.lt.eq(s5_lt), alu.shr.eq(s5_shr),
                      alu.mul_a.eq(s5_mul_a), alu.mul_b.eq(s5_mul_b)]
         m.d.sync += [s6_valid.eq(s5_valid), s6_dst.eq(s5_dst), s6_result.eq(alu.result)]
 

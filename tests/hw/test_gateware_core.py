@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-
-from gemforge.hw.gateware.testbench import simulate
+from amaranth import Cat, Elaboratable, Module
 
 from gemforge.hw.config import AccelConfig
-from gemforge.hw.gateware.alu import TensorAlu
-from gemforge.hw.gateware.gemm import GemmCore
+from gemforge.hw.gateware.alu import TensorAlu, shr_decode
+from gemforge.hw.gateware.gemm import GemmCore, lanes
+from gemforge.hw.gateware.testbench import simulate
 from gemforge.hw.isa import AluOp
 
 SMALL = AccelConfig(name="core-test", batch=2, block_in=4, block_out=4, inp_buffer_bytes=64,
@@ -80,12 +80,30 @@ def alu_reference(op, a, b, width):
     return np.array(out, np.int64)
 
 
+class DecodedAlu(Elaboratable):
+    """`TensorAlu` with SHR's amount decoded from ``b`` in the same cycle (the pipeline
+    decodes it a cycle ahead, from the operand it registers into ``b``)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.alu = TensorAlu(config)
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        m.submodules.alu = alu = self.alu
+        m.d.comb += alu.shr.eq(Cat(*(shr_decode(lane.as_signed(), c.acc_width)
+                                     for lane in lanes(alu.b, c.batch * c.block_out, c.acc_width))))
+        return m
+
+
 @pytest.mark.parametrize("config", [SMALL, NARROW], ids=lambda c: f"acc{c.acc_width}")
 @pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
 def test_tensor_alu(op, config):
     c = config
     n, w = c.batch * c.block_out, c.acc_width
-    dut = TensorAlu(c)
+    wrapper = DecodedAlu(c)
+    dut = wrapper.alu
     rng = np.random.default_rng([int(op), w])
     lo, hi = -(1 << (w - 1)), 1 << (w - 1)
     edge = [lo, hi - 1, 0, -1, 1, w, -w, w - 1, -(w - 1), 40, -40, 1 << (w - 12)]
@@ -114,4 +132,4 @@ def test_tensor_alu(op, config):
                 got = unpack(ctx.get(dut.result), n, w)
             np.testing.assert_array_equal(got, alu_reference(op, a, b, w), err_msg=f"a={a} b={b}")
 
-    simulate(dut, tb)
+    simulate(wrapper, tb)

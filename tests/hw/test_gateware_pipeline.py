@@ -14,6 +14,7 @@ from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.gateware.pipeline import ComputePipeline
 from gemforge.hw.gateware.testbench import simulate
 from gemforge.hw.isa import Alu, AluOp, Gemm, Uop, encode, encode_uops
+from gemforge.hw.timing import issues_at_half_rate
 from gemforge.sim.fsim import Fsim
 
 NONSQUARE = AccelConfig(name="pipeline-test", batch=2, block_in=4, block_out=2, inp_buffer_bytes=128,
@@ -145,8 +146,8 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
     issued = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
     assert result["faults"] == 0
-    # One micro-op per cycle (a MUL's every second cycle), then the drain of S1–S6.
-    interval = 2 if kind == "alu" and insn.op == AluOp.MUL else 1
+    # One micro-op per cycle (a MUL's and a register SHR's every second cycle), then the drain of S1–S6.
+    interval = 2 if issues_at_half_rate(insn) else 1
     assert result["cycles"] == (issued - 1) * interval + 7
 
 
@@ -155,8 +156,8 @@ def test_pipeline_equals_fsim_one_micro_op_per_cycle(config, kind, seed):
 @pytest.mark.parametrize("op", list(AluOp), ids=lambda op: op.name)
 def test_back_to_back_results_see_each_other(config, operand, op):
     """Micro-ops read the entries written by the ones just before them: each forward (R6's
-    into S5, the write-back's into S4 and S3) and a MUL's half rate (its product is added in
-    S6) show when wrong."""
+    into S5, the write-back's into S4 and S3) and the half rate of a MUL (its product is added
+    in S6) and of a register SHR (its amount is decoded in S4) show when wrong."""
     rng = np.random.default_rng([config.block_out, operand == "imm", int(op)])
     state = random_state(config, rng)
     # Each of dst and src reads the entry written one, two and three micro-ops before (and not
@@ -172,7 +173,7 @@ def test_back_to_back_results_see_each_other(config, operand, op):
     insn = Alu(op=op, imm=imm, uop_bgn=0, uop_end=len(uops), iter_out=2, iter_in=3)
     result = run_pipeline(config, insn, uops, state)
     np.testing.assert_array_equal(result["acc"], fsim_reference(config, insn, uops, state))
-    interval = 2 if op == AluOp.MUL else 1
+    interval = 2 if issues_at_half_rate(insn) else 1
     assert result["cycles"] == interval * (2 * 3 * len(uops) - 1) + 7
 
 

@@ -50,10 +50,12 @@ def alu_program(op: AluOp, uops: int, imm: int | None = None) -> list:
             Alu(op=op, imm=imm, uop_bgn=0, uop_end=16, iter_out=uops // 16, iter_in=1), Finish()]
 
 
-def test_an_alu_mul_issues_at_half_rate_and_other_ops_at_full_rate():
+def test_mul_and_register_shr_issue_at_half_rate_and_other_ops_at_full_rate():
     c, t = PRESETS["tiny"], timing_of(PRESETS["tiny"])
-    for op, per_uop in ((AluOp.MUL, t.mul_interval), (AluOp.ADD, 1), (AluOp.SHR, 1)):
-        short, long = (run_cycle_model(alu_program(op, n), c) for n in (160, 1760))
+    for op, imm, per_uop in ((AluOp.MUL, None, t.half_rate_interval), (AluOp.MUL, 3, t.half_rate_interval),
+                             (AluOp.SHR, None, t.half_rate_interval), (AluOp.SHR, 3, 1),
+                             (AluOp.ADD, None, 1), (AluOp.MAX, None, 1)):
+        short, long = (run_cycle_model(alu_program(op, n, imm), c) for n in (160, 1760))
         assert long.cycles - short.cycles == 1600 * per_uop
         assert long.counters["alu_active"] == 1760
 
@@ -63,7 +65,8 @@ def test_alu_instructions_take_the_cycles_the_model_gives_them_on_verilator():
     from gemforge.driver.rtl_perf import _run
     c = PRESETS["tiny"]
     uops = [Uop(dst=i % 8, src=(i * 3) % 16) for i in range(16)]
-    for op, imm in ((AluOp.MUL, None), (AluOp.MUL, 3), (AluOp.ADD, None), (AluOp.MAX, -2)):
+    for op, imm in ((AluOp.MUL, None), (AluOp.MUL, 3), (AluOp.SHR, None), (AluOp.SHR, -3), (AluOp.ADD, None),
+                    (AluOp.MAX, -2)):
         for n in (16, 320):
             program = alu_program(op, n, imm)
             rtl = _run(c, "verilator", lambda base: [Load(mem=MemType.UOP, sram_base=0, dram_base=base // c.uop_entry_bytes,
