@@ -174,8 +174,14 @@ class ComputePipeline(wiring.Component):
         m.d.sync += [*(bounds[name].eq(loop_field(name)) for name in bounds), r_half_rate.eq(half_rate)]
         m.d.comb += [loop.start.eq(self.start), loop.half_rate.eq(r_half_rate),
                      *(getattr(loop, name).eq(value) for name, value in bounds.items())]
+        # So are the factors, which the loop adds from the cycle after ``start`` on: their
+        # GEMM/ALU select in front of the offsets' adders was the next of tiny's slow paths
+        # (`pipeline.insn → uop_loop.dst_offset`, 10.4 ns).
         for k, (fo, fi) in factors.items():
-            m.d.comb += [getattr(loop, f"{k}_factor_out").eq(fo), getattr(loop, f"{k}_factor_in").eq(fi)]
+            r_fo = Signal.like(fo, name=f"loop_{k}_factor_out")
+            r_fi = Signal.like(fi, name=f"loop_{k}_factor_in")
+            m.d.sync += [r_fo.eq(fo), r_fi.eq(fi)]
+            m.d.comb += [getattr(loop, f"{k}_factor_out").eq(r_fo), getattr(loop, f"{k}_factor_in").eq(r_fi)]
         issue = loop.running
         off = {k: getattr(loop, f"{k}_offset") for k in factors}
         # The micro-op buffer is read a cycle ahead (at the loop's next index), so the micro-op

@@ -117,6 +117,7 @@ def test_tensor_alu(op, config):
 
     async def tb(ctx):
         ctx.set(dut.op, int(op))
+        await ctx.tick()                    # the op's decode is registered
         for a, b in cases:
             if op == AluOp.MUL:             # the product is registered: it comes a cycle later
                 ctx.set(dut.mul_a, pack(a, w))
