@@ -66,8 +66,8 @@ class ComputeEngine(wiring.Component):
         The GEMM micro-op entering is a reset (it multiplies nothing).
     state, busy, token_stall, mem_stall, retire
         Status for counters and debug, as the other engines'; ``mem_stall``: the
-        accumulator or micro-op loader waited for DRAM or the bus the cycle before
-        (`engine.registered_stall`).
+        accumulator or micro-op loader waited for DRAM or the bus two cycles before
+        (`TileLoader.mem_stall`, `engine.registered_stall`).
     """
 
     def __init__(self, config):

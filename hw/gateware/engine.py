@@ -69,9 +69,9 @@ _ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
 
 
 def loader_stall(loader):
-    """A tile loader's memory stall this cycle: a data position waits for DRAM, or its bus
-    request waits for the grant."""
-    return loader.mem_stall | (loader.bus.req & ~loader.bus.gnt)
+    """A tile loader's memory stall of the cycle before: a data position waited for DRAM, or its
+    bus request for the grant (`TileLoader.mem_stall`)."""
+    return loader.mem_stall
 
 
 def registered_stall(m, **terms):

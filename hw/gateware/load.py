@@ -40,7 +40,8 @@ class LoadEngine(wiring.Component):
         ``busy``: an instruction is being popped or launched, or a launched one has
         not been retired (data in flight or push pending); ``retire``: an
         instruction's pushes are done (its data is in SRAM); ``mem_stall``: a tile
-        loader waited for DRAM or the bus the cycle before (`engine.registered_stall`).
+        loader waited for DRAM or the bus two cycles before (`TileLoader.mem_stall`,
+        `engine.registered_stall`).
     """
 
     def __init__(self, config):

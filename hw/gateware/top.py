@@ -299,10 +299,11 @@ class Accelerator(CheckedComponent):
         for name, engine in engines.items():
             events[f"{name}_busy"] = engine.busy
             events[f"{name}_token_stall"] = engine.token_stall
-            # An engine's memory stall comes a cycle late, registered where it arises
-            # (`engine.registered_stall`): its DMA clients and bus grants lie far from the
-            # counters (on the ECP5 the routes alone took 9 ns). The count is as final at DONE:
-            # an engine's last busy cycle (its push) is never a stall.
+            # An engine's memory stall comes a cycle late (the store's) or two (the tile loaders'),
+            # registered where it arises (`engine.registered_stall`, `TileLoader.mem_stall`): its
+            # DMA clients and bus grants lie far from the counters (on the ECP5 the routes alone
+            # took 9 ns). The count is as final at DONE: an engine's last two busy cycles (a
+            # loader's last write and its push) are never stalls.
             events[f"{name}_mem_stall"] = engine.mem_stall
         for name, _doc in COUNTERS:
             counter = Signal(64, name=f"count_{name}")

@@ -85,7 +85,8 @@ def test_random_backpressure_keeps_results():
 
 
 @pytest.mark.parametrize("name", ["insns_retired", "fetch_busy", "load_busy", "compute_busy", "store_busy",
-                                  "store_mem_stall", "dma_bytes_read", "dma_bytes_written", "cycles"])
+                                  "load_mem_stall", "compute_mem_stall", "store_mem_stall", "dma_bytes_read",
+                                  "dma_bytes_written", "cycles"])
 def test_counters_are_complete_when_the_irq_rises(name):
     """The engine counters add a registered event a cycle late (top.py): read in the cycle
     the IRQ rises, the earliest a host can, a counter already holds its final value (the
