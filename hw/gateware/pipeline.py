@@ -42,18 +42,18 @@ brings is one of the latter), and SHR shifts by an amount decoded a cycle ahead
 from S4's operand. That operand is the immediate or, for an SHR by a register
 operand, never the result of the micro-op ahead: that SHR issues at half rate,
 like MUL (below). (Its decode in the loop, a 27-bit OR and a select before the
-barrel shifter, was the loop's longest path on the ECP5: 10.8 ns where ADD's
-carry chain took 7.9.)
+barrel shifter, was the loop's longest path: with tiny's pipeline placed alone
+on the ECP5-85F, 10.8 ns, where without SHR the loop took 7.9.)
 The write-back comes from R6, a register of the
 result, so the write port, the block RAMs' outputs and their transparency logic
 are outside the loop (a write-back from S5's unregistered result, forwarded
 through S4's selects, was tiny's critical path on the ECP5). An ALU MUL registers
 half-width products in S5 and adds them in S6 (`TensorAlu`), too late for that
-forward, so its instruction issues a micro-op every second cycle (as does an SHR
-by a register operand): the micro-op behind it is two stages back and takes the product from the write-back in S4
-(the one ahead of that, in S2's read). Hence micro-ops behave exactly
-sequentially, as the ISA says, at one micro-op per cycle (a MUL's every second
-cycle). The compute engine drains the pipeline (``busy``) before an instruction
+forward, so its instruction issues a micro-op every second cycle, as does an SHR
+by a register operand: the micro-op behind it is two stages back and takes the
+product (or result) from the write-back in S4 (the one ahead of that, in S2's
+read). Hence micro-ops behave exactly sequentially, as the ISA says, at one
+micro-op per cycle (a half-rate instruction's every second cycle). The compute engine drains the pipeline (``busy``) before an instruction
 completes, so nothing crosses an instruction boundary.
 
 A micro-op whose index plus loop offset lies beyond its buffer would wrap in
@@ -281,7 +281,8 @@ class ComputePipeline(wiring.Component):
         # The micro-op now in S5 writes what this one reads: S5's registers take its result as
         # it leaves the ALU. The selects are registers (set when the two were in S4 and S3), so
         # the result passes one 2:1 multiplexer on its way round (and R6 takes it for the
-        # write-back). A MUL's result is not ready here (see the module docstring).
+        # write-back). A half-rate instruction takes none: a MUL's result is not ready here, and
+        # an SHR by a register has decoded its amount from S4's value (see the module docstring).
         ahead = s4_valid & ~s4_bad & ~r_half_rate
         take_a = select_next(ahead & (s4_dst == s3_dst) & ~zero_acc, "take_a")
         take_b = select_next(ahead & (s4_dst == s3_src) & r_is_alu & ~r_use_imm, "take_b")
