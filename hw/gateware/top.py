@@ -205,22 +205,25 @@ class Accelerator(CheckedComponent):
         write_error = axi.bvalid & axi.bready & (axi.bresp != RESP_OKAY)
         watchdog = Signal(range(DEADLOCK_CYCLES + 1))
         # Progress is registered where it happens, one flip-flop per source (a queue, a token
-        # queue, an engine), and the flip-flops are ORed: no OR tree gathers the handshakes from
-        # across the device in front of one register (`compute.fsm_state → progressed`, 11.2 ns
-        # on tiny's ECP5). The bus counts as progressing while a transaction is outstanding or a
-        # request or response is presented, taken from registers and the bus's inputs only:
-        # AWVALID and WVALID end the store writers' logic, whose depth (10.6–11.7 ns from
-        # `store.*_writer.responses`) moved to any register that took them. A W beat needs an
-        # AW presented or outstanding, so it is seen through those. The registers lag a cycle,
-        # which the watchdog's DEADLOCK_CYCLES do not notice.
+        # queue, an engine's retire, issue or buffer write), and the flip-flops are ORed: no OR
+        # tree gathers the handshakes from across the device in front of one register
+        # (`compute.fsm_state → progressed`, 11.2 ns on tiny's ECP5). One per signal, not per
+        # engine: a buffer's write enable is its loader's own logic, and a register shared by two
+        # loaders across the die pulled that logic towards it (`load.wgt_loader.run →
+        # progress_load → … → run`, 11.8 ns). The bus counts as progressing while a transaction
+        # is outstanding or a request or response is presented, taken from registers and the
+        # bus's inputs only: AWVALID and WVALID end the store writers' logic, whose depth
+        # (10.6–11.7 ns from `store.*_writer.responses`) moved to any register that took them.
+        # A W beat needs an AW presented or outstanding, so it is seen through those. The
+        # registers lag a cycle, which the watchdog's DEADLOCK_CYCLES do not notice.
         bus_active = (reads_out != 0) | (writes_out != 0) | ar_fired | aw_fired | ar_held | aw_held \
             | axi.rvalid | axi.bvalid
         progress_sources = {
             **{f"queue_{name}": (q.w_en & q.w_rdy) | (q.r_en & q.r_rdy) for name, q in queues.items()},
             **{f"tokens_{name}": tq.pusher.push | tq.popper.pop for name, tq in tokens.items()},
-            "load": load.retire | load.inp_wr.en | load.wgt_wr.en,
-            "compute": compute.retire | compute.gemm_active | compute.alu_active | compute.acc_wr.en,
-            "store": store.retire,
+            "load_retire": load.retire, "inp_write": load.inp_wr.en, "wgt_write": load.wgt_wr.en,
+            "compute_retire": compute.retire, "gemm_issue": compute.gemm_active, "alu_issue": compute.alu_active,
+            "acc_write": compute.acc_wr.en, "store_retire": store.retire,
         }
         progressed = bus_active
         for name, source in progress_sources.items():
