@@ -10,7 +10,8 @@ S2    inp, wgt registered (GEMM, in `GemmCore`); indices checked against the dep
       read acc[dst], acc[src]
 S3    products (GEMM, registered in `GemmCore`); the accumulator's data registered, forward
       from the write-back
-S4    adder tree (GEMM) or operand select (ALU); forward from the write-back
+S4    adder tree (GEMM) or operand select (ALU); forward from the write-back; MIN/MAX's
+      compare and SHR's amount decoded for S5
 S5    op(acc, operand), a GEMM's accumulate being the ALU's ADD (acc + dot, or 0 + dot
       when overwriting); the result goes round to S5's registers for the micro-op behind
 S6    the result, registered (R6), is written back; an ALU MUL's product has its final add here
@@ -53,8 +54,9 @@ forward, so its instruction issues a micro-op every second cycle, as does an SHR
 by a register operand: the micro-op behind it is two stages back and takes the
 product (or result) from the write-back in S4 (the one ahead of that, in S2's
 read). Hence micro-ops behave exactly sequentially, as the ISA says, at one
-micro-op per cycle (a half-rate instruction's every second cycle). The compute engine drains the pipeline (``busy``) before an instruction
-completes, so nothing crosses an instruction boundary.
+micro-op per cycle (a half-rate instruction's every second cycle). The compute
+engine drains the pipeline (``busy``) before an instruction completes, so
+nothing crosses an instruction boundary.
 
 A micro-op whose index plus loop offset lies beyond its buffer would wrap in
 the address bits; it raises ``index_fault`` (`Fault.BUFFER_RANGE`, as fsim does)
