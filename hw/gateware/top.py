@@ -214,7 +214,8 @@ class Accelerator(CheckedComponent):
         # is outstanding or a request or response is presented, taken from registers and the
         # bus's inputs only: AWVALID and WVALID end the store writers' logic, whose depth
         # (10.6–11.7 ns from `store.*_writer.responses`) moved to any register that took them.
-        # A W beat needs an AW presented or outstanding, so it is seen through those. The
+        # A W beat comes only after its AW was accepted (`dma_write`: WVALID waits for the
+        # burst length the AW handshake queues), so an outstanding write covers it. The
         # registers lag a cycle, which the watchdog's DEADLOCK_CYCLES do not notice.
         bus_active = (reads_out != 0) | (writes_out != 0) | ar_fired | aw_fired | ar_held | aw_held \
             | axi.rvalid | axi.bvalid
