@@ -21,7 +21,7 @@ from ..isa import Engine, MemType, Opcode, insn_bits
 from ..regmap import ENGINE_STATES
 from .axi import AxiReadSignature
 from .banked import GroupReadSignature, GroupWriteSignature, buffer_lanes
-from .engine import (STATE_BITS, EngineSequencer, insn_layout, loader_stall, registered_stall, token_members,
+from .engine import (STATE_BITS, EngineSequencer, insn_layout, registered_stall, token_members,
                      token_ports)
 from .gemm import lanes
 from .pipeline import ComputePipeline
@@ -180,6 +180,6 @@ class ComputeEngine(wiring.Component):
             self.gemm_active.eq(pipe.gemm_active),
             self.gemm_reset.eq(pipe.gemm_reset),
             self.alu_active.eq(pipe.alu_active),
-            self.mem_stall.eq(registered_stall(m, acc=loader_stall(acc_loader), uop=loader_stall(uop_loader))),
+            self.mem_stall.eq(registered_stall(m, acc=acc_loader.mem_stall, uop=uop_loader.mem_stall)),
         ]
         return m

@@ -25,7 +25,7 @@ from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
 __all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer",
-           "PendingPushes", "loader_stall", "registered_stall"]
+           "PendingPushes", "registered_stall"]
 
 #: Width of an engine's state code (its field in the DEBUG_STATE register).
 STATE_BITS = ENGINE_STATE_BITS
@@ -68,16 +68,10 @@ def insn_layout(config, opcode):
 _ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
 
 
-def loader_stall(loader):
-    """A tile loader's memory stall of the cycle before: a data position waited for DRAM, or its
-    bus request for the grant (`TileLoader.mem_stall`)."""
-    return loader.mem_stall
-
-
 def registered_stall(m, **terms):
-    """An engine's memory-stall event, a cycle late: each term (a DMA client's stall: its data
-    waits for DRAM, or its bus request for the grant) registered on its own, where it arises,
-    and the registers ORed. An engine's clients can lie far apart (tiny on the ECP5 placed the
+    """An engine's memory-stall event, a cycle after its terms: each term (a DMA client's stall:
+    its data waits for DRAM, or its bus request for the grant; a tile loader's is itself a cycle
+    late, `TileLoader.mem_stall`) registered on its own, where it arises, and the registers ORed. An engine's clients can lie far apart (tiny on the ECP5 placed the
     load engine's two tile loaders across the die, and their OR before one register was a
     3-LUT path with 10 ns of routes); each register stays by its client."""
     stalls = []

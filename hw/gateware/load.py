@@ -14,7 +14,7 @@ from amaranth.lib.wiring import In, Out
 from ..isa import Engine, MemType, Opcode, insn_bits
 from .axi import AxiReadSignature
 from .banked import GroupWriteSignature, buffer_lanes
-from .engine import (STATE_BITS, EngineSequencer, PendingPushes, insn_layout, loader_stall, registered_stall,
+from .engine import (STATE_BITS, EngineSequencer, PendingPushes, insn_layout, registered_stall,
                      token_members, token_ports)
 from ..regmap import ENGINE_STATES
 from .tile_load import TileLoader
@@ -97,6 +97,6 @@ class LoadEngine(wiring.Component):
         m.d.comb += [
             self.state.eq(state), self.busy.eq(busy), self.token_stall.eq(token_stall),
             self.retire.eq(pushes.retire),
-            self.mem_stall.eq(registered_stall(m, **{name: loader_stall(loader) for name, loader in loaders.items()})),
+            self.mem_stall.eq(registered_stall(m, **{name: loader.mem_stall for name, loader in loaders.items()})),
         ]
         return m
