@@ -2,15 +2,23 @@
 entries (the DMA's shared parts and conventions are in `gemforge.hw.gateware.dma`)."""
 
 from amaranth import *
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .axi import AxiReadSignature
+from .banked import group_layout
 from .dma import BurstGenerator, DmaCommand, DmaWalk, GroupDma, refuse_unless_positive
 from .skid import SkidBuffer
 
-__all__ = ["DmaReader"]
+__all__ = ["DmaReader", "read_group_layout"]
+
+
+def read_group_layout(width, lanes):
+    """A `group_layout` with ``row_end``: the group holds its row's last entry. A consumer that
+    follows the rows (a tile loader's data run is one row) then needs no count of its own to
+    compare with the group's, a compare that would start at the bus's valid."""
+    return data.StructLayout({**group_layout(width, lanes).members, "row_end": 1})
 
 
 class DmaReader(GroupDma):
@@ -34,10 +42,10 @@ class DmaReader(GroupDma):
         ``x_size`` and ``y_size`` must be non-zero. Accepted when the burst
         generator is free, fewer than ``depth`` commands are in flight and, unless
         none is, no other bus client asks (``bus.contended``).
-    out : Out(stream of group_layout(entry_bytes·8, lanes))
+    out : Out(stream of read_group_layout(entry_bytes·8, lanes))
         The entries of the tiles, command after command, row by row, in the groups
         of `dma_groups`: the entries of one beat that belong to one row,
-        ``entries[0]`` first.
+        ``entries[0]`` first; ``row_end`` marks a row's last group.
     bus : Out(AxiReadSignature)
         ``req`` is held from the first command until the last entry of the last
         command in flight is delivered.
@@ -49,6 +57,8 @@ class DmaReader(GroupDma):
     def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4):
         super().check_arguments(entry_bytes, bus_bytes, lanes)
         refuse_unless_positive(depth, "Command depth")
+
+    group_shape = staticmethod(read_group_layout)
 
     def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
         self._depth = depth
@@ -96,6 +106,7 @@ class DmaReader(GroupDma):
             bus.req.eq(in_flight),
             self.busy.eq(in_flight),
             out.p.count.eq(walk.count),
+            out.p.row_end.eq(walk.row_end),
         ]
         finishing = Signal()
 

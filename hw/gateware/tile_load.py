@@ -46,6 +46,10 @@ class _Run(enum.Enum, shape=2):
     FULL = 3
 
 
+#: Per command, whether each padding run fits one group of the writer (its length ≤ lanes).
+fits_layout = data.StructLayout({"x_pad0": 1, "x_pad1": 1, "pitch": 1})
+
+
 def load_command_layout(config):
     """The fields of a LOAD the tile loader needs: the ISA's LOAD fields from ``sram_base`` on
     (SRAM base, the DRAM transfer, the padding), with the ISA's widths."""
@@ -133,13 +137,24 @@ class TileLoader(CheckedComponent):
         run = Signal(_Run)
         left = Signal(len(pitch))               # positions of `run` left
 
-        def first_run(fields, row_pitch, data_row):
-            """(run, length) of a row's first run: a padding row's whole pitch, else the first
-            non-empty run of a data row."""
+        # Which padding runs fit one group, per command (`fits_layout`): a padding run ends when
+        # ``left`` fits, and ``left_small`` (left ≤ lanes) is kept in a flip-flop beside it, so
+        # the run's end is a register, not a compare of ``left`` (a data run's end is the
+        # reader's ``row_end``: a tile row's data run is one DMA row).
+        fits = Signal(fits_layout)
+        left_small = Signal()
+
+        def fits_of(fields, row_pitch):
+            return Cat(fields.x_pad0 <= lanes, fields.x_pad1 <= lanes, row_pitch <= lanes)
+
+        def first_run(fields, row_pitch, data_row, fit):
+            """(run, length, length ≤ lanes) of a row's first run: a padding row's whole pitch,
+            else the first non-empty run of a data row (whose data run's fit is never used)."""
             return (Mux(data_row, Mux(fields.x_pad0 != 0, _Run.LEFT, Mux(fields.x_size != 0, _Run.DATA, _Run.RIGHT)),
                         _Run.FULL),
                     Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
-                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch))
+                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch),
+                    Mux(data_row, Mux(fields.x_pad0 != 0, fit.x_pad0, fit.x_pad1), fit.pitch))
 
         def first_section(fields, after):
             """(section, rows) of the first non-empty section after ``after`` (None: from the
@@ -159,15 +174,17 @@ class TileLoader(CheckedComponent):
         # the pitch's adds and the section and run choices sat between the queue's read and the
         # walk's registers, on the path from the previous tile's last write.
         start_layout = data.StructLayout({
-            "cmd": layout, "pitch": len(pitch), "section": _Section, "rows": len(rows_left), "final_row": 1,
-            "run": _Run, "left": len(left), "empty": 1})
+            "cmd": layout, "pitch": len(pitch), "fits": fits_layout, "section": _Section, "rows": len(rows_left),
+            "final_row": 1, "run": _Run, "left": len(left), "left_small": 1, "empty": 1})
         m.submodules.queue = queue = fifo.SyncFIFO(width=start_layout.size, depth=self._depth)
         incoming = self.cmd.p
         incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
         entering = data.View(start_layout, queue.w_data)
         incoming_pitch = incoming.x_pad0 + incoming.x_size + incoming.x_pad1
         start_section, start_rows = first_section(incoming, None)
-        start_run, start_left = first_run(incoming, incoming_pitch, start_section == _Section.MID)
+        incoming_fits = data.View(fits_layout, fits_of(incoming, incoming_pitch))
+        start_run, start_left, start_small = first_run(incoming, incoming_pitch, start_section == _Section.MID,
+                                                       incoming_fits)
         m.d.comb += [
             *dma_command_from(reader.cmd.p, incoming),
             reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
@@ -175,15 +192,16 @@ class TileLoader(CheckedComponent):
             entering.cmd.eq(incoming), entering.pitch.eq(incoming_pitch),
             entering.section.eq(start_section), entering.rows.eq(start_rows),
             entering.final_row.eq(start_rows == 1), entering.run.eq(start_run), entering.left.eq(start_left),
+            entering.fits.eq(incoming_fits), entering.left_small.eq(start_small),
             entering.empty.eq((start_section == _Section.DONE) | (incoming_pitch == 0)),
             queue.w_en.eq(self.cmd.valid & self.cmd.ready),
         ]
 
         is_data = run == _Run.DATA
-        pad_count = Mux(left < lanes, left, lanes)
+        pad_count = Mux(left_small, left, lanes)
         count = Signal(range(lanes + 1))
         m.d.comb += count.eq(Mux(is_data, reader.out.p.count, pad_count))
-        run_end = Mux(is_data, left == reader.out.p.count, left <= lanes)
+        run_end = Mux(is_data, reader.out.p.row_end, left_small)
 
         writing = active & ~empty
         with m.If(writing):
@@ -197,39 +215,42 @@ class TileLoader(CheckedComponent):
         with m.If(active & empty):
             m.d.comb += self.done.eq(1)
         with m.If(self.wr.en):
-            m.d.sync += [addr.eq(addr + count), left.eq(left - count)]
+            # A padding run that goes on takes a whole group (``left`` did not fit); a data run
+            # keeps no count (its end is the reader's), and every run's end sets ``left`` anew.
+            m.d.sync += [addr.eq(addr + count), left.eq(left - lanes), left_small.eq(left <= 2 * lanes)]
             with m.If(run_end):
                 # The next run of this row, if any; else the next row.
                 row_end = Signal()
                 with m.Switch(run):
                     with m.Case(_Run.LEFT):
                         with m.If(cmd.x_size != 0):
-                            m.d.sync += [run.eq(_Run.DATA), left.eq(cmd.x_size)]
+                            m.d.sync += run.eq(_Run.DATA)
                         with m.Elif(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(fits.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Case(_Run.DATA):
                         with m.If(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(fits.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Default():
                         m.d.comb += row_end.eq(1)
                 with m.If(row_end):
                     with m.If(~final_row):
-                        next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
+                        next_run, next_left, next_small = first_run(cmd, pitch, section == _Section.MID, fits)
                         m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2),
-                                     run.eq(next_run), left.eq(next_left)]
+                                     run.eq(next_run), left.eq(next_left), left_small.eq(next_small)]
                     with m.Else():
                         with m.Switch(section):
                             for current in (_Section.TOP, _Section.MID, _Section.BOT):
                                 with m.Case(current):
                                     following_section, following_rows = first_section(cmd, current)
-                                    next_run, next_left = first_run(cmd, pitch, following_section == _Section.MID)
+                                    next_run, next_left, next_small = first_run(
+                                        cmd, pitch, following_section == _Section.MID, fits)
                                     m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
                                                  final_row.eq(following_rows == 1),
-                                                 run.eq(next_run), left.eq(next_left)]
+                                                 run.eq(next_run), left.eq(next_left), left_small.eq(next_small)]
                                     with m.If(following_section == _Section.DONE):
                                         m.d.comb += self.done.eq(1)
         with m.If(self.done):
@@ -240,7 +261,8 @@ class TileLoader(CheckedComponent):
             m.d.sync += [
                 cmd.eq(following.cmd), active.eq(1), addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
                 section.eq(following.section), rows_left.eq(following.rows), final_row.eq(following.final_row),
-                run.eq(following.run), left.eq(following.left), empty.eq(following.empty),
+                run.eq(following.run), left.eq(following.left), left_small.eq(following.left_small),
+                fits.eq(following.fits), empty.eq(following.empty),
             ]
 
         data_wait, data_valid, bus_req, bus_gnt = (Signal(name=name) for name in
