@@ -91,7 +91,16 @@ class DmaReader(GroupDma):
         walk = DmaWalk(m, cmd, k_log, self._lanes)
         in_flight = Signal()
         m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy | skid.holding)
-        admit = pending.w_rdy & (~in_flight | ~bus.contended)
+        # The queue's w_rdy, kept in a flip-flop from its level's next value, so a command's
+        # acceptance starts at registers (a client's request logic waits on it: fetch's next
+        # chunk, `fetch.reader.pending.level → fetch.to_read`, 10.0 ns on the ECP5).
+        pending_room = Signal(init=1)
+        popped = pending.r_en & pending.r_rdy
+        with m.If(pending.w_en & ~popped):
+            m.d.sync += pending_room.eq(pending.level != self._depth - 1)
+        with m.Elif(popped & ~pending.w_en):
+            m.d.sync += pending_room.eq(1)
+        admit = pending_room & (~in_flight | ~bus.contended)
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
