@@ -58,6 +58,7 @@ from .timing_paths import parse_sdf, slowest_paths
 
 __all__ = [
     "DEVICES", "TARGETS", "Device", "Target", "SynthError", "FitError", "PlaceTimeout", "PlaceOptions", "ROUTERS",
+    "PLACER_TIMING_WEIGHT",
     "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits", "lut_lane_passes", "lanes_for_dsps",
     "parse_yosys_stat", "parse_nextpnr_report", "render_markdown",
 ]
@@ -418,31 +419,45 @@ SLOWEST_PATHS = 12
 ROUTERS = ("router1", "router2")
 
 
+#: nextpnr's heap placer weighs timing against wirelength by this factor
+#: (``--placer-heap-timingweight``; nextpnr's own default is 10). Measured on tiny's accelerator
+#: on the ECP5-85F (`PlaceOptions.timing_weight`): see the figures in BENCHMARKS.md.
+PLACER_TIMING_WEIGHT = 40
+TIMING_WEIGHT_RANGE = range(1, 1001)
+
+
 @dataclass(frozen=True)
 class PlaceOptions:
     """How nextpnr places and routes. A placement is one draw of its random placer: another
     ``seed`` gives another placement (Fmax varies by a few percent between seeds, and a congested
     placement can take router1 far longer to route); ``timeout_s`` stops a run that takes longer
-    (None: no limit)."""
+    (None: no limit). ``timing_weight`` is how much the placer favours the critical paths over
+    total wirelength (`PLACER_TIMING_WEIGHT`)."""
 
     seed: int | None = None          # None: nextpnr's own default seed
     router: str = "router1"
     timeout_s: float | None = None
+    timing_weight: int = PLACER_TIMING_WEIGHT
 
     def __post_init__(self):
         if self.seed is not None and not 0 <= self.seed < 2 ** 31:
             raise SynthError(f"--seed must be an integer from 0 to {2 ** 31 - 1}, not {self.seed}")
         if self.router not in ROUTERS:
             raise SynthError(f"unknown router {self.router!r}; choose {' or '.join(ROUTERS)}")
+        if not isinstance(self.timing_weight, int) or self.timing_weight not in TIMING_WEIGHT_RANGE:
+            raise SynthError(f"--timing-weight must be an integer from {TIMING_WEIGHT_RANGE.start} to "
+                             f"{TIMING_WEIGHT_RANGE.stop - 1}, not {self.timing_weight}")
         if self.timeout_s is not None and not 0 < self.timeout_s <= 7 * 86400:
             raise SynthError(f"--place-timeout must be a positive number of seconds up to a week (604800), "
                              f"not {self.timeout_s:g}")
 
     def nextpnr_args(self) -> list[str]:
-        return (["--seed", str(self.seed)] if self.seed is not None else []) + ["--router", self.router]
+        return ((["--seed", str(self.seed)] if self.seed is not None else []) + ["--router", self.router]
+                + ["--placer-heap-timingweight", str(self.timing_weight)])
 
     def summary(self) -> dict[str, Any]:
-        return {"seed": self.seed, "router": self.router, "timeout_s": self.timeout_s}
+        return {"seed": self.seed, "router": self.router, "timeout_s": self.timeout_s,
+                "timing_weight": self.timing_weight}
 
     @property
     def hint(self) -> str:
@@ -560,7 +575,8 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
     ``verilog`` the generated Verilog and its companion files are written beside it too. With ``board`` (or ``bitstream``,
     which needs one: the target's `DEFAULT_BOARD`), the board top with ``board_memory``
     bytes of block RAM is built on the board's pins and clock instead, and packed into a
-    bitstream. ``place`` sets nextpnr's seed, router and time limit (`PlaceOptions`).
+    bitstream. ``place`` sets nextpnr's seed, router, placer timing weight and time limit
+    (`PlaceOptions`).
     ``lut_lanes`` GEMM lanes get multipliers built from LUT logic (`lut_lane_passes`); None:
     as many as it takes for the DSP blocks to fit the device (a second synthesis), none where
     they fit. ``on_step`` hears of each stage, and of that second synthesis (``lut_multipliers``).
@@ -577,7 +593,8 @@ def run_synth(config: AccelConfig, target: str, out_dir: str | Path, *, freq_mhz
         return SynthError(f"{options}; the generic target has no place and route (choose {devices})")
 
     if place is not None and place != PlaceOptions() and t.device is None:
-        raise no_place_and_route("--seed, --router and --place-timeout set how nextpnr places and routes")
+        raise no_place_and_route("--seed, --router, --timing-weight and --place-timeout set how nextpnr places "
+                                 "and routes")
     place = place or PlaceOptions()
     if board is not None or (bitstream and t.device is not None):
         return _run_board(config, t, board or DEFAULT_BOARD[t.name], Path(out_dir), board_memory, freq_mhz,
