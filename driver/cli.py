@@ -443,7 +443,8 @@ def cmd_synth(args: argparse.Namespace) -> None:
     from gemforge.hw.synth import PlaceOptions, run_synth
     config = _config(args)
     _check_output_dir(args.output)
-    place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout)
+    place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout,
+                         timing_weight=args.timing_weight)
     what = {"generate": "generating the netlist and the Verilog", "predict": "checking the buffers against the device's RAM",
             "synthesize": f"synthesizing with Yosys ({args.target})",
             "lut_multipliers": "more products than DSP blocks: synthesizing again with some GEMM lanes' "
@@ -559,11 +560,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with a board: bytes of block RAM standing in for DRAM (default 65536)")
     p.add_argument("--bitstream", action="store_true",
                    help="place and route on a board and write its bitstream (the target's board unless --board)")
-    from gemforge.hw.synth import ROUTERS
+    from gemforge.hw.synth import PLACER_TIMING_WEIGHT, ROUTERS
     p.add_argument("--seed", type=int, metavar="N",
                    help="nextpnr's placement seed (default: nextpnr's own); another seed is another placement, "
                         "its Fmax a few percent either way")
     p.add_argument("--router", choices=ROUTERS, default="router1", help="nextpnr's router (default: router1)")
+    p.add_argument("--timing-weight", type=int, default=PLACER_TIMING_WEIGHT, metavar="N",
+                   help="how strongly nextpnr's placer favours the critical paths over wirelength "
+                        f"(--placer-heap-timingweight; default: {PLACER_TIMING_WEIGHT}, nextpnr's own 10)")
     p.add_argument("--place-timeout", type=float, metavar="SECONDS",
                    help="stop place and route (or the board build) after this long, as an error (default: no limit)")
     p.add_argument("--lut-lanes", type=int, metavar="N",

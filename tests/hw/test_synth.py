@@ -13,8 +13,8 @@ import pytest
 from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.synth import (
-    DEVICES, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells, check_pins, lanes_for_dsps,
-    lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown,
+    DEVICES, PLACER_TIMING_WEIGHT, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells,
+    check_pins, lanes_for_dsps, lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown,
     run_synth,
 )
 from gemforge.hw.synth import _post_route_resources
@@ -214,10 +214,15 @@ def test_terminating_synth_stops_the_tool_it_runs(tmp_path):
 
 
 def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
-    assert PlaceOptions().nextpnr_args() == ["--router", "router1"]
-    assert PlaceOptions(seed=7, router="router2").nextpnr_args() == ["--seed", "7", "--router", "router2"]
-    assert PlaceOptions(seed=3, timeout_s=60).summary() == {"seed": 3, "router": "router1", "timeout_s": 60}
+    weight = str(PLACER_TIMING_WEIGHT)
+    assert PlaceOptions().nextpnr_args() == ["--router", "router1", "--placer-heap-timingweight", weight]
+    assert PlaceOptions(seed=7, router="router2", timing_weight=25).nextpnr_args() == \
+        ["--seed", "7", "--router", "router2", "--placer-heap-timingweight", "25"]
+    assert PlaceOptions(seed=3, timeout_s=60).summary() == {"seed": 3, "router": "router1", "timeout_s": 60,
+                                                            "timing_weight": PLACER_TIMING_WEIGHT}
     for kwargs, message in [({"seed": -1}, "--seed must be an integer from 0 to 2147483647, not -1"),
+                            ({"timing_weight": 0}, "--timing-weight must be an integer from 1 to 1000, not 0"),
+                            ({"timing_weight": 1001}, "not 1001"), ({"timing_weight": 2.5}, "not 2.5"),
                             ({"router": "router3"}, "unknown router 'router3'; choose router1 or router2"),
                             ({"timeout_s": 0}, r"--place-timeout must be a positive number of seconds up to a week "
                                                r"\(604800\), not 0"),
@@ -237,10 +242,11 @@ def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
         (cwd / args[args.index("--sdf") + 1]).write_text(SDF)
 
     monkeypatch.setattr(synth, "_run", fake_run)
-    place = PlaceOptions(seed=11, router="router2", timeout_s=900)
+    place = PlaceOptions(seed=11, router="router2", timeout_s=900, timing_weight=30)
     pnr = synth._place(TARGETS["ecp5-85f"], tmp_path, "nextpnr", 100.0, place)
     (args, kwargs), = calls
     assert args[args.index("--seed") + 1] == "11" and args[args.index("--router") + 1] == "router2"
+    assert args[args.index("--placer-heap-timingweight") + 1] == "30"
     assert kwargs["timeout_s"] == 900 and pnr["fmax_mhz"] == pytest.approx(42.07)
     # The routed delays are kept (routed.sdf) and summarized as the slowest paths.
     assert (tmp_path / "routed.sdf").read_text() == SDF
@@ -261,7 +267,7 @@ def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(t
     report = run_synth(PRESETS["tiny"], "ecp5-85f", tmp_path, place=place, verilog=False)
     assert seen == [place] and report["status"] == "ok"
     assert json.loads((tmp_path / "report.json").read_text())["place_options"] == \
-        {"seed": 5, "router": "router2", "timeout_s": 100}
+        {"seed": 5, "router": "router2", "timeout_s": 100, "timing_weight": PLACER_TIMING_WEIGHT}
 
 
 # ---------------------------------------------------------------------------- LUT multipliers
@@ -387,6 +393,8 @@ def run(capsys, *argv):
     (["--target", "generic", "--seed", "2"], "the generic target has no place and route"),
     (["--target", "ecp5-85f", "--seed", "-3"], "--seed must be an integer from 0 to 2147483647, not -3"),
     (["--target", "ecp5-85f", "--place-timeout", "0"], "--place-timeout must be a positive number of seconds"),
+    (["--target", "generic", "--timing-weight", "20"], "the generic target has no place and route"),
+    (["--target", "ecp5-85f", "--timing-weight", "0"], "--timing-weight must be an integer from 1 to 1000, not 0"),
     (["--target", "ecp5-85f", "--board", "icebreaker"], "use --target ice40-up5k with --board icebreaker"),
     (["--target", "ice40-up5k", "--bitstream", "--board-memory", "3000"], "a power of two of at least 4096"),
     (["--target", "ice40-up5k", "--config", "default"], "default needs 3,932,160 bits of RAM"),
