@@ -9,7 +9,7 @@ from amaranth.utils import exact_log2
 from .axi import AxiReadSignature
 from .banked import group_layout
 from .dma import BurstGenerator, DmaCommand, DmaWalk, GroupDma, refuse_unless_positive
-from .skid import SkidBuffer
+from .skid import RegisteredStage, SkidBuffer, registered_w_rdy
 
 __all__ = ["DmaReader", "read_group_layout"]
 
@@ -35,6 +35,9 @@ class DmaReader(GroupDma):
         Commands in flight: a command is accepted while up to ``depth - 1`` earlier
         ones still wait for their data, so its bursts go out while theirs arrive
         (AXI returns the read data of one ID in order).
+    registered : bool
+        The groups leave through a `RegisteredStage` (a cycle later, ``out``'s valid and
+        payload registers) instead of a `SkidBuffer` (the same cycle as their beat).
 
     Attributes
     ----------
@@ -47,21 +50,22 @@ class DmaReader(GroupDma):
         of `dma_groups`: the entries of one beat that belong to one row,
         ``entries[0]`` first; ``row_end`` marks a row's last group.
     bus : Out(AxiReadSignature)
-        ``req`` is held from the first command until the last entry of the last
-        command in flight is delivered.
+        ``req`` is held from the first command until the last beat of the last
+        command in flight is taken.
     busy : Out(1)
         A command is in flight.
     """
 
     @classmethod
-    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4):
+    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4, registered=False):
         super().check_arguments(entry_bytes, bus_bytes, lanes)
         refuse_unless_positive(depth, "Command depth")
 
     group_shape = staticmethod(read_group_layout)
 
-    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
+    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4, registered=False):
         self._depth = depth
+        self._registered = registered
         super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),
             "out": Out(group),
@@ -74,8 +78,10 @@ class DmaReader(GroupDma):
         m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
         # The groups leave through a skid buffer: the consumer's ready (a tile loader's
         # choice between padding and data) would otherwise run through this reader's
-        # handshake, its walk and its command queue in the same cycle.
-        m.submodules.skid = skid = SkidBuffer(self.out.p.shape())
+        # handshake, its walk and its command queue in the same cycle. A registered stage
+        # also cuts the way forward: the walk's count and row end, and the bus's valid, then
+        # reach the consumer's decision from flip-flops.
+        m.submodules.skid = skid = (RegisteredStage if self._registered else SkidBuffer)(self.out.p.shape())
         wiring.connect(m, skid.o, wiring.flipped(self.out))
         out = skid.i
         e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
@@ -89,17 +95,14 @@ class DmaReader(GroupDma):
         cmd = Signal(DmaCommand)
         active = Signal()
         walk = DmaWalk(m, cmd, k_log, self._lanes)
-        in_flight = Signal()
-        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy | skid.holding)
+        # Beats still to come (the bus is needed), and the reader's work in flight (beats, or
+        # groups still in the output stage, which need no bus).
+        beats_due, in_flight = Signal(), Signal()
+        m.d.comb += [beats_due.eq(active | pending.r_rdy | bursts.busy), in_flight.eq(beats_due | skid.holding)]
         # The queue's w_rdy, kept in a flip-flop from its level's next value, so a command's
         # acceptance starts at registers (a client's request logic waits on it: fetch's next
         # chunk, `fetch.reader.pending.level → fetch.to_read`, 10.0 ns on the ECP5).
-        pending_room = Signal(init=1)
-        popped = pending.r_en & pending.r_rdy
-        with m.If(pending.w_en & ~popped):
-            m.d.sync += pending_room.eq(pending.level != self._depth - 1)
-        with m.Elif(popped & ~pending.w_en):
-            m.d.sync += pending_room.eq(1)
+        pending_room = registered_w_rdy(m, pending, self._depth)
         admit = pending_room & (~in_flight | ~bus.contended)
 
         m.d.comb += [
@@ -112,7 +115,7 @@ class DmaReader(GroupDma):
             bus.arlen.eq(bursts.burst.p.len),
             bus.arvalid.eq(bursts.burst.valid & bus.gnt),
             bursts.burst.ready.eq(bus.arready & bus.gnt),
-            bus.req.eq(in_flight),
+            bus.req.eq(beats_due),
             self.busy.eq(in_flight),
             out.p.count.eq(walk.count),
             out.p.row_end.eq(walk.row_end),

@@ -8,13 +8,19 @@ one payload offered while the consumer is not ready is caught in the skid (the p
 ``ready`` low from the next cycle until the skid has been drained). The consumer's stream
 therefore never loses a cycle; the producer is held back one cycle per stall, while the
 skid drains.
+
+`registered_w_rdy` gives a FIFO's ``w_rdy`` from a flip-flop.
+
+`RegisteredStage` cuts the forward path too, at a cycle of latency: the consumer's valid and
+payload are registers as well, so its decision starts at flip-flops instead of at the
+producer's logic (and, through it, at the bus).
 """
 
 from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer"]
+__all__ = ["SkidBuffer", "RegisteredStage", "registered_w_rdy"]
 
 
 class SkidBuffer(wiring.Component):
@@ -56,3 +62,61 @@ class SkidBuffer(wiring.Component):
         with m.Else():
             m.d.sync += [full.eq(self.i.valid & ~self.o.ready), caught.eq(self.i.payload)]
         return m
+
+
+class RegisteredStage(wiring.Component):
+    """A full-rate stream stage whose outputs are all registers: ``o.valid`` and ``o.payload``
+    toward the consumer, ``i.ready`` toward the producer. A payload leaves the cycle after it
+    was taken; while the consumer is not ready, the stage holds one payload and a skid catches
+    one more, so the producer's ready can be a register and still no cycle is lost.
+
+    Parameters
+    ----------
+    payload_shape : shape-castable
+        The streams' payload.
+
+    Attributes
+    ----------
+    i : In(stream of payload_shape)
+        From the producer; ``i.ready`` is a register (the skid is empty).
+    o : Out(stream of payload_shape)
+        To the consumer; ``o.valid`` and ``o.payload`` are registers.
+    holding : Out(1)
+        The stage holds a payload (``o.valid``, or the skid's).
+    """
+
+    def __init__(self, payload_shape):
+        self._payload_shape = payload_shape
+        super().__init__({"i": In(stream.Signature(payload_shape)), "o": Out(stream.Signature(payload_shape)),
+                          "holding": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        valid = Signal()
+        payload = Signal(self._payload_shape)
+        full = Signal()                         # the skid holds `caught`
+        caught = Signal(self._payload_shape)
+        m.d.comb += [self.i.ready.eq(~full), self.o.valid.eq(valid), self.o.payload.eq(payload),
+                     self.holding.eq(valid | full)]
+        with m.If(~valid | self.o.ready):
+            # The output register is free (or freed this cycle): it takes the skid's payload,
+            # else the producer's offer (which it cannot make while the skid is full).
+            m.d.sync += [valid.eq(full | self.i.valid), payload.eq(Mux(full, caught, self.i.payload)),
+                         full.eq(0)]
+        with m.Elif(~full):
+            m.d.sync += [full.eq(self.i.valid), caught.eq(self.i.payload)]
+        return m
+
+
+def registered_w_rdy(m, queue, depth):
+    """``queue.w_rdy`` (an `amaranth.lib.fifo.SyncFIFO` of ``depth`` entries) as a flip-flop,
+    kept from the queue's next level: the same value, but a writer that decides on it starts at
+    a register rather than at the level's compare (a command's acceptance is then a short AND
+    of registers in front of its many enables). Logic is added to ``m``."""
+    room = Signal(init=1, name="w_rdy_registered")
+    read = queue.r_en & queue.r_rdy
+    with m.If(queue.w_en & queue.w_rdy & ~read):
+        m.d.sync += room.eq(queue.level != depth - 1)
+    with m.Elif(read & ~(queue.w_en & queue.w_rdy)):
+        m.d.sync += room.eq(1)
+    return room

@@ -80,9 +80,9 @@ class TileLoader(CheckedComponent):
     busy, mem_stall : Out(1)
         ``busy``: a command is in flight. ``mem_stall``: in the cycle before, a data position
         waited for DRAM or the bus request for its grant (a counter event: made from registers
-        of its raw signals, each beside its source, since on the ECP5 the loaders, their readers
-        and the arbiter's grants lie far apart and a path through their logic into one register
-        of the stall took 12.9 ns, 11 of it routes).
+        of the data wait, the reader's valid and the bus wait, since on the ECP5 the loaders,
+        their readers and the arbiter's grants lie far apart and a path through their logic into
+        one register of the stall took 12.9 ns, 11 of it routes).
     depth : int
         Commands in flight (accepted, not yet written).
     """
@@ -113,8 +113,12 @@ class TileLoader(CheckedComponent):
         m = Module()
         lanes = self._lanes
         layout = load_command_layout(self._config)
+        # Registered groups: the writer's every decision (data or padding, the run's and the
+        # tile's end, the next command's registers) starts at the reader's flip-flops, a cycle
+        # after the beat (on the ECP5 the walk's lane → count → the writer's counters was
+        # 10.6 ns, and before that the bus's valid ran into the writer's run end).
         m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes,
-                                                 depth=self._depth)
+                                                 depth=self._depth, registered=True)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
 
         # Writer: walks the padded tile of `cmd` while ``active``, run by run. A tile is up to
@@ -137,24 +141,24 @@ class TileLoader(CheckedComponent):
         run = Signal(_Run)
         left = Signal(len(pitch))               # positions of `run` left
 
-        # Which padding runs fit one group, per command (`fits_layout`): a padding run ends when
-        # ``left`` fits, and ``left_small`` (left ≤ lanes) is kept in a flip-flop beside it, so
-        # the run's end is a register, not a compare of ``left`` (a data run's end is the
-        # reader's ``row_end``: a tile row's data run is one DMA row).
-        fits = Signal(fits_layout)
+        # A padding run ends when ``left`` fits one group, and ``left_small`` (left ≤ lanes) is
+        # kept in a flip-flop beside it, so the run's end is a register, not a compare of
+        # ``left`` (a data run's end is the reader's ``row_end``: a tile row's data run is one
+        # DMA row). Which of the command's padding runs fit (`fits_layout`) is worked out from
+        # the command's registers, ahead of the run ends that choose among them.
         left_small = Signal()
-
-        def fits_of(fields, row_pitch):
-            return Cat(fields.x_pad0 <= lanes, fields.x_pad1 <= lanes, row_pitch <= lanes)
+        fits = Signal(fits_layout)
+        m.d.comb += fits.eq(Cat(cmd.x_pad0 <= lanes, cmd.x_pad1 <= lanes, pitch <= lanes))
 
         def first_run(fields, row_pitch, data_row, fit):
             """(run, length, length ≤ lanes) of a row's first run: a padding row's whole pitch,
-            else the first non-empty run of a data row (whose data run's fit is never used)."""
+            else the first non-empty run of a data row (whose data run's fit is never used); the
+            fit from ``fit`` (`fits_layout`), None without it."""
             return (Mux(data_row, Mux(fields.x_pad0 != 0, _Run.LEFT, Mux(fields.x_size != 0, _Run.DATA, _Run.RIGHT)),
                         _Run.FULL),
                     Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
                                       Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch),
-                    Mux(data_row, Mux(fields.x_pad0 != 0, fit.x_pad0, fit.x_pad1), fit.pitch))
+                    None if fit is None else Mux(data_row, Mux(fields.x_pad0 != 0, fit.x_pad0, fit.x_pad1), fit.pitch))
 
         def first_section(fields, after):
             """(section, rows) of the first non-empty section after ``after`` (None: from the
@@ -174,17 +178,15 @@ class TileLoader(CheckedComponent):
         # the pitch's adds and the section and run choices sat between the queue's read and the
         # walk's registers, on the path from the previous tile's last write.
         start_layout = data.StructLayout({
-            "cmd": layout, "pitch": len(pitch), "fits": fits_layout, "section": _Section, "rows": len(rows_left),
-            "final_row": 1, "run": _Run, "left": len(left), "left_small": 1, "empty": 1})
+            "cmd": layout, "pitch": len(pitch), "section": _Section, "rows": len(rows_left), "final_row": 1,
+            "run": _Run, "left": len(left), "empty": 1})
         m.submodules.queue = queue = fifo.SyncFIFO(width=start_layout.size, depth=self._depth)
         incoming = self.cmd.p
         incoming_data = (incoming.y_size != 0) & (incoming.x_size != 0)
         entering = data.View(start_layout, queue.w_data)
         incoming_pitch = incoming.x_pad0 + incoming.x_size + incoming.x_pad1
         start_section, start_rows = first_section(incoming, None)
-        incoming_fits = data.View(fits_layout, fits_of(incoming, incoming_pitch))
-        start_run, start_left, start_small = first_run(incoming, incoming_pitch, start_section == _Section.MID,
-                                                       incoming_fits)
+        start_run, start_left, _ = first_run(incoming, incoming_pitch, start_section == _Section.MID, None)
         m.d.comb += [
             *dma_command_from(reader.cmd.p, incoming),
             reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
@@ -192,7 +194,6 @@ class TileLoader(CheckedComponent):
             entering.cmd.eq(incoming), entering.pitch.eq(incoming_pitch),
             entering.section.eq(start_section), entering.rows.eq(start_rows),
             entering.final_row.eq(start_rows == 1), entering.run.eq(start_run), entering.left.eq(start_left),
-            entering.fits.eq(incoming_fits), entering.left_small.eq(start_small),
             entering.empty.eq((start_section == _Section.DONE) | (incoming_pitch == 0)),
             queue.w_en.eq(self.cmd.valid & self.cmd.ready),
         ]
@@ -261,14 +262,15 @@ class TileLoader(CheckedComponent):
             m.d.sync += [
                 cmd.eq(following.cmd), active.eq(1), addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
                 section.eq(following.section), rows_left.eq(following.rows), final_row.eq(following.final_row),
-                run.eq(following.run), left.eq(following.left), left_small.eq(following.left_small),
-                fits.eq(following.fits), empty.eq(following.empty),
+                run.eq(following.run), left.eq(following.left), left_small.eq(following.left <= lanes),
+                empty.eq(following.empty),
             ]
 
-        data_wait, data_valid, bus_req, bus_gnt = (Signal(name=name) for name in
-                                                   ("data_wait", "data_valid", "bus_req", "bus_gnt"))
+        # The bus wait is one register of its own: registers of the bare request and grant would
+        # be merged by synthesis with the arbiter's registers of the same signals, far away.
+        data_wait, data_valid, bus_wait = (Signal(name=name) for name in ("data_wait", "data_valid", "bus_wait"))
         m.d.sync += [data_wait.eq(writing & is_data), data_valid.eq(reader.out.valid),
-                     bus_req.eq(self.bus.req), bus_gnt.eq(self.bus.gnt)]
+                     bus_wait.eq(self.bus.req & ~self.bus.gnt)]
         m.d.comb += [self.busy.eq(active | queue.r_rdy | reader.busy),
-                     self.mem_stall.eq((data_wait & ~data_valid) | (bus_req & ~bus_gnt))]
+                     self.mem_stall.eq((data_wait & ~data_valid) | bus_wait)]
         return m
