@@ -65,10 +65,12 @@ class SkidBuffer(wiring.Component):
 
 
 class RegisteredStage(wiring.Component):
-    """A full-rate stream stage whose outputs are all registers: ``o.valid`` and ``o.payload``
-    toward the consumer, ``i.ready`` toward the producer. A payload leaves the cycle after it
-    was taken; while the consumer is not ready, the stage holds one payload and a skid catches
-    one more, so the producer's ready can be a register and still no cycle is lost.
+    """A full-rate stream stage whose outputs are all registers: ``o.valid`` toward the
+    consumer, ``i.ready`` toward the producer, and ``o.payload`` a 2:1 choice between two
+    registers. A payload leaves the cycle after it was taken. It holds two payloads, written
+    and read in turn, so the producer's ready can be a register and still no cycle is lost
+    while the consumer takes one per cycle; and the consumer's ready reaches only the read
+    side's few flip-flops, not an enable of every payload bit (as a pipeline register's would).
 
     Parameters
     ----------
@@ -78,11 +80,11 @@ class RegisteredStage(wiring.Component):
     Attributes
     ----------
     i : In(stream of payload_shape)
-        From the producer; ``i.ready`` is a register (the skid is empty).
+        From the producer; ``i.ready`` is a register (fewer than two payloads held).
     o : Out(stream of payload_shape)
-        To the consumer; ``o.valid`` and ``o.payload`` are registers.
+        To the consumer; ``o.valid`` is a register.
     holding : Out(1)
-        The stage holds a payload (``o.valid``, or the skid's).
+        The stage holds a payload (``o.valid``).
     """
 
     def __init__(self, payload_shape):
@@ -92,19 +94,23 @@ class RegisteredStage(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        valid = Signal()
-        payload = Signal(self._payload_shape)
-        full = Signal()                         # the skid holds `caught`
-        caught = Signal(self._payload_shape)
-        m.d.comb += [self.i.ready.eq(~full), self.o.valid.eq(valid), self.o.payload.eq(payload),
-                     self.holding.eq(valid | full)]
-        with m.If(~valid | self.o.ready):
-            # The output register is free (or freed this cycle): it takes the skid's payload,
-            # else the producer's offer (which it cannot make while the skid is full).
-            m.d.sync += [valid.eq(full | self.i.valid), payload.eq(Mux(full, caught, self.i.payload)),
-                         full.eq(0)]
-        with m.Elif(~full):
-            m.d.sync += [full.eq(self.i.valid), caught.eq(self.i.payload)]
+        slots = [Signal(self._payload_shape, name=f"slot{k}") for k in range(2)]
+        write_slot, read_slot = Signal(), Signal()
+        count = Signal(range(3))
+        not_full, not_empty = Signal(init=1), Signal()      # count != 2, count != 0
+        written = self.i.valid & not_full
+        read = not_empty & self.o.ready
+        m.d.comb += [self.i.ready.eq(not_full), self.o.valid.eq(not_empty), self.holding.eq(not_empty),
+                     self.o.payload.eq(Mux(read_slot, slots[1], slots[0]))]
+        for k, slot in enumerate(slots):
+            with m.If(written & (write_slot == k)):
+                m.d.sync += slot.eq(self.i.payload)
+        with m.If(written):
+            m.d.sync += write_slot.eq(~write_slot)
+        with m.If(read):
+            m.d.sync += read_slot.eq(~read_slot)
+        following = count + written - read
+        m.d.sync += [count.eq(following), not_full.eq(following != 2), not_empty.eq(following != 0)]
         return m
 
 
