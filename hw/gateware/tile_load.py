@@ -46,10 +46,6 @@ class _Run(enum.Enum, shape=2):
     FULL = 3
 
 
-#: Per command, whether each padding run fits one group of the writer (its length ≤ lanes).
-fits_layout = data.StructLayout({"x_pad0": 1, "x_pad1": 1, "pitch": 1})
-
-
 def load_command_layout(config):
     """The fields of a LOAD the tile loader needs: the ISA's LOAD fields from ``sram_base`` on
     (SRAM base, the DRAM transfer, the padding), with the ISA's widths."""
@@ -141,24 +137,28 @@ class TileLoader(CheckedComponent):
         run = Signal(_Run)
         left = Signal(len(pitch))               # positions of `run` left
 
-        # A padding run ends when ``left`` fits one group, and ``left_small`` (left ≤ lanes) is
-        # kept in a flip-flop beside it, so the run's end is a register, not a compare of
-        # ``left`` (a data run's end is the reader's ``row_end``: a tile row's data run is one
-        # DMA row). Which of the command's padding runs fit (`fits_layout`) is worked out from
-        # the command's registers, ahead of the run ends that choose among them.
-        left_small = Signal()
-        fits = Signal(fits_layout)
-        m.d.comb += fits.eq(Cat(cmd.x_pad0 <= lanes, cmd.x_pad1 <= lanes, pitch <= lanes))
-
-        def first_run(fields, row_pitch, data_row, fit):
-            """(run, length, length ≤ lanes) of a row's first run: a padding row's whole pitch,
-            else the first non-empty run of a data row (whose data run's fit is never used); the
-            fit from ``fit`` (`fits_layout`), None without it."""
+        def first_run(fields, row_pitch, data_row):
+            """(run, length) of a row's first run: a padding row's whole pitch, else the first
+            non-empty run of a data row."""
             return (Mux(data_row, Mux(fields.x_pad0 != 0, _Run.LEFT, Mux(fields.x_size != 0, _Run.DATA, _Run.RIGHT)),
                         _Run.FULL),
                     Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
-                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch),
-                    None if fit is None else Mux(data_row, Mux(fields.x_pad0 != 0, fit.x_pad0, fit.x_pad1), fit.pitch))
+                                      Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch))
+
+        # A padding run ends when ``left`` fits one group, and ``left_small`` (left ≤ lanes) is
+        # kept in a flip-flop beside it, so the run's end is a register, not a compare of
+        # ``left`` (a data run's end is the reader's ``row_end``: a tile row's data run is one
+        # DMA row). Which of the command's padding runs fit is worked out from its registers,
+        # ahead of the run ends that choose among them.
+        left_small = Signal()
+        pad0_fits, pad1_fits, pitch_fits = Signal(), Signal(), Signal()
+        m.d.comb += [pad0_fits.eq(cmd.x_pad0 <= lanes), pad1_fits.eq(cmd.x_pad1 <= lanes),
+                     pitch_fits.eq(pitch <= lanes)]
+
+        def first_run_fits(data_row):
+            """Whether the first run of `cmd`'s next row (`first_run`) fits one group (never used
+            for a data run)."""
+            return Mux(data_row, Mux(cmd.x_pad0 != 0, pad0_fits, pad1_fits), pitch_fits)
 
         def first_section(fields, after):
             """(section, rows) of the first non-empty section after ``after`` (None: from the
@@ -186,7 +186,7 @@ class TileLoader(CheckedComponent):
         entering = data.View(start_layout, queue.w_data)
         incoming_pitch = incoming.x_pad0 + incoming.x_size + incoming.x_pad1
         start_section, start_rows = first_section(incoming, None)
-        start_run, start_left, _ = first_run(incoming, incoming_pitch, start_section == _Section.MID, None)
+        start_run, start_left = first_run(incoming, incoming_pitch, start_section == _Section.MID)
         m.d.comb += [
             *dma_command_from(reader.cmd.p, incoming),
             reader.cmd.valid.eq(self.cmd.valid & queue.w_rdy & incoming_data),
@@ -227,31 +227,32 @@ class TileLoader(CheckedComponent):
                         with m.If(cmd.x_size != 0):
                             m.d.sync += run.eq(_Run.DATA)
                         with m.Elif(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(fits.x_pad1)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(pad1_fits)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Case(_Run.DATA):
                         with m.If(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(fits.x_pad1)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(pad1_fits)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Default():
                         m.d.comb += row_end.eq(1)
                 with m.If(row_end):
                     with m.If(~final_row):
-                        next_run, next_left, next_small = first_run(cmd, pitch, section == _Section.MID, fits)
+                        next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
                         m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2),
-                                     run.eq(next_run), left.eq(next_left), left_small.eq(next_small)]
+                                     run.eq(next_run), left.eq(next_left),
+                                     left_small.eq(first_run_fits(section == _Section.MID))]
                     with m.Else():
                         with m.Switch(section):
                             for current in (_Section.TOP, _Section.MID, _Section.BOT):
                                 with m.Case(current):
                                     following_section, following_rows = first_section(cmd, current)
-                                    next_run, next_left, next_small = first_run(
-                                        cmd, pitch, following_section == _Section.MID, fits)
+                                    data_row = following_section == _Section.MID
+                                    next_run, next_left = first_run(cmd, pitch, data_row)
                                     m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
-                                                 final_row.eq(following_rows == 1),
-                                                 run.eq(next_run), left.eq(next_left), left_small.eq(next_small)]
+                                                 final_row.eq(following_rows == 1), run.eq(next_run),
+                                                 left.eq(next_left), left_small.eq(first_run_fits(data_row))]
                                     with m.If(following_section == _Section.DONE):
                                         m.d.comb += self.done.eq(1)
         with m.If(self.done):
