@@ -36,8 +36,8 @@ class DmaReader(GroupDma):
         ones still wait for their data, so its bursts go out while theirs arrive
         (AXI returns the read data of one ID in order).
     registered : bool
-        The groups leave through a `RegisteredStage` (a cycle later, ``out``'s valid and
-        payload registers) instead of a `SkidBuffer` (the same cycle as their beat).
+        The groups leave through a `RegisteredStage` (a cycle after their beat, from
+        registers) instead of a `SkidBuffer` (in their beat's cycle).
 
     Attributes
     ----------
@@ -81,9 +81,9 @@ class DmaReader(GroupDma):
         # handshake, its walk and its command queue in the same cycle. A registered stage
         # also cuts the way forward: the walk's count and row end, and the bus's valid, then
         # reach the consumer's decision from flip-flops.
-        m.submodules.skid = skid = (RegisteredStage if self._registered else SkidBuffer)(self.out.p.shape())
-        wiring.connect(m, skid.o, wiring.flipped(self.out))
-        out = skid.i
+        m.submodules.out_stage = stage = (RegisteredStage if self._registered else SkidBuffer)(self.out.p.shape())
+        wiring.connect(m, stage.o, wiring.flipped(self.out))
+        out = stage.i
         e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         k_log = max(0, n_log - e_log)
         bus = self.bus
@@ -98,7 +98,7 @@ class DmaReader(GroupDma):
         # Beats still to come (the bus is needed), and the reader's work in flight (beats, or
         # groups still in the output stage, which need no bus).
         beats_due, in_flight = Signal(), Signal()
-        m.d.comb += [beats_due.eq(active | pending.r_rdy | bursts.busy), in_flight.eq(beats_due | skid.holding)]
+        m.d.comb += [beats_due.eq(active | pending.r_rdy | bursts.busy), in_flight.eq(beats_due | stage.holding)]
         # The queue's w_rdy, kept in a flip-flop from its level's next value, so a command's
         # acceptance starts at registers (a client's request logic waits on it: fetch's next
         # chunk, `fetch.reader.pending.level → fetch.to_read`, 10.0 ns on the ECP5).

@@ -9,11 +9,11 @@ one payload offered while the consumer is not ready is caught in the skid (the p
 therefore never loses a cycle; the producer is held back one cycle per stall, while the
 skid drains.
 
-`registered_w_rdy` gives a FIFO's ``w_rdy`` from a flip-flop.
+`RegisteredStage` cuts the forward path too, at a cycle of latency: the consumer's valid is
+a register and its payload a choice between two, so its decision starts at flip-flops instead
+of at the producer's logic (and, through it, at the bus).
 
-`RegisteredStage` cuts the forward path too, at a cycle of latency: the consumer's valid and
-payload are registers as well, so its decision starts at flip-flops instead of at the
-producer's logic (and, through it, at the bus).
+`registered_w_rdy` gives a FIFO's ``w_rdy`` from a flip-flop.
 """
 
 from amaranth import *
