@@ -24,9 +24,8 @@ __all__ = ["Timing", "timing_of", "compute_cycles", "issues_at_half_rate", "LOAD
 
 #: Cycles a LOAD costs beyond its data beats when it cannot overlap the previous one
 #: (issue, arbitration, DRAM latency, the last entry written, the push), from runs of 1 and 101
-#: back-to-back LOADs (`rtl_perf.dma_insn_fixed_cycles`, `default`): 12, and one more since the
-#: tile loaders take their groups from a registered stage (``load_write``).
-LOAD_FIXED = 13
+#: back-to-back LOADs (`rtl_perf.dma_insn_fixed_cycles`, `default`).
+LOAD_FIXED = 12
 #: Cycles a GEMM or ALU instruction costs beyond its micro-ops: dispatch and the seven-stage
 #: compute pipeline's drain (`rtl_perf` ``gemm_insn_fixed_cycles``, 11.54 on `tiny`).
 COMPUTE_FIXED = 11
@@ -71,9 +70,8 @@ class Timing:
     read_latency: int = 3
     chain_gap: int = 1
     burst_issue: int = 2
-    #: a LOAD's last beat to the tile written (and its pending push ready); one cycle of it is the
-    #: reader's registered output stage (`gemforge.hw.gateware.tile_load`)
-    load_write: int = 3
+    #: a LOAD's last beat to the tile written (and its pending push ready)
+    load_write: int = 2
     #: a STORE's launch to its first W beat, and its last W beat to the write response
     store_issue: int = 5
     write_response: int = 3
@@ -86,7 +84,7 @@ class Timing:
     #: `gemforge.hw.gateware.pipeline`)
     half_rate_interval: int = 2
     #: micro-op and accumulator LOADs of the compute engine: the last beat to the entries written
-    compute_load_write: int = 2
+    compute_load_write: int = 1
     #: FINISH retiring to DONE
     finish: int = 2
 

@@ -294,10 +294,7 @@ def refuse_unless_positive(value, what):
 class GroupDma(CheckedComponent):
     """What the reader and the writer share: entry and beat sizes, and the stream of
     entry groups (up to ``lanes`` entries) they exchange with the buffer side.
-    ``members(group)`` gives the component's signature members for that stream, whose
-    payload is ``group_shape(entry bits, lanes)`` (`group_layout`, unless a subclass adds to it)."""
-
-    group_shape = staticmethod(group_layout)
+    ``members(group)`` gives the component's signature members for that stream."""
 
     @classmethod
     def check_arguments(cls, entry_bytes, bus_bytes, lanes, *args, **kwargs):
@@ -307,7 +304,7 @@ class GroupDma(CheckedComponent):
         self._lanes = dma_lanes(entry_bytes, bus_bytes, lanes)
         self._entry_bytes = entry_bytes
         self._bus_bytes = bus_bytes
-        super().__init__(members(stream.Signature(self.group_shape(entry_bytes * 8, self._lanes))))
+        super().__init__(members(stream.Signature(group_layout(entry_bytes * 8, self._lanes))))
 
     @property
     def lanes(self):

@@ -2,23 +2,15 @@
 entries (the DMA's shared parts and conventions are in `gemforge.hw.gateware.dma`)."""
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .axi import AxiReadSignature
-from .banked import group_layout
 from .dma import BurstGenerator, DmaCommand, DmaWalk, GroupDma, refuse_unless_positive
-from .skid import RegisteredStage, SkidBuffer, registered_w_rdy
+from .skid import SkidBuffer
 
-__all__ = ["DmaReader", "read_group_layout"]
-
-
-def read_group_layout(width, lanes):
-    """A `group_layout` with ``row_end``: the group holds its row's last entry. A consumer that
-    follows the rows (a tile loader's data run is one row) then needs no count of its own to
-    compare with the group's, a compare that would start at the bus's valid."""
-    return data.StructLayout({**group_layout(width, lanes).members, "row_end": 1})
+__all__ = ["DmaReader"]
 
 
 class DmaReader(GroupDma):
@@ -35,9 +27,6 @@ class DmaReader(GroupDma):
         Commands in flight: a command is accepted while up to ``depth - 1`` earlier
         ones still wait for their data, so its bursts go out while theirs arrive
         (AXI returns the read data of one ID in order).
-    registered : bool
-        The groups leave through a `RegisteredStage` (a cycle after their beat, from
-        registers) instead of a `SkidBuffer` (in their beat's cycle).
 
     Attributes
     ----------
@@ -45,27 +34,24 @@ class DmaReader(GroupDma):
         ``x_size`` and ``y_size`` must be non-zero. Accepted when the burst
         generator is free, fewer than ``depth`` commands are in flight and, unless
         none is, no other bus client asks (``bus.contended``).
-    out : Out(stream of read_group_layout(entry_bytes·8, lanes))
+    out : Out(stream of group_layout(entry_bytes·8, lanes))
         The entries of the tiles, command after command, row by row, in the groups
         of `dma_groups`: the entries of one beat that belong to one row,
-        ``entries[0]`` first; ``row_end`` marks a row's last group.
+        ``entries[0]`` first.
     bus : Out(AxiReadSignature)
-        ``req`` is held from the first command until the last beat of the last
-        command in flight is taken.
+        ``req`` is held from the first command until the last entry of the last
+        command in flight is delivered.
     busy : Out(1)
         A command is in flight.
     """
 
     @classmethod
-    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4, registered=False):
+    def check_arguments(cls, entry_bytes, bus_bytes, lanes=None, depth=4):
         super().check_arguments(entry_bytes, bus_bytes, lanes)
         refuse_unless_positive(depth, "Command depth")
 
-    group_shape = staticmethod(read_group_layout)
-
-    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4, registered=False):
+    def __init__(self, entry_bytes, bus_bytes, lanes=None, depth=4):
         self._depth = depth
-        self._registered = registered
         super().__init__(entry_bytes, bus_bytes, lanes, lambda group: {
             "cmd": In(stream.Signature(DmaCommand)),
             "out": Out(group),
@@ -78,12 +64,10 @@ class DmaReader(GroupDma):
         m.submodules.bursts = bursts = BurstGenerator(self._entry_bytes, self._bus_bytes)
         # The groups leave through a skid buffer: the consumer's ready (a tile loader's
         # choice between padding and data) would otherwise run through this reader's
-        # handshake, its walk and its command queue in the same cycle. A registered stage
-        # also cuts the way forward: the walk's count and row end, and the bus's valid, then
-        # reach the consumer's decision from flip-flops.
-        m.submodules.out_stage = stage = (RegisteredStage if self._registered else SkidBuffer)(self.out.p.shape())
-        wiring.connect(m, stage.o, wiring.flipped(self.out))
-        out = stage.i
+        # handshake, its walk and its command queue in the same cycle.
+        m.submodules.skid = skid = SkidBuffer(self.out.p.shape())
+        wiring.connect(m, skid.o, wiring.flipped(self.out))
+        out = skid.i
         e_log, n_log = exact_log2(self._entry_bytes), exact_log2(self._bus_bytes)
         k_log = max(0, n_log - e_log)
         bus = self.bus
@@ -95,15 +79,9 @@ class DmaReader(GroupDma):
         cmd = Signal(DmaCommand)
         active = Signal()
         walk = DmaWalk(m, cmd, k_log, self._lanes)
-        # Beats still to come (the bus is needed), and the reader's work in flight (beats, or
-        # groups still in the output stage, which need no bus).
-        beats_due, in_flight = Signal(), Signal()
-        m.d.comb += [beats_due.eq(active | pending.r_rdy | bursts.busy), in_flight.eq(beats_due | stage.holding)]
-        # The queue's w_rdy, kept in a flip-flop from its level's next value, so a command's
-        # acceptance starts at registers (a client's request logic waits on it: fetch's next
-        # chunk, `fetch.reader.pending.level → fetch.to_read`, 10.0 ns on the ECP5).
-        pending_room = registered_w_rdy(m, pending, self._depth)
-        admit = pending_room & (~in_flight | ~bus.contended)
+        in_flight = Signal()
+        m.d.comb += in_flight.eq(active | pending.r_rdy | bursts.busy | skid.holding)
+        admit = pending.w_rdy & (~in_flight | ~bus.contended)
 
         m.d.comb += [
             bursts.cmd.p.eq(self.cmd.p),
@@ -115,10 +93,9 @@ class DmaReader(GroupDma):
             bus.arlen.eq(bursts.burst.p.len),
             bus.arvalid.eq(bursts.burst.valid & bus.gnt),
             bursts.burst.ready.eq(bus.arready & bus.gnt),
-            bus.req.eq(beats_due),
+            bus.req.eq(in_flight),
             self.busy.eq(in_flight),
             out.p.count.eq(walk.count),
-            out.p.row_end.eq(walk.row_end),
         ]
         finishing = Signal()
 

@@ -23,7 +23,6 @@ from amaranth.lib.wiring import Out
 from ..isa import TOKEN_QUEUES, AluOp, MemType, Opcode, fields_of
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
-from .skid import registered_w_rdy
 
 __all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING_PUSHES", "EngineSequencer",
            "PendingPushes", "registered_stall"]
@@ -178,9 +177,7 @@ class PendingPushes:
         m.submodules.pending_pushes = queue = fifo.SyncFIFO(
             width=len(self._names) + self._source_bits, depth=depth)
         self._queue = queue
-        # A register (the store's launch, through its writer's handshake, into this queue's
-        # storage was 10.8 ns on the ECP5 from the level's compare).
-        self.ready = registered_w_rdy(m, queue, depth)
+        self.ready = queue.w_rdy
         self.pending = queue.r_rdy
         self.token_stall = Signal()
         self.retire = Signal()

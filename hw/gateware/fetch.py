@@ -156,18 +156,9 @@ class FetchEngine(wiring.Component):
         dispatched = queue.r_en & queue.r_rdy
         with m.If(dispatched):
             m.d.sync += [to_dispatch.eq(to_dispatch - 1), self.fetched.eq(self.fetched + 1)]
-        # The four outcomes of this cycle's request and dispatch are worked out first, and the
-        # two only pick one: both come late, the request through the reader's command
-        # handshake, the dispatch from the engines' queues, and each passed adders and a compare
-        # on its way to `room` (`fetch.reader.pending.level → fetch.room`, 10.2 ns; then, with
-        # the request alone taken out, `load_cmdq.inner_level → fetch.room`, 11.2 ns).
-        outcomes = {(req, out): occupied + (chunk if req else 0) - out for req in (0, 1) for out in (0, 1)}
-
-        def pick(values):
-            return Mux(req_fire, Mux(dispatched, values[1, 1], values[1, 0]),
-                       Mux(dispatched, values[0, 1], values[0, 0]))
-        m.d.sync += [occupied.eq(pick(outcomes)),
-                     room.eq(pick({key: value <= CHUNK for key, value in outcomes.items()}))]
+        next_occupied = Signal.like(occupied)
+        m.d.comb += next_occupied.eq(occupied + Mux(req_fire, chunk, 0) - dispatched)
+        m.d.sync += [occupied.eq(next_occupied), room.eq(next_occupied <= CHUNK)]
 
         with m.If(self.start):
             m.d.sync += [next_entry.eq(self.address >> insn_log), to_dispatch.eq(self.count), self.fetched.eq(0),

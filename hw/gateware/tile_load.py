@@ -76,9 +76,9 @@ class TileLoader(CheckedComponent):
     busy, mem_stall : Out(1)
         ``busy``: a command is in flight. ``mem_stall``: in the cycle before, a data position
         waited for DRAM or the bus request for its grant (a counter event: made from registers
-        of the data wait, the reader's valid and the bus wait, since on the ECP5 the loaders,
-        their readers and the arbiter's grants lie far apart and a path through their logic into
-        one register of the stall took 12.9 ns, 11 of it routes).
+        of its raw signals, each beside its source, since on the ECP5 the loaders, their readers
+        and the arbiter's grants lie far apart and a path through their logic into one register
+        of the stall took 12.9 ns, 11 of it routes).
     depth : int
         Commands in flight (accepted, not yet written).
     """
@@ -109,12 +109,8 @@ class TileLoader(CheckedComponent):
         m = Module()
         lanes = self._lanes
         layout = load_command_layout(self._config)
-        # Registered groups: the writer's every decision (data or padding, the run's and the
-        # tile's end, the next command's registers) starts at the reader's flip-flops, a cycle
-        # after the beat (on the ECP5 the walk's lane → count → the writer's counters was
-        # 10.6 ns, and before that the bus's valid ran into the writer's run end).
         m.submodules.reader = reader = DmaReader(self._entry_bytes, self._config.bus_bytes, lanes,
-                                                 depth=self._depth, registered=True)
+                                                 depth=self._depth)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
 
         # Writer: walks the padded tile of `cmd` while ``active``, run by run. A tile is up to
@@ -144,21 +140,6 @@ class TileLoader(CheckedComponent):
                         _Run.FULL),
                     Mux(data_row, Mux(fields.x_pad0 != 0, fields.x_pad0,
                                       Mux(fields.x_size != 0, fields.x_size, fields.x_pad1)), row_pitch))
-
-        # A padding run ends when ``left`` fits one group, and ``left_small`` (left ≤ lanes) is
-        # kept in a flip-flop beside it, so the run's end is a register, not a compare of
-        # ``left`` (a data run's end is the reader's ``row_end``: a tile row's data run is one
-        # DMA row). Which of the command's padding runs fit is worked out from its registers,
-        # ahead of the run ends that choose among them.
-        left_small = Signal()
-        pad0_fits, pad1_fits, pitch_fits = Signal(), Signal(), Signal()
-        m.d.comb += [pad0_fits.eq(cmd.x_pad0 <= lanes), pad1_fits.eq(cmd.x_pad1 <= lanes),
-                     pitch_fits.eq(pitch <= lanes)]
-
-        def first_run_fits(data_row):
-            """Whether the first run of `cmd`'s next row (`first_run`) fits one group (never used
-            for a data run)."""
-            return Mux(data_row, Mux(cmd.x_pad0 != 0, pad0_fits, pad1_fits), pitch_fits)
 
         def first_section(fields, after):
             """(section, rows) of the first non-empty section after ``after`` (None: from the
@@ -199,10 +180,10 @@ class TileLoader(CheckedComponent):
         ]
 
         is_data = run == _Run.DATA
-        pad_count = Mux(left_small, left, lanes)
+        pad_count = Mux(left < lanes, left, lanes)
         count = Signal(range(lanes + 1))
         m.d.comb += count.eq(Mux(is_data, reader.out.p.count, pad_count))
-        run_end = Mux(is_data, reader.out.p.row_end, left_small)
+        run_end = Mux(is_data, left == reader.out.p.count, left <= lanes)
 
         writing = active & ~empty
         with m.If(writing):
@@ -216,23 +197,21 @@ class TileLoader(CheckedComponent):
         with m.If(active & empty):
             m.d.comb += self.done.eq(1)
         with m.If(self.wr.en):
-            # A padding run that goes on takes a whole group (``left`` did not fit); a data run
-            # keeps no count (its end is the reader's), and every run's end sets ``left`` anew.
-            m.d.sync += [addr.eq(addr + count), left.eq(left - lanes), left_small.eq(left <= 2 * lanes)]
+            m.d.sync += [addr.eq(addr + count), left.eq(left - count)]
             with m.If(run_end):
                 # The next run of this row, if any; else the next row.
                 row_end = Signal()
                 with m.Switch(run):
                     with m.Case(_Run.LEFT):
                         with m.If(cmd.x_size != 0):
-                            m.d.sync += run.eq(_Run.DATA)
+                            m.d.sync += [run.eq(_Run.DATA), left.eq(cmd.x_size)]
                         with m.Elif(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(pad1_fits)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Case(_Run.DATA):
                         with m.If(cmd.x_pad1 != 0):
-                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1), left_small.eq(pad1_fits)]
+                            m.d.sync += [run.eq(_Run.RIGHT), left.eq(cmd.x_pad1)]
                         with m.Else():
                             m.d.comb += row_end.eq(1)
                     with m.Default():
@@ -241,18 +220,16 @@ class TileLoader(CheckedComponent):
                     with m.If(~final_row):
                         next_run, next_left = first_run(cmd, pitch, section == _Section.MID)
                         m.d.sync += [rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2),
-                                     run.eq(next_run), left.eq(next_left),
-                                     left_small.eq(first_run_fits(section == _Section.MID))]
+                                     run.eq(next_run), left.eq(next_left)]
                     with m.Else():
                         with m.Switch(section):
                             for current in (_Section.TOP, _Section.MID, _Section.BOT):
                                 with m.Case(current):
                                     following_section, following_rows = first_section(cmd, current)
-                                    data_row = following_section == _Section.MID
-                                    next_run, next_left = first_run(cmd, pitch, data_row)
+                                    next_run, next_left = first_run(cmd, pitch, following_section == _Section.MID)
                                     m.d.sync += [section.eq(following_section), rows_left.eq(following_rows),
-                                                 final_row.eq(following_rows == 1), run.eq(next_run),
-                                                 left.eq(next_left), left_small.eq(first_run_fits(data_row))]
+                                                 final_row.eq(following_rows == 1),
+                                                 run.eq(next_run), left.eq(next_left)]
                                     with m.If(following_section == _Section.DONE):
                                         m.d.comb += self.done.eq(1)
         with m.If(self.done):
@@ -263,15 +240,13 @@ class TileLoader(CheckedComponent):
             m.d.sync += [
                 cmd.eq(following.cmd), active.eq(1), addr.eq(following.cmd.sram_base), pitch.eq(following.pitch),
                 section.eq(following.section), rows_left.eq(following.rows), final_row.eq(following.final_row),
-                run.eq(following.run), left.eq(following.left), left_small.eq(following.left <= lanes),
-                empty.eq(following.empty),
+                run.eq(following.run), left.eq(following.left), empty.eq(following.empty),
             ]
 
-        # The bus wait is one register of its own: registers of the bare request and grant would
-        # be merged by synthesis with the arbiter's registers of the same signals, far away.
-        data_wait, data_valid, bus_wait = (Signal(name=name) for name in ("data_wait", "data_valid", "bus_wait"))
+        data_wait, data_valid, bus_req, bus_gnt = (Signal(name=name) for name in
+                                                   ("data_wait", "data_valid", "bus_req", "bus_gnt"))
         m.d.sync += [data_wait.eq(writing & is_data), data_valid.eq(reader.out.valid),
-                     bus_wait.eq(self.bus.req & ~self.bus.gnt)]
+                     bus_req.eq(self.bus.req), bus_gnt.eq(self.bus.gnt)]
         m.d.comb += [self.busy.eq(active | queue.r_rdy | reader.busy),
-                     self.mem_stall.eq((data_wait & ~data_valid) | bus_wait)]
+                     self.mem_stall.eq((data_wait & ~data_valid) | (bus_req & ~bus_gnt))]
         return m

@@ -255,12 +255,8 @@ class Accelerator(CheckedComponent):
         ]
         fault_seen = Signal(FAULT_BITS)      # the first source raised a cycle ago, or NONE
         info_seen = Signal(32)
-        # Whether any source was raised: an OR of the registers, beside the priority mux rather
-        # than a compare after it (every source's code is a fault, never NONE).
-        any_seen = []
         for index, (raised, code, info) in reversed(list(enumerate(sources))):
             raised_seen = Signal(name=f"fault_source_{index}")
-            any_seen.append(raised_seen)
             m.d.sync += raised_seen.eq(raised & busy & ~aborting)
             values = []
             for part, value in (("code", code), ("info", info)):
@@ -284,7 +280,7 @@ class Accelerator(CheckedComponent):
             with m.If(bus_quiet):
                 m.d.sync += soft_reset.eq(1)
         with m.Elif(busy):
-            with m.If(Cat(*any_seen).any()):
+            with m.If(fault_seen != Fault.NONE):
                 m.d.sync += [aborting.eq(1), fault_code.eq(fault_seen), fault_info.eq(info_seen)]
             with m.Else():
                 with m.If(compute.finish):
