@@ -421,7 +421,7 @@ ROUTERS = ("router1", "router2")
 
 #: nextpnr's heap placer weighs timing against wirelength by this factor
 #: (``--placer-heap-timingweight``; nextpnr's own default is 10). On tiny's accelerator (ECP5-85F,
-#: out of context, one netlist) 40 placed seeds 1, 2 and 3 at 97.9, 98.3 and 93.5 MHz, where 10
+#: out of context, one netlist) 40 placed seeds 1–4 at 97.9, 98.3, 93.5 and 93.8 MHz, where 10
 #: placed seeds 1 and 2 at 86.7 and 82.8, and it placed and routed in 5–9 minutes instead of 15–55.
 PLACER_TIMING_WEIGHT = 40
 TIMING_WEIGHT_RANGE = range(1, 1001)
