@@ -71,9 +71,10 @@ _ENUM_FIELDS = {"opcode": Opcode, "mem": MemType, "op": AluOp}
 def registered_stall(m, **terms):
     """An engine's memory-stall event, a cycle after its terms: each term (a DMA client's stall:
     its data waits for DRAM, or its bus request for the grant; a tile loader's is itself a cycle
-    late, `TileLoader.mem_stall`) registered on its own, where it arises, and the registers ORed. An engine's clients can lie far apart (tiny on the ECP5 placed the
-    load engine's two tile loaders across the die, and their OR before one register was a
-    3-LUT path with 10 ns of routes); each register stays by its client."""
+    late, `TileLoader.mem_stall`) registered on its own, where it arises, and the registers
+    ORed. An engine's clients can lie far apart (tiny on the ECP5 placed the load engine's two
+    tile loaders across the die, and their OR before one register was a 3-LUT path with 10 ns of
+    routes); each register stays by its client."""
     stalls = []
     for name, term in terms.items():
         stall = Signal(name=f"{name}_stall_q")

@@ -14,8 +14,8 @@ from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.synth import (
     DEVICES, PLACER_TIMING_WEIGHT, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells,
-    check_pins, lanes_for_dsps, lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits, predict_fit, render_markdown,
-    run_synth,
+    check_pins, lanes_for_dsps, lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits,
+    predict_fit, render_markdown, run_synth,
 )
 from gemforge.hw.synth import _post_route_resources
 from gemforge.hw.timing_paths import parse_sdf, slowest_paths
