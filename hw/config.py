@@ -559,5 +559,12 @@ def load_config(spec: str | Path | AccelConfig | None) -> AccelConfig:
     path = Path(text)
     if path.suffix in (".toml", ".json"):
         return AccelConfig.load(path)
+    if text == "icebreaker":
+        # The one board `gemforge synth --board` knows that has no preset: say why, with the
+        # fit check's own figures (hw/synth.py's device table), rather than "unknown config".
+        from .synth import DEVICES
+        raise ConfigError(f"there is no 'icebreaker' preset: the iCEBreaker's iCE40UP5K cannot hold the "
+                          f"accelerator, and {DEVICES['iCE40UP5K'].hints['LUT']}, with the ulx3s preset "
+                          f"for a board")
     raise ConfigError(
         f"unknown config {_echo(text)}: give a preset ({', '.join(PRESETS)}) or a .toml/.json file")

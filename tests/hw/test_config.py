@@ -244,6 +244,14 @@ def test_load_config_unknown_name_refused():
         load_config("huge")
 
 
+def test_load_config_icebreaker_says_why_there_is_no_preset():
+    # The issue asked for an icebreaker preset; no config fits the UP5K, and the refusal
+    # says so with the fit check's figures instead of "unknown config".
+    with pytest.raises(ConfigError, match=r"^there is no 'icebreaker' preset: the iCEBreaker's iCE40UP5K cannot "
+                                          r"hold the accelerator, .*a 1×1 core: [\d,]+ LUT4.*ulx3s preset"):
+        load_config("icebreaker")
+
+
 # ---------------------------------------------------------------------------- derived values
 
 def check_derived(config: AccelConfig) -> None:
