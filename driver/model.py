@@ -60,8 +60,8 @@ __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICE
 FORMAT_VERSION = 1
 ACCEL_DEVICES = ("fsim", "verilator", "icarus")
 HOST_DEVICES = ("cpu", "gpu")
-_TUPLE_ATTRS = ("kernel", "stride", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze", "axes",
-                "pads")
+_TUPLE_ATTRS = ("kernel", "stride", "dilation", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze",
+                "axes", "pads")
 
 
 class ModelError(GraphError):
@@ -597,7 +597,7 @@ def _integers(value, minimum: int | None = None, maximum: int | None = None) -> 
 
 #: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
 _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
-    **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups")},
+    **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups", "dilation")},
     **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads")},
     **{k: _integers for k in ("axis", "flatten_axis", "shape")},
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.

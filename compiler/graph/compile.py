@@ -2,7 +2,8 @@
 
 The pipeline, in order (``trace`` prints the graph after each stage):
 
-1. ``infer_shapes``, ``fold_constants``, ``fold_batch_norm``, ``fuse`` — the float graph;
+1. ``infer_shapes``, ``pad_convolutions``, ``fold_constants``, ``fold_batch_norm``, ``fuse`` —
+   the float graph;
 2. with ``quantize="int8"``: ``quantize`` (power-of-two scales calibrated on sample
    inputs), then for an accelerator config ``partition``, ``pack_layouts`` and
    ``plan_memory`` (`accel`).
@@ -26,12 +27,12 @@ from .accel import AccelLayer, pack_layouts, partition, plan_memory
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
-from .passes import fold_batch_norm, fold_constants, fuse, infer_shapes
+from .passes import fold_batch_norm, fold_constants, fuse, infer_shapes, pad_convolutions
 from .quantize import calibrate, quantize
 
 __all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
 
-FLOAT_PASSES = (infer_shapes, fold_constants, fold_batch_norm, fuse)
+FLOAT_PASSES = (infer_shapes, pad_convolutions, fold_constants, fold_batch_norm, fuse)
 
 
 @dataclass

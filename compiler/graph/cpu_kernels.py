@@ -148,8 +148,9 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         return _unary(node, host.compile_pad(target, shapes[0], a["pads"], a["value"], dtype=dtype))
     if node.op in ("max_pool", "avg_pool"):
         return _unary(node, host.compile_pool2d(target, node.op.split("_")[0], shapes[0], a["kernel"],
-                                                stride=a["stride"], padding=a["padding"], dtype=dtype,
-                                                count_include_pad=a.get("count_include_pad", False)))
+                                                stride=a["stride"], padding=a["padding"],
+                                                dilation=a.get("dilation", 1), ceil_mode=bool(a.get("ceil_mode")),
+                                                dtype=dtype, count_include_pad=a.get("count_include_pad", False)))
     if node.op == "reduce_mean":
         # The kernel averages rows: the reduced axes are moved last and flattened.
         kept = [i for i in range(len(shapes[0])) if i not in a["axes"]]

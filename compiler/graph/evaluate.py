@@ -37,8 +37,10 @@ def rounding_shift(value: np.ndarray, shift: int) -> np.ndarray:
 def _pool(node: Node, x: np.ndarray) -> np.ndarray:
     a = node.attrs
     if node.op == "max_pool":
-        return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"])
-    return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], count_include_pad=a["count_include_pad"])
+        return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
+                                    ceil_mode=bool(a.get("ceil_mode")))
+    return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
+                                ceil_mode=bool(a.get("ceil_mode")), count_include_pad=a["count_include_pad"])
 
 
 _ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}

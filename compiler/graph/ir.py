@@ -11,7 +11,9 @@ Operators (``Node.op``) and their attributes:
 ==================  =========================================================
 op                  attributes
 ==================  =========================================================
-``conv2d``          inputs x, w (OIHW), [bias]; stride, padding, groups, relu;
+``conv2d``          inputs x, w (OIHW; a dilated kernel spread out with zeros),
+                    [bias]; stride, padding (every side; until `pad_convolutions`
+                    also (top, left, bottom, right) or auto_pad), groups, relu;
                     int8: shift (requantization into the output's scale)
 ``dense``           inputs a (M, K), w (K, N), [bias]; relu; int8: shift
 ``add``, ``sub``,   inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
@@ -23,8 +25,9 @@ op                  attributes
 ``sqrt``, ``abs``
 ``leaky_relu``      alpha (float32 only)
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
-``max_pool``        kernel, stride, padding (pairs)
-``avg_pool``        kernel, stride, padding, count_include_pad, global
+``max_pool``        kernel, stride, dilation (pairs), padding (top, left,
+                    bottom, right; auto_pad until `infer_shapes`), ceil_mode
+``avg_pool``        as max_pool, and count_include_pad, global
 ``reshape``         shape (resolved from one of: target, a Reshape's shape;
                     flatten_axis; squeeze, the axes removed (None: every axis
                     of size 1); unsqueeze, the axes inserted), the data unchanged

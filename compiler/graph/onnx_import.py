@@ -390,52 +390,58 @@ class _Importer:
 
     # ------------------------------------------------------------------ operators
 
-    def _pads_2d(self, node, attrs, kernel) -> tuple[int, int]:
-        """Symmetric (top = bottom, left = right) padding; auto_pad resolved for stride-1 windows."""
-        auto = attrs.get("auto_pad", b"NOTSET")
-        auto = auto.decode() if isinstance(auto, bytes) else auto
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            strides = list(attrs.get("strides", [1, 1]))
-            if strides != [1, 1] or any(k % 2 == 0 for k in kernel):
-                raise self.fail(node, f"auto_pad={auto} is supported with stride 1 and odd kernels (symmetric "
-                                      f"padding), not strides {strides} and kernel {kernel}")
-            return kernel[0] // 2, kernel[1] // 2
-        if auto not in ("NOTSET", "VALID"):
-            raise self.fail(node, f"auto_pad={auto} is not supported")
-        pads = list(attrs.get("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
-        if len(pads) != 4 or pads[0] != pads[2] or pads[1] != pads[3] or min(pads) < 0:
-            raise self.fail(node, f"pads {pads} are not supported; 2-D windows take symmetric padding "
-                                  "(top = bottom, left = right)")
-        return int(pads[0]), int(pads[1])
-
-    def _window(self, node, attrs, needs_kernel=True):
+    def _window(self, node, attrs) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], Any]:
+        """A 2-D window's kernel, strides, dilations and padding: (top, left, bottom, right),
+        or ``SAME_UPPER``/``SAME_LOWER``, which the input's size resolves (`infer_shapes`)."""
         kernel = list(attrs.get("kernel_shape", []))
-        if len(kernel) != 2:
+        if len(kernel) != 2 or min(kernel) < 1:
             raise self.fail(node, f"2-D windows are supported (NCHW); kernel_shape is {kernel}")
-        strides = list(attrs.get("strides", [1, 1]))
-        dil = list(attrs.get("dilations", [1, 1]))
-        if len(strides) != 2 or min(strides) < 1:
-            raise self.fail(node, f"strides must be two positive integers, not {strides}")
-        if dil != [1, 1]:
-            raise self.fail(node, f"dilations {dil} are not supported (only 1)")
-        return tuple(int(k) for k in kernel), tuple(int(s) for s in strides), self._pads_2d(node, attrs, kernel)
+        pairs = []
+        for name in ("strides", "dilations"):
+            pair = list(attrs.get(name, [1, 1]))
+            if len(pair) != 2 or min(pair) < 1:
+                raise self.fail(node, f"{name} must be two positive integers, not {pair}")
+            pairs.append(tuple(int(v) for v in pair))
+        auto = attrs.get("auto_pad", b"NOTSET")
+        auto = auto.decode(errors="replace") if isinstance(auto, bytes) else str(auto)
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            padding = auto
+        elif auto == "VALID":
+            padding = (0, 0, 0, 0)
+        elif auto == "NOTSET":
+            pads = list(attrs.get("pads", [0, 0, 0, 0]))
+            if len(pads) != 4 or min(pads) < 0:
+                raise self.fail(node, f"pads must be four integers ≥ 0 (top, left, bottom, right), not {pads}")
+            padding = tuple(int(p) for p in pads)
+        else:
+            raise self.fail(node, f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, not {auto!r}")
+        return (int(kernel[0]), int(kernel[1])), pairs[0], pairs[1], padding
 
     def op_Conv(self, node, attrs):
         w = self.constant(node, node.input[1], "the weight W")
         if w.ndim != 4:
             raise self.fail(node, f"2-D convolutions are supported (OIHW weights); W has shape {list(w.shape)}")
         attrs.setdefault("kernel_shape", list(w.shape[2:]))
-        kernel, strides, pads = self._window(node, attrs)
+        kernel, strides, dilations, padding = self._window(node, attrs)
         if tuple(w.shape[2:]) != kernel:
             raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(w.shape)}")
-        if strides[0] != strides[1] or pads[0] != pads[1]:
-            raise self.fail(node, f"strides {list(strides)} and pads {list(pads)} must be equal along height "
-                                  "and width")
-        inputs = [node.input[0], node.input[1]] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+        if strides[0] != strides[1]:
+            raise self.fail(node, f"strides {list(strides)} must be equal along height and width")
+        weight = node.input[1]
+        if dilations != (1, 1):
+            # A dilated kernel is the kernel spread out with zeros between its taps: exact, at the
+            # cost of multiplying those zeros (the convolution kernels have no dilation).
+            dh, dw = dilations
+            spread = np.zeros(w.shape[:2] + ((kernel[0] - 1) * dh + 1, (kernel[1] - 1) * dw + 1), w.dtype)
+            spread[:, :, ::dh, ::dw] = w
+            weight = self._const_like(node, "w_dilated", spread)
+        inputs = [node.input[0], weight] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
         if len(inputs) == 3:
             self.constant(node, inputs[2], "the bias B")
-        self.emit("conv2d", node, inputs, stride=strides[0], padding=pads[0], groups=int(attrs.get("group", 1)),
-                  relu=False)
+        # Uneven padding becomes a Pad before the convolution (the `pad_convolutions` pass).
+        window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
+            dict(padding=padding[0] if len(set(padding)) == 1 else padding)
+        self.emit("conv2d", node, inputs, stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **window)
 
     def op_Gemm(self, node, attrs):
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
@@ -576,19 +582,22 @@ class _Importer:
         # storage_order (MaxPool) orders the Indices output only, which is refused here.
         if len(node.output) > 1 and node.output[1]:
             raise self.fail(node, "the Indices output is not supported")
-        kernel, strides, pads = self._window(node, attrs)
-        self.emit(op, node, [node.input[0]], kernel=kernel, stride=strides, padding=pads,
-                  ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
+        self.check_flags(node, attrs, "ceil_mode")
+        kernel, strides, dilations, padding = self._window(node, attrs)
+        window = dict(padding=(0, 0, 0, 0), auto_pad=padding) if isinstance(padding, str) else dict(padding=padding)
+        self.emit(op, node, [node.input[0]], kernel=kernel, stride=strides, dilation=dilations,
+                  ceil_mode=bool(attrs.get("ceil_mode", 0)), **window, **extra)
 
     def op_MaxPool(self, node, attrs):
         self._pool(node, attrs, "max_pool")
 
     def op_AveragePool(self, node, attrs):
+        self.check_flags(node, attrs, "count_include_pad")
         self._pool(node, attrs, "avg_pool", count_include_pad=bool(attrs.get("count_include_pad", 0)))
 
     def op_GlobalAveragePool(self, node, attrs):
-        self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), padding=(0, 0),
-                  ceil_mode=False, count_include_pad=False, global_pool=True)
+        self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), dilation=(1, 1),
+                  padding=(0, 0, 0, 0), ceil_mode=False, count_include_pad=False, global_pool=True)
 
     def op_Flatten(self, node, attrs):
         self.emit("reshape", node, [node.input[0]], flatten_axis=int(attrs.get("axis", 1)))

@@ -12,11 +12,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..ops.common import out_size
+from ..ops.common import OpError, four_pads, pool_windows, window_count
 from .evaluate import evaluate_node
-from .ir import BINARY_OPS, FLOAT_FUNCTIONS, MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node
+from .ir import BINARY_OPS, FLOAT_FUNCTIONS, MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
 
-__all__ = ["infer_shapes", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
+__all__ = ["infer_shapes", "pad_convolutions", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -25,31 +25,53 @@ def _fail(node: Node, what: str) -> GraphError:
     return GraphError(f"node {node.name} ({node.op}): {what}")
 
 
-def _window_out(node: Node, size: tuple[int, int], pooling: bool = True) -> tuple[int, int]:
-    """Output size of a 2-D window; a pooling window must be wider than its padding
-    (a convolution may be padded more: its outer pixels see zeros times weights)."""
-    a = node.attrs
-    out = []
+def _same_padding(node: Node, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                  pooling: bool = False) -> tuple[int, int, int, int]:
+    """The (top, left, bottom, right) padding of ``auto_pad`` SAME_UPPER or SAME_LOWER (the
+    attribute consumed): what ⌈size / stride⌉ windows need, split in two, the odd pixel at
+    the end (UPPER) or the start (LOWER). ``kernel`` is the window's span; a pooling window's
+    is its tap count, dilated or not, as ONNX Runtime computes it (the ONNX specification
+    spans the dilated window, as for a convolution)."""
+    mode = node.attrs.pop("auto_pad")
+    before, after = [], []
     for axis in range(2):
-        k, s, p = a["kernel"][axis], a["stride"][axis], a["padding"][axis]
-        if k < 1 or s < 1 or p < 0:
-            raise _fail(node, f"window {list(a['kernel'])}, strides {list(a['stride'])} and padding "
-                              f"{list(a['padding'])}: the window and strides must be positive, the padding ≥ 0")
-        if pooling and p >= k:
-            raise _fail(node, f"padding {p} must be smaller than the window ({k})")
-        n = out_size(size[axis], k, s, p)
-        if n < 1:
-            raise _fail(node, f"a {a['kernel'][0]}x{a['kernel'][1]} window does not fit a "
-                              f"{size[0]}x{size[1]} input with padding {a['padding']}")
-        if a.get("ceil_mode"):
-            ceil = -(-(size[axis] + 2 * p - k) // s) + 1
-            # ONNX drops a last window that would start in the right padding.
-            if (ceil - 1) * s >= size[axis] + p:
-                ceil -= 1
-            if ceil != n:
-                raise _fail(node, "ceil_mode=1 with a partial last window is not supported")
-        out.append(n)
-    return out[0], out[1]
+        k, s, n = kernel[axis], stride[axis], size[axis]
+        total = (-(-n // s) - 1) * s + k - n
+        if pooling and total < 0:
+            raise _fail(node, f"auto_pad={mode} with a window ({k}) shorter than the stride ({s}) is not supported: "
+                              "ONNX Runtime crops there, not as the ONNX specification says; give explicit pads")
+        total = max(total, 0)
+        first = total - total // 2 if mode == "SAME_LOWER" else total // 2
+        before.append(first)
+        after.append(total - first)
+    return before[0], before[1], after[0], after[1]
+
+
+def _padding(node: Node) -> tuple[int, int, int, int]:
+    try:
+        pads = four_pads(node.attrs["padding"])
+    except (OpError, TypeError, ValueError):
+        raise _fail(node, f"padding {node.attrs['padding']!r} must be an int, a (height, width) pair or "
+                          "(top, left, bottom, right)") from None
+    if min(pads) < 0:
+        raise _fail(node, f"padding {list(pads)} must be ≥ 0")
+    return pads
+
+
+def _window_out(node: Node, size: tuple[int, int]) -> tuple[int, int]:
+    """Output size of a pooling window (ONNX Runtime's rules and checks, `pool_windows`)."""
+    a = node.attrs
+    kernel, stride, dilation = tuple(a["kernel"]), tuple(a["stride"]), tuple(a.get("dilation", (1, 1)))
+    if len(kernel) != 2 or len(stride) != 2 or len(dilation) != 2 or min(kernel + stride + dilation) < 1:
+        raise _fail(node, f"window {list(kernel)}, strides {list(stride)} and dilations {list(dilation)} must be "
+                          "pairs of positive integers")
+    if "auto_pad" in a:
+        a["padding"] = _same_padding(node, size, kernel, stride, pooling=True)
+    a["padding"] = _padding(node)
+    try:
+        return pool_windows(size, kernel, stride, a["padding"], dilation, bool(a.get("ceil_mode")))
+    except OpError as e:
+        raise _fail(node, str(e)) from None
 
 
 def _axes(node: Node, axes, rank: int, of: str = "input", repeats: bool = False) -> list[int]:
@@ -100,8 +122,15 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
             raise _fail(node, f"input channels {x[1]}, weight {list(w)} and group {groups} do not agree")
         if len(shapes) > 2 and shapes[2] != (w[0],):
             raise _fail(node, f"the bias must have shape [{w[0]}], not {list(shapes[2])}")
-        a_ = dict(kernel=w[2:], stride=(a["stride"],) * 2, padding=(a["padding"],) * 2)
-        oh, ow = _window_out(Node(op, node.name, [], "", a_), x[2:], pooling=False)
+        stride = a["stride"]
+        if "auto_pad" in a:
+            a["padding"] = _same_padding(node, x[2:], w[2:], (stride, stride))
+        pads = _padding(node)
+        # One value where every side is alike; else `pad_convolutions` splits it off.
+        a["padding"] = pads[0] if len(set(pads)) == 1 else pads
+        oh, ow = window_count(x[2], w[2], stride, pads[0], pads[2]), window_count(x[3], w[3], stride, pads[1], pads[3])
+        if oh < 1 or ow < 1:
+            raise _fail(node, f"a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
         return (x[0], w[0], oh, ow)
     if op == "dense":
         w = shapes[1]
@@ -234,6 +263,29 @@ def infer_shapes(graph: Graph) -> Graph:
             value.dtype = "float32"
         else:
             value.dtype = graph.values[node.inputs[0]].dtype
+    return graph
+
+
+def pad_convolutions(graph: Graph) -> Graph:
+    """A convolution padded unevenly (ONNX's pads [0, 0, 1, 1], which SAME gives at stride 2)
+    keeps the part common to every side and takes the rest from a zero ``pad`` node before it:
+    the convolution kernels, and the accelerator's DMA, pad every side alike."""
+    kept = []
+    for node in graph.nodes:
+        if node.op == "conv2d" and not isinstance(node.attrs["padding"], int):
+            pads = four_pads(node.attrs["padding"])
+            common = min(pads)
+            rest = [p - common for p in pads]
+            x = graph.values[node.inputs[0]]
+            padded = graph.fresh_name(f"{node.inputs[0]}/pad")
+            n, c, h, w = x.shape
+            graph.values[padded] = Value(padded, (n, c, h + rest[0] + rest[2], w + rest[1] + rest[3]), x.dtype)
+            kept.append(Node("pad", f"{node.name}/pad", [node.inputs[0]], padded,
+                             {"pads": (0, 0, rest[0], rest[1], 0, 0, rest[2], rest[3]), "axes": None, "value": 0.0}))
+            node.inputs = [padded, *node.inputs[1:]]
+            node.attrs["padding"] = common
+        kept.append(node)
+    graph.nodes = kept
     return graph
 
 

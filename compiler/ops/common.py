@@ -12,12 +12,74 @@ from ..errors import CompileError
 from ..ir import Cast, Const, Expr, Max, Shr, is_float
 from ..te import clip
 
-__all__ = ["OpError", "Epilogue", "CompiledOp", "reference_epilogue", "out_size"]
+__all__ = ["OpError", "Epilogue", "CompiledOp", "reference_epilogue", "out_size", "window_count", "four_pads",
+           "pool_windows"]
 
 
 def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     """Output length of a window of ``kernel`` sliding by ``stride`` over ``size`` padded by ``padding``."""
     return (size + 2 * padding - kernel) // stride + 1
+
+
+def window_count(size: int, kernel: int, stride: int, before: int, after: int, dilation: int = 1,
+                 ceil_mode: bool = False) -> int:
+    """How many windows of ``kernel`` taps ``dilation`` apart, sliding by ``stride``, fit
+    ``size`` framed by ``before`` and ``after`` (ONNX's pooling rule; 0 when none does).
+
+    ``ceil_mode`` counts a last, partial window too, unless it would start in the end
+    padding: ONNX Runtime drops such a window (its output shape, not the ONNX shape
+    inference's, which keeps it)."""
+    span = (kernel - 1) * dilation + 1
+    room = size + before + after - span
+    if room < 0:
+        return 0
+    count = (-(-room // stride) if ceil_mode else room // stride) + 1
+    if ceil_mode and (count - 1) * stride >= size + before:
+        count -= 1
+    return count
+
+
+def four_pads(padding) -> tuple[int, int, int, int]:
+    """Padding as ONNX orders it, (top, left, bottom, right), from an int (every side), a
+    (height, width) pair (top = bottom, left = right) or four values."""
+    if isinstance(padding, (tuple, list)):
+        if len(padding) == 2:
+            return int(padding[0]), int(padding[1]), int(padding[0]), int(padding[1])
+        if len(padding) == 4:
+            return tuple(int(p) for p in padding)
+        raise OpError(f"padding is an int, a (height, width) pair or (top, left, bottom, right), not {padding!r}")
+    return (int(padding),) * 4
+
+
+def pool_windows(size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                 padding: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1),
+                 ceil_mode: bool = False) -> tuple[int, int]:
+    """The (height, width) of pooling's output over a ``size`` image, checked as ONNX
+    Runtime checks it: each side's padding below the window's taps, at least one window,
+    and every window with a tap inside the image (taps far apart can straddle a small
+    one, leaving a window with nothing to pool)."""
+    out = []
+    for axis in range(2):
+        k, s, d, n = kernel[axis], stride[axis], dilation[axis], size[axis]
+        before, after = padding[axis], padding[axis + 2]
+        if max(before, after) >= k:
+            raise OpError(f"padding {list(padding)} (top, left, bottom, right) must be smaller than the window "
+                          f"{list(kernel)} on each side")
+        count = window_count(n, k, s, before, after, d, ceil_mode)
+        if count < 1:
+            raise OpError(f"a {kernel[0]}x{kernel[1]} window (dilations {list(dilation)}) does not fit a "
+                          f"{size[0]}x{size[1]} input with padding {list(padding)}")
+        if d > 1:
+            # Only a window reaching past the image can miss it: those within a span of either end.
+            span = (k - 1) * d + 1
+            edge = min(count, 2 * span // s + 2)
+            for w in {*range(edge), *range(count - edge, count)}:
+                start = w * s - before
+                if not any(0 <= start + i * d < n for i in range(k)):
+                    raise OpError(f"window {w} has no tap inside the input's {n} {('rows', 'columns')[axis]} "
+                                  f"({k} taps {d} apart from {start}); give less padding or a smaller dilation")
+        out.append(count)
+    return out[0], out[1]
 
 
 class OpError(CompileError):

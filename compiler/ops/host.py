@@ -19,7 +19,7 @@ from ..pipeline import build
 from ..schedule import create_schedule
 from ..target import Target
 from . import cpu as cpu_schedules
-from .common import CompiledOp, Epilogue, OpError, out_size
+from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .nn import (
     ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
     dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
@@ -382,10 +382,12 @@ def _pair(value, name: str, minimum: int) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, padding=0, dtype: str = "int8",
-                   count_include_pad: bool = False) -> CompiledOp:
-    """Max or average pooling of an NCHW tensor over ``kernel`` windows (an int or (kh, kw));
-    a kernel of the whole image is global pooling."""
+def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, padding=0, dilation=1,
+                   ceil_mode: bool = False, dtype: str = "int8", count_include_pad: bool = False) -> CompiledOp:
+    """Max or average pooling of an NCHW tensor over ``kernel`` windows (an int or (kh, kw),
+    as ``stride`` and ``dilation``; ``padding`` also (top, left, bottom, right)); a kernel
+    of the whole image is global pooling. ``ceil_mode`` keeps a partial last window, as
+    ONNX Runtime does (`window_count`)."""
     _host(target)
     if kind not in ("max", "avg"):
         raise OpError(f"pooling is max or avg, not {kind!r}")
@@ -394,15 +396,17 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     shape = tuple(_positive("pooling input dimension", v) for v in shape)
     kernel = _pair(kernel, "kernel", 1)
     stride = kernel if stride is None else _pair(stride, "stride", 1)
-    padding = _pair(padding, "padding", 0)
-    if padding[0] >= kernel[0] or padding[1] >= kernel[1]:
-        raise OpError(f"padding {padding} must be smaller than the kernel {kernel}")
+    dilation = _pair(dilation, "dilation", 1)
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 for v in padding):
+            raise OpError(f"padding must be integers ≥ 0, not {padding!r}")
+        padding = tuple(int(v) for v in padding)
+    else:
+        padding = four_pads(_pair(padding, "padding", 0))
     dtype = _check_dtype(f"{kind} pooling", dtype, ("int8", "int32", "float32"))
-    oh, ow = out_size(shape[2], kernel[0], stride[0], padding[0]), out_size(shape[3], kernel[1], stride[1], padding[1])
-    if oh < 1 or ow < 1:
-        raise OpError(f"a {kernel[0]}x{kernel[1]} window does not fit a {shape[2]}x{shape[3]} input "
-                      f"with padding {padding}")
-    t = pool2d_te(kind, shape, kernel, stride, padding, dtype, count_include_pad=count_include_pad)
+    pool_windows(shape[2:], kernel, stride, padding, dilation, bool(ceil_mode))
+    t = pool2d_te(kind, shape, kernel, stride, padding, dtype, dilation=dilation, ceil_mode=bool(ceil_mode),
+                  count_include_pad=count_include_pad)
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
@@ -412,7 +416,8 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     kernel_fn = build(s, target, [t["x"], t["out"]], name=f"{kind}_pool2d")
     return CompiledOp(f"{kind}_pool2d", kernel_fn, ["x"], "out",
                       lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
-                      plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding})
+                      plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding,
+                            "dilation": dilation, "ceil_mode": bool(ceil_mode)})
 
 
 def compile_mean(target: Target, rows: int, length: int, *, dtype: str = "float32") -> CompiledOp:

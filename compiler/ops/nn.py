@@ -34,7 +34,7 @@ from ..ir import (
     is_int, reduction_identity,
 )
 from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_fmax, reduce_max, sum_
-from .common import Epilogue, OpError, out_size
+from .common import Epilogue, OpError, four_pads, out_size, window_count
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
@@ -399,18 +399,27 @@ def pad_te(shape: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ..
 
 
 def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
-              padding: tuple[int, int], dtype: str, *, count_include_pad: bool = False) -> dict[str, Tensor]:
-    """Max or average pooling of NCHW ``x`` over ``kernel`` windows.
+              padding: tuple[int, ...], dtype: str, *, dilation: tuple[int, int] = (1, 1), ceil_mode: bool = False,
+              count_include_pad: bool = False) -> dict[str, Tensor]:
+    """Max or average pooling of NCHW ``x`` over ``kernel`` windows whose taps lie
+    ``dilation`` apart, ``padding`` a (height, width) pair or (top, left, bottom, right),
+    ``ceil_mode`` as ONNX Runtime's (`window_count`).
 
     Max: padding never wins (it reads the type's lowest value; for floats NaN, which the
     maximum ignores, as it ignores NaN inputs: a window is NaN only when all of it is, as
-    far as ONNX Runtime's MaxPool has a rule). Average: the
-    mean over the window's positions inside the input (all positions with
-    ``count_include_pad``); integers sum exactly (int32 inputs in 64 bits) and round
-    to nearest, halves up."""
+    far as ONNX Runtime's MaxPool has a rule). Average: the mean over the window's taps
+    inside the input (with ``count_include_pad``, inside the input and its padding, never
+    a partial window's taps past it); integers sum exactly (int32 inputs in 64 bits) and
+    round to nearest, halves up."""
     n, c, h, w = shape
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    top, left, bottom, right = four_pads(padding)
+    oh = window_count(h, kh, sh, top, bottom, dh, ceil_mode)
+    ow = window_count(w, kw, sw, left, right, dw, ceil_mode)
+    # The frame every window reads: the padding, and past it a partial window's taps.
+    below = max((oh - 1) * sh + (kh - 1) * dh + 1 - top - h, 0)
+    beside = max((ow - 1) * sw + (kw - 1) * dw + 1 - left - w, 0)
+    framed = top or left or below or beside
     x = placeholder(shape, dtype, "x")
     rh, rw = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
     tensors = {"x": x}
@@ -420,27 +429,35 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         reduce = reduce_fmax if is_float(dtype) else reduce_max
 
         def padded(b, ch, y, xx):
-            inside = And(And(Cmp("<=", Const(ph), y), Cmp("<", y, Const(h + ph))),
-                         And(Cmp("<=", Const(pw), xx), Cmp("<", xx, Const(w + pw))))
-            return Select(inside, BufferLoad(x.buffer, (b, ch, y - ph, xx - pw), zero_outside=True), lowest)
-        xp = tensors["xp"] = compute((n, c, h + 2 * ph, w + 2 * pw), padded, name="xp") if (ph or pw) else x
+            inside = And(And(Cmp("<=", Const(top), y), Cmp("<", y, Const(h + top))),
+                         And(Cmp("<=", Const(left), xx), Cmp("<", xx, Const(w + left))))
+            return Select(inside, BufferLoad(x.buffer, (b, ch, y - top, xx - left), zero_outside=True), lowest)
+        xp = tensors["xp"] = compute((n, c, top + h + below, left + w + beside), padded, name="xp") if framed else x
         tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
-            xp[b, ch, y * sh + rh, xx * sw + rw], [rh, rw]), name="out")
+            xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw], [rh, rw]), name="out")
         return tensors
     if kind != "avg":
         raise OpError(f"pooling is max or avg, not {kind!r}")
     # Sums of int32 values need 64 bits; int8 sums fit int32 for any window.
     acc = "int64" if dtype == "int32" else accumulator_dtype(dtype)
-    xp = tensors["xp"] = pad(x, (0, 0, ph, pw), (0, 0, ph, pw), "xp") if (ph or pw) else x
+    xp = tensors["xp"] = pad(x, (0, 0, top, left), (0, 0, below, beside), "xp") if framed else x
     total = tensors["sum"] = compute((n, c, oh, ow), lambda b, ch, y, xx: sum_(
-        xp[b, ch, y * sh + rh, xx * sw + rw].astype(acc), [rh, rw]), name="sum")
+        xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw].astype(acc), [rh, rw]), name="sum")
+
+    def taps(start: Expr, k: int, d: int, lo: int, hi: int) -> Expr:
+        """How many of the taps ``start + i·d`` (0 ≤ i < k) lie in [lo, hi): from the first
+        i ≥ ⌈(lo − start)/d⌉ to the last below ⌈(hi − start)/d⌉, floor division's rounding
+        toward −∞ making both ceilings exact for negative numerators."""
+        first = Max(FloorDiv(Const(lo + d - 1) - start, Const(d)), Const(0))
+        end = Min(FloorDiv(Const(hi + d - 1) - start, Const(d)), Const(k))
+        return Max(end - first, Const(0))
 
     def count(y, xx) -> Expr:
-        if count_include_pad or not (ph or pw):
+        if not framed or (count_include_pad and below <= bottom and beside <= right):
+            return Const(kh * kw)      # every tap of every window counts
             return Const(kh * kw)
-        rows = Min(y * sh - ph + kh, Const(h)) - Max(y * sh - ph, Const(0))
-        cols = Min(xx * sw - pw + kw, Const(w)) - Max(xx * sw - pw, Const(0))
-        return rows * cols
+        lo_h, hi_h, lo_w, hi_w = (-top, h + bottom, -left, w + right) if count_include_pad else (0, h, 0, w)
+        return taps(y * sh - top, kh, dh, lo_h, hi_h) * taps(xx * sw - left, kw, dw, lo_w, hi_w)
 
     def mean(b, ch, y, xx):
         s, k = total[b, ch, y, xx], count(y, xx).astype(acc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import out_size, reference_epilogue
+from .common import four_pads, reference_epilogue, window_count
 
 __all__ = [
     "dense_reference", "conv2d_reference", "conv2d_sums", "max_pool2d_reference", "avg_pool2d_reference",
@@ -37,25 +37,27 @@ def dense_reference(a: np.ndarray, b: np.ndarray, bias=None, shift=None, relu=Fa
     return reference_epilogue(acc, bias, shift, relu, channel_axis=1)
 
 
-def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, padding: int = 0,
+def conv2d_reference(x: np.ndarray, w: np.ndarray, bias=None, stride: int = 1, padding=0,
                      shift=None, relu=False, groups: int = 1) -> np.ndarray:
-    """2-D convolution, NCHW × OIHW (I = C / groups), zero padding, and the epilogue (for
-    integers the accelerator's: int32 wrap-around, shift, clamp)."""
+    """2-D convolution, NCHW × OIHW (I = C / groups), zero padding (an int, or (top, left,
+    bottom, right)), and the epilogue (for integers the accelerator's: int32 wrap-around,
+    shift, clamp)."""
     acc = conv2d_sums(x, w, stride, padding, groups)
     if x.dtype.kind == "f":
         return _float_epilogue(acc, bias, relu, 1)
     return reference_epilogue(acc, bias, shift, relu, channel_axis=1)
 
 
-def conv2d_sums(x: np.ndarray, w: np.ndarray, stride: int = 1, padding: int = 0, groups: int = 1) -> np.ndarray:
+def conv2d_sums(x: np.ndarray, w: np.ndarray, stride: int = 1, padding=0, groups: int = 1) -> np.ndarray:
     """The convolution's product sums, exact (int64 for integers, float64 for floats)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
+    top, left, bottom, right = four_pads(padding)
     floating = x.dtype.kind == "f"
     work = np.float64 if floating else np.int64
-    xp = np.zeros((n, c, h + 2 * padding, wd + 2 * padding), work)
-    xp[:, :, padding:padding + h, padding:padding + wd] = x
-    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    xp = np.zeros((n, c, top + h + bottom, left + wd + right), work)
+    xp[:, :, top:top + h, left:left + wd] = x
+    oh, ow = window_count(h, kh, stride, top, bottom), window_count(wd, kw, stride, left, right)
     acc = np.zeros((n, o, oh, ow), work)
     wl = w.astype(work)
     og = o // groups
@@ -73,52 +75,70 @@ def _pair(value) -> tuple[int, int]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
-def _windows(x: np.ndarray, kernel, stride, padding, fill):
-    """Every tap of the (kh, kw) window over ``x`` padded with ``fill``: one strided view each
-    (``kernel``, ``stride`` and ``padding`` are ints or (height, width) pairs)."""
+def pool_output(shape, kernel, stride, padding, dilation=1, ceil_mode=False) -> tuple[int, int]:
+    """The (height, width) of pooling's output (`window_count` along each axis)."""
+    (kh, kw), (sh, sw), (dh, dw) = _pair(kernel), _pair(stride), _pair(dilation)
+    top, left, bottom, right = four_pads(padding)
+    return (window_count(shape[2], kh, sh, top, bottom, dh, ceil_mode),
+            window_count(shape[3], kw, sw, left, right, dw, ceil_mode))
+
+
+def _windows(x: np.ndarray, kernel, stride, padding, fill, dilation=1, out=None):
+    """Every tap of the (kh, kw) window, taps ``dilation`` apart, over ``x`` framed by
+    ``padding`` (an int, a pair or (top, left, bottom, right)) of ``fill``, at ``out``
+    (height, width) window positions: one strided view each. A partial last window (ceil
+    mode) reads ``fill`` past the end padding."""
     n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
-    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, x.dtype)
-    xp[:, :, ph:ph + h, pw:pw + w] = x
-    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    (kh, kw), (sh, sw), (dh, dw) = _pair(kernel), _pair(stride), _pair(dilation)
+    top, left, bottom, right = four_pads(padding)
+    oh, ow = out if out is not None else pool_output(x.shape, kernel, stride, padding, dilation)
+    rows = max(top + h, (oh - 1) * sh + (kh - 1) * dh + 1)
+    cols = max(left + w, (ow - 1) * sw + (kw - 1) * dw + 1)
+    xp = np.full((n, c, rows, cols), fill, x.dtype)
+    xp[:, :, top:top + h, left:left + w] = x
     for i in range(kh):
         for j in range(kw):
-            yield xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
+            yield xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
 
 
-def max_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *,
+def max_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *, dilation=1, ceil_mode: bool = False,
                          zero_padding: bool = False) -> np.ndarray:
     """Max over ``kernel`` windows (an int or a (height, width) pair, as ``stride`` and
-    ``padding``). Padding never wins (ONNX's MaxPool), unless ``zero_padding`` (the
-    accelerator's `compile_max_pool2d`: padding reads 0). Floats ignore NaN (``np.fmax``):
-    a window is NaN only when all its values are."""
+    ``dilation``; ``padding`` also (top, left, bottom, right)), ``ceil_mode`` as ONNX
+    Runtime's (`window_count`). Padding never wins (ONNX's MaxPool), unless
+    ``zero_padding`` (the accelerator's `compile_max_pool2d`: padding reads 0). Floats
+    ignore NaN (``np.fmax``): a window is NaN only when all its values are."""
     stride = kernel if stride is None else stride
     if zero_padding:
         fill = 0
     else:
         fill = np.nan if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    out_hw = pool_output(x.shape, kernel, stride, padding, dilation, ceil_mode)
     out = None
-    for win in _windows(x, kernel, stride, padding, fill):
+    for win in _windows(x, kernel, stride, padding, fill, dilation, out_hw):
         out = win.copy() if out is None else np.fmax(out, win)
     return out
 
 
-def avg_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *,
+def avg_pool2d_reference(x: np.ndarray, kernel, stride=None, padding=0, *, dilation=1, ceil_mode: bool = False,
                          count_include_pad: bool = False) -> np.ndarray:
-    """Mean over ``kernel`` windows (ints or pairs, as for max pooling; padding counted
-    only with ``count_include_pad``).
+    """Mean over ``kernel`` windows (arguments as for max pooling). The divisor counts the
+    window's taps inside the input, or with ``count_include_pad`` inside the input and its
+    padding (never those of a partial window past the padding: ONNX Runtime's rule).
 
     Integers round to nearest with halves up: ``floor((sum + count/2) / count)``."""
     stride = kernel if stride is None else stride
     n, c, h, w = x.shape
-    ones = np.ones((1, 1, h, w), np.int64)
+    top, left, bottom, right = four_pads(padding)
+    out_hw = pool_output(x.shape, kernel, stride, padding, dilation, ceil_mode)
     total = sum(win.astype(np.float64 if x.dtype.kind == "f" else np.int64)
-                for win in _windows(x, kernel, stride, padding, 0))
+                for win in _windows(x, kernel, stride, padding, 0, dilation, out_hw))
     if count_include_pad:
-        taps = _pair(kernel)[0] * _pair(kernel)[1]
-        count = np.full_like(total, taps) if x.dtype.kind == "f" else taps
+        # The padded frame counted as input, the window's origin at its corner.
+        counted = np.ones((1, 1, top + h + bottom, left + w + right), np.int64)
+        count = sum(_windows(counted, kernel, stride, 0, 0, dilation, out_hw))
     else:
-        count = sum(win for win in _windows(ones, kernel, stride, padding, 0))
+        count = sum(_windows(np.ones((1, 1, h, w), np.int64), kernel, stride, padding, 0, dilation, out_hw))
     if x.dtype.kind == "f":
         return (total / count).astype(x.dtype)
     return ((total + count // 2) // count).astype(x.dtype)

@@ -72,6 +72,15 @@ def _cases():
                                                                   dtype=dtype),
                 lambda rng: {"x": _data(rng, (1, 4, 9, 9), dtype)}, lambda i: ref(i["x"], 3, 2, 1), dtype == "int8")
 
+    def pool_windows(kind, dtype):
+        # Uneven padding, a partial last window (ceil mode) and dilated taps.
+        window = dict(stride=(2, 1), padding=(1, 0, 0, 2), dilation=(1, 2), ceil_mode=True)
+        ref = max_pool2d_reference if kind == "max" else avg_pool2d_reference
+        return (f"{kind}-pool-windows-{dtype}",
+                lambda t: compile_pool2d(t, kind, (1, 4, 9, 8), (2, 3), dtype=dtype, **window),
+                lambda rng: {"x": _data(rng, (1, 4, 9, 8), dtype)}, lambda i: ref(i["x"], (2, 3), **window),
+                dtype == "int8")
+
     def max_pool_with_nan():
         # NaN never wins a window (PTX max.f32, not max.NaN.f32); ±inf are ordinary values.
         return ("max-pool-float32-nan", lambda t: compile_pool2d(t, "max", (1, 4, 9, 9), 3, stride=2, padding=1,
@@ -83,7 +92,7 @@ def _cases():
             conv("float32", (2, 8, 11, 10), (12, 8, 3, 3), 1, 1, 1), conv("int8", (1, 6, 9, 9), (10, 6, 3, 3), 2, 1, 1),
             conv("float32", (1, 8, 10, 10), (8, 1, 3, 3), 1, 1, 8), conv("int8", (1, 6, 8, 8), (6, 2, 3, 3), 1, 1, 3),
             elementwise("float32"), elementwise("int8"), pool("max", "float32"), pool("avg", "int8"),
-            max_pool_with_nan()]
+            pool_windows("max", "float32"), pool_windows("avg", "int8"), max_pool_with_nan()]
 
 
 CASES = _cases()

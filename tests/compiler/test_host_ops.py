@@ -175,6 +175,66 @@ def test_pooling_including_global(kind, dtype, kernel, stride, padding, cpu):
         np.testing.assert_array_equal(out, want)
 
 
+def _pool_by_window(x, kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad):
+    """Pooling one window at a time, from ONNX's definitions: the taps of each window, those inside
+    the image pooled, the divisor counting taps inside the image (or inside the padded frame)."""
+    n, c, h, w = x.shape
+    size = []
+    for axis, length in enumerate((h, w)):
+        k, s, d, before, after = kernel[axis], stride[axis], dilation[axis], pads[axis], pads[axis + 2]
+        room = length + before + after - ((k - 1) * d + 1)
+        count = (-(-room // s) if ceil_mode else room // s) + 1
+        size.append(count - (ceil_mode and (count - 1) * s >= length + before))
+    out = np.zeros((n, c, *size), np.float64)
+    for oy in range(size[0]):
+        for ox in range(size[1]):
+            ys = [oy * stride[0] - pads[0] + i * dilation[0] for i in range(kernel[0])]
+            xs = [ox * stride[1] - pads[1] + j * dilation[1] for j in range(kernel[1])]
+            rows, cols = [y for y in ys if 0 <= y < h], [v for v in xs if 0 <= v < w]
+            window = x[:, :, rows][:, :, :, cols].astype(np.float64)
+            if kind == "max":
+                out[:, :, oy, ox] = window.max(axis=(2, 3))
+                continue
+            if count_include_pad:
+                taps = (sum(-pads[0] <= y < h + pads[2] for y in ys) * sum(-pads[1] <= v < w + pads[3] for v in xs))
+            else:
+                taps = len(rows) * len(cols)
+            total = window.sum(axis=(2, 3))
+            out[:, :, oy, ox] = total / taps if x.dtype.kind == "f" else np.floor((total + taps // 2) / taps)
+    return out.astype(x.dtype)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("dtype", ["int8", "int32", "float32"])
+@pytest.mark.parametrize("seed", range(4))
+def test_pooling_windows_uneven_padding_ceil_mode_and_dilation(kind, dtype, seed, cpu):
+    rng = np.random.default_rng(40 + seed)
+    kernel = tuple(int(k) for k in rng.integers(1, 4, 2))
+    stride, dilation = tuple(int(s) for s in rng.integers(1, 4, 2)), tuple(int(d) for d in rng.integers(1, 3, 2))
+    pads = tuple(int(rng.integers(0, kernel[i % 2])) for i in range(4))
+    ceil_mode, include = bool(seed % 2), bool(seed // 2)
+    x = _data(rng, (2, 3, 11, 10), dtype)
+    op = compile_pool2d("cpu", kind, x.shape, kernel, stride=stride, padding=pads, dilation=dilation,
+                        ceil_mode=ceil_mode, dtype=dtype, count_include_pad=include)
+    out, _ = op.run(cpu, x=x)
+    want = _pool_by_window(x, kind, kernel, stride, pads, dilation, ceil_mode, include)
+    ref = (max_pool2d_reference(x, kernel, stride, pads, dilation=dilation, ceil_mode=ceil_mode) if kind == "max" else
+           avg_pool2d_reference(x, kernel, stride, pads, dilation=dilation, ceil_mode=ceil_mode,
+                                count_include_pad=include))
+    for got in (out, ref):
+        if dtype == "float32":
+            _close(got, want)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def test_pooling_refuses_windows_that_miss_the_image():
+    with pytest.raises(OpError, match="window 0 has no tap inside the input's 2 rows"):
+        compile_pool2d("cpu", "max", (1, 1, 2, 6), 2, stride=1, padding=(1, 0, 1, 0), dilation=(3, 1), dtype="float32")
+    with pytest.raises(OpError, match=r"padding \[0, 0, 2, 0\] \(top, left, bottom, right\) must be smaller"):
+        compile_pool2d("cpu", "avg", (1, 1, 6, 6), 2, padding=(0, 0, 2, 0), dtype="float32")
+
+
 @pytest.mark.parametrize("kernel,stride,padding", [(3, 1, 1), (2, 2, 0), ((2, 3), (1, 2), (1, 1))])
 def test_float_max_pool_ignores_nan(kernel, stride, padding, cpu):
     """A NaN in a window does not win (ONNX Runtime's MaxPool returns the other values' maximum);

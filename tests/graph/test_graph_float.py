@@ -119,6 +119,89 @@ def test_pooling(op, attrs):
     _unary(op, (2, 3, 9, 8), np.random.default_rng(6), **attrs)
 
 
+@pytest.mark.parametrize("op,attrs", [
+    # Uneven padding, ceil mode's partial windows (counted as ONNX Runtime counts them), dilations.
+    ("MaxPool", dict(kernel_shape=[3, 2], strides=[2, 3], pads=[0, 1, 2, 0], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[2, 3], strides=[2, 1], dilations=[3, 2], pads=[1, 0, 0, 2])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER", dilations=[2, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, count_include_pad=1, pads=[1, 0, 0, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[3, 2], ceil_mode=1, pads=[0, 1, 1, 0])),
+    ("AveragePool", dict(kernel_shape=[2, 2], strides=[1, 2], dilations=[2, 3], count_include_pad=1, pads=[1, 1, 1, 0])),
+    ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 2], auto_pad="SAME_LOWER")),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 3], auto_pad="VALID", ceil_mode=1)),
+])
+def test_pooling_windows(op, attrs):
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", [2, 3, 9, 8])], [("y", ["n", "c", "h", "w"])],
+              opset=19)
+    _check(m, {"x": np.random.default_rng(7).normal(size=(2, 3, 9, 8)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(strides=[2, 2], auto_pad="SAME_UPPER"), dict(strides=[2, 2], auto_pad="SAME_LOWER"),
+    dict(pads=[0, 1, 2, 1]), dict(dilations=[2, 3], pads=[2, 1, 1, 3]), dict(dilations=[2, 2], strides=[2, 2]),
+    dict(strides=[3, 3], auto_pad="VALID", dilations=[1, 2]),
+])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_windows(attrs, groups):
+    """Dilated kernels (spread out with zeros), padding uneven or SAME at any stride (a Pad node
+    before the convolution), on ONNX Runtime's figures."""
+    rng = np.random.default_rng(8)
+    w = rng.normal(size=(4, 4 // groups, 3, 2)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=groups, **attrs)
+    m = model([node], [("x", [2, 4, 10, 9])], [("y", ["n", "c", "h", "w"])],
+              {"w": w, "b": rng.normal(size=4).astype(np.float32)})
+    _check(m, {"x": rng.normal(size=(2, 4, 10, 9)).astype(np.float32)})
+
+
+def _random_window(rng) -> tuple[str, dict, np.ndarray | None]:
+    op = str(rng.choice(["MaxPool", "AveragePool", "Conv"]))
+    kernel = [int(k) for k in rng.integers(1, 4, 2)]
+    stride = int(rng.integers(1, 4))
+    attrs = dict(kernel_shape=kernel, dilations=[int(d) for d in rng.integers(1, 3, 2)],
+                 strides=[stride] * 2 if op == "Conv" else [int(s) for s in rng.integers(1, 4, 2)])
+    auto = str(rng.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if auto == "NOTSET":
+        # A pooling window's padding stays below its size (ONNX Runtime's rule); a convolution's need not.
+        attrs["pads"] = [int(rng.integers(0, kernel[i % 2] + 2 * (op == "Conv"))) for i in range(4)]
+    else:
+        attrs["auto_pad"] = auto
+    if op != "Conv":
+        attrs["ceil_mode"] = int(rng.integers(0, 2))
+    if op == "AveragePool":
+        attrs["count_include_pad"] = int(rng.integers(0, 2))
+    weight = rng.normal(size=(3, 2, *kernel)).astype(np.float32) if op == "Conv" else None
+    return op, attrs, weight
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_windows_agree_with_onnx_runtime_or_are_refused(seed):
+    """Random windows over random images: where ONNX Runtime answers, gemforge gives its figures
+    or a GraphError naming the node (never another exception, never different numbers)."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(100 + seed)
+    ran = 0
+    for _ in range(12):
+        op, attrs, weight = _random_window(rng)
+        shape = [1, 2, int(rng.integers(3, 11)), int(rng.integers(3, 11))]
+        m = model([helper.make_node(op, ["x", "w"] if op == "Conv" else ["x"], ["y"], name="win", **attrs)],
+                  [("x", shape)], [("y", ["n", "c", "h", "w"])], {} if weight is None else {"w": weight}, opset=19)
+        x = rng.normal(size=shape).astype(np.float32)
+        try:
+            expected = ort_run(m, {"x": x})[0]
+        except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument):
+            expected = None       # ONNX Runtime refuses this model (a dilated SAME convolution, say)
+        try:
+            got = compile_model(m).run(x, "cpu")
+        except GraphError as e:
+            assert str(e).startswith("node win ("), e
+            continue
+        if expected is not None:
+            ran += 1
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(float(np.abs(expected).max()), 1e-6),
+                                       err_msg=f"{op} {attrs} on {shape}")
+    assert ran >= 6
+
+
 def test_max_pool_ignores_nan_as_onnx_runtime_does():
     """A window holding NaN gives the maximum of its other values, one all NaN gives NaN, ±inf
     are values. (ONNX Runtime's answer depends on where in the window a NaN sits: with a NaN
@@ -219,10 +302,17 @@ def test_refusals():
     w = {"w": np.ones((2, 2, 3, 3), np.float32)}
     _error(model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], [("y", [1])], opset=11),
            "opset 11; gemforge reads opset 13")
-    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 0, 0, 1], name="c")], x, [("y", [1])], w),
-           r"node c \(Conv\): pads \[1, 0, 0, 1\] are not supported")
-    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="c")], x, [("y", [1])], w),
-           "dilations")
+    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[1, 2], name="c")], x, [("y", [1])], w),
+           r"node c \(Conv\): strides \[1, 2\] must be equal along height and width")
+    _error(model([helper.make_node("Conv", ["x", "w"], ["y"], dilations=[0, 1], name="c")], x, [("y", [1])], w),
+           r"dilations must be two positive integers, not \[0, 1\]")
+    _error(model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[2, 0, 0, 0], name="p")], x,
+                 [("y", [1])]), r"node p \(max_pool\): padding \[2, 0, 0, 0\] \(top, left, bottom, right\) must be smaller")
+    _error(model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[3, 1], pads=[1, 0, 1, 0],
+                                   name="p")], [("x", [1, 2, 2, 5])], [("y", [1])]), "has no tap inside the input's 2 rows")
+    _error(model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[1, 1], strides=[3, 3],
+                                   auto_pad="SAME_UPPER", name="p")], x, [("y", [1])]),
+           r"window \(1\) shorter than the stride \(3\) is not supported")
     _error(model([helper.make_node("Conv", ["x", "v"], ["y"], name="c")], x + [("v", [2, 2, 3, 3])], [("y", [1])]),
            "weight W must be a constant")
     _error(model([helper.make_node("Add", ["x", "z"], ["y"], name="a")], x + [("z", [3, 5])], [("y", [1])]),

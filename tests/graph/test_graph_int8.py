@@ -62,6 +62,44 @@ def test_int8_is_close_to_float():
     assert err < 0.15 * np.abs(float_out).max()
 
 
+def _windows_cnn(rng):
+    """Convolutions with SAME padding at stride 2, dilated taps and uneven padding (a Pad node),
+    pools with ceil mode's partial windows and uneven padding."""
+    from onnx import helper
+
+    from onnx_models import model
+    N = helper.make_node
+    weights = {"w1": rng.normal(size=(8, 3, 3, 3)) * 0.3, "w2": rng.normal(size=(8, 8, 3, 3)) * 0.2,
+               "w3": rng.normal(size=(8, 8, 2, 2)) * 0.2, "fc": rng.normal(size=(8 * 2 * 2, 5)) * 0.2}
+    nodes = [N("Conv", ["x", "w1"], ["c1"], strides=[2, 2], auto_pad="SAME_UPPER", name="c1"), N("Relu", ["c1"], ["r1"]),
+             N("Conv", ["r1", "w2"], ["c2"], dilations=[2, 2], pads=[2, 2, 2, 2], name="c2"), N("Relu", ["c2"], ["r2"]),
+             N("MaxPool", ["r2"], ["p"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, pads=[0, 0, 1, 1], name="p"),
+             N("Conv", ["p", "w3"], ["c3"], pads=[0, 0, 1, 1], name="c3"),
+             N("AveragePool", ["c3"], ["a"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, count_include_pad=1,
+               pads=[1, 1, 0, 0], name="a"),
+             N("Flatten", ["a"], ["f"]), N("MatMul", ["f", "fc"], ["y"], name="fc")]
+    return model(nodes, [("x", ["N", 3, 11, 11])], [("y", ["N", 5])],
+                 {k: v.astype(np.float32) for k, v in weights.items()})
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_int8_windows_bit_identical_and_close_to_onnx_runtime(name):
+    from onnx_models import ort_run
+    rng = np.random.default_rng(12)
+    m = _windows_cnn(rng)
+    calib = rng.normal(size=(6, 2, 3, 11, 11)).astype(np.float32)
+    model = compile_model(m, quantize="int8", calibrate=calib, config=CONFIGS[name], batch=2)
+    x = rng.normal(size=(2, 3, 11, 11)).astype(np.float32)
+    on_cpu = model.run(x, "cpu")
+    np.testing.assert_array_equal(model.run(x, "fsim"), on_cpu)
+    np.testing.assert_array_equal(evaluate(model.graph, {"x": x})["y"], on_cpu)
+    placed = {n.name: (n.op, n.device) for n in model.graph.nodes}
+    assert placed["c1"] == placed["c2"] == placed["c3"] == ("conv2d", "accel")
+    assert placed["c3/pad"] == ("pad", "cpu")
+    expected = ort_run(m, {"x": x})[0]
+    assert np.abs(on_cpu - expected).max() < 0.15 * np.abs(expected).max()
+
+
 def test_artefact_round_trip_and_batch_chunks(tmp_path):
     m, model, rng = _compile(4, "tiny", softmax=True)
     path = tmp_path / "net.gfm"
