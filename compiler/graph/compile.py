@@ -91,9 +91,15 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         _note_batch_mixing(graph)
         return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start)
     peaks = calibrate(graph, _samples(graph, calibration))
+    never_nonzero = sorted(name for name, peak in peaks.items() if peak == 0.0)
     graph = quantize(graph, peaks)
     stage("quantize", graph)
     if report:
+        if never_nonzero:
+            many = len(never_nonzero) != 1
+            report(f"quantize: {len(never_nonzero)} tensor{'s' * many} ({', '.join(never_nonzero[:5])}"
+                   f"{', …' * (len(never_nonzero) > 5)}) {'were' if many else 'was'} 0 on every calibration "
+                   "sample; int8 gives them the finest scale, so other inputs may saturate there")
         for row in graph.notes.get("coarser_weights", ()):
             report(f"quantize: node {row['node']} ({row['op']}) takes its weights at 2^-{row['exponent']}, "
                    f"{row['bits']} bit{'s' * (row['bits'] != 1)} coarser than their range allows, so that its "

@@ -122,6 +122,14 @@ def calibrate(graph: Graph, samples: dict[str, np.ndarray]) -> dict[str, float]:
                     raise GraphError(f"calibration sample {i} makes tensor {name!r} overflow float32 (NaN or "
                                      "infinite values); the model cannot be calibrated on it")
                 peaks[name] = max(peaks.get(name, 0.0), peak)
+    # An all-zero input gives no range to scale by: every tensor it feeds would take the finest
+    # scale, and any real input would saturate it (results silently wrong, not just imprecise).
+    silent = [name for name in graph.inputs if peaks.get(name, 0.0) == 0.0 and graph.values[name].shape
+              and math.prod(graph.values[name].shape)]
+    if silent:
+        raise GraphError(f"the calibration samples of input(s) {', '.join(map(repr, silent))} are 0 everywhere; "
+                         "int8 scales come from the range the samples reach, so give inputs like the ones the "
+                         "network will see")
     return peaks
 
 

@@ -195,3 +195,28 @@ def test_an_add_of_a_tensor_far_finer_than_the_other(order, branch):
         np.testing.assert_array_equal(got, evaluate(q.graph, feeds)["y"])
         expected = ort_run(m, feeds)[0]
         assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+def test_calibration_samples_that_are_zero_everywhere_are_refused():
+    """All-zero samples gave every tensor the finest scale: a real input then saturated at
+    127 · 2^-30 and the network answered 0 for everything, without a word."""
+    m = model([N("Relu", ["x"], ["y"])], [("x", [1, 16])], [("y", None)])
+    with pytest.raises(GraphError, match=r"the calibration samples of input\(s\) 'x' are 0 everywhere"):
+        compile_model(m, quantize="int8", calibrate=np.zeros((3, 1, 16), np.float32))
+    # One sample with any range is enough.
+    samples = np.zeros((3, 1, 16), np.float32)
+    samples[1, 0, 3] = -2.5
+    x = np.random.default_rng(3).normal(size=(1, 16)).astype(np.float32)
+    got = compile_model(m, quantize="int8", calibrate=samples).run(x, "cpu")
+    # A peak of 2.5 takes the scale 2^-5 (power-of-two scales): int8 reaches 127/32.
+    np.testing.assert_allclose(got, np.maximum(x, 0).clip(max=127 / 32), atol=1 / 64)
+
+
+def test_a_tensor_that_is_zero_on_every_calibration_sample_is_reported():
+    """A ReLU that only negative samples reach is 0 throughout calibration; its int8 scale is
+    then a guess, and the report says so by name."""
+    m = model([N("Neg", ["x"], ["n"]), N("Relu", ["n"], ["y"])], [("x", [1, 8])], [("y", None)])
+    lines: list[str] = []
+    compile_model(m, quantize="int8", calibrate=np.abs(np.random.default_rng(4).normal(size=(4, 1, 8))) + 0.1,
+                  report=lines.append)
+    assert any("quantize: 1 tensor (y) was 0 on every calibration sample" in line for line in lines), lines
