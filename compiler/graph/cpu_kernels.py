@@ -172,12 +172,12 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
 
 
 def _binary(graph: Graph, node: Node, target: Target, shapes, out_shape, dtype: str) -> HostKernel:
-    """add/sub/mul/div: the kernel broadcasts its second operand, so the full-shape operand of
-    an add or a multiply goes first; the first operand is broadcast in numpy where it does not
+    """add/sub/mul/div/max/min: the kernel broadcasts its second operand, so the full-shape
+    operand of an add, a multiply, a max or a min goes first; the first operand is broadcast in numpy where it does not
     have the output's shape and comes first (either of sub and div; both when neither has it)."""
     a = node.attrs
     order = [0, 1]
-    if node.op in ("add", "mul") and shapes[0] != out_shape and shapes[1] == out_shape:
+    if node.op in ("add", "mul", "max", "min") and shapes[0] != out_shape and shapes[1] == out_shape:
         order = [1, 0]
     x_shape, y_shape = out_shape, shapes[order[1]]
     scalar = out_shape == ()      # rank 0 (both operands too) runs as one element

@@ -43,8 +43,9 @@ def _pool(node: Node, x: np.ndarray) -> np.ndarray:
                                 ceil_mode=bool(a.get("ceil_mode")), count_include_pad=a["count_include_pad"])
 
 
-_ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
-_FUNCTIONS = {"sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
+_ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+               "min": np.minimum}
+_FUNCTIONS = {"sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs}
 
 
 def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:
@@ -89,7 +90,7 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return np.maximum(x, 0).astype(x.dtype)
     if op in FLOAT_FUNCTIONS:
         v = x.astype(np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):     # exp to inf, sqrt of negatives to NaN
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # exp to inf, log(0) to −inf, NaNs
             if op == "leaky_relu":
                 return np.where(v < 0, v * a["alpha"], v).astype(np.float32)
             return _FUNCTIONS[op](v).astype(np.float32)

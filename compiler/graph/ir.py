@@ -18,11 +18,13 @@ op                  attributes
 ``dense``           inputs a (M, K), w (K, N), [bias]; relu; int8: shift
 ``add``, ``sub``,   inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
 ``mul``             x and y (``lshift``), shift (requantization)
-``div``             inputs x, y (numpy broadcasting); relu (float32 only)
+``div``, ``max``,   inputs x, y (numpy broadcasting); relu (float32 only; max
+``min``             and min propagate NaN, as numpy's and ONNX Runtime's do)
 ``relu``            —
 ``sigmoid``,        — (float32 only: an int8 network computes them in float32)
 ``tanh``, ``exp``,
-``sqrt``, ``abs``
+``log``, ``sqrt``,
+``abs``
 ``leaky_relu``      alpha (float32 only)
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
 ``max_pool``        kernel, stride, dilation (pairs), padding (top, left,
@@ -67,9 +69,9 @@ MAX_ELEMENTS = 1 << 40
 MAX_RANK = 64
 
 #: The element-wise operators of two tensors (numpy broadcasting).
-BINARY_OPS = ("add", "sub", "mul", "div")
+BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
 #: Element-wise functions of one tensor that only float32 computes.
-FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "sqrt", "abs", "leaky_relu")
+FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu")
 #: Every operator of the table above.
 OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose",
        "pad", "identity", "concat", "softmax", "reduce_mean", "batch_norm", "quantize", "dequantize", "requantize")

@@ -558,6 +558,74 @@ class _Importer:
     def op_Abs(self, node, attrs):
         self.emit("abs", node, [node.input[0]])
 
+    def op_Log(self, node, attrs):
+        self.emit("log", node, [node.input[0]])
+
+    def op_Reciprocal(self, node, attrs):
+        self.emit("div", node, [self._const_like(node, "one", np.array(1, np.float32)), node.input[0]], relu=False)
+
+    def _hard_sigmoid(self, node, attrs, default_alpha: float, output: str | None = None) -> str:
+        """max(0, min(1, alpha · x + beta)), as ONNX defines HardSigmoid: a product, a sum and a
+        clip, each of which has an int8 form, so an int8 network keeps it in int8."""
+        alpha, beta = (float(attrs.get(k, d)) for k, d in (("alpha", default_alpha), ("beta", 0.5)))
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not math.isfinite(value):
+                raise self.fail(node, f"{name} must be a finite number, not {value}")
+        out = node.output[0]
+        scaled = self.emit("mul", node, [node.input[0], self._const_like(node, "alpha", np.array(alpha, np.float32))],
+                           output=self._fresh(f"{out}/scaled"), relu=False)
+        shifted = self.emit("add", node, [scaled, self._const_like(node, "beta", np.array(beta, np.float32))],
+                            output=self._fresh(f"{out}/shifted"), relu=False)
+        return self.emit("clip", node, [shifted], output=output, lo=0.0, hi=1.0)
+
+    def op_HardSigmoid(self, node, attrs):
+        self._hard_sigmoid(node, attrs, 0.2)
+
+    def op_HardSwish(self, node, attrs):
+        # x · HardSigmoid(x) with alpha 1/6 and beta 0.5 (ONNX's definition; MobileNetV3's h-swish).
+        gate = self._hard_sigmoid(node, {"alpha": 1 / 6}, 1 / 6, output=self._fresh(f"{node.output[0]}/gate"))
+        self.emit("mul", node, [node.input[0], gate], relu=False)
+
+    def _variadic(self, node, op: str, output: str | None = None) -> str:
+        """``op`` over a Sum's, Mean's, Max's or Min's inputs (at least two), left to right as
+        ONNX Runtime takes them (float32 sums round in that order), into ``output`` (the node's
+        own output by default)."""
+        total = node.input[0]
+        for k, operand in enumerate(node.input[1:], 1):
+            last = k == len(node.input) - 1
+            total = self.emit(op, node, [total, operand],
+                              output=output if last else self._fresh(f"{node.output[0]}/{op}{k}"), relu=False)
+        return total
+
+    def _single_input(self, node) -> bool:
+        """Whether a variadic node has one input, which its output then names; none is refused."""
+        if not node.input:
+            raise self.fail(node, "it needs at least one input")
+        if len(node.input) == 1:
+            self.alias[node.output[0]] = self.name(node.input[0])    # a sum (max, min) of one tensor is it
+            return True
+        return False
+
+    def op_Max(self, node, attrs):
+        if not self._single_input(node):
+            self._variadic(node, "max")
+
+    def op_Min(self, node, attrs):
+        if not self._single_input(node):
+            self._variadic(node, "min")
+
+    def op_Sum(self, node, attrs):
+        if not self._single_input(node):
+            self._variadic(node, "add")
+
+    def op_Mean(self, node, attrs):
+        if self._single_input(node):
+            return
+        # The sum divided by the count (not times 1/n, which float32 does not hold exactly for n = 3).
+        total = self._variadic(node, "add", output=self._fresh(f"{node.output[0]}/sum"))
+        self.emit("div", node, [total, self._const_like(node, "count", np.array(len(node.input), np.float32))],
+                  relu=False)
+
     def op_Clip(self, node, attrs):
         # min and max are scalars (ONNX Runtime takes shape [1] too, not [1, 1]) of the data's
         # type: one type parameter, and ONNX Runtime refuses an int64 bound beside float32 data.
@@ -598,6 +666,10 @@ class _Importer:
     def op_GlobalAveragePool(self, node, attrs):
         self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), dilation=(1, 1),
                   padding=(0, 0, 0, 0), ceil_mode=False, count_include_pad=False, global_pool=True)
+
+    def op_GlobalMaxPool(self, node, attrs):
+        self.emit("max_pool", node, [node.input[0]], kernel=None, stride=(1, 1), dilation=(1, 1),
+                  padding=(0, 0, 0, 0), ceil_mode=False, global_pool=True)
 
     def op_Flatten(self, node, attrs):
         self.emit("reshape", node, [node.input[0]], flatten_axis=int(attrs.get("axis", 1)))

@@ -21,8 +21,8 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   value is off that grid runs in float32); a concat takes the coarsest of its inputs' scales
   (the others are requantized to it); a tensor only clips read is calibrated on what the
   clips let through (a ReLU6's 6, not the 900 its producer reaches);
-- the operators of `FLOAT_ONLY` (softmax, a mean, division, sigmoid, tanh and the other float
-  functions) run in float32 on their dequantized inputs, and so does an average pool whose
+- the operators of `FLOAT_ONLY` (softmax, a mean, division, an element-wise max or min,
+  sigmoid, tanh and the other float functions) run in float32 on their dequantized inputs, and so does an average pool whose
   output range is narrower than its input's (a global pool's); so do the adds, products, ReLUs
   and moves of their results (`_FLOAT_PROPAGATING`: a layer norm stays float32 to its end).
   The nodes reading float32 results where an int8 tensor is needed quantize them. The network quantizes its inputs at entry and dequantizes its
@@ -47,7 +47,7 @@ MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
 #: Operators with no exact int8 form: an int8 network computes them in float32 on the CPU,
 #: from their inputs dequantized, and the nodes reading them quantize their results.
-FLOAT_ONLY = ("softmax", "reduce_mean", "div", *FLOAT_FUNCTIONS)
+FLOAT_ONLY = ("softmax", "reduce_mean", "div", "max", "min", *FLOAT_FUNCTIONS)
 
 
 def exponent_for(max_abs: float, what: str = "a tensor") -> int:

@@ -248,8 +248,9 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
 
 
-#: Element-wise operators that need ``exp`` or ``tanh``, which the GPU back end lacks (no libdevice).
-_NOT_ON_GPU = ("sigmoid", "tanh", "exp")
+#: Element-wise operators that need ``exp``, ``log`` or ``tanh``, which the GPU back end lacks
+#: (no libdevice).
+_NOT_ON_GPU = ("sigmoid", "tanh", "exp", "log")
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
@@ -274,7 +275,7 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
         shape, y_shape = (1,), (None if y_shape is None else (1,))
     dtype = _check_dtype(op, dtype, ("float32",) if op in FLOAT_ELEMENTWISE_OPS else ("int8", "int32", "float32"))
     if target.kind == "gpu" and op in _NOT_ON_GPU:
-        raise OpError(f"{op} has no GPU kernel (the GPU back end has no exp or tanh: no libdevice); run it on the cpu")
+        raise OpError(f"{op} has no GPU kernel (the GPU back end has no exp, log or tanh: no libdevice); run it on the cpu")
     if (op == "leaky_relu") != (alpha is not None):
         raise OpError(f"alpha is leaky_relu's slope below 0; {op} takes {'one' if op == 'leaky_relu' else 'none'}")
     binary = ELEMENTWISE_OPS[op] == 2

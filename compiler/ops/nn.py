@@ -44,11 +44,12 @@ __all__ = [
 ]
 
 #: Element-wise operators and their arity.
-ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "clip": 1, "sigmoid": 1, "tanh": 1, "exp": 1,
-                   "sqrt": 1, "abs": 1, "leaky_relu": 1}
+ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2, "relu": 1, "clip": 1, "sigmoid": 1, "tanh": 1, "exp": 1,
+                   "log": 1, "sqrt": 1, "abs": 1, "leaky_relu": 1}
 #: Those of them that take floats only.
-FLOAT_ELEMENTWISE_OPS = ("div", "sigmoid", "tanh", "exp", "sqrt", "abs", "leaky_relu")
-_ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+FLOAT_ELEMENTWISE_OPS = ("div", "max", "min", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu")
+_ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv, "max": Max,
+               "min": Min}
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -336,8 +337,8 @@ def _float_function(op: str, x: Expr, alpha) -> Expr:
 def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,
                    shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> dict[str, Tensor]:
     """``add``/``sub``/``mul``/``div`` (``y`` broadcast to ``x``'s shape, numpy's rules),
-    ``relu``, ``clip``, and the float functions ``sigmoid``, ``tanh``, ``exp``, ``sqrt``,
-    ``abs``, ``leaky_relu`` (slope ``alpha`` below 0).
+    ``relu``, ``clip``, and the float functions ``sigmoid``, ``tanh``, ``exp``, ``log``,
+    ``sqrt``, ``abs``, ``leaky_relu`` (slope ``alpha`` below 0).
 
     Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
     requantize to int8; ``relu``); float inputs compute in float32 (``relu``);

@@ -1,5 +1,7 @@
 """The operators added to the first set — Squeeze, Unsqueeze, Transpose, Sub, Div, Neg, the float
-functions (Sigmoid, Tanh, Exp, LeakyRelu, Sqrt, Abs, Pow of 2), ReduceMean and Pad — against ONNX
+functions (Sigmoid, Tanh, Exp, Log, LeakyRelu, Sqrt, Abs, Pow of 2), ReduceMean and Pad, and the
+operators composed of others (HardSigmoid, HardSwish, GlobalMaxPool, Sum, Mean, Max, Min,
+Reciprocal) — against ONNX
 Runtime: float32 on the cpu, int8 on fsim and the cpu (bit-identical, and equal to the graph's
 numpy semantics), random shapes and data; their refusals, how they treat a batch, how the GPU back
 end takes them, and the .gfm round trip of every one."""
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
@@ -289,6 +291,110 @@ def test_float_function_kernels():
         np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=op)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=op)
         np.testing.assert_allclose(got, evaluate(compiled.graph, {"x": x})["y"], rtol=1e-6, atol=1e-37, err_msg=op)
+
+
+# ------------------------------------------------------------------------ composed operators
+
+@pytest.mark.parametrize("op, attrs", [("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.35, "beta": 0.3}),
+                                       ("HardSigmoid", {"alpha": -0.5, "beta": 0.8}), ("HardSwish", {}),
+                                       ("GlobalMaxPool", {})])
+def test_hard_sigmoid_hard_swish_and_global_max_pool(op, attrs):
+    """After a convolution (the accelerator's, in int8): HardSigmoid and HardSwish import as a
+    product, a sum and a clip (and HardSwish's product by x), so the int8 network keeps them
+    in int8; GlobalMaxPool is a max pool over the whole image."""
+    rng = np.random.default_rng(sum(map(ord, op)) + len(attrs))
+    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
+    h, wd = (int(d) for d in rng.integers(2, 8, 2))
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N(op, ["c"], ["y"], **attrs)],
+              [("x", [2, 3, h, wd])], [("y", None)], {"w": w}, opset=14)
+    # A HardSigmoid's output spans [0, 1] while its input's int8 step is that of a convolution
+    # reaching ±20 (2^-2): alpha times half that step is its own error, up to 10 % of the output.
+    _same_as_onnx_runtime(m, {"x": 3 * _normal(rng, (2, 3, h, wd))}, rng,
+                          int8_tol=0.12 if op == "HardSigmoid" else 0.05)
+    q = compile_model(m, quantize="int8", calibrate=3 * _normal(rng, (3, 2, 3, h, wd)))
+    assert not any(node.op in FLOAT_ONLY for node in q.graph.nodes)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_variadic_operators_with_broadcasting(op, count):
+    """Sum, Mean, Max and Min of one to four operands of broadcast shapes (a constant among
+    them from three on): a chain of binary nodes, left to right; Mean divides the sum by the
+    count; Max and Min run in float32 in an int8 network."""
+    rng = np.random.default_rng(count * 7 + len(op))
+    shapes = [(2, 3, 4), (3, 1), (4,), (1, 3, 4)][:count]
+    names = [f"x{i}" for i in range(count)]
+    init = {}
+    if count >= 3:
+        init[names[-1]] = _normal(rng, shapes[-1])
+    inputs = [(n, list(s)) for n, s in zip(names, shapes) if n not in init]
+    m = model([N(op, names, ["y"])], inputs, [("y", None)], init)
+    _same_as_onnx_runtime(m, {n: _normal(rng, s) for n, s in zip(names, shapes) if n not in init}, rng)
+
+
+def test_max_and_min_propagate_nan_and_keep_infinities():
+    x = np.float32([np.nan, 1, -np.inf, np.inf, -0.0, 3])
+    y = np.float32([0, np.nan, 5, -2, 0.0, -np.inf])
+    for op in ("Max", "Min"):
+        m = model([N(op, ["x", "y"], ["z"])], [("x", [6]), ("y", [6])], [("z", None)])
+        expected = ort_run(m, {"x": x, "y": y})[0]
+        got = compile_model(m).run({"x": x, "y": y}, "cpu")
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=op)
+        np.testing.assert_array_equal(got[~np.isnan(got)], expected[~np.isnan(expected)], err_msg=op)
+
+
+def test_log_and_reciprocal():
+    """Log is a float function (−inf at 0, NaN below, as ONNX Runtime gives); Reciprocal is a
+    division of 1 by x (±inf at ±0)."""
+    x = np.concatenate([np.random.default_rng(61).uniform(-3, 40, 300), [0, -0.0, 1e-38, np.inf, -1, np.nan]])
+    x = x.astype(np.float32)
+    for op in ("Log", "Reciprocal"):
+        m = model([N(op, ["x"], ["y"])], [("x", [len(x)])], [("y", None)])
+        expected = ort_run(m, {"x": x})[0]
+        compiled = compile_model(m)
+        got = compiled.run(x, "cpu")
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=op)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0, err_msg=op)
+        np.testing.assert_array_equal(got, evaluate(compiled.graph, {"x": x})["y"], err_msg=op)
+    # Within a network, on the accelerator's outputs (in float32 there, like exp).
+    rng = np.random.default_rng(62)
+    m = model([N("Conv", ["x", "w"], ["c"]), N("Abs", ["c"], ["a"]), N("Add", ["a", "one"], ["p"]),
+               N("Log", ["p"], ["l"]), N("Reciprocal", ["p"], ["r"]), N("Add", ["l", "r"], ["y"])],
+              [("x", [1, 3, 6, 6])], [("y", None)],
+              {"w": rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "one": np.float32(1)})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 6, 6))}, rng, int8_tol=0.1)
+
+
+def test_composed_operators_survive_save_and_load(tmp_path):
+    rng = np.random.default_rng(63)
+    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("HardSwish", ["c"], ["h"]), N("Abs", ["c"], ["a"]),
+               N("Max", ["h", "a", "k"], ["mx"]), N("Min", ["mx", "a"], ["mn"]), N("Add", ["mn", "k"], ["p"]),
+               N("Log", ["p"], ["l"]), N("GlobalMaxPool", ["l"], ["y"])],
+              [("x", [1, 3, 5, 5])], [("y", None)], {"w": w, "k": np.float32(0.5)}, opset=14)
+    x = _normal(rng, (1, 3, 5, 5))
+    for options in ({}, {"quantize": "int8", "calibrate": np.stack([x, -x]), "config": "tiny"}):
+        compiled = compile_model(m, **options)
+        compiled.save(tmp_path / "m.gfm")
+        loaded = Model.load(tmp_path / "m.gfm")
+        assert [n.describe() for n in loaded.graph.nodes] == [n.describe() for n in compiled.graph.nodes]
+        for device in ("cpu", "fsim") if options else ("cpu",):
+            np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
+
+
+@pytest.mark.parametrize("node, match", [
+    # ONNX's checker already refuses these (the importer checks every model).
+    (N("Sum", [], ["y"], name="s"), r"^the ONNX model is invalid: .*Sum"),
+    (N("HardSwish", ["x"], ["y"], alpha=0.5, name="h"), r"^the ONNX model is invalid: Unrecognized attribute: alpha"),
+    (N("HardSigmoid", ["x"], ["y"], alpha=float("nan"), name="h"),
+     r"node h \(HardSigmoid\): alpha must be a finite number, not nan"),
+])
+def test_composed_operator_refusals(node, match):
+    g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    with pytest.raises(GraphError, match=match):
+        compile_model(m)
 
 
 @pytest.mark.parametrize("node, init, match", [
@@ -615,7 +721,7 @@ def test_an_edited_attribute_of_a_new_operator_is_refused_when_loaded(op, attr, 
 
 def test_gpu_kernels_or_one_line_refusals():
     """Every new operator builds for an sm_90 GPU (PTX checked by ptxas where present), except
-    those needing exp or tanh, which the GPU back end lacks, and the mean, which has no GPU
+    those needing exp, log or tanh, which the GPU back end lacks, and the mean, which has no GPU
     schedule (as softmax has none): they are refused by name, pointing at the cpu."""
     from gemforge.compiler.graph.cpu_kernels import host_kernel
     from gemforge.compiler.ops.common import OpError
@@ -624,14 +730,15 @@ def test_gpu_kernels_or_one_line_refusals():
     m = model([N("Transpose", ["x"], ["t"], perm=[1, 0]), N("Sub", ["t", "k"], ["s"]), N("Div", ["s", "k"], ["d"]),
                N("Neg", ["d"], ["n"]), N("Sqrt", ["n"], ["q"]), N("Abs", ["q"], ["a"]), N("LeakyRelu", ["a"], ["l"]),
                N("Pad", ["l", "pads", "one"], ["y"]), N("Sigmoid", ["y"], ["z1"]), N("Tanh", ["y"], ["z2"]),
-               N("Exp", ["y"], ["z3"]), N("ReduceMean", ["y"], ["z4"], axes=[0])],
-              [("x", [3, 4])], [("z1", None), ("z2", None), ("z3", None), ("z4", None)],
+               N("Exp", ["y"], ["z3"]), N("ReduceMean", ["y"], ["z4"], axes=[0]), N("Log", ["a"], ["z5"]),
+               N("Max", ["y", "one"], ["z6"]), N("Min", ["one", "y"], ["z7"])],
+              [("x", [3, 4])], [(f"z{i}", None) for i in range(1, 8)],
               {"k": _away_from_zero(rng, (3,)), "pads": np.int64([1, 0, 0, 2]), "one": np.float32(1)})
     graph = compile_model(m).graph
     gpu = GpuTarget("sm_90")
     for node in graph.nodes:
-        if node.op in ("sigmoid", "tanh", "exp", "reduce_mean"):
-            with pytest.raises(OpError, match=rf"^{node.op} has no GPU (kernel \(the GPU back end has no exp or tanh: "
+        if node.op in ("sigmoid", "tanh", "exp", "log", "reduce_mean"):
+            with pytest.raises(OpError, match=rf"^{node.op} has no GPU (kernel \(the GPU back end has no exp, log or tanh: "
                                               r"no libdevice\)|schedule); run it on the cpu$"):
                 host_kernel(graph, node, gpu)
         else:
