@@ -1,10 +1,13 @@
 """The ONNX front end: an ONNX model (opset 13 and newer) → a `Graph`.
 
-Every ONNX node becomes one graph node (``Identity`` and inference-mode
-``Dropout`` become renames; ``Constant`` a constant) or a `GraphError` that
-names the node, its op type and what is supported: nothing is silently
-dropped. Attributes are checked here, where the ONNX names are known; shapes
-are left to the `infer_shapes` pass.
+Every ONNX node becomes one graph node, or a few (HardSigmoid, HardSwish, a
+Gemm, the variadic Sum, Mean, Max and Min), or a rename (``Identity``,
+inference-mode ``Dropout``), or a constant (``Constant``, any node of constants
+only, and the shape computations Shape, Gather, Slice, Cast, ConstantOfShape),
+or a `GraphError` that names the node, its op type and what is supported:
+nothing is silently dropped. Attributes are checked here, where the ONNX names
+are known; shapes are left to the `infer_shapes` pass (a Shape node infers its
+input's on a copy).
 """
 
 from __future__ import annotations
@@ -783,6 +786,119 @@ class _Importer:
             if bool(mode):
                 raise self.fail(node, "training mode is not supported (inference only)")
         self.alias[node.output[0]] = self.name(node.input[0])
+
+    # ---------------------------------------------------------------- shape computations
+    # Exporters compute shapes in the graph (PyTorch's x.view(x.size(0), -1): Shape, Gather,
+    # Unsqueeze, Concat, Reshape). Every shape is static here, so these fold to constants at
+    # import and reach the operators that need constant operands as constants.
+
+    def _static_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor ``name`` (inferred on a copy of the nodes so far, so that the
+        `infer_shapes` pass later starts from the graph as imported)."""
+        if self.values[name].shape is not None:
+            return tuple(self.values[name].shape)
+        import copy
+        from .passes import infer_shapes
+        values = copy.deepcopy(self.values)
+        inputs = [k for k, v in values.items() if v.shape is not None and k not in self.constants]
+        infer_shapes(Graph(inputs, [name], copy.deepcopy(self.nodes), values, self.constants))
+        return tuple(values[name].shape)
+
+    def op_Shape(self, node, attrs):
+        shape = self._static_shape(self.name(node.input[0]))
+        rank = len(shape)
+        start, end = (int(attrs.get(k, d)) for k, d in (("start", 0), ("end", rank)))
+        # Negative positions count from the end; both are clamped to [0, rank] (ONNX, opset 15).
+        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+        self.add_constant(node.output[0], np.array(shape[start:end], np.int64))
+
+    def op_Gather(self, node, attrs):
+        data = self.constant(node, node.input[0], "the data (gemforge gathers from constants, such as shapes)")
+        indices = self.constant(node, node.input[1], "the indices")
+        if indices.dtype not in (np.int32, np.int64):
+            raise self.fail(node, f"the indices must be int32 or int64, not {indices.dtype}")
+        if data.ndim == 0:
+            raise self.fail(node, "the data must have at least one axis")
+        axis = int(attrs.get("axis", 0))
+        if not -data.ndim <= axis < data.ndim:
+            raise self.fail(node, f"axis {axis} is out of range for data of rank {data.ndim}")
+        size = data.shape[axis]
+        if indices.size and (indices.min() < -size or indices.max() >= size):
+            raise self.fail(node, f"an index is outside [-{size}, {size - 1}], the data's axis {axis}")
+        self.add_constant(node.output[0], np.take(data, indices.astype(np.int64), axis=axis))
+
+    def op_Slice(self, node, attrs):
+        data = self.constant(node, node.input[0], "the data (gemforge slices constants, such as shapes)")
+        parts = []
+        for k, what in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")):
+            if len(node.input) > k and node.input[k]:
+                v = self.constant(node, node.input[k], f"the {what}")
+                if v.dtype not in (np.int32, np.int64) or v.ndim != 1:
+                    raise self.fail(node, f"the {what} must be a 1-D int32 or int64 tensor, not {v.dtype} of "
+                                          f"shape {list(v.shape)}")
+                parts.append([int(i) for i in v])
+            else:
+                parts.append(None)
+        starts, ends, axes, steps = parts
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        if not len(starts) == len(ends) == len(axes) == len(steps):
+            raise self.fail(node, f"starts, ends, axes and steps must have one length, not {len(starts)}, "
+                                  f"{len(ends)}, {len(axes)} and {len(steps)}")
+        axes = [a + data.ndim if a < 0 else a for a in axes]
+        if any(not 0 <= a < data.ndim for a in axes) or len(set(axes)) != len(axes):
+            raise self.fail(node, f"the axes {parts[2]} must be distinct axes of the data's {data.ndim}")
+        index = [slice(None)] * data.ndim
+        for a, start, end, step in zip(axes, starts, ends, steps):
+            if step == 0:
+                raise self.fail(node, "a step of 0 is not allowed")
+            dim = data.shape[a]
+            start, end = (v + dim if v < 0 else v for v in (start, end))
+            # ONNX's clamping: both to [0, dim] forwards; backwards the start to [0, dim − 1] and
+            # the end to [−1, dim − 1] (−1: past the first element).
+            if step > 0:
+                start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            else:
+                start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            index[a] = slice(start, None if end < 0 else end, step)
+        self.add_constant(node.output[0], np.ascontiguousarray(data[tuple(index)]))
+
+    def op_Cast(self, node, attrs):
+        to = attrs.get("to")
+        kinds = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT64: np.int64,
+                 onnx.TensorProto.INT32: np.int32, onnx.TensorProto.BOOL: np.bool_}
+        name = self.name(node.input[0])
+        if name not in self.constants:
+            if to != onnx.TensorProto.FLOAT:
+                raise self.fail(node, "a computed tensor can only be cast to float32 (every tensor gemforge "
+                                      "computes is float32); constants cast to float32, int64, int32 and bool")
+            self.alias[node.output[0]] = name        # float32 to float32: the tensor itself
+            return
+        if to not in kinds:
+            raise self.fail(node, "constants cast to float32, int64, int32 and bool, not "
+                                  f"{onnx.helper.tensor_dtype_to_string(to) if isinstance(to, int) else to!r}")
+        value = self.constants[name]
+        if value.dtype.kind == "f" and kinds[to] is not np.float32 and not np.isfinite(value).all():
+            raise self.fail(node, "a NaN or infinite constant has no integer value")
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.add_constant(node.output[0], value.astype(kinds[to]))
+
+    def op_ConstantOfShape(self, node, attrs):
+        shape = self.constant(node, node.input[0], "the shape")
+        if shape.dtype != np.int64 or shape.ndim != 1 or (shape < 0).any():
+            raise self.fail(node, f"the shape must be a 1-D int64 tensor of sizes ≥ 0, not {shape.dtype} "
+                                  f"{shape.tolist()}"[:200])
+        if math.prod(int(d) for d in shape) > MAX_ELEMENTS:
+            raise self.fail(node, f"a constant of shape {shape.tolist()} is beyond the {MAX_ELEMENTS:,} elements "
+                                  "gemforge compiles")
+        if "value" in attrs:
+            self.check_float32(attrs["value"], f"node {node.name or '(unnamed)'} (ConstantOfShape): its value")
+            fill = numpy_helper.to_array(attrs["value"])
+            if fill.size != 1:
+                raise self.fail(node, f"the value must hold one element, not {fill.size}")
+        else:
+            fill = np.zeros(1, np.float32)
+        self.add_constant(node.output[0], np.full(tuple(int(d) for d in shape), fill.reshape(-1)[0], fill.dtype))
 
     def op_Constant(self, node, attrs):
         if "value" in attrs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
@@ -652,6 +652,92 @@ def test_an_int8_layer_norm_keeps_its_epsilon():
     assert any(node.op in ("add", "sub", "mul") and q.graph.values[node.output].dtype == "float32"
                for node in q.graph.nodes)
     np.testing.assert_array_equal(Model.from_bytes(q.to_bytes()).run(x, "fsim"), q.run(x, "cpu"))
+
+
+# ------------------------------------------------------------------------ shape computations
+
+def test_a_flatten_computed_from_the_shape_as_pytorch_exports_it():
+    """x.view(x.size(0), -1): Shape, Gather, Unsqueeze, Concat, Reshape, folded to a constant
+    target at import; a symbolic batch compiles for the batch asked for."""
+    rng = np.random.default_rng(70)
+    w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, 0.4, (4 * 4 * 5, 7)).astype(np.float32)
+    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Relu", ["c"], ["r"]), N("Shape", ["r"], ["s"]),
+             N("Gather", ["s", "zero"], ["b"], axis=0), N("Unsqueeze", ["b", "ax0"], ["bu"]),
+             N("Concat", ["bu", "minus1"], ["target"], axis=0), N("Reshape", ["r", "target"], ["f"]),
+             N("MatMul", ["f", "fc"], ["y"])]
+    m = model(nodes, [("x", ["N", 3, 4, 5])], [("y", ["N", 7])],
+              {"w": w, "fc": fc, "zero": np.int64(0), "ax0": np.int64([0]), "minus1": np.int64([-1])})
+    x = _normal(rng, (3, 3, 4, 5))
+    expected = ort_run(m, {"x": x})[0]
+    compiled = compile_model(m, batch=3)
+    assert not any(node.op in ("shape", "gather") for node in compiled.graph.nodes)
+    np.testing.assert_allclose(compiled.run(x, "cpu"), expected, rtol=1e-5, atol=1e-5)
+    q = compile_model(m, batch=3, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+    np.testing.assert_array_equal(q.run(x, "fsim"), q.run(x, "cpu"))
+    assert np.abs(q.run(x, "cpu") - expected).max() <= 0.05 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shape_slice_gather_cast_and_constant_of_shape_fold_as_onnx_runtime_computes_them(seed):
+    """Random Slices of a constant (negative, clamped and huge bounds, backward steps), Gathers
+    (negative indices), Shape ranges cast to float and a ConstantOfShape, each reaching the
+    arithmetic on the model's inputs: folded at import, equal to ONNX Runtime."""
+    rng = np.random.default_rng(seed)
+    data = _normal(rng, (6, 7))
+    ends = [int(v) for v in rng.integers(-9, 9, 2)]
+    ends[int(rng.integers(2))] = [2 ** 62, -(2 ** 62)][int(rng.integers(2))]
+    init = {"data": data, "st": np.int64(rng.integers(-9, 9, 2)), "en": np.int64(ends), "axes": np.int64([1, -2]),
+            "steps": np.int64(rng.choice([-3, -2, -1, 1, 2, 3], 2)), "idx": np.int64(rng.integers(-7, 7, (2, 3)))}
+    folds = [N("Slice", ["data", "st", "en", "axes", "steps"], ["sl"]), N("Gather", ["data", "idx"], ["g"], axis=1)]
+    probe = model(folds + [N("Relu", ["a"], ["r"])], [("a", [1])], [("sl", None), ("g", None), ("r", None)], init)
+    sliced, gathered, _ = ort_run(probe, {"a": np.ones(1, np.float32)})
+    if sliced.size:
+        m = model(folds + [N("Add", ["a", "sl"], ["y0"]), N("Mul", ["b", "g"], ["y1"])],
+                  [("a", list(sliced.shape)), ("b", list(gathered.shape))], [("y0", None), ("y1", None)], init)
+        feeds = {"a": _normal(rng, sliced.shape), "b": _normal(rng, gathered.shape)}
+        got = compile_model(m).run(feeds, "cpu")
+        for name, e in zip(("y0", "y1"), ort_run(m, feeds)):
+            np.testing.assert_array_equal(got[name], e)
+    else:     # an empty slice: gemforge computes tensors of one element or more
+        m = model(folds[:1] + [N("Add", ["a", "sl"], ["y0"])], [("a", [1])], [("y0", None)], init)
+        with pytest.raises(GraphError, match="no elements"):
+            compile_model(m)
+    shape = [int(d) for d in rng.integers(1, 6, 4)]
+    start, end = (int(v) for v in rng.integers(-5, 5, 2))
+    if not shape[start:end]:
+        start, end = 0, 4
+    m = model([N("Shape", ["x"], ["s"], start=start, end=end), N("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+               N("ReduceMean", ["x"], ["m"], axes=[1, 2, 3], keepdims=0), N("ReduceMean", ["sf"], ["n"]),
+               N("Add", ["m", "n"], ["y0"]), N("Shape", ["x"], ["full"]),
+               N("ConstantOfShape", ["full"], ["k"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5])),
+               N("Mul", ["x", "k"], ["y1"])], [("x", shape)], [("y0", None), ("y1", None)], opset=15)
+    x = _normal(rng, shape)
+    got = compile_model(m).run(x, "cpu")
+    for name, e in zip(("y0", "y1"), ort_run(m, {"x": x})):
+        np.testing.assert_allclose(got[name], e, rtol=1e-6)
+
+
+@pytest.mark.parametrize("node, init, match", [
+    (N("Gather", ["x", "i"], ["y"], name="g"), {"i": np.int64([0])},
+     r"node g \(Gather\): the data \(gemforge gathers from constants, such as shapes\) must be a constant"),
+    (N("Gather", ["k", "i"], ["y"], name="g"), {"k": np.float32([1, 2]), "i": np.int64([2])},
+     r"node g \(Gather\): an index is outside \[-2, 1\], the data's axis 0"),
+    (N("Slice", ["k", "i", "i", "i", "z"], ["y"], name="s"), {"k": np.float32([1, 2]), "i": np.int64([0]),
+                                                              "z": np.int64([0])},
+     r"node s \(Slice\): a step of 0 is not allowed"),
+    (N("Slice", ["x", "i", "i"], ["y"], name="s"), {"i": np.int64([0])}, r"node s \(Slice\): the data .* must be a constant"),
+    (N("Cast", ["x"], ["y"], to=TensorProto.INT64, name="c"), {},
+     r"node c \(Cast\): a computed tensor can only be cast to float32"),
+])
+def test_shape_computation_refusals(node, init, match):
+    g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", node.op_type == "Cast" and TensorProto.INT64
+                                                         or TensorProto.FLOAT, [2])],
+                          [numpy_helper.from_array(v, k) for k, v in init.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    with pytest.raises(GraphError, match=match):
+        compile_model(m)
 
 
 # ------------------------------------------------------------------------ the .gfm round trip
