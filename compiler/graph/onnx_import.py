@@ -12,6 +12,7 @@ input's on a copy).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from pathlib import Path
@@ -23,7 +24,7 @@ from onnx import numpy_helper
 
 from .evaluate import evaluate_node
 from .ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
-from .passes import _shape_of
+from .passes import _shape_of, infer_shapes
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
@@ -797,8 +798,6 @@ class _Importer:
         `infer_shapes` pass later starts from the graph as imported)."""
         if self.values[name].shape is not None:
             return tuple(self.values[name].shape)
-        import copy
-        from .passes import infer_shapes
         values = copy.deepcopy(self.values)
         inputs = [k for k, v in values.items() if v.shape is not None and k not in self.constants]
         infer_shapes(Graph(inputs, [name], copy.deepcopy(self.nodes), values, self.constants))

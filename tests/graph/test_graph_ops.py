@@ -295,6 +295,19 @@ def test_float_function_kernels():
 
 # ------------------------------------------------------------------------ composed operators
 
+def _survives_save_and_load(m, x: np.ndarray, tmp_path) -> None:
+    """The float32 network and the int8 one (on tiny) saved to a .gfm and loaded: the same
+    nodes, and the same bits on the cpu (and fsim)."""
+    for options in ({}, {"quantize": "int8", "calibrate": np.stack([x, -x]), "config": "tiny"}):
+        compiled = compile_model(m, **options)
+        compiled.save(tmp_path / "m.gfm")
+        loaded = Model.load(tmp_path / "m.gfm")
+        assert [n.describe() for n in loaded.graph.nodes] == [n.describe() for n in compiled.graph.nodes]
+        for device in ("cpu", "fsim") if options else ("cpu",):
+            np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
+
+
+
 @pytest.mark.parametrize("op, attrs", [("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.35, "beta": 0.3}),
                                        ("HardSigmoid", {"alpha": -0.5, "beta": 0.8}), ("HardSwish", {}),
                                        ("GlobalMaxPool", {})])
@@ -373,13 +386,7 @@ def test_composed_operators_survive_save_and_load(tmp_path):
                N("Log", ["p"], ["l"]), N("GlobalMaxPool", ["l"], ["y"])],
               [("x", [1, 3, 5, 5])], [("y", None)], {"w": w, "k": np.float32(0.5)}, opset=14)
     x = _normal(rng, (1, 3, 5, 5))
-    for options in ({}, {"quantize": "int8", "calibrate": np.stack([x, -x]), "config": "tiny"}):
-        compiled = compile_model(m, **options)
-        compiled.save(tmp_path / "m.gfm")
-        loaded = Model.load(tmp_path / "m.gfm")
-        assert [n.describe() for n in loaded.graph.nodes] == [n.describe() for n in compiled.graph.nodes]
-        for device in ("cpu", "fsim") if options else ("cpu",):
-            np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
+    _survives_save_and_load(m, x, tmp_path)
 
 
 @pytest.mark.parametrize("node, match", [
@@ -759,13 +766,7 @@ def test_every_new_operator_survives_save_and_load(tmp_path):
     rng = np.random.default_rng(40)
     m = _every_new_operator(rng)
     x = _normal(rng, (1, 3, 4, 5))
-    for options in ({}, {"quantize": "int8", "calibrate": np.stack([x, -x]), "config": "tiny"}):
-        compiled = compile_model(m, **options)
-        compiled.save(tmp_path / "m.gfm")
-        loaded = Model.load(tmp_path / "m.gfm")
-        assert [n.describe() for n in loaded.graph.nodes] == [n.describe() for n in compiled.graph.nodes]
-        for device in ("cpu", "fsim") if options else ("cpu",):
-            np.testing.assert_array_equal(loaded.run(x, device), compiled.run(x, device))
+    _survives_save_and_load(m, x, tmp_path)
 
 
 @pytest.fixture(scope="module")
