@@ -51,7 +51,7 @@ import tomllib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gemforge.files import check_regular_input, write_bytes_atomic, write_text_atomic
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
@@ -117,29 +117,37 @@ def _values(name: str, spec: Any) -> list:
         for key, value in spec.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SweepError(f"field {name!r}: the range's {key} must be a finite number, not {value!r}")
-        start, stop = spec["start"], spec["stop"]
-        values, v = [], start
-        # The count first, so a range far too long is refused before it is built.
-        if "step" in spec:
-            if not spec["step"] or (stop - start) * spec["step"] < 0:
-                raise SweepError(f"field {name!r}: step {spec['step']} never reaches {stop} from {start}")
-            count = math.floor((stop - start) / spec["step"]) + 1
-        else:
-            if not (spec["factor"] > 1 and start > 0):
-                raise SweepError(f"field {name!r}: a geometric range needs start > 0 and factor > 1")
-            count = math.floor(math.log(stop / start) / math.log(spec["factor"])) + 1 if stop >= start else 0
-        if count > _MAX_FIELD_VALUES:
-            raise SweepError(f"field {name!r} expands to {count} values; at most {_MAX_FIELD_VALUES}")
-        if "step" in spec:
-            while (v <= stop) if spec["step"] > 0 else (v >= stop):
-                values.append(v)
-                v += spec["step"]
-        else:
-            while v <= stop:
-                values.append(v)
-                v *= spec["factor"]
-        return values or [start]
+        return _range(name, spec["start"], spec["stop"], spec.get("step"), spec.get("factor"))
     return [spec]
+
+
+def _range(name: str, start: float, stop: float, step: float | None, factor: float | None) -> list:
+    """The values from ``start`` to ``stop`` (included) by ``step`` or ``factor``; a range that
+    never reaches ``stop`` is refused, so every range holds ``start`` and what follows it."""
+    if step is not None:
+        if not step or (stop - start) * step < 0:
+            raise SweepError(f"field {name!r}: step {step} never reaches {stop} from {start}")
+        steps = (stop - start) // step          # NaN where the span overflows a float
+    else:
+        if not (factor > 1 and start > 0):
+            raise SweepError(f"field {name!r}: a geometric range needs start > 0 and factor > 1")
+        if stop < start:
+            raise SweepError(f"field {name!r}: factor {factor} never reaches {stop} from {start}")
+        steps = math.floor(math.log(stop / start) / math.log(factor))
+    # Counted before it is built, so that a range far too long is refused at once.
+    if not steps < _MAX_FIELD_VALUES:
+        count = f"{int(steps) + 1}" if math.isfinite(steps) else "too many"
+        raise SweepError(f"field {name!r} expands to {count} values; at most {_MAX_FIELD_VALUES}")
+    if step is not None:
+        return [start + i * step for i in range(int(steps) + 1)]
+    # Multiplied out rather than counted: the logarithm of an exact power may fall one short.
+    values, v = [], start
+    while v <= stop:
+        values.append(v)
+        v *= factor
+    if len(values) > _MAX_FIELD_VALUES:
+        raise SweepError(f"field {name!r} expands to {len(values)} values; at most {_MAX_FIELD_VALUES}")
+    return values
 
 
 def load_space(path: str | Path) -> Space:
@@ -246,9 +254,13 @@ def _check_expression(expr: str, names: set[str], source: str) -> None:
     if depth > MAX_CONSTRAINT_DEPTH:
         raise SweepError(f"{source}: constraint {shown} nests {depth} levels deep; a constraint may have "
                          f"at most {MAX_CONSTRAINT_DEPTH}")
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
             raise SweepError(f"{source}: constraint {shown} names {node.id!r}, which is not a config field")
+        if isinstance(node, ast.Name) and node.id in _FUNCTIONS and id(node) not in called:
+            raise SweepError(f"{source}: constraint {shown} names the function {node.id!r} without calling it; "
+                             f"only config fields are values")
         if isinstance(node, ast.Constant) and (not isinstance(node.value, (int, float)) or node.value is None):
             raise SweepError(f"{source}: constraint {shown} holds {node.value!r}; constants are numbers"[:300])
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
@@ -258,6 +270,23 @@ def _check_expression(expr: str, names: set[str], source: str) -> None:
                                  *_BINOPS, *_COMPARE)):
             raise SweepError(f"{source}: constraint {shown} uses {type(node).__name__}, which constraints "
                              "do not allow (arithmetic, comparisons, and/or/not, min/max/abs)")
+    # What names no field is the same at every point: evaluated now, so that 9**9**9 is
+    # refused with the space file rather than at the first point.
+    for part in _constant_parts(tree.body):
+        try:
+            _evaluate(part, {})
+        except (ArithmeticError, TypeError, ValueError) as exc:
+            raise SweepError(f"{source}: constraint {shown} cannot be evaluated: {exc}") from None
+
+
+def _constant_parts(node: ast.expr) -> Iterator[ast.expr]:
+    """The largest operations of a checked constraint that name no config field."""
+    if any(isinstance(n, ast.Name) and n.id not in _FUNCTIONS for n in ast.walk(node)):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                yield from _constant_parts(child)
+    elif not isinstance(node, (ast.Constant, ast.Name)):
+        yield node
 
 
 def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
@@ -276,7 +305,12 @@ def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
             # A bounded exponent of a huge base is still huge: ((10**256)**256)**256 has 10^7 digits.
             if isinstance(left, int) and right > 0 and abs(left).bit_length() * right > _MAX_BITS:
                 raise ArithmeticError(f"a power beyond {_MAX_BITS} bits")
-        return _BINOPS[type(node.op)](left, right)
+        value = _BINOPS[type(node.op)](left, right)
+        # Products and sums grow too: a long chain of 2**4000 * 2**4000 * ... would run for
+        # ever, so every integer stays within the bound (each operation on it is then quick).
+        if isinstance(value, int) and value.bit_length() > _MAX_BITS:
+            raise ArithmeticError(f"a value beyond {_MAX_BITS} bits")
+        return value
     if isinstance(node, ast.UnaryOp):
         value = _evaluate(node.operand, env)
         return not value if isinstance(node.op, ast.Not) else -value if isinstance(node.op, ast.USub) else value
@@ -488,9 +522,11 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
     confirmed on its Pareto front), and write the outputs; returns the points in order."""
     if scheduler:
         _check_reachable(scheduler)
+    # Every constraint is evaluated on every point before the first file is written: a space
+    # refused here leaves the output directory as it was (not even created).
+    points = expand(space)
     out = Path(out_dir)
     (out / "points").mkdir(parents=True, exist_ok=True)
-    points = expand(space)
     valid = [p["index"] for p in points if "config" in p]
     sample = _spread(valid, space.rtl_sample)
     tasks, results = [], {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,10 +40,19 @@ def write_space(tmp_path: Path, data: dict) -> Path:
     ({"fields": {"block_in": []}}, "lists no values"),
     ({"fields": {"block_in": {"start": 4, "stop": 16}}}, "a range is"),
     ({"fields": {"block_in": {"start": 16, "stop": 4, "step": 4}}}, "never reaches"),
+    # A reversed geometric range was swept as its start alone.
+    ({"fields": {"block_in": {"start": 8, "stop": 4, "factor": 2}}},
+     "field 'block_in': factor 2 never reaches 4 from 8"),
     ({"constraints": ["block_in ="]}, "is not an expression"),
     ({"constraints": ["colour == 1"]}, "names 'colour'"),
     ({"constraints": ["__import__('os') == 1"]}, "may call only"),
     ({"constraints": ["[x for x in (1,)] == 1"]}, "do not allow"),
+    ({"constraints": ["min > 1"]}, "names the function 'min' without calling it"),
+    # What names no field is evaluated with the space, bounded as at the points.
+    ({"constraints": ["9**9**9 > block_in"]}, "constraint '9.*' cannot be evaluated: exponent 387420489 is beyond 256"),
+    ({"constraints": ["(((10**256)**256)**256)**256 > block_in"]}, "cannot be evaluated: a power beyond 4096 bits"),
+    ({"constraints": ["block_in < (2**250)**8 * (2**250)**8 * (2**250)**8"]},
+     "cannot be evaluated: a value beyond 4096 bits"),
     ({"synthesis": "vivado"}, "synthesis is one of"),
     ({"workload": "alexnet"}, "unknown workload 'alexnet'"),
     ({"base": "no-such-config.toml"}, "base config"),
@@ -57,6 +67,7 @@ def write_space(tmp_path: Path, data: dict) -> Path:
     ({"fields": {"block_in": {"start": 4, "stop": "x", "step": 1}}}, "stop must be a finite number"),
     ({"fields": {"block_in": {"start": 1, "stop": float("inf"), "step": 1}}}, "stop must be a finite number"),
     ({"fields": {"block_in": {"start": 1, "stop": 1e9, "factor": 1.0000001}}}, "expands to 207232669 values"),
+    ({"fields": {"block_in": {"start": -1e308, "stop": 1e308, "step": 1}}}, "expands to too many values"),
     ({"fields": {"inp_buffer_bytes": {"start": 1, "stop": 1000, "step": 1},
                  "wgt_buffer_bytes": {"start": 1, "stop": 1000, "step": 1}}}, "span 1,000,000 points"),
 ])
@@ -98,12 +109,38 @@ def test_a_fifo_as_the_space_file_is_refused_not_read(tmp_path):
 @pytest.mark.parametrize("constraint, message", [
     ("inp_buffer_bytes / (block_in - 4) > 1", "division by zero"),
     ("block_in ** 100000 > 1", "exponent 100000 is beyond"),
-    ("(((10**256)**256)**256)**256 > block_in", "a power beyond 4096 bits"),
+    ("((block_in * 10**255)**256)**256 > 1", "a power beyond 4096 bits"),
+    ("block_in ** 9**9 > 1", "exponent 387420489 is beyond 256"),
+    # Products grow without a power: each integer is held to the bound, so no chain runs for ever.
+    ("block_in * (2**250)**8 * (2**250)**8 * (2**250)**8 > 1", "a value beyond 4096 bits"),
 ])
 def test_a_constraint_that_cannot_be_evaluated_names_itself_and_the_point(constraint, message):
     space = space_from_dict({**QUICK, "constraints": [constraint], "fields": {"block_in": [4]}})
     with pytest.raises(SweepError, match=rf"constraint .* cannot be evaluated at point 0 .*{message}"):
         expand(space)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"constraints": ["9**9**9 > block_in"]}, "exponent 387420489 is beyond 256"),
+    ({"constraints": ["inp_buffer_bytes / (block_in - 8) > 1"]}, r"at point 4 \(\{'block_in': 8, .*division by zero"),
+    ({"fields": {**QUICK["fields"], "block_in": {"start": 8, "stop": 4, "factor": 2}}}, "never reaches"),
+])
+def test_a_refused_space_leaves_no_output_directory(tmp_path, capsys, change, message):
+    """Constraints were evaluated only after DIR/points was made: every one is now evaluated
+    on every point first, so a space refused for any reason writes nothing."""
+    space = write_space(tmp_path, {**QUICK, **change})
+    code = main(["sweep", str(space), "-o", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("gemforge: error: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranges_hold_their_stop_and_a_single_point_range_its_start():
+    space = space_from_dict({**QUICK, "fields": {"block_in": {"start": 1, "stop": 1000, "factor": 10},
+                                                  "block_out": {"start": 4, "stop": 4, "factor": 2},
+                                                  "bus_width": {"start": 64, "stop": 64, "step": 8}}})
+    assert space.fields == {"block_in": [1, 10, 100, 1000], "block_out": [4], "bus_width": [64]}
 
 
 def test_ranges_and_constraints_expand_into_valid_and_listed_invalid_points():
