@@ -756,7 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "padding and sizes)", file=sys.stderr)
         return 2
     except OSError as exc:  # unwritable output, full disk, ...
-        where = f": {exc.filename}" if exc.filename else ""
+        # gemforge.files' errors are whole sentences that begin by naming the file.
+        named = (exc.strerror or "").startswith(f"cannot write {exc.filename}: ")
+        where = f": {exc.filename}" if exc.filename and not named else ""
         print(f"gemforge: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     return status or 0
