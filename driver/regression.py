@@ -122,7 +122,7 @@ def _regress(args: argparse.Namespace, variant: str) -> int:
             on_progress=lambda n: progress.update(task, completed=n, description="programs"))
         progress.update(task, completed=report.programs, description="programs")
     if waves is not None:
-        case = regress.random_case(configs[0], args.seed)
+        case = regress.regress_case(configs[0], args.seed)
         built = harness.build(configs[0], args.device, waves=waves.suffix, variant=variant)
         regress.run_cases(built, [case], waves=waves)
         _say(f"waveform of {case.label}: {waves}")

@@ -51,6 +51,7 @@ __all__ = [
     "MAX_CORE_DIM",
     "QUEUE_DEPTH_RANGE",
     "CLOCK_MHZ_RANGE",
+    "BUS_ADDR_BITS",
     "field_rules",
 ]
 
@@ -78,6 +79,9 @@ MAX_CORE_DIM = 256
 QUEUE_DEPTH_RANGE = (2, 4096)
 #: Inclusive range of clock_mhz.
 CLOCK_MHZ_RANGE = (1, 1000)
+#: Width of a byte address on the DRAM bus (AXI4's AxADDR): the accelerator addresses a 4 GiB
+#: space, and an access past its top is a fault, never a wrap to address 0.
+BUS_ADDR_BITS = 32
 #: The fixed widths of instruction fields that do not depend on buffer depths.
 DRAM_ADDR_BITS = 32
 DMA_SIZE_BITS = 16

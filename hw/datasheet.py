@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 
 from . import asm, config as config_module, isa, program, regmap
-from .config import AccelConfig, field_rules, load_config
+from .config import BUS_ADDR_BITS, AccelConfig, field_rules, load_config
 from .isa import insn_bits, insn_bytes
 from .isa_doc import _rst_to_md, _table, isa_reference
 
@@ -326,6 +326,18 @@ def _dram_master(config: AccelConfig) -> str:
         "STORE's data waits for the STORE's write response via tokens).",
         "- Accesses are not cache-coherent: the host writes back its caches before START and "
         "invalidates them after DONE.",
+        f"- **Address space**: no request reaches byte {regmap.ADDRESS_TOP:#x} (2^{BUS_ADDR_BITS}) or "
+        "beyond, and no address wraps to 0: a program that would run past it is refused at START "
+        "(`PROGRAM_RANGE`), a LOAD or STORE tile that would is refused when it is dispatched "
+        "(`DRAM_RANGE`), before any of it is read or written. An address below the top that the "
+        "memory system does not map should be answered with SLVERR or DECERR (`BUS_ERROR`).",
+        "- **After a fault or ABORT** no new AR or AW is raised; one whose VALID is already high "
+        "stays high until accepted (AXI forbids withdrawing it) and that transaction completes. "
+        "R beats and B responses are taken at once and the W beats of accepted writes are sent, "
+        "so the drain lasts as long as the memory takes to answer what it accepted: ERROR rises "
+        "at most 4 cycles after the later of the fault and the last response. With at most N "
+        f"bursts in flight, each answered within L cycles of the previous one, that is at most "
+        f"N × (L + {beats}) + 4 cycles, which a host's timeout allows for.",
     ])
 
 

@@ -20,8 +20,11 @@ with the same `gemforge.hw.regmap.Fault` code in its ERROR register):
 * ``y_size``, ``x_size``, ``iter_out`` and ``iter_in`` are at least 1 and a
   micro-op range is non-empty; zero is an error, not a no-op.
 * Every SRAM and DRAM entry an instruction touches lies inside its buffer or
-  the DRAM: outside a buffer is a BUFFER_RANGE fault; outside the DRAM, a bus
-  error response from the memory system (BUS_ERROR).
+  the DRAM: outside a buffer is a BUFFER_RANGE fault; a LOAD or STORE tile that
+  runs past the 4 GiB top of the 32-bit address space is a DRAM_RANGE fault
+  (and a program that does, PROGRAM_RANGE), found before any of it is accessed,
+  so no address wraps to 0; below that top but outside the DRAM, a bus error
+  response from the memory system (BUS_ERROR).
 * Fetch dispatches instructions in program order into per-engine command
   queues of ``cmd_queue_depth`` entries and stalls while the next
   instruction's queue is full.

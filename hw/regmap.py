@@ -12,14 +12,24 @@ ends) and are cleared by START.
 
 A program ends either with DONE (FINISH retired, every engine idle, every token
 queue empty) or with ERROR and a `Fault` code in the ERROR register: the
-accelerator detects the fault, stops issuing bus requests, waits for the ones
-in flight to complete, resets its engines and queues (not the registers, the
-counters or the buffers' contents) and is idle again. ERROR and ERROR_INFO keep
+accelerator detects the fault, stops issuing bus requests (an AR or AW whose VALID
+was already raised stays raised until it is accepted, as AXI requires, and that
+transaction then completes like the others), waits for the ones in flight to
+complete, resets its engines and queues (not the registers, the counters or the
+buffers' contents) and is idle again. While it drains, it takes every R beat and B
+response at once and sends the W beats of the writes already accepted without waiting
+on anything else, so the drain lasts as long as the memory system takes to answer what
+it had accepted: ERROR rises at most 4 cycles after the later of the fault (or ABORT)
+and the last of those responses. With a memory that holds at most N bursts in flight
+and answers each within L cycles of the previous one, that is at most N × (L + B) + 4
+cycles, B the longest burst's beats (see DRAM master behaviour); a host sizing its
+timeout adds this to the program's expected run time (and DEADLOCK_CYCLES, below).
+ABORTING reads 1 during the drain. ERROR and ERROR_INFO keep
 the cause; the DEBUG registers, which show the engines and queues (DEBUG_STATE,
 DEBUG_CMDQ and DEBUG_TOKENS a cycle late, being registered), then read as after
-reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after EMPTY_PROGRAM or
-MISALIGNED_PROGRAM, which START refuses before fetching: it keeps the previous
-program's count). A fault the watchdog
+reset (but DEBUG_STATE.FINISH_RETIRED, and DEBUG_FETCHED after EMPTY_PROGRAM,
+MISALIGNED_PROGRAM or PROGRAM_RANGE, which START refuses before fetching: it keeps the
+previous program's count). A fault the watchdog
 finds (DEADLOCK, NO_FINISH, and a TOKEN_IMBALANCE with work left behind) ends
 the program DEADLOCK_CYCLES cycles after the last progress, so a host's timeout
 must be longer than that. The host's ABORT takes the
@@ -43,11 +53,13 @@ from typing import Iterable
 
 from amaranth.lib import data
 
-from .isa import PIPELINE, TOKEN_QUEUES
+from .config import BUS_ADDR_BITS
+from .isa import LOAD_ENGINE, PIPELINE, MemType, STORE_MEMS, TOKEN_QUEUES
 
 __all__ = [
     "Register", "Bitfield", "REGISTERS", "COUNTERS", "ENGINE_STATES", "REG_BYTES", "ID_MAGIC",
     "Fault", "FAULT_DOCS", "DEADLOCK_CYCLES", "CTRL_BITS", "STATUS_BITS", "ERROR_INFO_WRITE",
+    "ERROR_INFO_NO_INDEX", "ADDRESS_TOP",
     "ENGINES", "ENGINE_STATE_BITS", "CMDQ_LEVEL_BITS", "TOKEN_COUNT_BITS", "FAULT_CODE_BITS",
     "by_name", "token_field", "address_bits", "to_markdown", "to_c_header",
 ]
@@ -82,35 +94,74 @@ class Fault(enum.IntEnum):
     DEADLOCK = 8
     TOKEN_IMBALANCE = 9
     BUS_ERROR = 10
+    PROGRAM_RANGE = 11
+    DRAM_RANGE = 12
 
 
-#: One line per fault: its cause, and what ERROR_INFO holds for it.
+#: The top of the accelerator's byte address space: AXI addresses are 32 bits, and no access
+#: reaches this address or beyond (`Fault.PROGRAM_RANGE`, `Fault.DRAM_RANGE`).
+ADDRESS_TOP = 1 << BUS_ADDR_BITS
+#: ERROR_INFO of the micro-op index fault, which names no instruction (all 32 bits set).
+ERROR_INFO_NO_INDEX = 0xFFFF_FFFF
+
+_NO_INFO = "ERROR_INFO: 0"
+
+
+def _names(mems) -> str:
+    return ", ".join(m.buffer for m in mems)
+
+
+def _others(mems) -> str:
+    """The buffers not in ``mems``, and mem values that name no buffer."""
+    return ", ".join(m.buffer for m in MemType if m not in mems) + " or a mem value naming no buffer"
+
+
+#: One line per fault: its cause, and what ERROR_INFO holds for it. Faults found at START
+#: (EMPTY_PROGRAM, MISALIGNED_PROGRAM, PROGRAM_RANGE) fetch nothing; faults found as an
+#: instruction is dispatched (INVALID_INSTRUCTION, BUFFER_RANGE for LOAD, STORE and micro-op
+#: ranges, DRAM_RANGE, FINISH_NOT_LAST) leave that instruction and every later one unrun.
 FAULT_DOCS: dict[Fault, str] = {
     Fault.NONE: "no fault",
-    Fault.ABORTED: "the host wrote CTRL.ABORT while the accelerator was busy",
-    Fault.EMPTY_PROGRAM: "START with INSN_COUNT = 0 (a program needs at least FINISH)",
-    Fault.MISALIGNED_PROGRAM: "START with an INSN_ADDR that is not a multiple of the instruction size",
-    Fault.INVALID_INSTRUCTION: "an instruction word does not decode (unknown opcode, buffer or ALU op, "
-                               "non-zero bits above its fields, a dependency flag its engine lacks, "
-                               "padding on a micro-op LOAD, an immediate without use_imm) or has a zero "
-                               "DMA size or loop count; ERROR_INFO: the instruction's index",
+    Fault.ABORTED: f"the host wrote CTRL.ABORT while the accelerator was busy; {_NO_INFO}",
+    Fault.EMPTY_PROGRAM: f"START with INSN_COUNT = 0 (a program needs at least FINISH); {_NO_INFO}",
+    Fault.MISALIGNED_PROGRAM: "START with an INSN_ADDR that is not a multiple of the instruction size; "
+                              f"{_NO_INFO}",
+    Fault.INVALID_INSTRUCTION: "an instruction word does not decode: an unknown opcode or ALU op; non-zero "
+                               "bits above its fields; a LOAD whose buffer is not one of "
+                               f"{_names(LOAD_ENGINE)} ({_others(LOAD_ENGINE)}) or a STORE whose buffer is not "
+                               f"one of {_names(STORE_MEMS)} ({_others(STORE_MEMS)}); a dependency flag its engine has no "
+                               "token queue for; padding on a micro-op LOAD; an ALU immediate without use_imm; "
+                               "a STORE with requant whose buffer is not acc, or with shift, relu or bias set "
+                               "without requant, or bias_per_row or bias_base set without bias; or a zero DMA "
+                               "size (y_size, x_size) or loop count (iter_out, iter_in). "
+                               "ERROR_INFO: the instruction's index",
     Fault.BUFFER_RANGE: "an instruction addresses entries beyond an on-chip buffer (a LOAD's or STORE's "
-                        "tile, a micro-op range — also an empty or reversed one, uop_end ≤ uop_bgn —, or a "
-                        "micro-op's index plus its loop offsets); "
+                        "tile, a requantizing STORE's bias entries, a micro-op range — also an empty or "
+                        "reversed one, uop_end ≤ uop_bgn —, or a micro-op's index plus its loop offsets); "
                         "ERROR_INFO: the instruction's index for LOAD, STORE and micro-op ranges "
-                        "(checked at dispatch), all ones for micro-op indices (checked as they run)",
+                        f"(checked at dispatch), {ERROR_INFO_NO_INDEX:#x} (all 32 bits set) for micro-op "
+                        "indices (checked as they run)",
     Fault.FINISH_NOT_LAST: "FINISH is not the last of the INSN_COUNT instructions; ERROR_INFO: its index",
     Fault.NO_FINISH: f"every instruction ran but none was FINISH (found by the watchdog, {DEADLOCK_CYCLES} "
-                     "cycles after the last one)",
+                     f"cycles after the last one); {_NO_INFO}",
     Fault.DEADLOCK: f"no engine could make progress for {DEADLOCK_CYCLES} cycles with no bus transfer "
                     "pending: an instruction waits for a dependency token that is never pushed, or "
                     "pushes into a full token queue (once FINISH has retired, that wait is reported as "
-                    "TOKEN_IMBALANCE instead: work left behind)",
+                    f"TOKEN_IMBALANCE instead: work left behind); {_NO_INFO}",
     Fault.TOKEN_IMBALANCE: "FINISH retired but tokens were left in a queue (found once every engine is "
                            "idle), or instructions that can never run were left behind (found by the "
-                           f"watchdog, after {DEADLOCK_CYCLES} cycles)",
-    Fault.BUS_ERROR: "a DRAM read or write response was SLVERR or DECERR; ERROR_INFO: the AXI ID "
-                     "in bits 2:0, bit 8 set for a write",
+                           f"watchdog, after {DEADLOCK_CYCLES} cycles); {_NO_INFO}",
+    Fault.BUS_ERROR: "a DRAM read or write response was SLVERR or DECERR (an address below the 4 GiB top "
+                     "that the memory system does not map); ERROR_INFO: the AXI ID in bits 2:0, bit 8 set "
+                     "for a write",
+    Fault.PROGRAM_RANGE: "START with a program that runs past the 32-bit address space: INSN_ADDR + "
+                         f"INSN_COUNT × the instruction size > {ADDRESS_TOP:#x} (checked before anything is "
+                         f"fetched, so fetch never wraps to address 0); {_NO_INFO}",
+    Fault.DRAM_RANGE: "a LOAD's or STORE's DRAM tile runs past the 32-bit address space: (dram_base + "
+                      "(y_size − 1) · x_stride + x_size) · entry bytes > "
+                      f"{ADDRESS_TOP:#x}, entries of the buffer its DRAM side moves (checked at dispatch, "
+                      "so nothing of it is read or written and no address wraps to 0); "
+                      "ERROR_INFO: the instruction's index",
 }
 
 #: ERROR_INFO bit marking a write response (for `Fault.BUS_ERROR`).

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
-from gemforge.hw.regmap import Fault
+from gemforge.hw.regmap import ADDRESS_TOP, Fault
 from gemforge.hw.isa import (
     Alu,
     AluOp,
@@ -77,6 +77,8 @@ class DeadlockError(FsimError):
 
 class OutOfBoundsError(FsimError):
     """An instruction addressed SRAM or DRAM outside its bounds (SRAM: `Fault.BUFFER_RANGE`;
+    DRAM past the 32-bit address space: `Fault.DRAM_RANGE`, or `Fault.PROGRAM_RANGE` for the
+    instruction stream, found before the access; DRAM below that top but beyond the simulated
     DRAM: `Fault.BUS_ERROR`, as the memory answers such an access with an error response)."""
 
     default_fault = Fault.BUFFER_RANGE
@@ -315,6 +317,10 @@ class Fsim:
             raise FsimError(f"the instruction address {insn_address:#x} is not a multiple of the "
                             f"{insn_bytes(c)}-byte instruction size", Fault.MISALIGNED_PROGRAM)
         end = insn_address + insn_count * insn_bytes(c)
+        if end > ADDRESS_TOP:
+            raise OutOfBoundsError(f"the {insn_count}-instruction program at {insn_address:#x} ends at byte "
+                                   f"{end:#x}, past the {ADDRESS_TOP:#x}-byte address space",
+                                   Fault.PROGRAM_RANGE)
         if insn_address < 0 or end > self.dram.size:
             raise OutOfBoundsError(f"instruction stream bytes {insn_address:#x}..{end:#x} lie outside "
                                    f"the {self.dram.size}-byte DRAM", Fault.BUS_ERROR)
@@ -465,6 +471,7 @@ class Fsim:
                     f"{insn.sram_base + count_written - 1} but the {buffer} buffer has {depth} entries")
             if isinstance(insn, Store):
                 self._check_bias(insn, index)
+            self._check_address_space(insn, index)
         elif isinstance(insn, (Gemm, Alu)):
             for name in ("iter_out", "iter_in"):
                 if getattr(insn, name) < 1:
@@ -476,6 +483,16 @@ class Fsim:
         elif isinstance(insn, Finish) and index != count - 1:
             raise FsimError(f"FINISH is instruction {index} but must be the last one (instruction {count - 1})",
                             Fault.FINISH_NOT_LAST)
+
+    def _check_address_space(self, insn: Load | Store, index: int) -> None:
+        """The tile's DRAM side ends at or below the top of the 32-bit address space (checked
+        at dispatch, as the hardware does: nothing of the tile is read or written)."""
+        entry = self.config.entry_bytes(insn.dram_buffer)
+        end = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
+        if end > ADDRESS_TOP:
+            raise OutOfBoundsError(
+                f"{self._where(insn, index)}: its DRAM tile ends at byte {end:#x}, past the {ADDRESS_TOP:#x}-byte "
+                f"address space (dram_base={insn.dram_base} entries of {entry} bytes)", Fault.DRAM_RANGE)
 
     def _check_dma_shape(self, insn: Load | Store, index: int) -> None:
         for name in ("y_size", "x_size"):

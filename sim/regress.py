@@ -20,6 +20,13 @@ A case is laid out exactly as `Device.load_program` lays out a program on a
 fresh device (the arena at the first aligned address, the instruction stream
 right after it), so replaying the saved program file on a device reproduces
 the same bus addresses.
+
+About one case in `FAULT_CASES` is a *fault case* (`random_fault_case`): its
+random program has one more LOAD or STORE, whose DRAM tile runs past the top of
+the 32-bit address space (`Fault.DRAM_RANGE`) or ends exactly at it, beyond the
+simulated DRAM (`Fault.BUS_ERROR`). The RTL must end it with fsim's fault and the
+ERROR_INFO the datasheet gives, without touching DRAM outside the window where
+the fault is found before the access.
 """
 
 from __future__ import annotations
@@ -39,17 +46,20 @@ import numpy as np
 from gemforge.files import write_bytes_atomic, write_text_atomic
 from gemforge.hw.config import AccelConfig, ConfigError
 from gemforge.hw.isa import (
-    DEP_FLAGS, TOKEN_POPS, TOKEN_PUSHES, Alu, Gemm, Instruction, Load, MemType, Store, encode_program, encode_uops,
-    engine_of, mnemonic,
+    DEP_FLAGS, LOAD_ENGINE, STORE_MEMS, TOKEN_POPS, TOKEN_PUSHES, Alu, Gemm, Instruction, Load, MemType, Store,
+    encode_program, encode_uops, engine_of, mnemonic,
 )
 from gemforge.hw.program import Program, TensorRegion, arena_alignment
+from gemforge.hw.gateware.top import READ_CLIENTS
+from gemforge.hw.regmap import ADDRESS_TOP, ERROR_INFO_WRITE, Fault
 
 from .cosim import harness
 from .cosim.random_program import random_program
 from .fsim import Fsim, FsimError
 from .trace import Divergence, TracingFsim, find_race, locate_divergence, retire_cycles
 
-__all__ = ["Case", "CaseResult", "Report", "RegressError", "random_case", "random_config", "case_from_program",
+__all__ = ["Case", "CaseResult", "Report", "RegressError", "random_case", "random_fault_case", "regress_case",
+           "random_config", "case_from_program", "FAULT_CASES",
            "run_cases", "regress", "investigate", "shrink", "describe_failure", "race_in", "STALLS"]
 
 #: AXI back-pressure levels (the DRAM model withholds each handshake with probability
@@ -61,6 +71,8 @@ STALL_SEED = 1
 
 #: The RTL counters each case checks (their values are defined by the program alone).
 CHECKED_COUNTERS = ("insns_retired", "dma_bytes_written")
+#: One case in this many (drawn by seed) is a fault case (`random_fault_case`).
+FAULT_CASES = 8
 
 
 class RegressError(RuntimeError):
@@ -75,10 +87,14 @@ class Case:
     seed: int | None          # None for a program that came from a file
     stall: int
     program: Program          # relocatable: one constant tensor "data" (the data region)
+    #: For a fault case, the fault and ERROR_INFO the program must end with (fsim's and the
+    #: RTL's); None for a program that must run to DONE.
+    fault: tuple[Fault, int] | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.config.name} seed {self.seed}" if self.seed is not None else f"{self.config.name} program"
+        what = f"seed {self.seed}" if self.seed is not None else "program"
+        return f"{self.config.name} {what}" + (f" (fault case, {self.fault[0].name})" if self.fault else "")
 
 
 def random_case(config: AccelConfig, seed: int) -> Case:
@@ -88,6 +104,64 @@ def random_case(config: AccelConfig, seed: int) -> Case:
                "max_tile": int(rng.choice([2, 4, 8])), "uop_heavy": bool(rng.random() < 0.3)}
     rp = random_program(config, rng, 0, **options)
     return case_from_instructions(config, rp.instructions, rp.data, seed=seed, stall=STALLS[seed % len(STALLS)])
+
+
+def regress_case(config: AccelConfig, seed: int) -> Case:
+    """The case `regress` runs for ``seed``: a fault case for about one seed in `FAULT_CASES`
+    (drawn from a stream of its own, so the other seeds' cases equal `random_case`'s)."""
+    if np.random.default_rng([seed, 0xFA17]).integers(FAULT_CASES) == 0:
+        return random_fault_case(config, seed)
+    return random_case(config, seed)
+
+
+def random_fault_case(config: AccelConfig, seed: int) -> Case:
+    """``random_case(config, seed)`` with one LOAD or STORE more, without dependency flags,
+    whose DRAM tile (after the case's relocation) runs past the top of the address space by
+    a few entries — `Fault.DRAM_RANGE` at its dispatch, ERROR_INFO its index — or, one case in
+    four, ends exactly at the top, beyond the simulated DRAM: `Fault.BUS_ERROR`, ERROR_INFO the
+    AXI ID of the engine's DMA client (or the write flag). It goes at a random place in the
+    program where fsim reaches it (else first): instructions before it that wait for tokens
+    from after it could keep it from ever being dispatched."""
+    case = random_case(config, seed)
+    rng = np.random.default_rng([seed, 0xFA17, 1])
+    c = config
+    if rng.random() < 0.5:
+        mem = MemType(int(rng.choice(list(LOAD_ENGINE))))
+        kind, extra, buffer = Load, {}, mem.buffer
+        client = f"{LOAD_ENGINE[mem].value}_{mem.buffer}"
+        bus_info = READ_CLIENTS.index(client)
+    else:
+        mem = MemType(int(rng.choice(list(STORE_MEMS))))
+        requant = mem == MemType.ACC and bool(rng.random() < 0.5)
+        kind, extra, buffer = Store, {"requant": requant}, "out" if requant else mem.buffer
+        bus_info = ERROR_INFO_WRITE | 0
+    # A tile inside its on-chip buffer (a BUFFER_RANGE fault would come first).
+    x = int(rng.integers(1, min(3, c.depth(mem.buffer)) + 1))
+    y = int(rng.integers(1, min(3, c.depth(mem.buffer) // x) + 1))
+    stride = int(rng.choice([x, x + int(rng.integers(1, 64))]))
+    entry = c.entry_bytes(buffer)
+    past = int(rng.integers(1, 4)) if rng.random() < 0.75 else 0      # entries past the top
+    span = (y - 1) * stride + x
+    # dram_base is a 32-bit field: with 1-byte entries the tile can pass the top only by its
+    # length, so the base is capped there and the fault follows from where the tile really ends.
+    absolute = min(ADDRESS_TOP // entry + past - span, ADDRESS_TOP - 1)
+    past = (absolute + span) * entry > ADDRESS_TOP
+    # Arena-relative: relocation adds the arena's base (`_layout`).
+    dram_base = absolute - arena_alignment(c) // entry
+    extra_insn = kind(mem=mem, sram_base=0, dram_base=dram_base, y_size=y, x_size=x, x_stride=stride, **extra)
+    insns = case.program.instructions
+    data = case.program.constants["data"]
+    for place in (int(rng.integers(0, len(insns))), 0):
+        faulty = insns[:place] + [extra_insn] + insns[place:]
+        fault = (Fault.DRAM_RANGE, place) if past else (Fault.BUS_ERROR, bus_info)
+        candidate = dataclasses.replace(
+            case_from_instructions(c, faulty, data, seed=seed, stall=case.stall), fault=fault)
+        try:
+            fsim_reference(candidate, _window_bytes([candidate]))
+        except FsimError as exc:
+            if exc.fault == fault[0]:
+                return candidate
+    raise RegressError(f"{case.label}: fsim does not reach the out-of-range instruction even first")  # pragma: no cover
 
 
 def case_from_instructions(config: AccelConfig, instructions: list[Instruction], data: np.ndarray, *,
@@ -186,6 +260,15 @@ def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict, bas
     """Why the RTL's run differs from fsim's (one sentence), or None when it matches;
     ``base`` is the DRAM address of the windows' first byte."""
     status = result.get("status")
+    if case.fault is not None:
+        fault, info = case.fault
+        if status != "fault" or result.get("fault") != fault.name or result.get("fault_info") != info:
+            got = f"{status} {result.get('fault', '')} ERROR_INFO {result.get('fault_info', 0):#x}" \
+                if status == "fault" else f"{status}: {result.get('message', '')}"
+            return f"fsim ends the program with {fault.name} (ERROR_INFO {info:#x}), the RTL with {got}"
+        if result.get("oob") and fault != Fault.BUS_ERROR:
+            return f"the RTL accessed DRAM outside the program's window before its {fault.name} fault"
+        return None
     if status != "done":
         detail = result.get("message") or json.dumps(result.get("debug", {}), sort_keys=True)
         return f"the RTL did not finish ({status}): {detail}"
@@ -229,8 +312,13 @@ def run_cases(built: harness.Build, cases: list[Case], *, progress: Callable[[in
         base, image, insn_addr, count = laid_out
         try:
             expected.append(fsim_reference(case, window, laid_out=laid_out)[0])
+            if case.fault is not None:
+                raise RegressError(f"{case.label}: fsim runs the program, which should end with "
+                                   f"{case.fault[0].name}")
         except FsimError as exc:
-            raise RegressError(f"{case.label}: fsim rejects the program ({exc})") from None
+            if case.fault is None or exc.fault != case.fault[0]:
+                raise RegressError(f"{case.label}: fsim rejects the program ({exc})") from None
+            expected.append(image)     # not compared: a faulted run's DRAM is not dumped
         programs.append(harness.BatchProgram(image, insn_addr, count))
     base = arena_alignment(built.config)
     # One stall seed for every case: each program starts from reset with the DRAM model's
@@ -302,7 +390,7 @@ def regress(configs: list[AccelConfig], count: int, seed: int, simulator: str, *
     finished = {id(b): 0 for b in batches}
 
     def work(ks: list[int]) -> list[CaseResult]:
-        cases = [random_case(configs[k % len(configs)], seed + k) for k in ks]
+        cases = [regress_case(configs[k % len(configs)], seed + k) for k in ks]
 
         def progress(done: int) -> None:
             with lock:
@@ -323,8 +411,10 @@ def regress(configs: list[AccelConfig], count: int, seed: int, simulator: str, *
     for r in results:
         report.programs += 1
         report.cycles += r.cycles or 0
-        stats = report.per_config.setdefault(r.case.config.name, {"programs": 0, "mismatches": 0})
+        stats = report.per_config.setdefault(r.case.config.name, {"programs": 0, "fault_programs": 0,
+                                                                  "mismatches": 0})
         stats["programs"] += 1
+        stats["fault_programs"] += r.case.fault is not None
         if r.mismatch:
             stats["mismatches"] += 1
             report.mismatches.append(r)
@@ -515,7 +605,7 @@ def investigate(built: harness.Build, case: Case, out_dir: Path, *, shrink_it: b
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     original = case
-    if shrink_it:
+    if shrink_it and case.fault is None:     # shrinking keeps programs fsim runs to DONE
         step(f"shrinking {case.label} ({len(case.program.instructions)} instructions)")
         case = shrink(built, case, on_round=lambda r, c: step(
             f"  round {r + 1}: {len(c.program.instructions)} instructions still fail"))
@@ -566,13 +656,19 @@ def describe_failure(built: harness.Build, case: Case, retire_trace: Path,
     tracing; returns (where it first diverges, the one-sentence mismatch), or
     ("...", None) when it matches."""
     window = _window_bytes([case])
-    expected, trace = fsim_reference(case, window, tracing=True)
     base, image, insn_addr, count = _image(case, window)
+    if case.fault is None:
+        expected, trace = fsim_reference(case, window, tracing=True)
+    else:
+        expected, trace = image, None        # a fault case's outcome is its fault, not its DRAM
     got, result = harness.run(built, image, base, insn_addr, count, stall=case.stall, seed=STALL_SEED,
                               watchdog_cycles=100_000, retire_trace=retire_trace, waves=waves)
     mismatch = compare(case, expected, got, result, base)
     if mismatch is None:
         return "The RTL matches fsim.", None
+    if case.fault is not None:
+        return (f"{mismatch}. fsim stops at the fault before any access past the window; the DRAM "
+                "contents of a faulted run are not compared."), mismatch
     insns = case.program.relocated(base)
     retired = retire_cycles(insns, harness.read_retire_trace(retire_trace)) if retire_trace.exists() else None
     if np.array_equal(expected, got):

@@ -10,13 +10,15 @@ added for the read arbiter.
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..config import BUS_ADDR_BITS
+
 __all__ = [
     "ADDR_BITS", "BURST_INCR", "RESP_OKAY", "connect_when_selected",
     "Axi4Signature", "AxiLiteSignature", "AxiReadSignature", "AxiWriteSignature",
 ]
 
-#: Byte-address width of the DRAM port (a 4 GiB window).
-ADDR_BITS = 32
+#: Byte-address width of the DRAM port (a 4 GiB window; `gemforge.hw.config.BUS_ADDR_BITS`).
+ADDR_BITS = BUS_ADDR_BITS
 #: AxBURST encoding of incrementing bursts, the only kind the accelerator issues.
 BURST_INCR = 1
 RESP_OKAY = 0

@@ -17,10 +17,10 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import (DEP_FLAGS, LOAD_ENGINE, PIPELINE, STORE_MEMS, TOKEN_POPS, TOKEN_PUSHES, AluOp, Engine,
                    MemType, Opcode, insn_bits)
-from ..regmap import Fault
+from ..regmap import ADDRESS_TOP, Fault
 from .engine import insn_layout
 
-__all__ = ["InsnChecker", "FAULT_BITS", "LOAD_ENGINE_MEMS", "STORE_MEMS", "one_of"]
+__all__ = ["InsnChecker", "FAULT_BITS", "dram_entry_limit", "LOAD_ENGINE_MEMS", "STORE_MEMS", "one_of"]
 
 #: Width of a fault code.
 FAULT_BITS = 8
@@ -42,10 +42,16 @@ def one_of(value, choices):
     return result
 
 
+def dram_entry_limit(config, buffer):
+    """Entries of ``buffer`` below the top of the address space: a LOAD or STORE tile whose
+    DRAM side moves these entries must end at or below this entry (`Fault.DRAM_RANGE`)."""
+    return ADDRESS_TOP // config.entry_bytes(buffer)
+
+
 class InsnChecker(wiring.Component):
     """Check of one instruction word, in three stages: the decode checks and the operands of
-    the tile-size product in the cycle ``en`` is high, the product in the next, the tile's end
-    and the fault in the one after.
+    the tile-size products in the cycle ``en`` is high, the products in the next, the tile's
+    ends and the fault in the one after.
 
     Attributes
     ----------
@@ -57,8 +63,9 @@ class InsnChecker(wiring.Component):
         later, and holds it until `LATENCY` cycles after the next ``en``.
     fault : Out(FAULT_BITS)
         `Fault.NONE`, or the fault the instruction raises: `INVALID_INSTRUCTION`,
-        `BUFFER_RANGE` (a LOAD/STORE tile or a micro-op range outside its buffer) or
-        `FINISH_NOT_LAST`, checked in that order as `gemforge.sim.fsim` does.
+        `BUFFER_RANGE` (a LOAD/STORE tile or a micro-op range outside its buffer),
+        `DRAM_RANGE` (a LOAD/STORE tile whose DRAM side runs past the 32-bit address space)
+        or `FINISH_NOT_LAST`, checked in that order as `gemforge.sim.fsim` does.
     """
 
     #: Cycles from ``en`` to ``fault``.
@@ -89,6 +96,15 @@ class InsnChecker(wiring.Component):
         rows, cols = Signal(len(ld.y_size) + 2), Signal(len(ld.x_size) + 2)   # size plus two pads
         base = Signal.like(ld.sram_base)
         mem = Signal.like(ld.mem)
+        # The DRAM side: the tile's last row starts (y_size - 1) · x_stride entries after its
+        # first, and the tile ends x_size entries after that; it must end at or below the
+        # entry limit of the buffer its DRAM side moves. Here the room from dram_base to the
+        # limit (one subtract after the decode, as `rows` has its adds); the product and the
+        # row's length follow in stage 2, the compare in stage 3.
+        dram_rows = Signal.like(ld.y_size)           # y_size - 1
+        dram_stride = Signal.like(ld.x_stride)
+        dram_cols = Signal.like(ld.x_size)
+        dram_room = Signal(signed(len(ld.dram_base) + 2))
         with m.Switch(opcode):
             for op in Opcode:
                 with m.Case(op):
@@ -106,6 +122,8 @@ class InsnChecker(wiring.Component):
                         m.d.comb += [tile.eq(1), rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1),
                                      cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1), base.eq(ld.sram_base),
                                      mem.eq(ld.mem)]
+                        m.d.comb += self._dram_tile(ld, self._dram_limit(ld.mem), dram_rows, dram_stride,
+                                                    dram_cols, dram_room)
                     elif op == Opcode.STORE:
                         bad = bad | ~one_of(st.mem, STORE_MEMS) | (st.y_size == 0) | (st.x_size == 0)
                         # requant reads acc; without it (or without bias) its fields are zero
@@ -119,6 +137,9 @@ class InsnChecker(wiring.Component):
                             bad = bad | getattr(st, flag)
                         m.d.comb += [tile.eq(1), rows.eq(st.y_size), cols.eq(st.x_size), base.eq(st.sram_base),
                                      mem.eq(st.mem)]
+                        # A requantizing STORE writes output-buffer entries (`Store.dram_buffer`).
+                        limit = Mux(st.requant, dram_entry_limit(c, MemType.OUT.buffer), self._dram_limit(st.mem))
+                        m.d.comb += self._dram_tile(st, limit, dram_rows, dram_stride, dram_cols, dram_room)
                     elif op in (Opcode.GEMM, Opcode.ALU):
                         loop = gm if op == Opcode.GEMM else al
                         bad = bad | (loop.iter_out == 0) | (loop.iter_in == 0)
@@ -131,7 +152,8 @@ class InsnChecker(wiring.Component):
 
         stage1 = (("invalid", invalid), ("index_range_bad", index_range_bad), ("tile", tile), ("rows", rows),
                   ("cols", cols), ("base", base), ("mem", mem), ("bias_check", bias_check),
-                  ("bias_base", bias_base), ("bias_count", bias_count))
+                  ("bias_base", bias_base), ("bias_count", bias_count), ("dram_rows", dram_rows),
+                  ("dram_stride", dram_stride), ("dram_cols", dram_cols), ("dram_room", dram_room))
         q = {name: Signal.like(sig, name=f"q_{name}") for name, sig in stage1}
         finish_bad = Signal(name="q_finish_bad")
         with m.If(self.en):
@@ -152,20 +174,46 @@ class InsnChecker(wiring.Component):
         m.d.sync += q2["index_range_bad"].eq(q["index_range_bad"] | (q["bias_check"] & (bias_end > c.acc_depth)))
         m.d.sync += [q2_finish_bad.eq(finish_bad), area.eq(q["rows"] * q["cols"]),
                      room.eq(self._depth(q["mem"]) - q["base"])]
+        # The DRAM side likewise: the last row's offset, and the room left for it once the
+        # row's length is taken from the room above dram_base.
+        dram_span = Signal(len(q["dram_rows"]) + len(q["dram_stride"]), name="q2_dram_span")
+        dram_last_room = Signal(signed(len(dram_room) + 1), name="q2_dram_last_room")
+        m.d.sync += [dram_span.eq(q["dram_rows"] * q["dram_stride"]),
+                     dram_last_room.eq(q["dram_room"] - q["dram_cols"])]
 
         # Stage 3: the tile's end (base + area) against its buffer's depth, as area against the
         # room: one compare, where an add and then a compare ran into fetch's queue (on the
         # ECP5, next after the compute pipeline's paths). Then the fault in fsim's order.
         out_of_range = q2["index_range_bad"] | (q2["tile"] & (area > room))
+        past_top = q2["tile"] & (dram_span > dram_last_room)
         with m.If(q2["invalid"]):
             m.d.comb += self.fault.eq(Fault.INVALID_INSTRUCTION)
         with m.Elif(out_of_range):
             m.d.comb += self.fault.eq(Fault.BUFFER_RANGE)
+        with m.Elif(past_top):
+            m.d.comb += self.fault.eq(Fault.DRAM_RANGE)
         with m.Elif(q2_finish_bad):
             m.d.comb += self.fault.eq(Fault.FINISH_NOT_LAST)
         with m.Else():
             m.d.comb += self.fault.eq(Fault.NONE)
         return m
+
+    @staticmethod
+    def _dram_tile(insn, limit, rows, stride, cols, room):
+        """Stage 1 of the DRAM-side check of a LOAD or STORE view ``insn`` (`dram_entry_limit`).
+        The room is signed: dram_base may lie past the limit already. A zero y_size (an
+        invalid instruction, whose fault comes first) wraps harmlessly."""
+        def signed_value(value):       # zero-extended by a bit, then read as signed
+            return Cat(value, Const(0, 1)).as_signed()
+        return [rows.eq(insn.y_size - 1), stride.eq(insn.x_stride), cols.eq(insn.x_size),
+                room.eq(signed_value(limit) - signed_value(insn.dram_base))]
+
+    def _dram_limit(self, mem):
+        """`dram_entry_limit` of the buffer ``mem`` names (0 for a value that names none)."""
+        result = Const(0)
+        for kind in MemType:
+            result = Mux(mem == kind, dram_entry_limit(self._config, kind.buffer), result)
+        return result
 
     def _depth(self, mem):
         """The depth of the buffer ``mem`` names (0 for a value that names none: such an

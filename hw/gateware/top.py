@@ -24,8 +24,8 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from ..config import AccelConfig
 from ..isa import PIPELINE, TOKEN_QUEUES, insn_bits, insn_bytes
-from ..regmap import (CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault,
-                      token_field)
+from ..regmap import (ADDRESS_TOP, CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_NO_INDEX,
+                      ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault, token_field)
 from .arbiter import ReadArbiter
 from .axi import BURST_INCR, RESP_OKAY, Axi4Signature, AxiLiteSignature
 from .banked import BankedMemory, buffer_lanes
@@ -173,9 +173,14 @@ class Accelerator(CheckedComponent):
         fault_info = Signal(32)
         start_req = regs.ctrl_stb & regs.ctrl["START"] & ~busy
         abort_req = regs.ctrl_stb & regs.ctrl["ABORT"] & busy & ~aborting
-        misaligned = regs.insn_addr[:exact_log2(insn_bytes(c))] != 0 if insn_bytes(c) > 1 else Const(0)
+        insn_log = exact_log2(insn_bytes(c))
+        misaligned = regs.insn_addr[:insn_log] != 0 if insn_log else Const(0)
+        # The program's end, in instructions from address 0 (an aligned INSN_ADDR divides
+        # exactly), against the top of the address space: fetch must never wrap to address 0.
+        past_top = regs.insn_addr[insn_log:] + regs.insn_count > (ADDRESS_TOP >> insn_log)
         start_fault = Mux(regs.insn_count == 0, Fault.EMPTY_PROGRAM,
-                          Mux(misaligned, Fault.MISALIGNED_PROGRAM, Fault.NONE))
+                          Mux(misaligned, Fault.MISALIGNED_PROGRAM,
+                              Mux(past_top, Fault.PROGRAM_RANGE, Fault.NONE)))
         start = start_req & (start_fault == Fault.NONE)
         m.d.comb += [fetch.start.eq(start), fetch.address.eq(regs.insn_addr), fetch.count.eq(regs.insn_count)]
         queues_empty = ~Cat(q.r_rdy for q in queues.values()).any()
@@ -246,7 +251,7 @@ class Accelerator(CheckedComponent):
         # holds DONE back itself.
         sources = [
             (fetch.fault != Fault.NONE, fetch.fault, fetch.fetched),
-            (compute.index_fault, Fault.BUFFER_RANGE, 0xFFFF_FFFF),
+            (compute.index_fault, Fault.BUFFER_RANGE, ERROR_INFO_NO_INDEX),
             (read_error, Fault.BUS_ERROR, axi.rid),
             (write_error, Fault.BUS_ERROR, ERROR_INFO_WRITE | axi.bid),
             (abort_req, Fault.ABORTED, 0),
@@ -323,7 +328,7 @@ class Accelerator(CheckedComponent):
                 registered = Signal(event.shape(), name=f"event_{name}")
                 m.d.sync += registered.eq(Mux(busy, event, 0))
                 event, counting = registered, Const(1)
-            with m.If(start_req):        # also a START refused at once (EMPTY_PROGRAM, MISALIGNED_PROGRAM)
+            with m.If(start_req):        # also a START refused at once (EMPTY, MISALIGNED, PROGRAM_RANGE)
                 m.d.sync += counter.eq(0)
             with m.Elif(counting):
                 m.d.sync += counter.eq(counter + event)

@@ -13,6 +13,16 @@ import numpy as np
 from gemforge.hw.isa import Alu, AluOp, Gemm, Load, MemType, Store
 
 
+#: The first byte past the accelerator's 32-bit address space: a LOAD or STORE that would touch
+#: it or anything beyond is refused before it runs (the ISA's DRAM_RANGE fault). Written here,
+#: not imported, like every rule of this model.
+ADDRESS_TOP = 1 << 32
+
+
+class AddressSpaceFault(Exception):
+    """A LOAD or STORE touches DRAM at or past `ADDRESS_TOP`; nothing of it was done."""
+
+
 def wrap(value: int, bits: int) -> int:
     half = 1 << (bits - 1)
     return (value + half) % (1 << bits) - half
@@ -140,7 +150,18 @@ class ReferenceModel:
                     for k in range(len(a[r]))] for r in range(len(a))]
             self.write_acc(d, new)
 
+    def dram_bytes(self, insn: Load | Store):
+        """Every DRAM byte address a LOAD or STORE touches, entry by entry."""
+        written = "out" if isinstance(insn, Store) and insn.requant else insn.mem.buffer
+        size = self.config.entry_bytes(written)
+        for y in range(insn.y_size):
+            for x in range(insn.x_size):
+                entry = insn.dram_base + y * insn.x_stride + x
+                yield from range(entry * size, (entry + 1) * size)
+
     def execute(self, insn) -> None:
+        if isinstance(insn, (Load, Store)) and any(b >= ADDRESS_TOP for b in self.dram_bytes(insn)):
+            raise AddressSpaceFault(f"{insn} touches DRAM past byte {ADDRESS_TOP:#x}")
         if isinstance(insn, Load):
             self.load(insn)
         elif isinstance(insn, Store):

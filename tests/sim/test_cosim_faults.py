@@ -1,7 +1,7 @@
 """Faults end in an error code, never a hang, and the hardware reports the fault fsim raises.
 
 Every fault class of `gemforge.hw.regmap.Fault` is provoked by a small program
-that fsim refuses; the same programs then run back to back on the RTL with no
+that fsim refuses (accesses at and past the top of the 32-bit address space among them); the same programs then run back to back on the RTL with no
 reset in between (as a host would run them), each must end with ERROR and the
 same code, and a valid program run after all of them must produce the right
 DRAM contents. ABORT of a running, bus-heavy program is part of the sequence.
@@ -25,6 +25,7 @@ WINDOW = 64 * 1024          # the DRAM window fsim sees, from byte 0
 BEYOND = 32 << 20           # beyond both fsim's window and the simulated DRAM (16 MiB): a bus error
 SLOT = 256                  # bytes of instruction space per case
 DATA = 0x8000               # data region of the valid program
+TOP = 1 << 32               # the first byte past the accelerator's address space
 
 
 def patch(word: int, config, opcode: Opcode, field: str, value: int) -> int:
@@ -43,7 +44,8 @@ def field_hi(config, opcode, name):
 
 
 def fault_cases(config):
-    """(name, program as instructions or raw words, how to place it (None: normally), fault, ERROR_INFO)."""
+    """(name, program as instructions or raw words, how to place it (None: normally; ("misaligned",),
+    ("beyond",) or ("at", address[, instruction count]) to start it elsewhere), fault, ERROR_INFO)."""
     c = config
     load_inp = dict(mem=MemType.INP, sram_base=0, dram_base=DATA // c.entry_bytes("inp"), y_size=1, x_size=1,
                     x_stride=1)
@@ -51,6 +53,8 @@ def fault_cases(config):
     factor = field_hi(c, Opcode.GEMM, "dst_factor_out")
     iters = -(-c.acc_depth // max(1, factor)) + 1
     finish = encode(Finish(), c)
+    top = {b: TOP // c.entry_bytes(b) for b in ("inp", "out", "uop")}      # entries below the top
+    store_out = dict(mem=MemType.OUT, sram_base=0, y_size=1, x_size=2, x_stride=2)
     return [
         ("empty program", [], None, Fault.EMPTY_PROGRAM, 0),
         ("misaligned program", [finish], ("misaligned",), Fault.MISALIGNED_PROGRAM, 0),
@@ -105,6 +109,33 @@ def fault_cases(config):
                                      y_size=1, x_size=1, x_stride=1), Finish()], None,
          Fault.BUS_ERROR, ERROR_INFO_WRITE | 0),
         ("program beyond DRAM", [finish], ("beyond",), Fault.BUS_ERROR, 0),   # ARID 0: fetch
+        # The top of the 32-bit address space: an access that would pass it is refused before
+        # any of it happens (no wrap to address 0); one ending exactly at it is an ordinary
+        # access beyond the DRAM, a bus error.
+        ("program past the address top", [finish, finish], ("at", TOP - insn_bytes(c)), Fault.PROGRAM_RANGE, 0),
+        ("program of 2^32 - 1 instructions", [finish], ("at", 0, (1 << 32) - 1), Fault.PROGRAM_RANGE, 0),
+        ("program ending at the address top", [finish], ("at", TOP - insn_bytes(c)), Fault.BUS_ERROR, 0),
+        ("load past the address top",
+         [Load(**load_inp), Load(**{**load_inp, "dram_base": top["inp"] - 1, "x_size": 2}), Finish()], None,
+         Fault.DRAM_RANGE, 1),
+        ("load rows past the address top",
+         [Load(**{**load_inp, "dram_base": top["inp"] - 9, "y_size": 2, "x_stride": 8, "x_size": 2}), Finish()],
+         None, Fault.DRAM_RANGE, 0),
+        ("micro-op load past the address top",
+         [Load(mem=MemType.UOP, sram_base=0, dram_base=top["uop"] - 1, y_size=1, x_size=2, x_stride=2), Finish()],
+         None, Fault.DRAM_RANGE, 0),
+        ("load ending at the address top", [Load(**{**load_inp, "dram_base": top["inp"] - 2, "x_size": 2}), Finish()],
+         None, Fault.BUS_ERROR, 1),
+        ("store past the address top", [Store(**{**store_out, "dram_base": top["out"] - 1}), Finish()], None,
+         Fault.DRAM_RANGE, 0),
+        # A requantizing STORE's DRAM side moves output entries, not accumulator entries: this one
+        # ends exactly at the top in output entries (in accumulator entries it would be far past).
+        ("requantizing store ending at the address top",
+         [Store(**{**store_out, "mem": MemType.ACC, "requant": True, "dram_base": top["out"] - 2}), Finish()],
+         None, Fault.BUS_ERROR, ERROR_INFO_WRITE | 0),
+        ("requantizing store past the address top",
+         [Store(**{**store_out, "mem": MemType.ACC, "requant": True, "dram_base": top["out"] - 1}), Finish()],
+         None, Fault.DRAM_RANGE, 0),
     ]
 
 
@@ -142,6 +173,8 @@ def _layout(config, rng):
             addr += 8
         elif how == ("beyond",):
             addr = BEYOND
+        elif how and how[0] == "at":
+            addr, count = how[1], how[2] if len(how) > 2 else count
         runs.append({"insn_addr": addr, "insn_count": count})
         expected.append((name, fault, info))
     return image, runs, expected
@@ -151,6 +184,8 @@ def _layout(config, rng):
 def test_fsim_raises_each_fault(name):
     config = PRESETS[name]
     image, runs, expected = _layout(config, np.random.default_rng(1))
+    # Every fault code is provoked (ABORTED by the host, in the RTL sequence below).
+    assert {fault for _, fault, _ in expected} | {Fault.NONE, Fault.ABORTED} == set(Fault)
     for run, (case, fault, _info) in zip(runs, expected):
         sim = Fsim(config, image.copy())
         with pytest.raises(FsimError) as err:

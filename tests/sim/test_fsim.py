@@ -16,7 +16,7 @@ from gemforge.sim import fsim
 from gemforge.sim.fsim import DeadlockError, Fsim, FsimError, OutOfBoundsError
 from gemforge.sim.trace import TracingFsim
 
-from reference import ReferenceModel, wrap
+from reference import ADDRESS_TOP, AddressSpaceFault, ReferenceModel, wrap
 
 #: Presets plus design points that stress other shapes and widths.
 CONFIGS = {
@@ -135,6 +135,72 @@ def test_store_matches_reference(config_name, mem):
         sim.execute(insn)
         ref.execute(insn)
         assert_same_state(sim, ref)
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+def test_dram_tiles_past_the_address_top_are_refused_as_the_reference_says(config_name):
+    """A LOAD or STORE whose DRAM tile touches byte 2^32 or beyond is refused at dispatch with
+    `Fault.DRAM_RANGE` exactly when the reference model, walking the tile byte by byte, finds
+    such a byte; tiles are drawn to end around the top (in entries of the buffer their DRAM
+    side moves: a requantizing STORE's are output entries)."""
+    config = CONFIGS[config_name]
+    ref = ReferenceModel(config, np.zeros(8, np.uint8))
+    rng = np.random.default_rng(len(config_name))
+    outcomes = set()
+    for _ in range(150):
+        y, x = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        stride = int(rng.choice([0, x, x + int(rng.integers(1, 1000))]))
+        if rng.random() < 0.5:
+            mem = MemType(int(rng.choice([MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP])))
+            kind, extra, buffer = Load, {}, mem.buffer
+        else:
+            mem = MemType(int(rng.choice([MemType.OUT, MemType.ACC])))
+            requant = mem == MemType.ACC and rng.random() < 0.5
+            kind, extra, buffer = Store, {"requant": requant}, "out" if requant else mem.buffer
+        end_entry = ADDRESS_TOP // config.entry_bytes(buffer) + int(rng.integers(-2, 3))
+        dram_base = min(max(0, end_entry - (y - 1) * stride - x), (1 << 32) - 1)
+        insn = kind(mem=mem, sram_base=0, dram_base=dram_base, y_size=y, x_size=x, x_stride=stride, **extra)
+        refused = any(b >= ADDRESS_TOP for b in ref.dram_bytes(insn))
+        try:
+            fsim.check_dispatch([insn, Finish()], config)
+            fault = Fault.NONE
+        except FsimError as exc:
+            fault = exc.fault
+        assert fault == (Fault.DRAM_RANGE if refused else Fault.NONE), insn
+        outcomes.add(fault)
+    assert outcomes == {Fault.NONE, Fault.DRAM_RANGE}
+
+
+def test_store_past_the_address_top_writes_nothing():
+    """The store the hardware once wrapped to DRAM byte 0: fsim and the reference refuse it
+    before writing anything."""
+    config = CONFIGS["tiny"]
+    entry = config.out_entry_bytes
+    store = Store(mem=MemType.OUT, sram_base=0, dram_base=ADDRESS_TOP // entry - 1, y_size=1, x_size=2, x_stride=2)
+    dram = np.zeros(4096, np.uint8)
+    stream = np.frombuffer(encode_program([store, Finish()], config), np.uint8)
+    dram[1024:1024 + stream.size] = stream
+    sim = Fsim(config, dram)
+    sim.out[...] = 7
+    with pytest.raises(OutOfBoundsError) as err:
+        sim.run(1024, 2)
+    assert err.value.fault == Fault.DRAM_RANGE and "past the 0x100000000-byte address space" in str(err.value)
+    assert not dram[:1024].any() and sim.counters["store_insns"] == 0
+    ref = ReferenceModel(config, np.zeros(64, np.uint8))
+    with pytest.raises(AddressSpaceFault):
+        ref.execute(store)
+    assert not any(ref.dram)
+
+
+def test_program_past_the_address_top_is_refused_before_fetching():
+    config = CONFIGS["tiny"]
+    size = len(encode_program([Finish()], config))
+    with pytest.raises(OutOfBoundsError) as err:
+        Fsim(config, np.zeros(64, np.uint8)).run(ADDRESS_TOP - size, 2)
+    assert err.value.fault == Fault.PROGRAM_RANGE
+    with pytest.raises(OutOfBoundsError) as err:          # ends at the top: beyond this DRAM only
+        Fsim(config, np.zeros(64, np.uint8)).run(ADDRESS_TOP - size, 1)
+    assert err.value.fault == Fault.BUS_ERROR
 
 
 def test_load_padding_layout_explicit():

@@ -20,9 +20,10 @@ from gemforge.driver.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from gemforge.hw.program import Program
+from gemforge.hw.regmap import Fault
 from gemforge.sim import regress
 from gemforge.sim.cosim import harness
-from gemforge.sim.fsim import Fsim
+from gemforge.sim.fsim import Fsim, FsimError
 from gemforge.sim.mutants import applied
 from gemforge.sim.trace import find_race, retire_cycles
 from strategies import accel_configs
@@ -53,6 +54,36 @@ def test_random_cases_are_valid_and_race_free_on_any_config(config, seed):
     after, trace = regress.fsim_reference(case, window, tracing=True)
     assert find_race(trace, case.program.instructions) is None
     assert not np.array_equal(before, after)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=accel_configs(), seed=st.integers(0, 10**6))
+def test_fault_cases_end_with_the_fault_the_address_rule_gives(config, seed):
+    """A fault case is the seed's valid program with one LOAD or STORE more, whose DRAM tile (at
+    the address the case is laid out at) passes byte 2^32 — DRAM_RANGE, ERROR_INFO its index — or
+    ends exactly there — BUS_ERROR —, and fsim ends it with that fault."""
+    case = regress.random_fault_case(config, seed)
+    valid = regress.random_case(config, seed).program.instructions
+    insns = case.program.instructions
+    place = next(i for i, (a, b) in enumerate(zip(insns, valid + [None])) if a != b)
+    assert insns[:place] + insns[place + 1:] == valid
+    extra = regress._layout(case)[1][place]              # as laid out: absolute DRAM addresses
+    end = (extra.dram_base + (extra.y_size - 1) * extra.x_stride + extra.x_size) * config.entry_bytes(
+        extra.dram_buffer)
+    fault, info = case.fault
+    assert (fault, end > 1 << 32, end >= 1 << 32) in ((Fault.DRAM_RANGE, True, True), (Fault.BUS_ERROR, False, True))
+    if fault == Fault.DRAM_RANGE:
+        assert info == place
+    with pytest.raises(FsimError) as err:
+        regress.fsim_reference(case, regress._window_bytes([case]))
+    assert err.value.fault == fault
+
+
+def test_regress_draws_about_one_fault_case_in_eight():
+    faults = [regress.regress_case(TINY, seed).fault for seed in range(400)]
+    kinds = {f[0] for f in faults if f}
+    assert 30 <= sum(f is not None for f in faults) <= 75 and kinds == {Fault.DRAM_RANGE, Fault.BUS_ERROR}
+    assert regress.regress_case(TINY, next(s for s, f in enumerate(faults) if not f)).fault is None
 
 
 @settings(max_examples=25, deadline=None)
@@ -134,6 +165,8 @@ def test_regress_presets_and_a_random_config():
     report = regress.regress([TINY, PRESETS["default"], random_config], 240, 0, "verilator", jobs=2, batch=40)
     assert report.programs == 240 and not report.mismatches, report.as_dict()["failures"]
     assert set(report.per_config) == {"tiny", "default", "random3"}
+    # Programs that fault past the address space's top, or at it, are among them.
+    assert all(stats["fault_programs"] > 0 for stats in report.per_config.values()), report.per_config
     assert report.cycles > 0 and report.programs_per_second > 0
 
 
