@@ -1,4 +1,5 @@
-"""The ONNX front end: an ONNX model (opset 13 and newer) → a `Graph`.
+"""The ONNX front end: an ONNX model (opset 13 and newer; opsets 7 to 12, as older
+exporters write them, are first upgraded to 13 by onnx's version converter) → a `Graph`.
 
 Every ONNX node becomes one graph node, or a few (HardSigmoid, HardSwish, a
 Gemm, the variadic Sum, Mean, Max and Min), or a rename (``Identity``,
@@ -20,15 +21,19 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import numpy_helper, version_converter
 
 from .evaluate import evaluate_node
 from .ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
 from .passes import _shape_of, infer_shapes
 
-__all__ = ["SUPPORTED_OPS", "MIN_OPSET", "load_onnx", "import_onnx", "model_digest"]
+__all__ = ["SUPPORTED_OPS", "MIN_OPSET", "OLDEST_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
+#: The operator set the importer reads; a model of an older one is upgraded to it on import.
 MIN_OPSET = 13
+#: The oldest operator set upgraded (older ones predate the operators' current forms:
+#: BatchNormalization's is_test, Dropout's is_test, consumed_inputs).
+OLDEST_OPSET = 7
 #: The longest name (UTF-8 bytes) of a zip member: a 16-bit length field.
 _MAX_MEMBER_NAME = 0xFFFF
 
@@ -125,6 +130,12 @@ def _densify(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
     return dense.reshape(dims)
 
 
+def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dimension the model fixes: a value, not a name or nothing, and not negative (some
+    exporters write -1 for a dimension they leave open, the batch above all)."""
+    return dim.HasField("dim_value") and dim.dim_value >= 0
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
@@ -139,6 +150,8 @@ class _Importer:
         self.onnx_names: set[str] = {t.name for t in (*g.initializer, *g.input, *g.output)}
         self.onnx_names.update(t.values.name for t in g.sparse_initializer)
         self.onnx_names.update(o for node in g.node for o in node.output)
+        # Tensors something reads: a node, or the model's outputs.
+        self.consumed: set[str] = {i for node in g.node for i in node.input if i} | {o.name for o in g.output}
         self.input_shapes = input_shapes
         self.values: dict[str, Value] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -343,15 +356,16 @@ class _Importer:
         else:
             shape = []
             for axis, dim in enumerate(declared or ()):
-                if dim.HasField("dim_value"):
+                if _fixed(dim):
                     shape.append(int(dim.dim_value))     # a fixed 0 is refused below
                 elif axis == 0:
                     shape.append(self.batch)      # a symbolic batch: the compiled batch size
                     self.symbolic_batch = True
                     self.batched_inputs.append(vi.name)
                 else:
+                    open_as = dim.dim_param or (str(dim.dim_value) if dim.HasField("dim_value") else "?")
                     raise GraphError(f"model input {vi.name!r} has a symbolic dimension {axis} "
-                                     f"({dim.dim_param or '?'}); give its shape explicitly (gemforge compile "
+                                     f"({open_as}); give its shape explicitly (gemforge compile "
                                      f"--input-shape {vi.name}=D1,D2,…; compile_model(input_shapes=…) in Python)")
             shape = tuple(shape)
         if any(d < 1 for d in shape):
@@ -381,10 +395,10 @@ class _Importer:
                 raise GraphError(f"the shape given for model input {name!r}, {list(shape)}, has {len(shape)} "
                                  f"dimensions; the model's has {len(declared)}")
             for axis, (d, dim) in enumerate(zip(shape, declared)):
-                if dim.HasField("dim_value") and dim.dim_value != d:
+                if _fixed(dim) and dim.dim_value != d:
                     raise GraphError(f"the shape given for model input {name!r}, {list(shape)}, has {d} in "
                                      f"dimension {axis}, which the model fixes at {dim.dim_value}")
-            if declared and not declared[0].HasField("dim_value"):
+            if declared and not _fixed(declared[0]):
                 if shape[0] == self.batch:
                     self.symbolic_batch = True
                     self.batched_inputs.append(name)
@@ -767,8 +781,12 @@ class _Importer:
         self.alias[node.output[0]] = self.name(node.input[0])
 
     def op_Dropout(self, node, attrs):
-        if len(node.output) > 1 and node.output[1]:
-            raise self.fail(node, "the mask output is not supported (inference only)")
+        # Exporters declare the mask output whether or not anything reads it: unread, it is
+        # left out; read, it would be all ones (inference mode), a bool tensor gemforge has no
+        # operators for.
+        if len(node.output) > 1 and node.output[1] in self.consumed:
+            raise self.fail(node, f"its mask output {node.output[1]!r} is read by the model; gemforge runs "
+                                  "Dropout for inference, where only its first output is supported")
         # ratio is a float scalar in [0, 1) and training_mode a bool scalar: ONNX Runtime refuses
         # another type or shape (shape [1] too) when loading, and such a ratio when run.
         if len(node.input) > 1 and node.input[1]:
@@ -932,15 +950,21 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
                          f"{', '.join(map(str, default))}); it may import it once")
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx"))
-    if opset is None or opset < MIN_OPSET:
-        raise GraphError(f"the model uses ONNX opset {opset}; gemforge reads opset {MIN_OPSET} and newer "
-                         "(onnx.version_converter can upgrade it)")
+    if opset is None:
+        raise GraphError("the model imports no version of the ONNX operator set; gemforge reads opsets "
+                         f"{OLDEST_OPSET} and newer")
+    if opset < OLDEST_OPSET:
+        raise GraphError(f"the model uses ONNX opset {opset}; gemforge reads opsets {OLDEST_OPSET} and newer "
+                         f"(those before {MIN_OPSET} are upgraded to {MIN_OPSET} on import)")
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
         raise GraphError(f"the model uses ONNX opset {opset}, which does not exist yet: the newest this onnx "
                          f"{onnx.__version__} knows is {newest}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
+    digest = model_digest(model)             # of the model as given, before any upgrade
+    if opset < MIN_OPSET:
+        model = _upgrade(model, opset)
     importer = _Importer(model, batch, dict(input_shapes or {}))
     graph = importer.run()
     if batch != 1 and not graph.notes["symbolic_batch"]:
@@ -952,6 +976,21 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
                              f"first dimension of {batch} there stays the batch")
         raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the model's inputs have "
                          f"fixed shapes ({', '.join(f'{i}: {list(graph.values[i].shape)}' for i in graph.inputs)})")
-    graph.notes["model_sha256"] = model_digest(model)
-    graph.notes["opset"] = opset
+    graph.notes["model_sha256"] = digest
+    graph.notes["opset"] = opset             # the model's own; read as MIN_OPSET when older
     return graph
+
+
+def _upgrade(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` (of ONNX opset ``opset`` < `MIN_OPSET`) rewritten for `MIN_OPSET` by onnx's
+    version converter, which applies each operator's documented changes between versions
+    (Clip's bounds from attributes to inputs, Squeeze's axes, Softmax's 2-D coercion as
+    Flatten and Reshape, ...) and is checked again after."""
+    try:
+        upgraded = version_converter.convert_version(model, MIN_OPSET)
+        onnx.checker.check_model(upgraded)
+    except Exception as exc:        # the converter's own errors are RuntimeError, ValueError, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphError(f"the model uses ONNX opset {opset}, which gemforge upgrades to {MIN_OPSET} with onnx's "
+                         f"version converter, and the converter failed: {first[:300]}") from None
+    return upgraded

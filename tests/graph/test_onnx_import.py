@@ -199,5 +199,91 @@ def test_a_tensor_name_longer_than_a_zip_member_name_is_refused():
 def test_the_readme_lists_the_supported_operators():
     """README.md names the operators `gemforge compile` reads; the importer's handlers define them."""
     text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    listed = text.split(f"reads ONNX opset {MIN_OPSET} and newer: ", 1)[1].split("; anything else", 1)[0]
+    assert f"reads ONNX opset {MIN_OPSET} and newer" in text
+    listed = text.split("The operators it reads: ", 1)[1].split("; anything else", 1)[0]
     assert set(re.findall(r"\b[A-Z]\w*", listed)) == set(SUPPORTED_OPS)
+
+
+# ------------------------------------------------------------------------ models as older exporters write them
+
+def _legacy_cnn(rng, opset: int, batch="N") -> onnx.ModelProto:
+    """A small CNN written the way exporters of ONNX opset ``opset`` (7 to 12) write it: Clip's
+    bounds as attributes before opset 11, Dropout's ratio as an attribute before 12 and its mask
+    output declared (and unread), Squeeze and Unsqueeze taking axes as attributes, a Softmax over
+    axis 1 of a 4-D tensor (the 2-D coercion of opsets before 13), a Gemm with its bias."""
+    def f32(*shape, positive=False):
+        a = rng.standard_normal(shape).astype(np.float32)
+        return np.abs(a) + 0.5 if positive else a
+    inits = {"w": f32(6, 3, 3, 3) * 0.3, "b": f32(6), "s": f32(6, positive=True), "bb": f32(6),
+             "m": f32(6), "v": f32(6, positive=True), "gw": f32(6, 5) * 0.3, "gb": f32(5)}
+    nodes = [N("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             N("BatchNormalization", ["c", "s", "bb", "m", "v"], ["bn"], epsilon=1e-5)]
+    if opset >= 11:
+        inits.update(lo=np.float32(0), hi=np.float32(6))
+        nodes.append(N("Clip", ["bn", "lo", "hi"], ["r"]))
+    else:
+        nodes.append(N("Clip", ["bn"], ["r"], min=0.0, max=6.0))
+    nodes += [N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+              N("Dropout", ["p"], ["d", "mask"], **({"ratio": 0.3} if opset < 12 else {})),
+              N("Softmax", ["d"], ["sm"], axis=1),
+              N("ReduceMean", ["sm"], ["rm"], axes=[2, 3], keepdims=1),
+              N("Squeeze", ["rm"], ["sq"], axes=[2, 3]),
+              N("Unsqueeze", ["sq"], ["us"], axes=[2]),
+              N("Flatten", ["us"], ["fl"], axis=1),
+              N("Gemm", ["fl", "gw", "gb"], ["y"])]
+    return model(nodes, [("x", [batch, 3, 8, 8])], [("y", [batch, 5])], inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [7, 9, 10, 11, 12])
+def test_older_opsets_are_upgraded_and_compute_as_onnx_runtime_reads_the_original(opset):
+    m = _legacy_cnn(np.random.default_rng(opset), opset)
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    # The upgraded Softmax reshapes to its input's shape, which folds with the batch in it.
+    compiled = compile_model(m, batch=2)
+    assert compiled.graph.notes["opset"] == opset
+    np.testing.assert_allclose(compiled.run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_older_opset_compiles_to_int8_and_runs_alike_on_fsim_and_cpu():
+    rng = np.random.default_rng(9)
+    m = _legacy_cnn(rng, 9)
+    samples = rng.standard_normal((8, 1, 3, 8, 8)).astype(np.float32)
+    compiled = compile_model(m, quantize="int8", calibrate=samples, config="tiny")
+    x = samples[0]
+    assert any(n.device == "accel" for n in compiled.graph.nodes)
+    np.testing.assert_array_equal(compiled.run(x, "fsim"), compiled.run(x, "cpu"))
+
+
+def test_opsets_before_7_and_failed_upgrades_are_refused_in_one_sentence(monkeypatch):
+    old = model([N("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])], opset=6)
+    with pytest.raises(GraphError, match=r"^the model uses ONNX opset 6; gemforge reads opsets 7 and newer \(those "
+                                         r"before 13 are upgraded to 13 on import\)$"):
+        compile_model(old)
+
+    def fails(model, target):
+        raise RuntimeError("No Adapter For Upsample\nmore detail")
+    from gemforge.compiler.graph import onnx_import
+    monkeypatch.setattr(onnx_import.version_converter, "convert_version", fails)
+    with pytest.raises(GraphError, match=r"^the model uses ONNX opset 9, which gemforge upgrades to 13 with onnx's "
+                                         r"version converter, and the converter failed: No Adapter For Upsample$"):
+        compile_model(model([N("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])], opset=9))
+
+
+def test_a_dropout_mask_that_is_read_is_refused_by_name():
+    m = model([N("Dropout", ["x"], ["d", "mask"], name="drop"), N("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
+               N("Add", ["d", "mf"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    with pytest.raises(GraphError, match=r"node drop \(Dropout\): its mask output 'mask' is read by the model"):
+        compile_model(m)
+
+
+def test_an_input_dimension_of_minus_one_is_read_as_symbolic():
+    """Some exporters write -1 for the batch they leave open (and for other open dimensions)."""
+    m = _legacy_cnn(np.random.default_rng(2), 11, batch=-1)
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    compiled = compile_model(m, batch=2)
+    np.testing.assert_allclose(compiled.run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    open_height = model([N("Relu", ["x"], ["y"])], [("x", [1, 2, -1, 4])], [("y", [1, 2, -1, 4])])
+    with pytest.raises(GraphError, match=r"symbolic dimension 2 \(-1\); give its shape explicitly"):
+        compile_model(open_height)
+    np.testing.assert_array_equal(compile_model(open_height, input_shapes={"x": (1, 2, 3, 4)}).run(
+        np.ones((1, 2, 3, 4), np.float32), "cpu"), np.ones((1, 2, 3, 4), np.float32))
