@@ -293,8 +293,26 @@ def cmd_compile(args: argparse.Namespace) -> None:
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
                           config=(args.config or "default") if args.quantize else None, batch=args.batch,
                           input_shapes=input_shapes, trace=trace, report=report)
+    _check_runnable_batch(model, args.batch)
     model.save(args.output)
     _print_json(model.summary())
+
+
+def _check_runnable_batch(model, batch: int) -> None:
+    """Refuse a model whose one batch of inputs (float32) is more than `gemforge run` reads
+    (`MAX_INPUT_BYTES`): every run of it would be refused. Checked on the compiled model, whose
+    input shapes the batch and ``--input-shape`` decide; the message names the largest batch
+    that fits."""
+    batched = set(model.graph.notes.get("batched_inputs", ()))
+    per_item = sum(math.prod(shape[1:]) * 4 for name, shape in model.inputs.items() if name in batched)
+    fixed = sum(math.prod(shape) * 4 for name, shape in model.inputs.items() if name not in batched)
+    need = fixed + per_item * (batch if batched else 0)
+    if need <= MAX_INPUT_BYTES:
+        return
+    largest = (MAX_INPUT_BYTES - fixed) // per_item if per_item else 0
+    fits = f"; --batch {largest:,} is the largest that fits" if largest >= 1 else ""
+    raise UsageError(f"the model's inputs take {need:,} bytes (float32) at --batch {batch:,}, more than the "
+                     f"{MAX_INPUT_BYTES:,} a run reads{fits}")
 
 
 def _input_shapes(texts: list[str]) -> dict[str, tuple[int, ...]]:
@@ -311,26 +329,44 @@ def _input_shapes(texts: list[str]) -> dict[str, tuple[int, ...]]:
 
 
 def _load_inputs(path: str, what: str = "input"):
-    """One .npy array (a one-input model), or a .npz archive of arrays by input name."""
-    if not path.endswith(".npz"):
-        return _load_npy(path, what, None, None)
+    """A model's float32 inputs (or calibration samples), as the README states them: one .npy
+    array (a one-input model), or a .npz archive of arrays by input name; `MAX_INPUT_BYTES` at
+    most. An array of another type is refused as run-op refuses one (`_load_npy`), not
+    converted: int8 data given for float32 would be read as float values of another scale."""
     _check_regular(path, f"{what} file {path}")
+    if not path.endswith(".npz"):
+        if os.path.isfile(path) and os.path.getsize(path) > MAX_INPUT_BYTES + _NPY_HEADER_BYTES:
+            raise UsageError(f"{what} file {path} holds {os.path.getsize(path):,} bytes, more than the "
+                             f"{MAX_INPUT_BYTES:,} gemforge reads")
+        return _load_npy(path, what, np.dtype(np.float32), None)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            unpacked = sum(info.file_size for info in archive.zip.infolist())
-            if unpacked > MAX_NPZ_BYTES:     # a zip bomb would exhaust memory before any check
-                raise UsageError(f"{what} file {path} unpacks to {unpacked:,} bytes, more than the {MAX_NPZ_BYTES:,} "
-                                 "gemforge reads")
-            return {name: archive[name] for name in archive.files}
+            members = archive.zip.infolist()
+            unpacked = sum(info.file_size for info in members)
+            # A zip bomb would exhaust memory before any check.
+            if unpacked > MAX_INPUT_BYTES + _NPY_HEADER_BYTES * len(members):
+                raise UsageError(f"{what} file {path} unpacks to {unpacked:,} bytes, more than the "
+                                 f"{MAX_INPUT_BYTES:,} gemforge reads")
+            arrays = {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as exc:
         # NotImplementedError: a compression method zipfile lacks; RuntimeError: an encrypted member.
         raise UsageError(f"{what} file {path} is not a readable .npz archive ({exc or 'it ends early'})") from None
+    for name, array in arrays.items():
+        if array.dtype.newbyteorder("=") != np.float32:     # big-endian float32 is float32
+            raise UsageError(f"{what} must be float32, but {path} holds {array.dtype.name} array {name!r}")
+        arrays[name] = array.astype(np.float32, copy=False)
+    return arrays
 
 
-#: Most bytes an .npz of inputs or calibration samples may unpack to.
-MAX_NPZ_BYTES = 16 << 30
+#: Most bytes of arrays gemforge reads as inputs or calibration samples (an .npy, or an .npz's
+#: arrays together, each with its header besides), and so the most that one compiled batch of a
+#: model's inputs may take (`_check_runnable_batch`).
+MAX_INPUT_BYTES = 16 << 30
+#: An .npy file's bytes beyond its array: magic, version, length and a header numpy reads up to
+#: 10,000 bytes long.
+_NPY_HEADER_BYTES = 12 + 10_000
 
 
 def cmd_run(args: argparse.Namespace) -> None:

@@ -23,7 +23,9 @@ model's SHA-256, the config, the graph with its quantization, the partition and
 the memory plan), ``constants.npz`` (weights and biases in the host layout) and
 ``programs/*.gfp`` (the accelerator layers' programs, weights included). The
 host layers' code is compiled when the model is first run on a host, for that
-host's CPU.
+host's CPU. Loading checks the whole file before anything runs (`_read_network`):
+a file that would unpack beyond what its manifest describes, or that was changed
+after compiling, is refused with one sentence.
 """
 
 from __future__ import annotations
@@ -41,17 +43,20 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge import __version__
-from gemforge.compiler.graph.accel import AccelLayer, slot_key
+from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
+from gemforge.compiler.graph.accel import AccelLayer, plan_alignment, slot_key
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
-from gemforge.compiler.graph.ir import BINARY_OPS, OPS, Graph, GraphError, Node, Value
+from gemforge.compiler.graph.ir import (
+    BINARY_OPS, MAX_DIM, MAX_ELEMENTS, MAX_RANK, OPS, Graph, GraphError, Node, Value,
+)
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
 from gemforge.files import check_regular_input, npz_bytes, write_bytes_atomic
 from gemforge.hw.config import AccelConfig
-from gemforge.hw.isa import insn_bytes
-from gemforge.hw.program import Program, ProgramError
+from gemforge.hw.isa import Load, MemType, Store, insn_bytes, mnemonic
+from gemforge.hw.program import TENSOR_DTYPES, Program, ProgramError, arena_alignment
 
 from .device import Buffer, Device, open_device
 
@@ -440,6 +445,9 @@ class Model:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "model") -> Model:
+        """The model a ``.gfm`` file's bytes hold, checked whole before anything runs
+        (`_read_network`): a file that is no model, or one changed after compiling, is refused
+        with one sentence."""
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
                 _check_unpacked_size(z, source)
@@ -449,28 +457,8 @@ class Model:
                 if manifest.get("version") != FORMAT_VERSION:
                     raise ModelError(f"{source} has format version {manifest.get('version')}; this gemforge reads "
                                      f"{FORMAT_VERSION}")
-                with np.load(io.BytesIO(z.read("constants.npz")), allow_pickle=False) as npz:
-                    _check_unpacked_size(npz.zip, f"{source}:constants.npz")
-                    constants = {k: npz[k] for k in npz.files}
-                config = AccelConfig.from_dict(manifest["config"], source=f"{source} config") \
-                    if manifest["config"] else None
-                gj = manifest["graph"]
-                values = {k: Value(k, tuple(int(d) for d in v["shape"]), str(v["dtype"]),
-                                   None if v["exponent"] is None else int(v["exponent"]))
-                          for k, v in gj["values"].items()}
-                nodes = [Node(n["op"], n["name"], list(n["inputs"]), n["output"],
-                              {k: tuple(v) if k in _TUPLE_ATTRS and isinstance(v, list) else v
-                               for k, v in n["attrs"].items()}, n["device"]) for n in gj["nodes"]]
-                graph = Graph(list(gj["inputs"]), list(gj["outputs"]), nodes, values, constants, dict(gj["notes"]))
-                layers = {}
-                for name, lj in manifest["layers"].items():
-                    program = Program.from_bytes(z.read(lj["program"]), source=f"{source}:{lj['program']}")
-                    layers[name] = AccelLayer(lj["kind"], program, lj["data"], tuple(lj["data_shape"]),
-                                              tuple(lj["out_shape"]), lj["plan"])
-                net = CompiledNetwork(graph, str(manifest["dtype"]), config, layers, dict(manifest["plan"]),
-                                      float(manifest.get("compile_seconds", 0.0)))
                 try:
-                    _check_network(net)
+                    net = _read_network(z, manifest, source)
                 except ModelError as exc:
                     raise ModelError(f"{source} is not a valid gemforge model ({exc})") from None
         except ModelError:
@@ -483,7 +471,9 @@ class Model:
 
 
 #: Most bytes a model file may unpack to (its members together): far beyond any network it
-#: holds (ResNet-18's is about 50 MB), far below what would exhaust a machine's memory.
+#: holds (ResNet-18's is about 50 MB), far below what would exhaust a machine's memory. Each
+#: member is bounded more tightly by what the manifest says it holds (`_read_constants`,
+#: `_read_layer`).
 MAX_UNPACKED_BYTES = 4 << 30
 #: Most bytes its JSON description may unpack to (ResNet-18's is about 30 KB).
 MAX_MANIFEST_BYTES = 64 << 20
@@ -502,15 +492,128 @@ def _check_unpacked_size(archive: zipfile.ZipFile, source: str) -> None:
                          "model may hold")
 
 
-def _check_network(net: CompiledNetwork) -> None:
-    """A loaded network is consistent before anything runs: known operators and devices,
-    every tensor defined, shapes that shape inference reproduces, a layer for every
-    accelerator node and a memory plan that holds its tensors."""
-    g = net.graph
-    if net.dtype not in ("float32", "int8"):
-        raise ModelError(f"unknown network type {net.dtype!r}")
+def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNetwork:
+    """The network of a model file, each part checked before the next is read: the graph (its
+    tensors, constants, operators and notes), each accelerator layer's program (its size
+    bounded by its node's shapes before it is read), the layers against their nodes, and the
+    memory plan. Every field of the manifest is checked, but for those kept and never read:
+    ``gemforge`` (the writing version), a layer's ``plan`` (its tiling, for the report) and the
+    graph's ``partition`` note (the compiler's report)."""
+    dtype, config = manifest["dtype"], manifest["config"]
+    if dtype not in ("float32", "int8"):
+        raise ModelError(f"unknown network type {str(dtype)[:40]!r}; a model is float32 or int8")
+    config = None if config is None else AccelConfig.from_dict(config, source=f"{source} config")
+    if config is not None and dtype != "int8":
+        raise ModelError("a float32 network has no accelerator config (only an int8 network runs on the accelerator)")
+    gj = manifest["graph"]
+    if not (isinstance(gj, dict) and all(isinstance(gj.get(k), kind) for k, kind in (
+            ("inputs", list), ("outputs", list), ("values", dict), ("nodes", list), ("notes", dict)))):
+        raise ModelError("the graph must be an object of inputs, outputs (lists), values, nodes and notes")
+    values = {name: _read_value(name, v) for name, v in gj["values"].items()}
+    nodes = [Node(n["op"], n["name"], list(n["inputs"]), n["output"],
+                  {k: tuple(v) if k in _TUPLE_ATTRS and isinstance(v, list) else v for k, v in n["attrs"].items()},
+                  n["device"]) for n in gj["nodes"]]
+    constants = _read_constants(z, values, gj["inputs"], nodes)
+    graph = Graph(list(gj["inputs"]), list(gj["outputs"]), nodes, values, constants, dict(gj["notes"]))
+    _check_graph(graph, dtype)
+    accel = {node.name: node for node in graph.nodes if node.device == "accel"}
+    if not isinstance(manifest["layers"], dict):
+        raise ModelError("the layers must be an object of layers by node name")
+    layers = {name: _read_layer(z, name, lj, accel.get(name), graph, config, source)
+              for name, lj in manifest["layers"].items()}
+    seconds, digest, plan = manifest.get("compile_seconds", 0.0), manifest.get("model_sha256"), manifest["plan"]
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < math.inf):
+        raise ModelError(f"compile_seconds is {str(seconds)[:40]}; it is a number of seconds ≥ 0")
+    if not _NOTE_CHECKS["model_sha256"][1](digest):
+        raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {_NOTE_CHECKS['model_sha256'][0]}")
+    if not isinstance(plan, dict):
+        raise ModelError("the memory plan must be an object")
+    net = CompiledNetwork(graph, dtype, config, layers, dict(plan), float(seconds))
+    _check_layers(net)
+    _check_memory_plan(net)
+    return net
+
+
+#: The types of a graph's tensors: float32, and the int8 network's int8 tensors and int32 biases.
+_VALUE_DTYPES = ("float32", "int8", "int32")
+
+
+def _read_value(name: str, v) -> Value:
+    """A tensor of the manifest: whole dimensions within the compiler's bounds, a type of
+    `_VALUE_DTYPES`, and a scale exponent within the ``exponent`` attribute's bounds, or none."""
+    shape = v.get("shape") if isinstance(v, dict) else None
+    if not (isinstance(shape, list) and len(shape) <= MAX_RANK and all(_whole(d) and d <= MAX_DIM for d in shape)
+            and math.prod(shape) <= MAX_ELEMENTS):
+        raise ModelError(f"tensor {name!r} has shape {str(shape)[:60]}; a shape is a list of at most {MAX_RANK} "
+                         f"whole numbers up to {MAX_DIM:,}, with {MAX_ELEMENTS:,} elements at most")
+    if v.get("dtype") not in _VALUE_DTYPES:
+        raise ModelError(f"tensor {name!r} has type {str(v.get('dtype'))[:40]!r}; a tensor is "
+                         f"{', '.join(_VALUE_DTYPES)}")
+    exponent = v.get("exponent")
+    if not _ATTR_TYPES["exponent"](exponent):
+        raise ModelError(f"tensor {name!r} has scale exponent {str(exponent)[:40]}; an exponent is a whole "
+                         "number from -126 to 127 (a scale a float32 holds), or null")
+    return Value(name, tuple(shape), v["dtype"], exponent)
+
+
+#: Bytes an .npy file holds beyond its data: magic, version and header length, then the header,
+#: which numpy reads up to 10,000 bytes long.
+_NPY_HEADER_BYTES = 12 + 10_000
+#: A zip member's own records (local header, data descriptor, directory entry, Zip64 fields)
+#: beyond its name, and an archive's end records with the longest comment a zip can have.
+_ZIP_MEMBER_BYTES, _ZIP_END_BYTES = 256, 128 + 0xFFFF
+
+
+def _read_constants(z: zipfile.ZipFile, values: dict[str, Value], inputs: list, nodes: list[Node]
+                    ) -> dict[str, np.ndarray]:
+    """constants.npz's arrays, each checked against the manifest before it is read. The
+    constants are the tensors no node writes and no input is, so their shapes say what the
+    archive and each member may unpack to: a member larger than that (a small file that
+    inflates to gigabytes), of another shape or type, or of no such tensor is refused
+    unread. A constant the archive lacks is found by the graph's check (`_check_graph`)."""
+    written = set(inputs) | {node.output for node in nodes}
+    expected = {name: value for name, value in values.items() if name not in written}
+    need = {name: math.prod(v.shape) * np.dtype(v.dtype).itemsize for name, v in expected.items()}
+    bound = _ZIP_END_BYTES + sum(size + _NPY_HEADER_BYTES + _ZIP_MEMBER_BYTES + 2 * len(f"{name}.npy".encode())
+                                 for name, size in need.items())
+    packed = z.getinfo("constants.npz").file_size
+    if packed > bound:
+        raise ModelError(f"constants.npz unpacks to {packed:,} bytes, more than the {bound:,} that the manifest's "
+                         f"{len(expected)} constants take")
+    constants: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(io.BytesIO(z.read("constants.npz"))) as npz:
+        for info in npz.infolist():
+            name = info.filename.removesuffix(".npy")
+            value = expected.get(name) if info.filename.endswith(".npy") else None
+            if value is None or name in constants:
+                raise ModelError(f"constants.npz holds {info.filename[:80]!r}, which is no constant of the graph "
+                                 "(a tensor that no node writes and no input is) or is there twice")
+            if info.file_size > need[name] + _NPY_HEADER_BYTES:
+                raise ModelError(f"constant {name!r} unpacks to {info.file_size:,} bytes, more than the "
+                                 f"{need[name]:,} of the manifest's {value.dtype}{list(value.shape)} and a header")
+            with npz.open(info) as member:
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(member))
+                if read_header is None:
+                    raise ModelError(f"constant {name!r} is not an .npy array of version 1 or 2")
+                shape, _, dtype = read_header(member)
+            if shape != value.shape or dtype != np.dtype(value.dtype):
+                raise ModelError(f"constant {name!r} holds {dtype}{list(shape)}, but the manifest describes "
+                                 f"{value.dtype}{list(value.shape)}")
+            with npz.open(info) as member:
+                constants[name] = np.lib.format.read_array(member, allow_pickle=False)
+    return constants
+
+
+def _check_graph(g: Graph, dtype: str) -> None:
+    """A loaded graph is consistent before anything runs: known operators and devices, every
+    tensor defined once, float32 inputs, notes of the types their readers expect, and shapes
+    and types that shape inference reproduces."""
     defined = set(g.inputs) | set(g.constants)
-    stored = {k: v.shape for k, v in g.values.items()}
+    stored = {k: (v.shape, v.dtype) for k, v in g.values.items()}
+    if not all(isinstance(name, str) and name in g.values for name in (*g.inputs, *g.outputs)) \
+            or len(set(g.inputs)) != len(g.inputs):
+        raise ModelError("the graph's inputs and outputs must name its tensors, each input once")
     for node in g.nodes:
         if not (isinstance(node.name, str) and isinstance(node.output, str) and isinstance(node.attrs, dict)
                 and all(isinstance(i, str) for i in node.inputs)):
@@ -525,32 +628,119 @@ def _check_network(net: CompiledNetwork) -> None:
         missing = [i for i in node.inputs if i not in defined or i not in g.values]
         if missing or node.output not in g.values:
             raise ModelError(f"node {node.name!r} reads undefined tensors {missing or [node.output]}")
-        if node.device == "accel":
-            layer = net.layers.get(node.name)
-            if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
-                raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
-            if layer.data_shape != g.values[node.inputs[0]].shape or layer.out_shape != g.values[node.output].shape:
-                raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
-            _check_layer_matches_node(g, node, layer)
         if node.output in defined:
             raise ModelError(f"node {node.name!r} writes tensor {node.output!r}, which an input, a constant or an "
                              "earlier node already defines")
         defined.add(node.output)
-    for key in ("batched_inputs", "frozen_inputs"):
-        names = g.notes.get(key, [])
-        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-            raise ModelError(f"the graph's note {key} must be a list of input names")
+    undefined = sorted(set(g.values) - defined)
+    if undefined:
+        raise ModelError(f"tensor {undefined[0]!r} is no input, no constant and no node's output")
     if any(o not in defined for o in g.outputs) or any(c.shape != g.values[k].shape for k, c in g.constants.items()):
         raise ModelError("the graph's outputs or constants do not match its tensors")
+    floats = [name for name in g.inputs if g.values[name].dtype != "float32"]
+    if floats:   # a run feeds float32 (an int8 network quantizes its inputs itself)
+        raise ModelError(f"input {floats[0]!r} is {g.values[floats[0]].dtype}; a network's inputs are float32")
+    if dtype == "float32" and any(v.dtype != "float32" for v in g.values.values()):
+        raise ModelError("a float32 network has an integer tensor")
+    _check_notes(g)
     infer_shapes(g)
-    if any(g.values[k].shape != shape for k, shape in stored.items()):
-        raise ModelError("the stored tensor shapes disagree with the graph's operators")
+    changed = sorted(k for k, v in g.values.items() if (v.shape, v.dtype) != stored[k])
+    if changed:
+        (shape, kind), v = stored[changed[0]], g.values[changed[0]]
+        raise ModelError(f"the stored tensor shapes disagree with the graph's operators: {changed[0]!r} is stored as "
+                         f"{kind}{list(shape)}, its operator makes {v.dtype}{list(v.shape)}")
     for node in g.nodes:
         # By the type shape inference gives the node's operand: an int8 network computes some
         # adds and products in float32 (those of its float path's results).
         if node.inputs and g.values[node.inputs[0]].dtype == "int8":
             _check_attrs_present(node, _INT8_ATTRS)
-    _check_memory_plan(net)
+
+
+#: A layer program's header (its config and a handful of tensor regions, about 1 KB), with the
+#: magic number and lengths before it.
+_PROGRAM_HEADER_BYTES = 1 << 16
+#: Most instructions, and most micro-ops, a layer's program holds per unit of its work (an output
+#: entry's reduction steps and its store), beyond a fixed allowance: a GEMM runs a micro-op or
+#: more, and a LOAD or STORE moves an entry one of them reads or writes. Compiled layers hold
+#: far less than one per unit, but for a small layer's fixed few.
+_STEPS_PER_WORK, _FIXED_STEPS = 4, 256
+
+
+def _read_layer(z: zipfile.ZipFile, name: str, lj, node: Node | None, graph: Graph, config: AccelConfig | None,
+                source: str) -> AccelLayer:
+    """The layer of accelerator node ``node``, its program's member checked against what the
+    node's shapes let a program hold (`_program_bytes`) before it is read."""
+    if node is None or not isinstance(lj, dict) or lj.get("kind") != node.op or node.op not in ("conv2d", "dense"):
+        raise ModelError(f"layer {name[:80]!r} belongs to no accelerator node of its kind (conv2d or dense)")
+    if config is None:
+        raise ModelError(f"accelerator node {name!r} has no program for the model's config")
+    shapes = (lj.get("data_shape"), lj.get("out_shape"))
+    if not (isinstance(lj.get("data"), str) and isinstance(lj.get("plan"), dict) and isinstance(lj.get("program"), str)
+            and all(isinstance(shape, list) and all(_whole(d) for d in shape) for shape in shapes)):
+        raise ModelError(f"layer {name!r}: its data, data_shape, out_shape, plan or program is malformed")
+    info = z.getinfo(lj["program"])
+    bound = _program_bytes(config, graph, node)
+    if info.file_size > bound:
+        raise ModelError(f"accelerator node {name!r}: its program {lj['program'][:80]} unpacks to "
+                         f"{info.file_size:,} bytes, more than the {bound:,} that a {node.op} of its shapes needs")
+    program = Program.from_bytes(z.read(info), source=f"{source}:{lj['program']}")
+    return AccelLayer(lj["kind"], program, lj["data"], tuple(lj["data_shape"]), tuple(lj["out_shape"]), lj["plan"])
+
+
+def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensor regions an accelerator node's program has, by name, with the shapes and types
+    its tensors pack to (`backends.accel.layout`'s table): its data first (``x`` of a
+    convolution, ``a`` of a dense layer), then its weights, bias and output."""
+    b, bi, bo = config.batch, config.block_in, config.block_out
+    x, w, y = (graph.values[name].shape for name in (node.inputs[0], node.inputs[1], node.output))
+    if node.op == "conv2d":
+        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = x, w, y
+        shapes = {"x": (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi),
+                  "w": (ceil_div(o, bo), ceil_div(c, bi), kh, kw, bo, bi),
+                  "bias": (ceil_div(o, bo), b, bo), "out": (ceil_div(n, b), ceil_div(o, bo), oh, ow, b, bo)}
+    else:
+        m, (k, n) = math.prod(x[:-1]), w        # the data as a matrix: (…, K) → (M, K)
+        shapes = {"a": (ceil_div(m, b), ceil_div(k, bi), b, bi), "w": (ceil_div(n, bo), ceil_div(k, bi), bo, bi),
+                  "bias": (ceil_div(n, bo), b, bo), "out": (ceil_div(m, b), ceil_div(n, bo), b, bo)}
+    widths = (config.inp_width, config.wgt_width, config.acc_width, config.out_width)
+    return {name: (shape, int_dtype(bits).name) for (name, shape), bits in zip(shapes.items(), widths)}
+
+
+def _program_bytes(config: AccelConfig, graph: Graph, node: Node) -> int:
+    """The most bytes an accelerator node's program can hold: a header, instructions and
+    micro-ops in proportion to the node's work, its packed weights and bias, and the zero
+    blocks the compiler adds for all-padding tiles (each loaded whole into its on-chip buffer,
+    so no larger than that buffer)."""
+    packed = _packed_regions(config, graph, node)
+    out_entries = math.prod(packed["out"][0][:-2])
+    reduction = math.prod(packed["w"][0][1:-2])        # input-channel blocks × kernel taps
+    steps = _STEPS_PER_WORK * out_entries * (reduction + 1) + _FIXED_STEPS
+    weights = sum(math.prod(packed[k][0]) * np.dtype(packed[k][1]).itemsize for k in ("w", "bias"))
+    zeros = config.inp_buffer_bytes + config.wgt_buffer_bytes + config.acc_buffer_bytes
+    return _PROGRAM_HEADER_BYTES + steps * (insn_bytes(config) + config.uop_entry_bytes) + weights + zeros
+
+
+def _check_layers(net: CompiledNetwork) -> None:
+    """Every accelerator node has its layer, compiled for the model's config, with the node's
+    shapes, weights, epilogue (`_check_layer_matches_node`) and tensor bindings
+    (`_check_layer_program`)."""
+    g = net.graph
+    for node in g.nodes:
+        if node.device != "accel":
+            continue
+        layer = net.layers.get(node.name)
+        if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
+            raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
+        if g.values[node.inputs[0]].dtype != "int8" or (node.op == "conv2d" and node.attrs["groups"] != 1):
+            raise ModelError(f"accelerator node {node.name!r} is not an int8 {node.op} the accelerator runs (one "
+                             "group, int8 data)")
+        x, y = g.values[node.inputs[0]].shape, g.values[node.output].shape
+        if node.op == "dense":      # its layer takes the data as a matrix (…, K) → (M, K)
+            x, y = (math.prod(x[:-1]), x[-1]), (math.prod(y[:-1]), y[-1])
+        if layer.data_shape != x or layer.out_shape != y:
+            raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
+        _check_layer_matches_node(g, node, layer)
+        _check_layer_program(g, node, layer)
 
 
 def _check_attrs_present(node: Node, required: dict[str, tuple[str, ...]]) -> None:
@@ -565,8 +755,6 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
     shift and clamp by the node's ``shift`` and ``relu``. The device runs the program and the
     CPU back end the node, so a file edited in one place only would give each a different
     network without a word; it is refused, naming the node and what differs."""
-    from gemforge.compiler.backends.accel.layout import pack_bias, pack_matrix_b, pack_oihw
-    from gemforge.hw.isa import Store
     config, program = layer.program.config, layer.program
     w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
     if w is None or bias is None:
@@ -586,6 +774,75 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
             raise ModelError(f"accelerator node {node.name!r}: its program's {attr} is "
                              f"{', '.join(map(str, found)) or 'absent'} but the manifest's is {node.attrs[attr]}; "
                              "the file was changed after compiling (compile the model again)")
+
+
+#: The compiler's zero blocks (`backends.accel.emission`): a tile lying wholly in the padding is
+#: loaded from the block of its buffer.
+_ZERO_BLOCKS = {MemType.INP: "zeros.inp", MemType.WGT: "zeros.wgt", MemType.ACC: "zeros.acc"}
+
+
+def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
+    """An accelerator layer's program reads and writes where the network puts its tensors.
+    A run binds its data and output regions to the memory plan's slots, and a LOAD or STORE
+    that starts in a bound region moves with it (`Program.relocated`); the others stay in the
+    program's arena. So its regions are those the node's shapes pack to (`_packed_regions`,
+    and the compiler's zero blocks), aligned as the compiler lays them out, and each LOAD and
+    STORE lies wholly inside a region of its role: input-buffer LOADs in the data, weight
+    LOADs in the weights, accumulator LOADs in the bias (each may read its buffer's zero
+    block instead), micro-op LOADs in the micro-op table and STOREs in the output. A program
+    edited otherwise (a region moved, a transfer's address changed) would read or write beside
+    its tensors and compute other values without a word; it is refused, naming the node and
+    what is inconsistent."""
+    program, config = layer.program, layer.program.config
+
+    def changed(what: str) -> ModelError:
+        return ModelError(f"accelerator node {node.name!r}: {what}; the file was changed after compiling (compile "
+                          "the model again)")
+    expected = _packed_regions(config, graph, node)
+    data = next(iter(expected))
+    if layer.data != data:
+        raise changed(f"its layer's data tensor is {layer.data[:40]!r}, not the {node.op}'s {data!r}")
+    for name, (shape, dtype) in expected.items():
+        region = program.tensors.get(name)
+        if region is None or (region.shape, region.dtype) != (shape, dtype):
+            found = "absent" if region is None else f"{region.dtype}{list(region.shape)}"
+            raise changed(f"its program's tensor {name} is {found}, but the node's tensors pack to "
+                          f"{dtype}{list(shape)}")
+    zero_blocks = set(_ZERO_BLOCKS.values())
+    other = sorted(set(program.tensors) - set(expected) - zero_blocks)
+    if other:
+        raise changed(f"its program has tensor {other[0][:40]!r}, which the compiler never makes")
+    align = arena_alignment(config)
+    for region in program.tensors.values():
+        if region.offset % align:
+            raise changed(f"its program's tensor {region.name} starts at byte {region.offset}, not at a multiple of "
+                          f"the {align} bytes the compiler aligns tensors to")
+    carried = set(program.constants)
+    if carried - {"w", "bias"} - zero_blocks or zero_blocks & set(program.tensors) - carried:
+        raise changed(f"its program carries the constants {sorted(carried)}; a layer carries its weights, its bias "
+                      "and its zero blocks")
+    for name in zero_blocks & carried:
+        if program.constants[name].any():
+            raise changed(f"its program's {name} block is not all zeros")
+    try:
+        program.check_loadable()
+    except ProgramError as exc:
+        raise changed(str(exc)) from None
+    roles = {mem: (name, block) for (mem, block), name in zip(_ZERO_BLOCKS.items(), (data, "w", "bias"))}
+    uops = (program.uop_offset, program.uop_offset + len(program.uops) * config.uop_entry_bytes)
+    for index, insn in enumerate(program.instructions):
+        if not isinstance(insn, (Load, Store)) or not (insn.y_size and insn.x_size):
+            continue
+        start, end = program.dram_span(insn)
+        if isinstance(insn, Load) and insn.mem == MemType.UOP:
+            where, spans = "the micro-op table", [uops]
+        else:
+            names = ("out",) if isinstance(insn, Store) else roles.get(insn.mem, ())
+            where = " or ".join(names) or "any tensor"
+            spans = [(r.offset, r.offset + r.nbytes) for r in map(program.tensors.get, names) if r is not None]
+        if not any(lo <= start and end <= hi for lo, hi in spans):
+            raise changed(f"its instruction {index} ({mnemonic(insn)}) moves bytes {start}..{end} of its arena, "
+                          f"which lie outside {where}")
 
 
 def _integers(value, minimum: int | None = None, maximum: int | None = None) -> bool:
@@ -626,30 +883,122 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _list_of(kind) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(isinstance(item, kind) for item in v)
+
+
+#: The graph's notes, what each must be and a test of it. A run reads the batch notes, a summary
+#: ``model_sha256``, ``memory`` and ``coarser_weights``, a dump ``partitioned`` and ``memory``;
+#: the rest are the compiler's report. A note not listed (one a newer compiler adds) is kept and
+#: never read.
+_NOTE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "symbolic_batch": ("true or false", lambda v: isinstance(v, bool)),
+    "batched_inputs": ("a list of input names", _list_of(str)),
+    "frozen_inputs": ("a list of input names", _list_of(str)),
+    "batch_mixing": ("a sentence or null", lambda v: v is None or isinstance(v, str)),
+    "model_sha256": ("64 hexadecimal digits or null", lambda v: v is None or (
+        isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v))),
+    "opset": ("a whole number", _whole),
+    "quantized": ("int8", lambda v: v == "int8"),
+    "partitioned": ("true or false", lambda v: isinstance(v, bool)),
+    "partition": ("a list of objects", _list_of(dict)),
+    "handovers": ("a whole number", _whole),
+    "memory": ("an object of whole numbers peak_bytes, naive_bytes, tensors and handovers",
+               lambda v: isinstance(v, dict) and all(_whole(v.get(k)) for k in ("peak_bytes", "naive_bytes", "tensors",
+                                                                                 "handovers"))),
+    "coarser_weights": ("a list of objects", _list_of(dict)),
+}
+
+
+def _check_notes(g: Graph) -> None:
+    for key, (what, check) in _NOTE_CHECKS.items():
+        if key in g.notes and not check(g.notes[key]):
+            raise ModelError(f"the graph's note {key} must be {what}, not {str(g.notes[key])[:40]}")
+    # A run cuts the batched inputs into chunks of their first dimension, the compiled batch.
+    batched = g.notes.get("batched_inputs", [])
+    if not set(batched) <= set(g.inputs) or \
+            len({g.values[name].shape[:1] for name in batched}) > 1 or any(g.values[n].shape[:1] in ((), (0,))
+                                                                          for n in batched):
+        raise ModelError("the graph's note batched_inputs must name inputs whose first dimension is the same "
+                         "batch of 1 or more")
+
+
 def _check_memory_plan(net: CompiledNetwork) -> None:
-    """The memory plan's entries are well formed, inside the arena, and give every accelerator
-    node's input and output a slot large enough for its packed layout (what a run looks up)."""
+    """The memory plan is one the compiler could have made for these layers (`accel.pack_layouts`,
+    `accel.plan_memory`): a slot for each accelerator node's packed input and output and for
+    nothing else, each with the lifetime of the nodes that use it (a run lets a later slot take
+    its bytes after its last use), the size of its layout, an offset aligned as relocation by
+    whole entries needs, inside an arena no larger than its slots take, and no two slots live
+    at once sharing a byte. Offsets are not recomputed: any such placement runs alike."""
     plan = net.plan
+    if net.config is None:
+        if plan:
+            raise ModelError("a network without an accelerator config has a memory plan")
+        return
     peak, alignment, tensors = plan.get("peak_bytes", 0), plan.get("alignment", 1), plan.get("tensors", [])
-    if not (_whole(peak) and _whole(alignment) and alignment > 0 and isinstance(tensors, list)):
-        raise ModelError("the memory plan's peak_bytes, alignment or tensors are malformed")
+    if not (_whole(peak) and _whole(alignment) and alignment > 0 and isinstance(tensors, list)
+            and _whole(plan.get("naive_bytes", 0))):
+        raise ModelError("the memory plan's peak_bytes, naive_bytes, alignment or tensors are malformed")
     slots = {}
     for t in tensors:
-        if not (isinstance(t, dict) and isinstance(t.get("tensor"), str) and isinstance(t.get("dtype"), str)
+        if not (isinstance(t, dict) and isinstance(t.get("tensor"), str) and t.get("dtype") in TENSOR_DTYPES
                 and isinstance(t.get("shape"), list) and all(_whole(d) for d in t["shape"])
-                and all(_whole(t.get(k)) for k in ("offset", "nbytes", "first", "last"))):
+                and all(_whole(t.get(k)) for k in ("offset", "nbytes", "first", "last", "size"))
+                and isinstance(t.get("produced", False), bool)):
             raise ModelError(f"the memory plan has a malformed entry {str(t)[:120]}")
         if not t["offset"] + t["nbytes"] <= peak:
             raise ModelError("the memory plan places a tensor outside its arena")
-        slots[slot_key(t["tensor"], (t["shape"], t["dtype"]))] = t
-    for node in net.graph.nodes:
+        key = slot_key(t["tensor"], (t["shape"], t["dtype"]))
+        if key in slots:
+            raise ModelError(f"the memory plan has two slots for {t['tensor']!r} in one layout")
+        slots[key] = t
+    uses: dict[tuple, list[int]] = {}       # slot → [first, last] accelerator node using it
+    for step, node in enumerate(net.graph.nodes):
         if node.device != "accel":
             continue
         layer = net.layers[node.name]
         for tensor, (shape, dtype) in ((node.inputs[0], layer.packed_in), (node.output, layer.packed_out)):
-            slot = slots.get(slot_key(tensor, (shape, dtype)))
+            key = slot_key(tensor, (shape, dtype))
+            slot = slots.get(key)
             if slot is None or slot["nbytes"] < math.prod(shape) * np.dtype(dtype).itemsize:
                 raise ModelError(f"the memory plan has no slot for {tensor!r} of accelerator node {node.name!r}")
+            uses.setdefault(key, [step, step])[1] = step
+    need = plan_alignment(net.config)
+    if alignment != need:
+        raise ModelError(f"the memory plan aligns its tensors to {alignment} bytes; config {net.config.name!r} "
+                         f"needs {need} (every entry size and the bus width, so bound tensors move by whole entries)")
+    for key, t in slots.items():
+        life = uses.get(key)
+        if life is None:
+            raise ModelError(f"the memory plan has a slot for {t['tensor']!r}, which no accelerator node reads or "
+                             "writes in that layout")
+        if [t["first"], t["last"]] != life:
+            raise ModelError(f"the memory plan keeps {t['tensor']!r} from node {t['first']} to {t['last']}, but "
+                             f"accelerator nodes use it from {life[0]} to {life[1]}")
+        nbytes = math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize
+        if t["nbytes"] != nbytes or t["size"] != ceil_div(nbytes, alignment) * alignment or t["offset"] % alignment:
+            raise ModelError(f"the memory plan's slot for {t['tensor']!r} ({t['nbytes']} bytes in {t['size']} at "
+                             f"offset {t['offset']}) is not the {alignment}-byte-aligned block of its {nbytes} bytes")
+    # Slots live at once share no byte: checked where each lifetime begins, among the slots
+    # live there (two lifetimes that meet both hold where the later one begins).
+    starts: dict[int, list[dict]] = {}
+    for t in slots.values():
+        starts.setdefault(t["first"], []).append(t)
+    live: list[dict] = []
+    for step in sorted(starts):
+        live = [t for t in live if t["last"] >= step] + starts[step]
+        spans = sorted((t["offset"], t["offset"] + t["size"], t["tensor"]) for t in live)
+        for (_, stop, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < stop:
+                raise ModelError(f"the memory plan gives {first!r} and {second!r} the same bytes ({start}..{stop}) "
+                                 f"while both are in use (at node {step})")
+    # The compiler's greedy placement ends every slot at most where all slots side by side end:
+    # a larger arena is one a device would allocate for nothing.
+    end = max((t["offset"] + t["size"] for t in slots.values()), default=0)
+    total = sum(t["size"] for t in slots.values())
+    if peak != end or peak > total:
+        raise ModelError(f"the memory plan's arena of {peak:,} bytes is not what its slots take: they end at byte "
+                         f"{end:,} and take {total:,} bytes side by side")
 
 
 def _json_default(value):

@@ -179,12 +179,17 @@ class Program:
                 raise ProgramError(f"{first} and {second} overlap in the arena (bytes {start}..{end})")
         for index, insn in enumerate(self.instructions):
             if isinstance(insn, (Load, Store)) and insn.y_size and insn.x_size:
-                entry = self.config.entry_bytes(insn.dram_buffer)
-                end = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
+                _, end = self.dram_span(insn)
                 if end > self.arena_bytes:
                     raise ProgramError(f"instruction {index} ({mnemonic(insn)}) reaches byte {end} of its arena, "
                                        f"past the {self.arena_bytes} bytes the program has (its DRAM addresses are "
                                        "relative to the arena)")
+
+    def dram_span(self, insn: Load | Store) -> tuple[int, int]:
+        """The bytes ``start, end`` of the arena a LOAD or STORE of ``y_size, x_size ≥ 1`` moves,
+        before relocation: from its first row's first entry to its last row's end."""
+        entry = self.config.entry_bytes(insn.dram_buffer)
+        return insn.dram_base * entry, (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
 
     def arena_image(self) -> np.ndarray:
         """The arena as loading the program leaves it (`Device.load_program`): the micro-ops

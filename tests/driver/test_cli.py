@@ -618,7 +618,7 @@ def test_more_hostile_arguments_are_one_line(tmp_path, capsys):
 def test_an_npz_of_inputs_that_unpacks_beyond_reason_is_refused_unread(tmp_path, capsys, monkeypatch):
     from gemforge.driver import cli
     np.savez_compressed(tmp_path / "x.npz", x=np.zeros((1 << 20,), np.float32))    # 4 MiB of zeros, packed small
-    monkeypatch.setattr(cli, "MAX_NPZ_BYTES", 1 << 20)
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1 << 20)
     code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--quantize", "int8", "--calibrate",
                        tmp_path / "x.npz", "-o", tmp_path / "m.gfm")
     assert code == 2 and "unpacks to" in err, err
@@ -655,3 +655,68 @@ def test_run_replaces_no_output_when_its_profile_cannot_be_written(tmp_path, cap
     code, out, _ = run(capsys, *argv, "--profile", tmp_path / "p.png")
     assert code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 4), 3, np.float32))
+
+
+def _save_model(path: Path, shape) -> None:
+    """A one-node ONNX model (ReLU) whose input has ``shape`` ("N": a symbolic batch)."""
+    from onnx import helper
+    from onnx_models import model
+    path.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], [("x", shape)], [("y", shape)])
+                     .SerializeToString())
+
+
+def test_compile_refuses_a_batch_whose_inputs_no_run_reads(tmp_path, capsys, monkeypatch):
+    """`compile --batch 1000000000` was accepted, and every run of the model was then refused (no
+    input file of a whole batch is read): the compile refuses it, naming the bound and the
+    largest batch within it, which compiles and runs."""
+    from gemforge.driver import cli
+    _save_model(tmp_path / "m.onnx", ["N", 3, 8, 8])         # 768 bytes of float32 an item
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--batch", 10 ** 9, "-o", tmp_path / "m.gfm")
+    assert code == 2 and err == ("gemforge: error: the model's inputs take 768,000,000,000 bytes (float32) at --batch "
+                                 "1,000,000,000, more than the 17,179,869,184 a run reads; --batch 22,369,621 is the "
+                                 "largest that fits\n"), err
+    assert not (tmp_path / "m.gfm").exists()
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 4 * 768)
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--batch", 5, "-o", tmp_path / "m.gfm")
+    assert code == 2 and "--batch 4 is the largest that fits" in err
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--batch", 4, "-o", tmp_path / "m.gfm")
+    assert code == 0, err
+    x = np.random.default_rng(5).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    code, _, err = run(capsys, "run", tmp_path / "m.gfm", "--input", tmp_path / "x.npz", "-o", tmp_path / "y.npy")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.maximum(x, 0))
+    _save_model(tmp_path / "fixed.onnx", [1000, 3, 8, 8])    # no batch to lower: the inputs alone are too large
+    code, _, err = run(capsys, "compile", tmp_path / "fixed.onnx", "-o", tmp_path / "f.gfm")
+    assert code == 2 and err.endswith("more than the 3,072 a run reads\n"), err
+
+
+def test_run_and_calibration_take_float32_arrays_only(tmp_path, capsys):
+    """`run` and `--calibrate` took int8 .npy files (read as float values of another scale) where
+    the README says float32, while run-op refuses an array of the wrong type: both refuse one
+    now, naming the file and the type found."""
+    _save_model(tmp_path / "m.onnx", [2, 3])
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "m.gfm")
+    assert code == 0, err
+    x = np.float32([[1, -2, 3], [-4, 5, -6]])
+    for dtype in (np.int8, np.float64):
+        np.save(tmp_path / "x.npy", x.astype(dtype))
+        code, _, err = run(capsys, "run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+        assert code == 2 and err == (f"gemforge: error: input must be float32, but {tmp_path / 'x.npy'} holds "
+                                     f"{np.dtype(dtype).name}\n"), err
+    np.savez(tmp_path / "x.npz", x=x.astype(np.int8))
+    code, _, err = run(capsys, "run", tmp_path / "m.gfm", "--input", tmp_path / "x.npz", "-o", tmp_path / "y.npy")
+    assert code == 2 and err.endswith(f"input must be float32, but {tmp_path / 'x.npz'} holds int8 array 'x'\n"), err
+    assert not (tmp_path / "y.npy").exists()
+    for archive in (False, True):      # float32 in either byte order is float32
+        path = tmp_path / ("b.npz" if archive else "b.npy")
+        (np.savez if archive else np.save)(path, *([] if archive else [x.astype(">f4")]),
+                                           **({"x": x.astype(">f4")} if archive else {}))
+        code, _, err = run(capsys, "run", tmp_path / "m.gfm", "--input", path, "-o", tmp_path / "y.npy")
+        assert code == 0, err
+        np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.maximum(x, 0))
+    np.save(tmp_path / "s.npy", np.stack([x, -x]).astype(np.int8))
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--quantize", "int8", "--calibrate", tmp_path / "s.npy",
+                       "-o", tmp_path / "q.gfm")
+    assert code == 2 and err.endswith(f"calibration samples must be float32, but {tmp_path / 's.npy'} holds int8\n")
+    assert not (tmp_path / "q.gfm").exists()
