@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemforge.hw.config import AccelConfig, ConfigError
+from gemforge.hw.config import BUS_ADDR_BITS, AccelConfig, ConfigError
 from gemforge.hw.isa import (
     insn_bytes,
     IsaError,
@@ -112,7 +112,7 @@ class TensorRegion:
 #: What a tensor region may hold: the accelerator's integer data and the host's floats.
 TENSOR_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "float32", "float64")
 #: The largest arena: the accelerator addresses DRAM with 32 bits.
-MAX_ARENA_BYTES = 1 << 32
+MAX_ARENA_BYTES = 1 << BUS_ADDR_BITS
 
 
 def _is_int(value) -> bool:
