@@ -158,6 +158,8 @@ class Model:
                "inputs": {k: list(v) for k, v in self.inputs.items()}, "outputs": self.outputs,
                "nodes": len(g.nodes), "accelerator_nodes": sum(n.device == "accel" for n in g.nodes),
                "model_sha256": g.notes.get("model_sha256"), "compile_seconds": round(self.net.compile_seconds, 3)}
+        if "opset" in g.notes:           # the ONNX model's own operator set (older ones are upgraded)
+            out["opset"] = g.notes["opset"]
         if "memory" in g.notes:
             out["memory"] = g.notes["memory"]
         if "coarser_weights" in g.notes:
