@@ -253,3 +253,59 @@ def test_planner_candidates_timed_by_the_cycle_model():
     t = conv2d_te(c, (1, 4, 28, 28), (8, 4, 3, 3), 2, 1, epi)
     first = build(conv2d_schedule(c, t, plans[0]), c, [t["x"], t["w"], t["bias"], t["out"]])
     assert run_cycle_model(op.program.instructions, c).cycles <= run_cycle_model(first.instructions, c).cycles
+
+
+# ---------------------------------------------------------------------------- transfers past the ISA's fields
+
+def _transfer_map(insns, zeros=()):
+    """What transfers do, entry by entry, by the ISA's rules: on-chip index → the DRAM entry it
+    receives (a LOAD; None for padding) or sends (a STORE)."""
+    out = {}
+    for mem, sram, count in zeros:
+        out.update({sram + i: None for i in range(count)})
+    for t in insns:
+        pads = (t.y_pad0, t.y_pad1, t.x_pad0, t.x_pad1) if isinstance(t, Load) else (0, 0, 0, 0)
+        pitch = pads[2] + t.x_size + pads[3]
+        for row in range(pads[0] + t.y_size + pads[1]):
+            for col in range(pitch):
+                y, x = row - pads[0], col - pads[2]
+                inside = 0 <= y < t.y_size and 0 <= x < t.x_size
+                out[t.sram_base + row * pitch + col] = t.dram_base + y * t.x_stride + x if inside else None
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(load=st.booleans(), y=st.integers(1, 9), x=st.integers(1, 13), stride=st.integers(0, 20),
+       pads=st.tuples(*[st.integers(0, 2)] * 4), limits=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 9)))
+def test_split_transfer_moves_the_same_entries_in_fields_that_fit(load, y, x, stride, pads, limits):
+    """A LOAD or STORE whose rows, row length or stride pass their fields (here made small) is cut
+    into transfers that fit and move every entry as the original does."""
+    from gemforge.compiler.backends.accel.emission import AccelCompileError, split_transfer
+    from gemforge.hw.isa import Store
+    fields = dict(sram_base=5, dram_base=100, y_size=y, x_size=x, x_stride=stride)
+    if load:
+        insn = Load(mem=MemType.INP, **fields, **dict(zip(("y_pad0", "y_pad1", "x_pad0", "x_pad1"), pads)))
+    else:
+        insn = Store(mem=MemType.OUT, **fields)
+    max_y, max_x, max_stride = limits
+    try:
+        pieces, zeros = split_transfer(insn, {"y_size": max_y, "x_size": max_x, "x_stride": max_stride})
+    except AccelCompileError as exc:
+        assert x > max_x and load and (pads[2] or pads[3]) and "left or right zero padding" in str(exc)
+        return
+    for p in pieces:
+        assert p.y_size <= max_y and p.x_size <= max_x and p.x_stride <= max_stride
+    assert all(count <= x * 2 for _, _, count in zeros)
+    assert _transfer_map(pieces, zeros) == _transfer_map([insn])
+
+
+def test_a_feature_map_of_65536_pixels_and_more_runs_on_the_accelerator():
+    """Rows one channel block apart lie H·W entries apart: past the 16-bit x_stride field from
+    256×256 on (before, "the ISA cannot encode x_stride = 65536"). A 1×1 and a padded 3×3
+    convolution against numpy."""
+    config = PRESETS["default"]
+    rng = np.random.default_rng(65536)
+    for xs, ws, padding in (((1, 32, 256, 256), (16, 32, 1, 1), 0), ((1, 16, 260, 256), (16, 16, 3, 3), 1)):
+        x, w = int8(rng, xs), int8(rng, ws)
+        out, _ = run_conv2d(device_for(config), x, w, None, stride=1, padding=padding, shift=7, relu=False)
+        np.testing.assert_array_equal(out, conv2d_reference(x, w, None, 1, padding, 7, False))

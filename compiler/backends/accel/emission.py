@@ -37,7 +37,8 @@ from ...ir import (
 )
 from .nodes import DmaCopy, GemmIntrin, HwLoopTask
 
-__all__ = ["AccelCompileError", "Emitted", "AccelBuild", "layout_dram", "emit_instructions", "finish"]
+__all__ = ["AccelCompileError", "Emitted", "AccelBuild", "layout_dram", "emit_instructions", "finish",
+           "split_transfer"]
 
 _ALU_OPS = {"min": AluOp.MIN, "max": AluOp.MAX, "add": AluOp.ADD, "shr": AluOp.SHR, "mul": AluOp.MUL}
 _SCOPE_MEM = {"inp": MemType.INP, "wgt": MemType.WGT, "acc": MemType.ACC}
@@ -131,6 +132,8 @@ class _Emitter:
         self._ranges = {op: [(f.name, f.lo, f.hi) for f in fields_of(config, op)
                              if f.name not in ("opcode", "use_imm")] for op in Opcode}
         self._uop_hi = tuple(f.hi for f in uop_fields(config))
+        self._dma_limits = {f.name: f.hi for f in fields_of(config, Opcode.LOAD)
+                            if f.name in ("y_size", "x_size", "x_stride")}
 
     def ev(self, expr: Expr) -> int:
         entry = self._compiled.get(id(expr))
@@ -197,11 +200,7 @@ class _Emitter:
             # rows): copy zeros from a zero block the back end adds to the arena.
             mem = _SCOPE_MEM[s.sram.buffer.scope]
             total = (ev(s.y_pad0) + y + ev(s.y_pad1)) * (ev(s.x_pad0) + x + ev(s.x_pad1))
-            insn = Load(mem=mem, sram_base=sram, dram_base=0, y_size=1, x_size=total, x_stride=total)
-            self._check(insn)
-            rec = Emitted(insn, writes=[(RESOURCE[mem], sram, sram + total - 1)])
-            self.zero_loads.append(rec)
-            self.out.append(rec)
+            self._zeros(mem, sram, total)
             return
         if y < 1 or x < 1:
             raise AccelCompileError(f"a DMA of {s.sram.buffer.name} has an empty tile ({y}×{x})")
@@ -210,9 +209,8 @@ class _Emitter:
             pads = dict(y_pad0=ev(s.y_pad0), y_pad1=ev(s.y_pad1), x_pad0=ev(s.x_pad0), x_pad1=ev(s.x_pad1))
             insn: Instruction = Load(mem=mem, sram_base=sram, dram_base=self._dram_base(s.dram.buffer, mem, ev(s.dram.offset)),
                                      y_size=y, x_size=x, x_stride=s.x_stride, **pads)
-            rows = pads["y_pad0"] + y + pads["y_pad1"]
-            pitch = pads["x_pad0"] + x + pads["x_pad1"]
-            rec = Emitted(insn, writes=[(RESOURCE[mem], sram, sram + rows * pitch - 1)])
+            self._transfer(insn)
+            return
         else:
             bits = np.dtype(s.dram.buffer.dtype).itemsize * 8
             c = self.config
@@ -225,9 +223,36 @@ class _Emitter:
                                         f"engine writes {c.out_width}-bit (out) or {c.acc_width}-bit (acc) values")
             insn = Store(mem=mem, sram_base=sram, dram_base=self._dram_base(s.dram.buffer, mem, ev(s.dram.offset)),
                          y_size=y, x_size=x, x_stride=s.x_stride)
-            rec = Emitted(insn, reads=[("acc", sram, sram + y * x - 1)])
-        self._check(insn)
-        self.out.append(rec)
+            self._transfer(insn)
+
+    def _transfer(self, insn: Load | Store) -> None:
+        """Emit a LOAD or STORE, as several when its rows, row length or row stride exceed
+        their fields (`split_transfer`), each with the on-chip range it touches."""
+        pieces, zeros = split_transfer(insn, self._dma_limits)
+        for mem, sram, count in zeros:
+            self._zeros(mem, sram, count)
+        for piece in pieces:
+            self._check(piece)
+            if isinstance(piece, Load):
+                rows = piece.y_pad0 + piece.y_size + piece.y_pad1
+                pitch = piece.x_pad0 + piece.x_size + piece.x_pad1
+                rec = Emitted(piece, writes=[(RESOURCE[piece.mem], piece.sram_base,
+                                              piece.sram_base + rows * pitch - 1)])
+            else:
+                rec = Emitted(piece, reads=[("acc", piece.sram_base, piece.sram_base + piece.y_size * piece.x_size - 1)])
+            self.out.append(rec)
+
+    def _zeros(self, mem: MemType, sram: int, count: int) -> None:
+        """LOADs of ``count`` zero entries at ``sram`` from the arena's zero block (`_zero_blocks`
+        points them at it), in rows no longer than the x_size field holds."""
+        longest = self._dma_limits["x_size"]
+        for start in range(0, count, longest):
+            n = min(longest, count - start)
+            insn = Load(mem=mem, sram_base=sram + start, dram_base=0, y_size=1, x_size=n, x_stride=n)
+            self._check(insn)
+            rec = Emitted(insn, writes=[(RESOURCE[mem], sram + start, sram + start + n - 1)])
+            self.zero_loads.append(rec)
+            self.out.append(rec)
 
     def _task_factors(self, s: HwLoopTask) -> dict[str, tuple[int, int]]:
         cached = self._factors.get(id(s))
@@ -324,6 +349,60 @@ class _Emitter:
                         f"the schedule produced an instruction the ISA cannot encode: {exc}") from None
 
 
+
+
+def split_transfer(insn: Load | Store, limits: dict[str, int]) -> tuple[list[Load | Store], list[tuple]]:
+    """``insn`` as transfers whose ``y_size``, ``x_size`` and ``x_stride`` are at most
+    ``limits`` (the fields' largest values), moving the same entries to the same places:
+    (the transfers, and the zero runs ``(mem, sram_base, count)`` a LOAD's padding rows
+    become when its rows are cut into pieces).
+
+    A feature map of 65,536 pixels or more per channel gives tiles whose rows (one per
+    channel block) lie that far apart, or a row that long; the tile is cut into groups of
+    rows (one row a transfer when the stride does not fit: the stride of one row is
+    unused) and a row too long into runs. A LOAD's padding stays with its pieces: the
+    rows above go with the first group and those below with the last; a row cut into
+    runs has its padding rows written as zero runs, and a row with left or right
+    padding is never cut (refused)."""
+    max_y, max_x, max_stride = limits["y_size"], limits["x_size"], limits["x_stride"]
+    y, x, stride = insn.y_size, insn.x_size, insn.x_stride
+    if y == 1 and stride > max_stride:
+        insn = dataclasses.replace(insn, x_stride=0)         # one row: its stride is never used
+    if y <= max_y and x <= max_x and (y == 1 or stride <= max_stride):
+        return [insn], []
+    load = isinstance(insn, Load)
+    pads = (insn.y_pad0, insn.y_pad1, insn.x_pad0, insn.x_pad1) if load else (0, 0, 0, 0)
+    pitch = pads[2] + x + pads[3]                # on-chip entries per row
+    if x <= max_x:
+        step = max_y if stride <= max_stride else 1
+        pieces = []
+        for first in range(0, y, step):
+            rows = min(step, y - first)
+            fields = dict(sram_base=insn.sram_base + (first + pads[0] if first else 0) * pitch,
+                          dram_base=insn.dram_base + first * stride, y_size=rows,
+                          x_stride=stride if rows > 1 else 0)
+            if load:
+                fields.update(y_pad0=pads[0] if first == 0 else 0, y_pad1=pads[1] if first + rows == y else 0)
+            pieces.append(dataclasses.replace(insn, **fields))
+        return pieces, []
+    if pads[2] or pads[3]:
+        raise AccelCompileError(f"a {'LOAD' if load else 'STORE'} row of {x:,} entries is longer than the "
+                                f"{max_x:,} one instruction moves, and its left or right zero padding cannot be "
+                                "split with it; use a smaller tile")
+    pieces, zeros = [], []
+    if pads[0]:
+        zeros.append((insn.mem, insn.sram_base, pads[0] * x))
+    for row in range(y):
+        for start in range(0, x, max_x):
+            fields = dict(sram_base=insn.sram_base + (pads[0] + row) * x + start,
+                          dram_base=insn.dram_base + row * stride + start, y_size=1,
+                          x_size=min(max_x, x - start), x_stride=0)
+            if load:
+                fields.update(y_pad0=0, y_pad1=0)
+            pieces.append(dataclasses.replace(insn, **fields))
+    if pads[1]:
+        zeros.append((insn.mem, insn.sram_base + (pads[0] + y) * x, pads[1] * x))
+    return pieces, zeros
 
 
 def _zero_blocks(build: AccelBuild, zero_loads: list[Emitted]) -> None:
