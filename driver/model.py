@@ -871,7 +871,7 @@ _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
 #: The attributes a run reads of each operator (`cpu_kernels`, `evaluate`), and those of an int8 graph.
 _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), **{op: ("relu",) for op in BINARY_OPS},
-    "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
+    "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "elu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
     "avg_pool": ("kernel", "stride", "padding"), "reshape": ("shape",), "transpose": ("perm",),
     "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",), "reduce_mean": ("axes", "keepdims"),
     "batch_norm": ("epsilon",),

@@ -11,6 +11,8 @@ shifted with rounding (halves up).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ops.common import reference_epilogue
@@ -45,7 +47,10 @@ def _pool(node: Node, x: np.ndarray) -> np.ndarray:
 
 _ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
                "min": np.minimum}
-_FUNCTIONS = {"sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs}
+_FUNCTIONS = {"sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+              "abs": np.abs, "softplus": lambda v: np.logaddexp(0, v),
+              # numpy has no erf: Python's, element by element (float64, correctly rounded to float32 after).
+              "erf": np.vectorize(math.erf, otypes=[np.float64])}
 
 
 def _int8(value: np.ndarray, lo: int = -128) -> np.ndarray:
@@ -93,6 +98,8 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # exp to inf, log(0) to −inf, NaNs
             if op == "leaky_relu":
                 return np.where(v < 0, v * a["alpha"], v).astype(np.float32)
+            if op == "elu":
+                return np.where(v < 0, a["alpha"] * np.expm1(np.minimum(v, 0)), v).astype(np.float32)
             return _FUNCTIONS[op](v).astype(np.float32)
     if op == "clip":
         return np.clip(x, a["lo"], a["hi"]).astype(x.dtype)

@@ -24,8 +24,11 @@ op                  attributes
 ``sigmoid``,        — (float32 only: an int8 network computes them in float32)
 ``tanh``, ``exp``,
 ``log``, ``sqrt``,
-``abs``
-``leaky_relu``      alpha (float32 only)
+``abs``,
+``softplus``,
+``erf``
+``leaky_relu``,     alpha (float32 only): the slope below 0; elu's alpha · (e^x − 1)
+``elu``             below 0
 ``clip``            lo, hi (float bounds; int8: quantized integer bounds)
 ``max_pool``        kernel, stride, dilation (pairs), padding (top, left,
                     bottom, right; auto_pad until `infer_shapes`), ceil_mode
@@ -71,7 +74,7 @@ MAX_RANK = 64
 #: The element-wise operators of two tensors (numpy broadcasting).
 BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
 #: Element-wise functions of one tensor that only float32 computes.
-FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu")
+FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "log", "sqrt", "abs", "softplus", "erf", "leaky_relu", "elu")
 #: Every operator of the table above.
 OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose",
        "pad", "identity", "concat", "softmax", "reduce_mean", "batch_norm", "quantize", "dequantize", "requantize")

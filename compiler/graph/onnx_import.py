@@ -541,16 +541,69 @@ class _Importer:
 
     def op_Pow(self, node, attrs):
         y = self.constant(node, node.input[1], "the exponent Y")
-        if y.size == 0 or not np.all(y == 2):
-            raise self.fail(node, f"the exponent Y must be the constant 2 (x · x), not {y.reshape(-1)[:4].tolist()}"
-                                  f"{' …' if y.size > 4 else ''} of shape {list(y.shape)}")
-        if y.ndim == 0:
-            self.emit("mul", node, [node.input[0], node.input[0]], relu=False)
-            return
-        # A Y of rank ≥ 1 (every element 2) broadcasts x · x to its shape: times ones of it (exact).
-        square = self.emit("mul", node, [node.input[0], node.input[0]], output=self._fresh(node.output[0] + "/square"),
-                           relu=False)
-        self.emit("mul", node, [square, self._const_like(node, "ones", np.ones(y.shape, np.float32))], relu=False)
+        if y.dtype.kind not in "fiu" or y.size == 0:
+            raise self.fail(node, f"the exponent Y must be a non-empty numeric constant, not {y.dtype} of shape "
+                                  f"{list(y.shape)}")
+        values = np.unique(y.astype(np.float64))
+        if len(values) > 1 and np.any(values == np.round(values)):
+            # exp(Y · log x) is NaN for x < 0, where an integer exponent has a real power.
+            raise self.fail(node, f"an exponent Y whose elements differ ({values[:4].tolist()}…) must have no "
+                                  "integer element; give one exponent for every element")
+        x, out = node.input[0], node.output[0]
+        if y.ndim:
+            # A Y of rank ≥ 1 broadcasts the power to its shape: times ones of it (exact).
+            out = self._fresh(f"{out}/power")
+        power = self._power(node, x, values[0], out) if len(values) == 1 else self._exp_log(node, x, y, out)
+        if y.ndim:
+            self.emit("mul", node, [power, self._const_like(node, "ones", np.ones(y.shape, np.float32))], relu=False)
+
+    #: The largest integer exponent Pow computes, by squaring and multiplying (defined for
+    #: negative bases, within an ulp per product of ONNX Runtime's pow); beyond, x^e overflows
+    #: or vanishes for every |x| not within 1 % of 1, and exp(e · log x) would be NaN below 0.
+    _INTEGER_EXPONENTS = 64
+
+    def _power(self, node, x: str, e: float, out: str) -> str:
+        """x^e for one constant ``e`` ≠ 0, into ``out``: by squaring and multiplying for
+        integers (a reciprocal for negative ones), sqrt for 1/2, exp(e · log x) otherwise."""
+        if e == round(e):
+            n = int(abs(e))
+            if n == 0:      # 1 everywhere (NaN and inf included), which no product of x gives
+                raise self.fail(node, "an exponent of 0 (a tensor of ones) is not supported")
+            if n > self._INTEGER_EXPONENTS:
+                raise self.fail(node, f"an integer exponent must be within ±{self._INTEGER_EXPONENTS}, not {int(e)}")
+            power = self._integer_power(node, x, n, out if e > 0 else self._fresh(f"{out}/power"))
+            if e > 0:
+                return power
+            return self.emit("div", node, [self._const_like(node, "one", np.array(1, np.float32)), power], output=out,
+                             relu=False)
+        if e == 0.5:
+            return self.emit("sqrt", node, [x], output=out)
+        return self._exp_log(node, x, np.array(e, np.float32), out)
+
+    def _integer_power(self, node, x: str, n: int, out: str) -> str:
+        """x^n (n ≥ 1) into ``out``: the squares x^(2^k), times one another where n's bits are set."""
+        if n == 1:
+            return self.emit("mul", node, [x, self._const_like(node, "one", np.array(1, np.float32))], output=out,
+                             relu=False)
+        top = n.bit_length() - 1
+        squares = [x]
+        for k in range(1, top + 1):
+            last = k == top and n == 1 << top
+            squares.append(self.emit("mul", node, [squares[-1], squares[-1]],
+                                     output=out if last else self._fresh(f"{out}/x{1 << k}"), relu=False))
+        factors = [squares[bit] for bit in range(top + 1) if n >> bit & 1]
+        product = factors[0]
+        for k, factor in enumerate(factors[1:], 1):
+            product = self.emit("mul", node, [product, factor],
+                                output=out if k == len(factors) - 1 else self._fresh(f"{out}/product{k}"), relu=False)
+        return product
+
+    def _exp_log(self, node, x: str, e: np.ndarray, out: str) -> str:
+        """exp(e · log x): NaN for x < 0, as pow is for a non-integer exponent."""
+        log = self.emit("log", node, [x], output=self._fresh(f"{out}/log"))
+        scaled = self.emit("mul", node, [log, self._const_like(node, "exponent", e.astype(np.float32))],
+                           output=self._fresh(f"{out}/scaled"), relu=False)
+        return self.emit("exp", node, [scaled], output=out)
 
     def op_Relu(self, node, attrs):
         self.emit("relu", node, [node.input[0]])
@@ -560,6 +613,92 @@ class _Importer:
         if not math.isfinite(alpha):
             raise self.fail(node, f"alpha must be a finite number, not {alpha}")
         self.emit("leaky_relu", node, [node.input[0]], alpha=alpha)
+
+    def _finite(self, node, attrs, name: str, default: float) -> float:
+        value = float(attrs.get(name, default))
+        if not math.isfinite(value):
+            raise self.fail(node, f"{name} must be a finite number, not {value}")
+        return value
+
+    def _scaled(self, node, x: str, factor: float, out: str | None = None, suffix: str = "scaled") -> str:
+        """x · factor (a float32 constant), into ``out`` or a fresh name."""
+        return self.emit("mul", node, [x, self._const_like(node, suffix, np.array(factor, np.float32))],
+                         output=out or self._fresh(f"{node.output[0]}/{suffix}"), relu=False)
+
+    def op_Elu(self, node, attrs):
+        self.emit("elu", node, [node.input[0]], alpha=self._finite(node, attrs, "alpha", 1.0))
+
+    def op_Selu(self, node, attrs):
+        # gamma · elu(x, alpha): ONNX's definition, with its defaults.
+        alpha = self._finite(node, attrs, "alpha", 1.67326319217681884765625)
+        gamma = self._finite(node, attrs, "gamma", 1.05070102214813232421875)
+        elu = self.emit("elu", node, [node.input[0]], output=self._fresh(f"{node.output[0]}/elu"), alpha=alpha)
+        self._scaled(node, elu, gamma, node.output[0], "gamma")
+
+    def op_Celu(self, node, attrs):
+        # max(0, x) + min(0, alpha · (e^(x/alpha) − 1)) = alpha · elu(x / alpha, 1).
+        alpha = self._finite(node, attrs, "alpha", 1.0)
+        if alpha == 0:
+            raise self.fail(node, "alpha must not be 0 (CELU divides by it)")
+        scaled = self._scaled(node, node.input[0], 1 / alpha, suffix="inverse_alpha")
+        elu = self.emit("elu", node, [scaled], output=self._fresh(f"{node.output[0]}/elu"), alpha=1.0)
+        self._scaled(node, elu, alpha, node.output[0], "alpha")
+
+    def op_Softplus(self, node, attrs):
+        self.emit("softplus", node, [node.input[0]])
+
+    def op_Softsign(self, node, attrs):
+        # x / (1 + |x|).
+        out = node.output[0]
+        magnitude = self.emit("abs", node, [node.input[0]], output=self._fresh(f"{out}/abs"))
+        denominator = self.emit("add", node, [magnitude, self._const_like(node, "one", np.array(1, np.float32))],
+                                output=self._fresh(f"{out}/denominator"), relu=False)
+        self.emit("div", node, [node.input[0], denominator], relu=False)
+
+    def op_Erf(self, node, attrs):
+        self.emit("erf", node, [node.input[0]])
+
+    def op_Gelu(self, node, attrs):
+        # ONNX's definitions: x/2 · (1 + erf(x/√2)), or with approximate="tanh"
+        # x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³))).
+        approximate = attrs.get("approximate", b"none")
+        approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+        if approximate not in ("none", "tanh"):
+            raise self.fail(node, f"approximate must be 'none' or 'tanh', not {approximate!r}")
+        x, out = node.input[0], node.output[0]
+        if approximate == "none":
+            inner = self.emit("erf", node, [self._scaled(node, x, 1 / math.sqrt(2), suffix="inverse_sqrt2")],
+                              output=self._fresh(f"{out}/erf"))
+        else:
+            cube = self.emit("mul", node, [self.emit("mul", node, [x, x], output=self._fresh(f"{out}/square"),
+                                                     relu=False), x], output=self._fresh(f"{out}/cube"), relu=False)
+            cubic = self.emit("add", node, [x, self._scaled(node, cube, 0.044715, suffix="cubic")],
+                              output=self._fresh(f"{out}/cubic_sum"), relu=False)
+            inner = self.emit("tanh", node, [self._scaled(node, cubic, math.sqrt(2 / math.pi), suffix="sqrt_2_pi")],
+                              output=self._fresh(f"{out}/tanh"))
+        one_plus = self.emit("add", node, [inner, self._const_like(node, "one", np.array(1, np.float32))],
+                             output=self._fresh(f"{out}/one_plus"), relu=False)
+        half_x = self._scaled(node, x, 0.5, suffix="half_x")
+        self.emit("mul", node, [half_x, one_plus], relu=False)
+
+    def op_Mish(self, node, attrs):
+        # x · tanh(softplus(x)).
+        out = node.output[0]
+        soft = self.emit("softplus", node, [node.input[0]], output=self._fresh(f"{out}/softplus"))
+        gate = self.emit("tanh", node, [soft], output=self._fresh(f"{out}/tanh"))
+        self.emit("mul", node, [node.input[0], gate], relu=False)
+
+    def op_PRelu(self, node, attrs):
+        # relu(x) + (−slope) · relu(−x): slope · x below 0, x above, exact in float32, and made of
+        # operators with int8 forms (an int8 network keeps it on its grid).
+        x, slope, out = node.input[0], node.input[1], node.output[0]
+        positive = self.emit("relu", node, [x], output=self._fresh(f"{out}/positive"))
+        negated = self.emit("mul", node, [x, self._const_like(node, "minus_one", np.array(-1, np.float32))],
+                            output=self._fresh(f"{out}/negated"), relu=True)
+        minus_slope = self.emit("mul", node, [slope, self._const_like(node, "minus_one", np.array(-1, np.float32))],
+                                output=self._fresh(f"{out}/minus_slope"), relu=False)
+        below = self.emit("mul", node, [negated, minus_slope], output=self._fresh(f"{out}/below"), relu=False)
+        self.emit("add", node, [positive, below], relu=False)
 
     def op_Sigmoid(self, node, attrs):
         self.emit("sigmoid", node, [node.input[0]])

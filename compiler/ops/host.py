@@ -21,7 +21,7 @@ from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .nn import (
-    ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
+    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
     dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
     softmax_te, transpose_te,
 )
@@ -250,14 +250,14 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
 
 #: Element-wise operators that need ``exp``, ``log`` or ``tanh``, which the GPU back end lacks
 #: (no libdevice).
-_NOT_ON_GPU = ("sigmoid", "tanh", "exp", "log")
+_NOT_ON_GPU = ("sigmoid", "tanh", "exp", "log", "elu", "softplus")
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
                         shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> CompiledOp:
     """An operator of `ELEMENTWISE_OPS` on a tensor of any rank: ``add``/``sub``/``mul``/``div``
     (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``) and the float functions
-    (``leaky_relu``: ``alpha``).
+    (``leaky_relu`` and ``elu``: ``alpha``).
 
     Integer operands (int8, or int32 accumulators as the accelerator's element-wise
     operators take) compute in int32 and end with the epilogue (``shift``: int8); the
@@ -276,8 +276,9 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
     dtype = _check_dtype(op, dtype, ("float32",) if op in FLOAT_ELEMENTWISE_OPS else ("int8", "int32", "float32"))
     if target.kind == "gpu" and op in _NOT_ON_GPU:
         raise OpError(f"{op} has no GPU kernel (the GPU back end has no exp, log or tanh: no libdevice); run it on the cpu")
-    if (op == "leaky_relu") != (alpha is not None):
-        raise OpError(f"alpha is leaky_relu's slope below 0; {op} takes {'one' if op == 'leaky_relu' else 'none'}")
+    if (op in ALPHA_FUNCTIONS) != (alpha is not None):
+        raise OpError(f"alpha is the parameter of {' and '.join(ALPHA_FUNCTIONS)}; {op} takes "
+                      f"{'one' if op in ALPHA_FUNCTIONS else 'none'}")
     binary = ELEMENTWISE_OPS[op] == 2
     if binary:
         y_shape = shape if y_shape is None else tuple(_positive("y dimension", v) for v in y_shape)

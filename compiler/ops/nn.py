@@ -40,14 +40,17 @@ __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pad_te", "pool2d_te",
     "mean_te", "softmax_te", "round_up",
-    "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "window_pixel",
+    "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
 
 #: Element-wise operators and their arity.
 ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2, "relu": 1, "clip": 1, "sigmoid": 1, "tanh": 1, "exp": 1,
-                   "log": 1, "sqrt": 1, "abs": 1, "leaky_relu": 1}
+                   "log": 1, "sqrt": 1, "abs": 1, "leaky_relu": 1, "elu": 1, "softplus": 1, "erf": 1}
 #: Those of them that take floats only.
-FLOAT_ELEMENTWISE_OPS = ("div", "max", "min", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu")
+FLOAT_ELEMENTWISE_OPS = ("div", "max", "min", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu", "elu",
+                         "softplus", "erf")
+#: The float functions that take a parameter ``alpha`` (leaky_relu's slope below 0, elu's scale).
+ALPHA_FUNCTIONS = ("leaky_relu", "elu")
 _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv, "max": Max,
                "min": Min}
 
@@ -326,11 +329,41 @@ def _sigmoid(x: Expr) -> Expr:
     return Select(Cmp("<", x, Const(0.0, x.dtype)), e * s, s)
 
 
+#: erf(x) = x · P(x²) / Q(x²) on [−4, 4] (beyond, ±1 in float32): the odd and even
+#: polynomials' coefficients, lowest power first, of the rational approximation that Eigen and
+#: XLA evaluate for float32 (a few ulps from the true erf).
+_ERF_P = (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04, -5.69250639462346e-05,
+          -2.10102402082508e-06, 2.77068142495902e-08, -2.72614225801306e-10)
+_ERF_Q = (-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, -2.13374055278905e-04,
+          -1.45660718464996e-05)
+
+
+def _polynomial(t: Expr, coefficients) -> Expr:
+    """Σ c_k t^k by Horner's rule."""
+    result = Const(coefficients[-1], t.dtype)
+    for c in reversed(coefficients[:-1]):
+        result = result * t + Const(c, t.dtype)
+    return result
+
+
+def _erf(x: Expr) -> Expr:
+    bounded = Max(Min(x, Const(4.0, x.dtype)), Const(-4.0, x.dtype))
+    t = bounded * bounded
+    return bounded * _polynomial(t, _ERF_P) / _polynomial(t, _ERF_Q)
+
+
 def _float_function(op: str, x: Expr, alpha) -> Expr:
+    zero = Const(0.0, x.dtype)
     if op == "sigmoid":
         return _sigmoid(x)
     if op == "leaky_relu":
-        return Select(Cmp("<", x, Const(0.0, x.dtype)), x * Const(alpha, x.dtype), x)
+        return Select(Cmp("<", x, zero), x * Const(alpha, x.dtype), x)
+    if op == "elu":           # alpha · (e^x − 1) below 0, x above
+        return Select(Cmp("<", x, zero), Const(alpha, x.dtype) * (Call("exp", (x,)) - Const(1.0, x.dtype)), x)
+    if op == "softplus":      # log(1 + e^x) = max(x, 0) + log(1 + e^−|x|), which cannot overflow
+        return Max(x, zero) + Call("log", (Const(1.0, x.dtype) + Call("exp", (-Call("fabs", (x,)),)),))
+    if op == "erf":
+        return _erf(x)
     return Call({"abs": "fabs"}.get(op, op), (x,))
 
 
@@ -338,7 +371,8 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
                    shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> dict[str, Tensor]:
     """``add``/``sub``/``mul``/``div`` (``y`` broadcast to ``x``'s shape, numpy's rules),
     ``relu``, ``clip``, and the float functions ``sigmoid``, ``tanh``, ``exp``, ``log``,
-    ``sqrt``, ``abs``, ``leaky_relu`` (slope ``alpha`` below 0).
+    ``sqrt``, ``abs``, ``leaky_relu`` (slope ``alpha`` below 0), ``elu`` (``alpha`` · (e^x − 1)
+    below 0), ``softplus`` (log(1 + e^x)) and ``erf``.
 
     Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
     requantize to int8; ``relu``); float inputs compute in float32 (``relu``);

@@ -405,9 +405,14 @@ def test_composed_operator_refusals(node, match):
 
 
 @pytest.mark.parametrize("node, init, match", [
-    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(3)},
-     r"node p \(Pow\): the exponent Y must be the constant 2 \(x · x\), not \[3\.0\] of shape \[\]"),
-    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 3, 2])}, r"not \[2\.0, 3\.0, 2\.0\] of shape \[3\]"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(0)},
+     r"node p \(Pow\): an exponent of 0 \(a tensor of ones\) is not supported"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32([2, 3.5, 2])},
+     r"node p \(Pow\): an exponent Y whose elements differ \(\[2\.0, 3\.5\]…\) must have no integer element"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.zeros(0, np.float32)}, r"must be a non-empty numeric constant"),
+    (N("Pow", ["x", "p"], ["y"], name="p"), {"p": np.float32(65)}, r"an integer exponent must be within ±64, not 65"),
+    (N("Celu", ["x"], ["y"], alpha=0.0, name="c"), {}, r"node c \(Celu\): alpha must not be 0"),
+    (N("Elu", ["x"], ["y"], alpha=float("nan"), name="e"), {}, r"node e \(Elu\): alpha must be a finite number"),
     (N("Pow", ["x", "p"], ["y"], name="p"), {}, r"node p \(Pow\): the exponent Y must be a constant"),
     (N("LeakyRelu", ["x"], ["y"], alpha=float("inf"), name="l"), {},
      r"node l \(LeakyRelu\): alpha must be a finite number, not inf"),
@@ -427,6 +432,76 @@ def test_pow_with_an_exponent_of_twos_of_higher_rank_broadcasts_as_onnx_runtime_
               {"p": np.full(p_shape, 2, np.float32)})
     _same_as_onnx_runtime(m, {"x": _normal(rng, x_shape)}, rng)
 
+
+
+# ------------------------------------------------------------------------ activations of exporters
+
+_ACTIVATIONS = [
+    ("Elu", {}, 13), ("Elu", {"alpha": 0.4}, 13), ("Selu", {}, 13), ("Selu", {"alpha": 1.2, "gamma": 0.9}, 13),
+    ("Celu", {"alpha": 2.0}, 13), ("Softplus", {}, 13), ("Softsign", {}, 13), ("Erf", {}, 13),
+    ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20), ("Mish", {}, 18),
+]
+
+
+@pytest.mark.parametrize("op, attrs, opset", _ACTIVATIONS)
+def test_activation_kernels_against_onnx_runtime(op, attrs, opset):
+    """Each activation over a wide range and where its pieces overflow, vanish or switch
+    (±inf, NaN, ±0, exponentials past float32's range), against ONNX Runtime and the graph's
+    float64 semantics."""
+    x = np.concatenate([np.random.default_rng(len(op)).normal(0, 4, 400), np.linspace(-5, 5, 101),
+                        [-np.inf, -100, -20, -1e-8, -0.0, 0.0, 1e-8, 0.5, 20, 88.5, 100, np.inf, np.nan]])
+    x = x.astype(np.float32)
+    m = model([N(op, ["x"], ["y"], **attrs)], [("x", [len(x)])], [("y", [len(x)])], opset=opset)
+    expected = ort_run(m, {"x": x})[0]
+    compiled = compile_model(m)
+    got = compiled.run(x, "cpu")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(evaluate(compiled.graph, {"x": x})["y"], expected, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("op, attrs, opset", [a for a in _ACTIVATIONS if a[0] in ("Elu", "Softplus", "Gelu", "Mish")])
+def test_activations_in_an_int8_network(op, attrs, opset):
+    """After a convolution: float32 against ONNX Runtime, and the int8 network (the function a
+    float32 island) alike on fsim and the cpu."""
+    rng = np.random.default_rng(sum(map(ord, op)))
+    init = {"w": rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "k": _away_from_zero(rng, (4, 1, 1))}
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N(op, ["c"], ["f"], **attrs), N("Mul", ["f", "k"], ["y"])],
+              [("x", [2, 3, 5, 6])], [("y", None)], init, opset=opset)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 5, 6))}, rng, int8_tol=0.15)
+
+
+@pytest.mark.parametrize("slope_shape", [(), (1,), (4, 1, 1), (6,)])
+def test_prelu_with_its_slope_broadcast(slope_shape):
+    """PRelu of a convolution's output, its slope per channel, one for all or per column: float32
+    as ONNX Runtime, and int8 alike on fsim and the cpu (composed of operators with int8 forms)."""
+    rng = np.random.default_rng(len(slope_shape))
+    init = {"w": rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32),
+            "slope": rng.uniform(-0.5, 0.5, slope_shape).astype(np.float32)}
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("PRelu", ["c", "slope"], ["y"])],
+              [("x", [2, 3, 5, 6])], [("y", None)], init)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 5, 6))}, rng, int8_tol=0.1)
+
+
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 3.0, 4.0, 7.0, 13.0, -1.0, -2.0, 0.5, 1.7, -0.3])
+def test_pow_of_a_constant_exponent(exponent):
+    """Integer exponents as squares and products (negative bases too), ½ as a square root,
+    others as exp(e · log x) (NaN for negative bases, as pow gives)."""
+    rng = np.random.default_rng(int(exponent * 10) % 97)
+    x = rng.uniform(-3, 3, (3, 7)).astype(np.float32)
+    x[0, :3] = (0.0, -0.0, 1.0)
+    m = model([N("Pow", ["x", "p"], ["y"])], [("x", [3, 7])], [("y", [3, 7])], {"p": np.float32(exponent)})
+    expected = ort_run(m, {"x": x})[0]
+    got = compile_model(m).run(x, "cpu")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pow_of_an_exponent_per_element():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(0.1, 3, (2, 3)).astype(np.float32)
+    m = model([N("Pow", ["x", "p"], ["y"])], [("x", [2, 3])], [("y", [2, 3])], {"p": np.float32([[0.5, 1.5, -2.5]])})
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5)
 
 
 # ------------------------------------------------------------------------ ReduceMean, Pad
