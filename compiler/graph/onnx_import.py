@@ -820,6 +820,36 @@ class _Importer:
         self.check_flags(node, attrs, "count_include_pad")
         self._pool(node, attrs, "avg_pool", count_include_pad=bool(attrs.get("count_include_pad", 0)))
 
+    def op_LRN(self, node, attrs):
+        """x / (bias + alpha/size · Σ x²)^beta, the sum over the ``size`` channels around each
+        (ONNX's window: (size−1)//2 before, the rest after, cut at the edges). Composed: the
+        squares' channels become a pool's rows — a (size × 1) average pool counting its zero
+        padding, times size, is the window's sum — then the power as exp(−beta · log(·))."""
+        size = attrs.get("size")
+        # An even size ONNX defines (one channel more after than before) but ONNX Runtime refuses.
+        if not isinstance(size, int) or size < 1 or size % 2 == 0:
+            raise self.fail(node, f"size must be a positive odd integer (as ONNX Runtime requires), not {size!r}")
+        alpha, beta, bias = (self._finite(node, attrs, k, d) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        x, out = node.input[0], node.output[0]
+        shape = self._static_shape(self.name(x))
+        if len(shape) < 3:
+            raise self.fail(node, f"the input must have a batch, channel and spatial axes, not shape {list(shape)}")
+        n, c, pixels = shape[0], shape[1], math.prod(shape[2:])
+        square = self.emit("mul", node, [x, x], output=self._fresh(f"{out}/square"), relu=False)
+        rows = self.emit("reshape", node, [square], output=self._fresh(f"{out}/channels_as_rows"),
+                         target=(n, 1, c, pixels), allowzero=False)
+        before = (size - 1) // 2        # = size − 1 − before: the size is odd
+        window = self.emit("avg_pool", node, [rows], output=self._fresh(f"{out}/window_mean"), kernel=(size, 1),
+                           stride=(1, 1), dilation=(1, 1), padding=(before, 0, size - 1 - before, 0),
+                           ceil_mode=False, count_include_pad=True)
+        back = self.emit("reshape", node, [window], output=self._fresh(f"{out}/window_mean_nchw"),
+                         target=tuple(shape), allowzero=False)
+        scaled = self._scaled(node, back, alpha, suffix="alpha")          # alpha/size · Σ = alpha · mean
+        base = self.emit("add", node, [scaled, self._const_like(node, "bias", np.array(bias, np.float32))],
+                         output=self._fresh(f"{out}/base"), relu=False)
+        power = self._exp_log(node, base, np.array(-beta, np.float32), self._fresh(f"{out}/power"))
+        self.emit("mul", node, [x, power], relu=False)
+
     def op_GlobalAveragePool(self, node, attrs):
         self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), dilation=(1, 1),
                   padding=(0, 0, 0, 0), ceil_mode=False, count_include_pad=False, global_pool=True)

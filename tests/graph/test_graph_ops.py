@@ -905,3 +905,26 @@ def test_gpu_kernels_or_one_line_refusals():
                 host_kernel(graph, node, gpu)
         else:
             assert host_kernel(graph, node, gpu).op is not None, node.op
+
+
+# ------------------------------------------------------------------------ LRN
+
+@pytest.mark.parametrize("attrs, shape", [({"size": 5}, (2, 7, 4, 5)),
+                                          ({"size": 3, "alpha": 0.01, "beta": 0.5, "bias": 2.0}, (1, 4, 3, 3)),
+                                          ({"size": 1}, (1, 6, 5, 2)), ({"size": 9}, (1, 3, 2, 2))])
+def test_lrn_as_onnx_runtime(attrs, shape):
+    """AlexNet's and GoogLeNet's local response normalization: windows of one channel to more
+    than there are; float32 as ONNX Runtime, int8 alike on fsim and the cpu."""
+    rng = np.random.default_rng(attrs["size"])
+    init = {"w": rng.normal(0, 0.4, (shape[1], 3, 3, 3)).astype(np.float32)}
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("LRN", ["c"], ["y"], **attrs)],
+              [("x", [shape[0], 3, *shape[2:]])], [("y", None)], init)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (shape[0], 3, *shape[2:]))}, rng, int8_tol=0.1)
+
+
+def test_lrn_refusals():
+    for attrs, match in (({"size": 4}, r"node n \(LRN\): size must be a positive odd integer \(as ONNX Runtime "
+                                        r"requires\), not 4"),
+                         ({"size": 3, "beta": float("inf")}, r"beta must be a finite number")):
+        with pytest.raises(GraphError, match=match):
+            compile_model(model([N("LRN", ["x"], ["y"], name="n", **attrs)], [("x", [1, 4, 2, 2])], [("y", [1, 4, 2, 2])]))
