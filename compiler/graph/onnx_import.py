@@ -474,21 +474,25 @@ class _Importer:
                 given = self.constants[self.name(node.input[i])].dtype
                 if given.name != kind:
                     raise self.fail(node, f"{what} must have A's type, {kind}, not {given}")
+        out = node.output[0]
         if trans_a:
             if self.name(a) in self.constants:
                 a = self._const_like(node, "at", self.constants[self.name(a)].T)
             else:
-                raise self.fail(node, "transA=1 is supported with a constant A only")
+                a = self.emit("transpose", node, [a], output=self._fresh(f"{out}/a_t"), perm=(1, 0))
+        scale = None                     # alpha, where it cannot be folded into a constant B
         if self.name(b) in self.constants:
             w = self.constants[self.name(b)]
             w = (w.T if trans_b else w) * np.float32(alpha)
             b = self._const_like(node, "w", w.astype(np.float32))
-        elif trans_b or alpha != 1.0:
-            raise self.fail(node, "a variable B is supported with transB=0 and alpha=1 only")
+        else:
+            if trans_b:
+                b = self.emit("transpose", node, [b], output=self._fresh(f"{out}/b_t"), perm=(1, 0))
+            scale = alpha if alpha != 1.0 else None
         inputs = [a, b]
         c = node.input[2] if len(node.input) > 2 and node.input[2] else None
         if c is None or beta == 0.0:
-            self.emit("dense", node, inputs, relu=False)
+            self._scaled_product(node, inputs, scale, out)
             return
         columns = self.constants[self.name(b)].shape[1] if self.name(b) in self.constants else None
         if self.name(c) in self.constants:
@@ -500,10 +504,17 @@ class _Importer:
                 return
             c = self._const_like(node, "c", bias)
         elif beta != 1.0:
-            raise self.fail(node, "a variable C is supported with beta=1 only")
+            c = self._scaled(node, c, beta, suffix="beta_c")
         # A full-matrix (or variable) C: a separate, broadcasting Add.
-        product = self.emit("dense", node, inputs, output=self._fresh(node.output[0] + "/matmul"), relu=False)
+        product = self._scaled_product(node, inputs, scale, self._fresh(f"{out}/matmul"))
         self.emit("add", node, [product, c], relu=False)
+
+    def _scaled_product(self, node, inputs: list[str], scale: float | None, out: str) -> str:
+        """A · B (a dense node), times ``scale`` when it is not None, into ``out``."""
+        if scale is None:
+            return self.emit("dense", node, inputs, output=out, relu=False)
+        product = self.emit("dense", node, inputs, output=self._fresh(f"{node.output[0]}/product"), relu=False)
+        return self._scaled(node, product, scale, out, "alpha")
 
     def _fresh(self, base: str) -> str:
         """``base``, or ``base_k``: a tensor name neither the model nor this import uses."""

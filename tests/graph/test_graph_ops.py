@@ -928,3 +928,35 @@ def test_lrn_refusals():
                          ({"size": 3, "beta": float("inf")}, r"beta must be a finite number")):
         with pytest.raises(GraphError, match=match):
             compile_model(model([N("LRN", ["x"], ["y"], name="n", **attrs)], [("x", [1, 4, 2, 2])], [("y", [1, 4, 2, 2])]))
+
+
+# ------------------------------------------------------------------------ Gemm's attributes
+
+@pytest.mark.parametrize("attrs, b_input, c", [
+    ({"transA": 1}, False, "row"), ({"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, False, "matrix"),
+    ({"transB": 1}, True, None), ({"alpha": 0.25}, True, "row"), ({"transA": 1, "transB": 1, "alpha": 3.0}, True, "matrix"),
+    ({"beta": 0.5}, True, "input"), ({"alpha": 2.0, "beta": -1.0, "transA": 1}, True, "input"),
+])
+def test_gemm_attributes_with_variable_operands(attrs, b_input, c):
+    """transA of a computed A, transB and alpha of a graph-input B, beta of a graph-input C: as ONNX
+    Runtime computes alpha · A'B' + beta · C."""
+    rng = np.random.default_rng(len(attrs) + 3 * b_input)
+    m_, k, n = 3, 4, 5
+    a_shape = (k, m_) if attrs.get("transA") else (m_, k)
+    b_shape = (n, k) if attrs.get("transB") else (k, n)
+    inputs, feeds, init = [("a", list(a_shape))], {"a": _normal(rng, a_shape)}, {}
+    if b_input:
+        inputs.append(("b", list(b_shape)))
+        feeds["b"] = _normal(rng, b_shape)
+    else:
+        init["b"] = _normal(rng, b_shape)
+    operands = ["a", "b"]
+    if c == "input":
+        inputs.append(("c", [m_, n]))
+        feeds["c"] = _normal(rng, (m_, n))
+        operands.append("c")
+    elif c is not None:
+        init["c"] = _normal(rng, (n,) if c == "row" else (m_, n))
+        operands.append("c")
+    m = model([N("Gemm", operands, ["y"], **attrs)], inputs, [("y", [m_, n])], init)
+    _same_as_onnx_runtime(m, feeds, rng, int8=not b_input and c != "input")
