@@ -39,7 +39,7 @@ _MAX_MEMBER_NAME = 0xFFFF
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
-_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,),
+_OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,), "Resize": (1, 2, 3),
                     "ReduceMean": (1,), "Pad": (2, 3)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
@@ -845,21 +845,116 @@ class _Importer:
         shape = self._static_shape(self.name(x))
         if len(shape) < 3:
             raise self.fail(node, f"the input must have a batch, channel and spatial axes, not shape {list(shape)}")
-        n, c, pixels = shape[0], shape[1], math.prod(shape[2:])
+        c, pixels = shape[1], math.prod(shape[2:])
         square = self.emit("mul", node, [x, x], output=self._fresh(f"{out}/square"), relu=False)
+        # Target 0 copies the batch axis, so a model of symbolic batch runs any multiple of it.
         rows = self.emit("reshape", node, [square], output=self._fresh(f"{out}/channels_as_rows"),
-                         target=(n, 1, c, pixels), allowzero=False)
+                         target=(0, 1, c, pixels), allowzero=False)
         before = (size - 1) // 2        # = size − 1 − before: the size is odd
         window = self.emit("avg_pool", node, [rows], output=self._fresh(f"{out}/window_mean"), kernel=(size, 1),
                            stride=(1, 1), dilation=(1, 1), padding=(before, 0, size - 1 - before, 0),
                            ceil_mode=False, count_include_pad=True)
         back = self.emit("reshape", node, [window], output=self._fresh(f"{out}/window_mean_nchw"),
-                         target=tuple(shape), allowzero=False)
+                         target=(0, *shape[1:]), allowzero=False)
         scaled = self._scaled(node, back, alpha, suffix="alpha")          # alpha/size · Σ = alpha · mean
         base = self.emit("add", node, [scaled, self._const_like(node, "bias", np.array(bias, np.float32))],
                          output=self._fresh(f"{out}/base"), relu=False)
         power = self._exp_log(node, base, np.array(-beta, np.float32), self._fresh(f"{out}/power"))
         self.emit("mul", node, [x, power], relu=False)
+
+    #: Resize's coordinate modes: the input coordinate of output coordinate ``x`` along an axis of
+    #: ``n`` pixels resized to ``m`` with scale ``s`` (ONNX's definitions).
+    _RESIZE_COORDINATES = {
+        "half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5,
+        "pytorch_half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5 if m > 1 else 0.0,
+        "align_corners": lambda x, s, n, m: x * (n - 1) / (m - 1) if m > 1 else 0.0,
+        "asymmetric": lambda x, s, n, m: x / s,
+    }
+    _NEAREST = {"round_prefer_floor": lambda v: math.ceil(v - 0.5), "round_prefer_ceil": lambda v: math.floor(v + 0.5),
+                "floor": math.floor, "ceil": math.ceil}
+
+    def op_Resize(self, node, attrs):
+        """Nearest-neighbour upsampling by whole factors (what feature pyramids and detection
+        heads export): each axis's pixels repeated ``s`` times, as a concatenation of the tensor
+        with itself along a new axis, merged into that one — exact in float32 and int8. Other
+        resizes (linear, cubic, shrinking, factors that do not repeat whole pixels under the
+        coordinate mode) are refused by name, never approximated."""
+        def text(name, default):
+            value = attrs.get(name, default)
+            return value.decode() if isinstance(value, bytes) else str(value)
+        mode, coordinates = text("mode", "nearest"), text("coordinate_transformation_mode", "half_pixel")
+        rounding = text("nearest_mode", "round_prefer_floor")
+        if mode != "nearest":
+            raise self.fail(node, f"mode {mode!r} is not supported; gemforge resizes by nearest neighbour "
+                                  "(mode 'nearest') only")
+        if coordinates not in self._RESIZE_COORDINATES:
+            raise self.fail(node, f"coordinate_transformation_mode {coordinates!r} is not supported; supported: "
+                                  f"{', '.join(self._RESIZE_COORDINATES)}")
+        if rounding not in self._NEAREST:
+            raise self.fail(node, f"nearest_mode {rounding!r} is not one of {', '.join(self._NEAREST)}")
+        for name in ("antialias", "exclude_outside"):
+            if attrs.get(name, 0):
+                raise self.fail(node, f"{name}={attrs[name]} is not supported (nearest neighbour without it)")
+        if text("keep_aspect_ratio_policy", "stretch") != "stretch" or "axes" in attrs:
+            raise self.fail(node, "keep_aspect_ratio_policy and axes are not supported; give scales or sizes for "
+                                  "every axis")
+        x, out = node.input[0], node.output[0]
+        shape = self._static_shape(self.name(x))
+        scales = self._resize_operand(node, 2, "scales", np.float32, len(shape))
+        sizes = self._resize_operand(node, 3, "sizes", np.int64, len(shape))
+        if (scales is None) == (sizes is None):
+            raise self.fail(node, "exactly one of scales and sizes must be given")
+        if sizes is not None:
+            outputs = [int(v) for v in sizes]
+            scales = [o / n for o, n in zip(outputs, shape)]
+        else:
+            scales = [float(s) for s in scales]
+            outputs = [math.floor(n * s) for n, s in zip(shape, scales)]
+        factors = []
+        for axis, (n, m, s) in enumerate(zip(shape, outputs, scales)):
+            if m < 1 or not math.isfinite(s) or s <= 0:
+                raise self.fail(node, f"axis {axis} would have {m} pixels (scale {s}); it needs at least one")
+            where = self._RESIZE_COORDINATES[coordinates]
+            pick = self._NEAREST[rounding]
+            taken = [min(max(pick(where(i, s, n, m)), 0), n - 1) for i in range(m)]
+            factor = m // n if m % n == 0 else 0
+            if not factor or taken != [i // factor for i in range(m)]:
+                raise self.fail(node, f"axis {axis}: resizing {n} to {m} pixels ({coordinates}, {rounding}) does not "
+                                      "repeat each pixel a whole number of times, the nearest-neighbour resize "
+                                      "gemforge supports")
+            factors.append(factor)
+        if factors[0] != 1:
+            raise self.fail(node, f"the batch axis must keep its size, not be scaled by {factors[0]}")
+        current = self.name(x)
+        dims = list(shape)
+        last = max((a for a, f in enumerate(factors) if f > 1), default=None)
+        if last is None:
+            self.alias[out] = current                # every scale 1: the tensor itself
+            return
+        for axis, factor in enumerate(factors):
+            if factor == 1:
+                continue
+            # (…, n, …) → (…, n, 1, …) → factor copies along the new axis → (…, n·factor, …);
+            # target 0 copies the batch axis (a model of symbolic batch runs any multiple).
+            split = self.emit("reshape", node, [current], output=self._fresh(f"{out}/axis{axis}_split"),
+                              target=(0, *dims[1:axis + 1], 1, *dims[axis + 1:]), allowzero=False)
+            copies = self.emit("concat", node, [split] * factor, output=self._fresh(f"{out}/axis{axis}_copies"),
+                               axis=axis + 1)
+            dims[axis] *= factor
+            current = self.emit("reshape", node, [copies], output=out if axis == last else self._fresh(
+                f"{out}/axis{axis}_repeated"), target=(0, *dims[1:]), allowzero=False)
+
+    def _resize_operand(self, node, position: int, what: str, dtype, rank: int):
+        """Resize's constant scales or sizes (None where omitted or empty), one per axis."""
+        if len(node.input) <= position or not node.input[position]:
+            return None
+        value = self.constant(node, node.input[position], what)
+        if value.size == 0:
+            return None
+        if value.dtype != dtype or value.shape != (rank,):
+            raise self.fail(node, f"{what} must be {np.dtype(dtype).name} with one value per axis ({rank}), not "
+                                  f"{value.dtype} of shape {list(value.shape)}")
+        return value
 
     def op_GlobalAveragePool(self, node, attrs):
         self.emit("avg_pool", node, [node.input[0]], kernel=None, stride=(1, 1), dilation=(1, 1),

@@ -960,3 +960,57 @@ def test_gemm_attributes_with_variable_operands(attrs, b_input, c):
         operands.append("c")
     m = model([N("Gemm", operands, ["y"], **attrs)], inputs, [("y", [m_, n])], init)
     _same_as_onnx_runtime(m, feeds, rng, int8=not b_input and c != "input")
+
+
+# ------------------------------------------------------------------------ Resize
+
+def _resize_model(attrs, scales=None, sizes=None, shape=(1, 4, 3, 5), opset=13, batch=None):
+    init = {"w": np.random.default_rng(1).normal(0, 0.4, (shape[1], 3, 3, 3)).astype(np.float32)}
+    operands = ["c", ""]
+    if scales is not None:
+        init["scales"] = np.float32(scales)
+        operands.append("scales")
+    if sizes is not None:
+        init["sizes"] = np.int64(sizes)
+        operands += ([""] if scales is None else []) + ["sizes"]
+    return model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Resize", operands, ["y"], name="r", **attrs)],
+                 [("x", [batch or shape[0], 3, *shape[2:]])], [("y", None)], init, opset=opset)
+
+
+@pytest.mark.parametrize("attrs, scales, sizes", [
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, [1, 1, 2, 2], None),
+    ({"mode": "nearest"}, [1, 1, 2, 3], None),                                   # half_pixel, round_prefer_floor
+    ({"mode": "nearest", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [1, 4, 6, 5]),
+    ({"mode": "nearest", "coordinate_transformation_mode": "align_corners"}, [1, 1, 1, 1], None),
+    ({"mode": "nearest", "nearest_mode": "round_prefer_ceil"}, [1, 1, 4, 2], None),
+])
+def test_nearest_resize_by_whole_factors(attrs, scales, sizes):
+    """Nearest-neighbour upsampling as detection heads and feature pyramids export it: float32 as
+    ONNX Runtime, and int8 exactly the repeated pixels (fsim = cpu)."""
+    rng = np.random.default_rng(len(attrs))
+    m = _resize_model(attrs, scales, sizes)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 3, 5))}, rng)
+
+
+def test_nearest_resize_keeps_a_symbolic_batch():
+    rng = np.random.default_rng(3)
+    m = _resize_model({"mode": "nearest"}, [1, 1, 2, 2], batch="N")
+    x = _normal(rng, (3, 3, 3, 5))
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, scales, match", [
+    ({"mode": "linear"}, [1, 1, 2, 2], r"node r \(Resize\): mode 'linear' is not supported; gemforge resizes by "
+                                       r"nearest neighbour"),
+    ({"mode": "nearest"}, [1, 1, 1.5, 2], r"axis 2: resizing 3 to 4 pixels \(half_pixel, round_prefer_floor\) does "
+                                          r"not repeat each pixel a whole number of times"),
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"},
+     [1, 1, 2, 2], r"axis 2: resizing 3 to 6 pixels \(asymmetric, round_prefer_ceil\) does not repeat"),
+    ({"mode": "nearest"}, [1, 1, 0.5, 1], r"axis 2: resizing 3 to 1 pixels"),
+    ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
+     r"coordinate_transformation_mode 'tf_crop_and_resize' is not supported"),
+    ({"mode": "nearest"}, [2, 1, 1, 1], r"the batch axis must keep its size"),
+])
+def test_resizes_other_than_whole_repeats_are_refused_by_name(attrs, scales, match):
+    with pytest.raises(GraphError, match=match):
+        compile_model(_resize_model(attrs, scales))

@@ -287,3 +287,16 @@ def test_an_input_dimension_of_minus_one_is_read_as_symbolic():
         compile_model(open_height)
     np.testing.assert_array_equal(compile_model(open_height, input_shapes={"x": (1, 2, 3, 4)}).run(
         np.ones((1, 2, 3, 4), np.float32), "cpu"), np.ones((1, 2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+def test_upsample_of_older_opsets_becomes_a_resize(opset):
+    """Upsample (opsets 7 to 9), which the version converter turns into Resize."""
+    if opset == 7:
+        m = model([N("Upsample", ["x"], ["y"], mode="nearest", scales=[1.0, 1.0, 2.0, 3.0])], [("x", [1, 2, 3, 3])],
+                  [("y", [1, 2, 6, 9])], opset=7)
+    else:
+        m = model([N("Upsample", ["x", "s"], ["y"], mode="nearest")], [("x", [1, 2, 3, 3])], [("y", [1, 2, 6, 9])],
+                  {"s": np.float32([1, 1, 2, 3])}, opset=9)
+    x = np.random.default_rng(opset).standard_normal((1, 2, 3, 3)).astype(np.float32)
+    np.testing.assert_array_equal(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0])
