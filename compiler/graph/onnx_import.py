@@ -40,7 +40,8 @@ _MAX_MEMBER_NAME = 0xFFFF
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
 _OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,), "Resize": (1, 2, 3),
-                    "ReduceMean": (1,), "Pad": (2, 3)}
+                    "ReduceMean": (1,), "ReduceSum": (1,), "ReduceSumSquare": (1,), "ReduceL2": (1,),
+                    "ReduceMax": (1,), "ReduceMin": (1,), "Pad": (2, 3), "LayerNormalization": (2,)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
                  *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
@@ -1051,6 +1052,113 @@ class _Importer:
             return
         # No axes: the mean of every element.
         self.emit("reduce_mean", node, [node.input[0]], axes=axes or None, keepdims=bool(attrs.get("keepdims", 1)))
+
+    def _reduction(self, node, attrs) -> tuple[tuple[int, ...], bool, tuple[int, ...]] | None:
+        """A reduction's axes (non-negative, sorted), keepdims and its input's shape; None when
+        it reduces nothing (no axes and noop_with_empty_axes: the output is the input)."""
+        self.check_flags(node, attrs, "keepdims", "noop_with_empty_axes")
+        axes = self._axes(node) if "axes" not in attrs else tuple(int(a) for a in attrs["axes"])
+        shape = self._static_shape(self.name(node.input[0]))
+        if not axes:
+            if int(attrs.get("noop_with_empty_axes", 0)):
+                return None
+            axes = tuple(range(len(shape)))
+        if any(not -len(shape) <= a < len(shape) for a in axes) or len(set(a % max(len(shape), 1) for a in axes)) != len(axes):
+            raise self.fail(node, f"the axes {list(axes)} must be distinct axes of the input's {len(shape)}")
+        return tuple(sorted(a % len(shape) for a in axes)), bool(attrs.get("keepdims", 1)), shape
+
+    def _sum(self, node, x: str, axes, keepdims: bool, shape, out: str) -> str:
+        """Σ over ``axes``: the mean times the number of elements averaged."""
+        mean = self.emit("reduce_mean", node, [x], output=self._fresh(f"{out}/mean"), axes=axes, keepdims=keepdims)
+        return self._scaled(node, mean, float(math.prod(shape[a] for a in axes)), out, "count")
+
+    def op_ReduceSum(self, node, attrs):
+        reduction = self._reduction(node, attrs)
+        if reduction is None:
+            self.alias[node.output[0]] = self.name(node.input[0])
+            return
+        self._sum(node, node.input[0], *reduction, node.output[0])
+
+    def op_ReduceSumSquare(self, node, attrs):
+        reduction = self._reduction(node, attrs)
+        square = self.emit("mul", node, [node.input[0], node.input[0]], output=None if reduction is None else
+                           self._fresh(f"{node.output[0]}/square"), relu=False)
+        if reduction is not None:
+            self._sum(node, square, *reduction, node.output[0])
+
+    def op_ReduceL2(self, node, attrs):
+        reduction = self._reduction(node, attrs)
+        if reduction is None:
+            self.emit("abs", node, [node.input[0]])             # the norm of each element alone
+            return
+        square = self.emit("mul", node, [node.input[0], node.input[0]], output=self._fresh(f"{node.output[0]}/square"),
+                           relu=False)
+        total = self._sum(node, square, *reduction, self._fresh(f"{node.output[0]}/sum"))
+        self.emit("sqrt", node, [total])
+
+    def _maximum(self, node, x: str, axes, keepdims: bool, shape, out: str) -> str:
+        """max over ``axes``: the reduced axes moved last and both groups flattened into a
+        (kept, 1, reduced, 1) tensor, whose global max pool is the maximum of each row, then the
+        kept shape (with ones where the axes were, for keepdims). Exact."""
+        kept = [a for a in range(len(shape)) if a not in axes]
+        current = x
+        if kept + list(axes) != list(range(len(shape))):
+            current = self.emit("transpose", node, [x], output=self._fresh(f"{out}/reduced_last"),
+                                perm=tuple(kept + list(axes)))
+        rows = math.prod(shape[a] for a in kept)
+        grid = self.emit("reshape", node, [current], output=self._fresh(f"{out}/rows"),
+                         target=(rows, 1, math.prod(shape[a] for a in axes), 1), allowzero=False)
+        pooled = self.emit("max_pool", node, [grid], output=self._fresh(f"{out}/pooled"), kernel=None, stride=(1, 1),
+                           dilation=(1, 1), padding=(0, 0, 0, 0), ceil_mode=False, global_pool=True)
+        target = tuple(1 if a in axes else shape[a] for a in range(len(shape))) if keepdims else \
+            tuple(shape[a] for a in kept)
+        return self.emit("reshape", node, [pooled], output=out, target=target, allowzero=True)
+
+    def op_ReduceMax(self, node, attrs):
+        reduction = self._reduction(node, attrs)
+        if reduction is None:
+            self.alias[node.output[0]] = self.name(node.input[0])
+            return
+        self._maximum(node, node.input[0], *reduction, node.output[0])
+
+    def op_ReduceMin(self, node, attrs):
+        # −max(−x), exact.
+        reduction = self._reduction(node, attrs)
+        if reduction is None:
+            self.alias[node.output[0]] = self.name(node.input[0])
+            return
+        out = node.output[0]
+        minus_one = self._const_like(node, "minus_one", np.array(-1, np.float32))
+        negated = self.emit("mul", node, [node.input[0], minus_one], output=self._fresh(f"{out}/negated"), relu=False)
+        largest = self._maximum(node, negated, *reduction, self._fresh(f"{out}/max"))
+        self.emit("mul", node, [largest, minus_one], relu=False)
+
+    def op_LayerNormalization(self, node, attrs):
+        """(x − mean) / sqrt(var + epsilon) · scale + B over the axes from ``axis`` on, composed of
+        reduce_mean, sub, mul, add, sqrt and div (float32, as ONNX Runtime computes it)."""
+        if any(o in self.consumed for o in node.output[1:] if o):
+            raise self.fail(node, "its Mean and InvStdDev outputs are read by the model; only Y is supported")
+        shape = self._static_shape(self.name(node.input[0]))
+        axis = int(attrs.get("axis", -1))
+        if not -len(shape) <= axis < len(shape):
+            raise self.fail(node, f"axis {axis} is not an axis of the input's {len(shape)}")
+        epsilon = self._finite(node, attrs, "epsilon", 1e-5)
+        axes = tuple(range(axis % len(shape), len(shape)))
+        x, out = node.input[0], node.output[0]
+        mean = self.emit("reduce_mean", node, [x], output=self._fresh(f"{out}/mean"), axes=axes, keepdims=True)
+        centred = self.emit("sub", node, [x, mean], output=self._fresh(f"{out}/centred"), relu=False)
+        square = self.emit("mul", node, [centred, centred], output=self._fresh(f"{out}/square"), relu=False)
+        variance = self.emit("reduce_mean", node, [square], output=self._fresh(f"{out}/variance"), axes=axes,
+                             keepdims=True)
+        shifted = self.emit("add", node, [variance, self._const_like(node, "epsilon", np.array(epsilon, np.float32))],
+                            output=self._fresh(f"{out}/variance_eps"), relu=False)
+        deviation = self.emit("sqrt", node, [shifted], output=self._fresh(f"{out}/deviation"))
+        normal = self.emit("div", node, [centred, deviation], output=self._fresh(f"{out}/normalized"), relu=False)
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        scaled = self.emit("mul", node, [normal, node.input[1]], output=None if bias is None else
+                           self._fresh(f"{out}/scaled"), relu=False)
+        if bias is not None:
+            self.emit("add", node, [scaled, bias], relu=False)
 
     def op_Identity(self, node, attrs):
         self.alias[node.output[0]] = self.name(node.input[0])

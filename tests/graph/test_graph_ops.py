@@ -1014,3 +1014,51 @@ def test_nearest_resize_keeps_a_symbolic_batch():
 def test_resizes_other_than_whole_repeats_are_refused_by_name(attrs, scales, match):
     with pytest.raises(GraphError, match=match):
         compile_model(_resize_model(attrs, scales))
+
+
+# ------------------------------------------------------------------------ LayerNormalization, reductions
+
+@pytest.mark.parametrize("axis, shape, bias", [(-1, (2, 5, 8), True), (1, (2, 3, 4), False), (2, (1, 3, 4, 5), True)])
+def test_layer_normalization(axis, shape, bias):
+    """Transformers' LayerNormalization (opset 17) over the axes from ``axis`` on: float32 as ONNX
+    Runtime, int8 (a float32 island) alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(shape) + axis)
+    norm_shape = shape[axis % len(shape):]
+    init = {"scale": rng.uniform(0.5, 1.5, norm_shape).astype(np.float32)}
+    operands = ["x", "scale"]
+    if bias:
+        init["b"] = _normal(rng, norm_shape)
+        operands.append("b")
+    m = model([N("LayerNormalization", operands, ["y"], axis=axis, epsilon=1e-3)], [("x", list(shape))],
+              [("y", list(shape))], init, opset=17)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, shape) * 3 + 1}, rng, rtol=5e-5, int8_tol=0.15)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("axes, keepdims", [((1,), 1), ((0, 2), 0), ((-1,), 0), (None, 1), (None, 0)])
+def test_reductions(op, axes, keepdims):
+    """Sums (as a mean times the count), squares and norms, and the maximum and minimum (as a
+    global max pool over the reduced axes moved last): as ONNX Runtime at opset 18 (axes as an
+    input) and at 13 (an attribute but for ReduceSum)."""
+    rng = np.random.default_rng(len(op))
+    x = _normal(rng, (3, 4, 5))
+    for opset in (13, 18):
+        inputs, init, attrs = ["x"], {}, {"keepdims": keepdims}
+        if axes is not None:
+            if opset == 18 or op == "ReduceSum":
+                init["axes"] = np.int64(axes)
+                inputs.append("axes")
+            else:
+                attrs["axes"] = list(axes)
+        m = model([N(op, inputs, ["y"], **attrs)], [("x", [3, 4, 5])], [("y", None)], init, opset=opset)
+        expected = ort_run(m, {"x": x})[0]
+        got = compile_model(m).run(x, "cpu")
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_reduction_with_no_axes_and_noop_is_its_input():
+    x = _normal(np.random.default_rng(1), (2, 3))
+    for op in ("ReduceSum", "ReduceMax", "ReduceL2"):
+        m = model([N(op, ["x"], ["y"], noop_with_empty_axes=1)], [("x", [2, 3])], [("y", [2, 3])], opset=18)
+        np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-6)
