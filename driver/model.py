@@ -66,7 +66,7 @@ FORMAT_VERSION = 1
 ACCEL_DEVICES = ("fsim", "verilator", "icarus")
 HOST_DEVICES = ("cpu", "gpu")
 _TUPLE_ATTRS = ("kernel", "stride", "dilation", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze",
-                "axes", "pads")
+                "axes", "pads", "starts", "steps")
 
 
 class ModelError(GraphError):
@@ -857,7 +857,8 @@ def _integers(value, minimum: int | None = None, maximum: int | None = None) -> 
 #: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
 _ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups", "dilation")},
-    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads")},
+    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads", "starts")},
+    "steps": lambda v: isinstance(v, tuple) and _integers(v) and 0 not in v,
     **{k: _integers for k in ("axis", "flatten_axis", "shape")},
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
     **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
@@ -873,6 +874,7 @@ _REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), **{op: ("relu",) for op in BINARY_OPS},
     "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "elu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
     "avg_pool": ("kernel", "stride", "padding"), "reshape": ("shape",), "transpose": ("perm",),
+    "slice": ("starts", "steps", "shape"),
     "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",), "reduce_mean": ("axes", "keepdims"),
     "batch_norm": ("epsilon",),
     "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),

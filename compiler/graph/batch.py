@@ -57,6 +57,10 @@ def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
         return None if keeps else "it reshapes across the batch axis"
     if node.op == "transpose":
         return None if node.attrs["perm"][0] == 0 else "it moves the batch axis"
+    if node.op == "slice":
+        a = node.attrs
+        whole = a["starts"][0] == 0 and a["steps"][0] == 1 and a["shape"][0] == shape[node.inputs[0]][0]
+        return None if whole else "it slices the batch axis"
     if node.op == "pad":
         return "it pads the batch axis" if node.attrs["pads"][0] or node.attrs["pads"][len(out)] else None
     if node.op == "concat":

@@ -144,6 +144,8 @@ def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
         return _unary(node, host.compile_elementwise(target, "clip", shapes[0], dtype=dtype, lo=lo, hi=hi))
     if node.op == "transpose":
         return _unary(node, host.compile_transpose(target, shapes[0], a["perm"], dtype=dtype))
+    if node.op == "slice":
+        return _unary(node, host.compile_slice(target, shapes[0], a["starts"], a["steps"], a["shape"], dtype=dtype))
     if node.op == "pad":
         return _unary(node, host.compile_pad(target, shapes[0], a["pads"], a["value"], dtype=dtype))
     if node.op in ("max_pool", "avg_pool"):

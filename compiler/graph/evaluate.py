@@ -109,6 +109,9 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
         return x.reshape(a["shape"])
     if op == "transpose":
         return np.ascontiguousarray(x.transpose(a["perm"]))
+    if op == "slice":
+        index = np.ix_(*(start + step * np.arange(n) for start, step, n in zip(a["starts"], a["steps"], a["shape"])))
+        return np.ascontiguousarray(x[index])
     if op == "pad":
         if x.ndim == 0:
             # A scalar has no axes to pad (its pads are empty), and np.pad refuses an empty list.

@@ -37,6 +37,9 @@ op                  attributes
                     flatten_axis; squeeze, the axes removed (None: every axis
                     of size 1); unsqueeze, the axes inserted), the data unchanged
 ``transpose``       perm (None: the axes reversed; resolved), numpy's transpose
+``slice``           starts, steps, shape (one each per axis): out[i] = x[starts +
+                    i · steps], i < shape (numpy's x[start::step] cut to shape;
+                    negative steps read backwards)
 ``pad``             pads (the starts of the padded axes, then their ends), axes
                     (None: all; resolved to all), value (int8: an integer, the
                     constant on the input's grid)
@@ -76,7 +79,7 @@ BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
 #: Element-wise functions of one tensor that only float32 computes.
 FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "log", "sqrt", "abs", "softplus", "erf", "leaky_relu", "elu")
 #: Every operator of the table above.
-OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose",
+OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose", "slice",
        "pad", "identity", "concat", "softmax", "reduce_mean", "batch_norm", "quantize", "dequantize", "requantize")
 
 

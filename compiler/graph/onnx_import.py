@@ -41,7 +41,7 @@ _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32"}
 #: The input positions of each operator that may be omitted (given an empty name).
 _OPTIONAL_INPUTS = {"Conv": (2,), "Gemm": (2,), "Clip": (1, 2), "Dropout": (1, 2), "Squeeze": (1,), "Resize": (1, 2, 3),
                     "ReduceMean": (1,), "ReduceSum": (1,), "ReduceSumSquare": (1,), "ReduceL2": (1,),
-                    "ReduceMax": (1,), "ReduceMin": (1,), "Pad": (2, 3), "LayerNormalization": (2,)}
+                    "ReduceMax": (1,), "ReduceMin": (1,), "Pad": (2, 3), "LayerNormalization": (2,), "Split": (1,)}
 #: Floating-point element types other than float32 (refused in constants: see `check_float32`).
 _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16,
                  *(getattr(onnx.TensorProto, t) for t in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
@@ -1212,23 +1212,63 @@ class _Importer:
         start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
         self.add_constant(node.output[0], np.array(shape[start:end], np.int64))
 
+    def _slice(self, node, x: str, starts, steps, counts, out: str) -> str:
+        """A slice node of ``x`` (every axis given), or the tensor itself where it takes all."""
+        shape = self._static_shape(self.name(x))
+        if all(s == 0 and t == 1 and n == d for s, t, n, d in zip(starts, steps, counts, shape)):
+            self.alias[out] = self.name(x)
+            return out
+        return self.emit("slice", node, [x], output=out, starts=tuple(starts), steps=tuple(steps),
+                         shape=tuple(counts))
+
     def op_Gather(self, node, attrs):
-        data = self.constant(node, node.input[0], "the data (gemforge gathers from constants, such as shapes)")
         indices = self.constant(node, node.input[1], "the indices")
         if indices.dtype not in (np.int32, np.int64):
             raise self.fail(node, f"the indices must be int32 or int64, not {indices.dtype}")
-        if data.ndim == 0:
+        data = self.constants.get(self.name(node.input[0]))
+        shape = data.shape if data is not None else self._static_shape(self.name(node.input[0]))
+        if not shape:
             raise self.fail(node, "the data must have at least one axis")
         axis = int(attrs.get("axis", 0))
-        if not -data.ndim <= axis < data.ndim:
-            raise self.fail(node, f"axis {axis} is out of range for data of rank {data.ndim}")
-        size = data.shape[axis]
+        if not -len(shape) <= axis < len(shape):
+            raise self.fail(node, f"axis {axis} is out of range for data of rank {len(shape)}")
+        axis %= len(shape)
+        size = shape[axis]
         if indices.size and (indices.min() < -size or indices.max() >= size):
             raise self.fail(node, f"an index is outside [-{size}, {size - 1}], the data's axis {axis}")
-        self.add_constant(node.output[0], np.take(data, indices.astype(np.int64), axis=axis))
+        if data is not None:
+            self.add_constant(node.output[0], np.take(data, indices.astype(np.int64), axis=axis))
+            return
+        # A computed tensor (a transformer's class token, a detection head's columns): the
+        # indices are constant, so the gather is slices along the axis — one with a step where
+        # they advance evenly, else one per index, concatenated — then the indices' shape.
+        flat = [int(i) % size for i in indices.reshape(-1)]
+        if not flat:
+            raise self.fail(node, "gathering no elements of a computed tensor is not supported")
+        out = node.output[0]
+        final = tuple(shape[:axis]) + tuple(indices.shape) + tuple(shape[axis + 1:])
+        reshaped = final != tuple(shape[:axis]) + (len(flat),) + tuple(shape[axis + 1:])
+        gathered = self._fresh(f"{out}/gathered") if reshaped else out
+        step = flat[1] - flat[0] if len(flat) > 1 else 1
+        even = step != 0 and all(b - a == step for a, b in zip(flat, flat[1:]))
+
+        def along(start, step, count, output):
+            starts, steps, counts = [0] * len(shape), [1] * len(shape), list(shape)
+            starts[axis], steps[axis], counts[axis] = start, step, count
+            return self._slice(node, node.input[0], starts, steps, counts, output)
+        if even:
+            along(flat[0], step, len(flat), gathered)
+        else:
+            parts = [along(i, 1, 1, self._fresh(f"{out}/index{k}")) for k, i in enumerate(flat)]
+            self.emit("concat", node, parts, output=gathered, axis=axis)
+        if reshaped:
+            # Target 0 copies the batch axis where the gather leaves it alone.
+            target = (0, *final[1:]) if axis > 0 else final
+            self.emit("reshape", node, [gathered], output=out, target=target, allowzero=not (axis > 0))
 
     def op_Slice(self, node, attrs):
-        data = self.constant(node, node.input[0], "the data (gemforge slices constants, such as shapes)")
+        data = self.constants.get(self.name(node.input[0]))
+        shape = data.shape if data is not None else self._static_shape(self.name(node.input[0]))
         parts = []
         for k, what in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")):
             if len(node.input) > k and node.input[k]:
@@ -1245,14 +1285,16 @@ class _Importer:
         if not len(starts) == len(ends) == len(axes) == len(steps):
             raise self.fail(node, f"starts, ends, axes and steps must have one length, not {len(starts)}, "
                                   f"{len(ends)}, {len(axes)} and {len(steps)}")
-        axes = [a + data.ndim if a < 0 else a for a in axes]
-        if any(not 0 <= a < data.ndim for a in axes) or len(set(axes)) != len(axes):
-            raise self.fail(node, f"the axes {parts[2]} must be distinct axes of the data's {data.ndim}")
-        index = [slice(None)] * data.ndim
+        rank = len(shape)
+        axes = [a + rank if a < 0 else a for a in axes]
+        if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+            raise self.fail(node, f"the axes {parts[2]} must be distinct axes of the data's {rank}")
+        index = [slice(None)] * rank
+        first, step_of, count = [0] * rank, [1] * rank, list(shape)
         for a, start, end, step in zip(axes, starts, ends, steps):
             if step == 0:
                 raise self.fail(node, "a step of 0 is not allowed")
-            dim = data.shape[a]
+            dim = shape[a]
             start, end = (v + dim if v < 0 else v for v in (start, end))
             # ONNX's clamping: both to [0, dim] forwards; backwards the start to [0, dim − 1] and
             # the end to [−1, dim − 1] (−1: past the first element).
@@ -1261,7 +1303,49 @@ class _Importer:
             else:
                 start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
             index[a] = slice(start, None if end < 0 else end, step)
-        self.add_constant(node.output[0], np.ascontiguousarray(data[tuple(index)]))
+            first[a], step_of[a], count[a] = start, step, len(range(start, end, step))
+        if data is not None:
+            self.add_constant(node.output[0], np.ascontiguousarray(data[tuple(index)]))
+            return
+        if 0 in count:
+            raise self.fail(node, f"the slice of the computed tensor is empty (shape {count}); gemforge computes "
+                                  "tensors of at least one element")
+        self._slice(node, node.input[0], first, step_of, count, node.output[0])
+
+    def op_Split(self, node, attrs):
+        """Each output a slice along the axis: sizes from the split input (or attribute, before
+        opset 13), or equal parts (num_outputs since opset 18: the last part smaller)."""
+        shape = self._static_shape(self.name(node.input[0]))
+        axis = int(attrs.get("axis", 0))
+        if not -len(shape) <= axis < len(shape):
+            raise self.fail(node, f"axis {axis} is out of range for an input of rank {len(shape)}")
+        axis %= len(shape)
+        dim, outputs = shape[axis], len(node.output)
+        if len(node.input) > 1 and node.input[1]:
+            sizes = self.constant(node, node.input[1], "the split sizes")
+            if sizes.dtype != np.int64 or sizes.ndim != 1:
+                raise self.fail(node, f"split must be a 1-D int64 tensor, not {sizes.dtype} of shape {list(sizes.shape)}")
+            sizes = [int(v) for v in sizes]
+        elif "split" in attrs:
+            sizes = [int(v) for v in attrs["split"]]
+        else:
+            parts = int(attrs.get("num_outputs", outputs))
+            if parts != outputs:
+                raise self.fail(node, f"num_outputs is {parts} but the node has {outputs} outputs")
+            chunk = -(-dim // parts)
+            if "num_outputs" not in attrs and dim % parts:
+                raise self.fail(node, f"axis {axis} of {dim} does not split into {parts} equal parts; give split")
+            sizes = [min(chunk, dim - k * chunk) for k in range(parts)]
+        if len(sizes) != outputs or sum(sizes) != dim or any(v < 1 for v in sizes):
+            raise self.fail(node, f"the split sizes {sizes} must be {outputs} positive sizes adding up to axis "
+                                  f"{axis}'s {dim}")
+        start = 0
+        for size, out in zip(sizes, node.output):
+            if out:
+                starts, steps, counts = [0] * len(shape), [1] * len(shape), list(shape)
+                starts[axis], counts[axis] = start, size
+                self._slice(node, node.input[0], starts, steps, counts, out)
+            start += size
 
     def op_Cast(self, node, attrs):
         to = attrs.get("to")

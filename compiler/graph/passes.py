@@ -208,6 +208,15 @@ def _shape_of(graph: Graph, node: Node) -> tuple[int, ...]:
                               f"(the input is {list(x)})")
         a["perm"] = perm
         return tuple(x[p] for p in perm)
+    if op == "slice":
+        starts, steps, out = (tuple(a[k]) for k in ("starts", "steps", "shape"))
+        if not len(starts) == len(steps) == len(out) == len(x):
+            raise _fail(node, f"starts, steps and shape must give one value per axis of the input {list(x)}")
+        for axis, (d, start, step, n) in enumerate(zip(x, starts, steps, out)):
+            last = start + (n - 1) * step
+            if step == 0 or n < 1 or not (0 <= start < d and 0 <= last < d):
+                raise _fail(node, f"axis {axis}: {n} elements from {start} by steps of {step} do not lie in its {d}")
+        return out
     if op == "pad":
         axes = list(range(len(x))) if a.get("axes") is None else _axes(node, a["axes"], len(x))
         if len(a["pads"]) != 2 * len(axes):

@@ -17,7 +17,7 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   (subtracts), and shifts right with rounding into its output's (a residual add with its ReLU
   is one pass); an operand more than 2^MAX_LSHIFT finer than the other is first requantized
   (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
-- pooling, ReLU, clip, reshapes, transposes and pads keep their input's scale (a pad whose
+- pooling, ReLU, clip, reshapes, transposes, slices and pads keep their input's scale (a pad whose
   value is off that grid runs in float32); a concat takes the coarsest of its inputs' scales
   (the others are requantized to it); a tensor only clips read is calibrated on what the
   clips let through (a ReLU6's 6, not the 900 its producer reaches);
@@ -162,11 +162,11 @@ def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None
 
 #: Operators an int8 network keeps in float32 where their variable operands are float32 results
 #: of the float path (`quantize`): quantizing those only to add, scale or move them gains nothing.
-_FLOAT_PROPAGATING = ("add", "sub", "mul", "relu", "max_pool", "reshape", "transpose")
+_FLOAT_PROPAGATING = ("add", "sub", "mul", "relu", "max_pool", "reshape", "transpose", "slice")
 
 #: Operators that keep their input's scale and commute with saturation (monotone, no
 #: arithmetic between elements): a tensor read only through them into clips may be narrowed.
-_SATURATION_SAFE = ("relu", "max_pool", "reshape", "transpose", "identity", "clip")
+_SATURATION_SAFE = ("relu", "max_pool", "reshape", "transpose", "slice", "identity", "clip")
 
 
 def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, float]:
@@ -368,7 +368,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             aligned = [requantized(p, e) if exponent[p] != e else p for p in parts]
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
-        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "pad", "identity"):
+        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "slice", "pad", "identity"):
             x = int8_input(node.inputs[0])
             e = exponent[x]
             attrs = dict(node.attrs)

@@ -23,10 +23,10 @@ from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_win
 from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
     dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
-    softmax_te, transpose_te,
+    slice_te, softmax_te, transpose_te,
 )
 
-__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_pad",
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_slice", "compile_pad",
            "compile_pool2d", "compile_mean", "compile_softmax", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
@@ -345,6 +345,32 @@ def compile_transpose(target: Target, shape, perm, *, dtype: str = "float32") ->
     return CompiledOp("transpose", kernel, ["x"], "out",
                       lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
                       lambda out: out.reshape(out_shape), plan={"dtype": dtype, "perm": perm})
+
+
+def compile_slice(target: Target, shape, starts, steps, out_shape, *, dtype: str = "float32") -> CompiledOp:
+    """Every ``steps[k]``-th element of axis ``k`` from ``starts[k]``, ``out_shape[k]`` of them
+    (a negative step reads backwards): numpy's ``x[start::step]`` cut to ``out_shape``."""
+    _host(target)
+    shape = tuple(_positive("slice dimension", v) for v in shape)
+    starts, steps, out_shape = tuple(starts), tuple(steps), tuple(out_shape)
+    if not len(starts) == len(steps) == len(out_shape) == len(shape):
+        raise OpError(f"starts, steps and the output shape need one value per axis of a rank-{len(shape)} tensor")
+    for axis, (d, start, step, n) in enumerate(zip(shape, starts, steps, out_shape)):
+        if step == 0 or n < 1 or not (0 <= start < d and 0 <= start + (n - 1) * step < d):
+            raise OpError(f"axis {axis}: {n} elements from {start} by steps of {step} do not lie in its {d}")
+    dtype = _check_dtype("slice", dtype, ("int8", "int32", "float32"))
+    # A rank-0 tensor runs as a tensor of one element.
+    t = slice_te(shape or (1,), starts or (0,), steps or (1,), out_shape or (1,), dtype)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_elementwise(s, t["out"])
+    else:
+        cpu_schedules.schedule_elementwise(s, t["out"])
+    kernel = build(s, target, [t["x"], t["out"]], name="slice")
+    return CompiledOp("slice", kernel, ["x"], "out",
+                      lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
+                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "starts": starts, "steps": steps})
 
 
 def compile_pad(target: Target, shape, pads, value=0, *, dtype: str = "float32") -> CompiledOp:

@@ -38,7 +38,7 @@ from .common import Epilogue, OpError, four_pads, out_size, window_count
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
-    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "pad_te", "pool2d_te",
+    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
     "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
@@ -411,6 +411,16 @@ def transpose_te(shape: tuple[int, ...], perm: tuple[int, ...], dtype: str) -> d
     x = placeholder(shape, dtype, "x")
     source = [perm.index(axis) for axis in range(len(shape))]     # the output axis each input axis becomes
     out = compute(tuple(shape[p] for p in perm), lambda *i: x[tuple(i[k] for k in source)], name="out")
+    return {"x": x, "out": out}
+
+
+def slice_te(shape: tuple[int, ...], starts: tuple[int, ...], steps: tuple[int, ...], out_shape: tuple[int, ...],
+             dtype: str) -> dict[str, Tensor]:
+    """``out[i] = x[starts + i · steps]`` along every axis (numpy's ``x[start::step]`` cut to
+    ``out_shape``; a negative step reads backwards)."""
+    x = placeholder(shape, dtype, "x")
+    out = compute(tuple(out_shape), lambda *i: x[tuple(Const(s) + j * Const(t) if (s, t) != (0, 1) else j
+                                                       for j, s, t in zip(i, starts, steps))], name="out")
     return {"x": x, "out": out}
 
 
