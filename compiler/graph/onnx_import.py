@@ -462,6 +462,76 @@ class _Importer:
             dict(padding=padding[0] if len(set(padding)) == 1 else padding)
         self.emit("conv2d", node, inputs, stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **window)
 
+    def op_ConvTranspose(self, node, attrs):
+        """The transposed convolution as the direct one it equals: the input with stride − 1
+        zeros after each pixel along each axis (a pad of a new axis, merged in: exact, and int8
+        keeps its scale), framed by dk − 1 − pad rows (cut where negative, output_padding added at
+        the end), then a convolution of stride 1 with the kernel flipped and its two channel
+        axes swapped within each group (dk: the dilated kernel's extent)."""
+        w = self.constant(node, node.input[1], "the weight W")
+        if w.ndim != 4:
+            raise self.fail(node, f"2-D transposed convolutions are supported (weights C×M/group×kH×kW); W has "
+                                  f"shape {list(w.shape)}")
+        attrs.setdefault("kernel_shape", list(w.shape[2:]))
+        if "output_shape" in attrs:
+            raise self.fail(node, "output_shape is not supported; give pads and output_padding")
+        kernel, strides, dilations, padding = self._window(node, attrs)
+        if isinstance(padding, str):
+            raise self.fail(node, f"auto_pad {padding} is not supported; give pads (or VALID)")
+        if tuple(w.shape[2:]) != kernel:
+            raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(w.shape)}")
+        extra = list(attrs.get("output_padding", [0, 0]))
+        if len(extra) != 2 or any(not 0 <= e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
+            raise self.fail(node, f"output_padding must be two integers each below its stride or dilation, not {extra}")
+        group = int(attrs.get("group", 1))
+        x, out = node.input[0], node.output[0]
+        shape = self._static_shape(self.name(x))
+        if len(shape) != 4 or group < 1 or shape[1] % group or w.shape[0] != shape[1]:
+            raise self.fail(node, f"the input {list(shape)} and W {list(w.shape)} need 4 axes and W's first axis "
+                                  f"equal to the input's {group} group(s) of channels")
+        # The direct convolution's weights: out channel g·M + m, in channel c of group g, taps flipped.
+        cin, m = shape[1] // group, w.shape[1]
+        direct = w.reshape(group, cin, m, *kernel)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4).reshape(
+            group * m, cin, *kernel)
+        dh, dw = dilations
+        if dilations != (1, 1):
+            spread = np.zeros((group * m, cin, (kernel[0] - 1) * dh + 1, (kernel[1] - 1) * dw + 1), w.dtype)
+            spread[:, :, ::dh, ::dw] = direct
+            direct = spread
+        extents = direct.shape[2:]
+        current, dims = x, list(shape)
+        for axis, step in ((2, strides[0]), (3, strides[1])):
+            if step == 1:
+                continue
+            # (…, n, …) → (…, n, 1, …) → zeros after along the new axis → (…, n·step, …).
+            split = self.emit("reshape", node, [current], output=self._fresh(f"{out}/axis{axis}_split"),
+                              target=(0, *dims[1:axis + 1], 1, *dims[axis + 1:]), allowzero=False)
+            pads = [0] * (2 * (len(dims) + 1))
+            pads[len(dims) + 1 + axis + 1] = step - 1
+            spaced = self.emit("pad", node, [split], output=self._fresh(f"{out}/axis{axis}_spaced"), pads=tuple(pads),
+                               value=0.0, axes=None)
+            dims[axis] *= step
+            current = self.emit("reshape", node, [spaced], output=self._fresh(f"{out}/axis{axis}_zeros"),
+                                target=(0, *dims[1:]), allowzero=False)
+        # Rows to frame the zero-spaced input with (negative: rows to cut), before and after; the
+        # spacing left stride − 1 zeros after the last pixel.
+        top, left, bottom, right = padding
+        before = [extents[0] - 1 - top, extents[1] - 1 - left]
+        after = [extents[0] - 1 - bottom + extra[0] - (strides[0] - 1), extents[1] - 1 - right + extra[1] - (strides[1] - 1)]
+        if min(before + after) < 0:
+            starts = [0, 0, max(0, -before[0]), max(0, -before[1])]
+            counts = [*dims[:2], dims[2] - starts[2] - max(0, -after[0]), dims[3] - starts[3] - max(0, -after[1])]
+            if min(counts) < 1:
+                raise self.fail(node, f"the pads {list(padding)} leave no output")
+            current = self._slice(node, current, starts, [1] * 4, counts, self._fresh(f"{out}/cut"))
+        frame = (max(before[0], 0), max(before[1], 0), max(after[0], 0), max(after[1], 0))
+        inputs = [current, self._const_like(node, "w_direct", np.ascontiguousarray(direct).astype(np.float32))]
+        if len(node.input) > 2 and node.input[2]:
+            self.constant(node, node.input[2], "the bias B")
+            inputs.append(node.input[2])
+        self.emit("conv2d", node, inputs, stride=1, groups=group, relu=False,
+                  padding=frame[0] if len(set(frame)) == 1 else frame)
+
     def op_Gemm(self, node, attrs):
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
         self.check_flags(node, attrs, "transA", "transB")

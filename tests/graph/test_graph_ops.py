@@ -1147,3 +1147,40 @@ def test_slices_survive_save_and_load(tmp_path):
                     {"i": np.int64([2]), "s": np.int64([0, 5]), "e": np.int64([1, -100]), "ax": np.int64([1, 3]),
                      "st": np.int64([1, -1])}, rng, declared=[2, 1, 5, 6])
     _survives_save_and_load(m, _normal(rng, (2, 3, 5, 6)), tmp_path)
+
+
+# ------------------------------------------------------------------------ ConvTranspose
+
+@pytest.mark.parametrize("attrs, k, group, bias", [
+    ({"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, 3, 1, True),     # a U-Net decoder
+    ({"strides": [2, 2]}, 2, 1, True),                                                     # an FPN's upsampler
+    ({"pads": [1, 1, 1, 1]}, 3, 1, False),
+    ({"strides": [2, 3], "pads": [0, 1, 2, 0], "group": 2}, 3, 2, True),
+    ({"strides": [2, 2], "dilations": [2, 1], "pads": [2, 1, 1, 0]}, 3, 1, False),
+    ({"strides": [3, 1], "pads": [3, 0, 4, 2], "output_padding": [2, 0]}, 2, 1, True),    # pads past the kernel: cut
+])
+def test_conv_transpose_as_onnx_runtime(attrs, k, group, bias):
+    """Transposed convolutions as decoders and pyramids export them: float32 as ONNX Runtime and int8
+    (the direct convolution on the accelerator where it has one group) alike on fsim and the cpu."""
+    rng = np.random.default_rng(k + group + len(attrs))
+    cin, m = 4, 3
+    init = {"w": rng.normal(0, 0.4, (cin, m, k, k)).astype(np.float32)}
+    operands = ["x", "w"]
+    if bias:
+        init["b"] = _normal(rng, (m * group,))
+        operands.append("b")
+    node = N("ConvTranspose", operands, ["t"], **attrs)
+    m_ = model([node, N("Relu", ["t"], ["y"])], [("x", [2, cin, 4, 5])], [("y", None)], init)
+    _same_as_onnx_runtime(m_, {"x": _normal(rng, (2, cin, 4, 5))}, rng, int8_tol=0.08)
+
+
+@pytest.mark.parametrize("attrs, match", [
+    ({"output_shape": [8, 8]}, r"output_shape is not supported"),
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, r"auto_pad SAME_UPPER is not supported"),
+    ({"strides": [2, 2], "output_padding": [2, 0]}, r"output_padding must be two integers each below its stride"),
+])
+def test_conv_transpose_refusals(attrs, match):
+    m = model([N("ConvTranspose", ["x", "w"], ["y"], name="t", **attrs)], [("x", [1, 2, 3, 3])], [("y", [1])],
+              {"w": np.ones((2, 2, 3, 3), np.float32)})
+    with pytest.raises(GraphError, match=match):
+        compile_model(m)
