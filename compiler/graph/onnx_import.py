@@ -444,8 +444,6 @@ class _Importer:
         kernel, strides, dilations, padding = self._window(node, attrs)
         if tuple(w.shape[2:]) != kernel:
             raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(w.shape)}")
-        if strides[0] != strides[1]:
-            raise self.fail(node, f"strides {list(strides)} must be equal along height and width")
         weight = node.input[1]
         if dilations != (1, 1):
             # A dilated kernel is the kernel spread out with zeros between its taps: exact, at the
@@ -457,10 +455,38 @@ class _Importer:
         inputs = [node.input[0], weight] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
         if len(inputs) == 3:
             self.constant(node, inputs[2], "the bias B")
+        group = int(attrs.get("group", 1))
+        if strides[0] != strides[1]:
+            self._unequal_strides(node, inputs, strides, dilations, kernel, padding, group)
+            return
         # Uneven padding becomes a Pad before the convolution (the `pad_convolutions` pass).
         window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
             dict(padding=padding[0] if len(set(padding)) == 1 else padding)
-        self.emit("conv2d", node, inputs, stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **window)
+        self.emit("conv2d", node, inputs, stride=strides[0], groups=group, relu=False, **window)
+
+    def _unequal_strides(self, node, inputs, strides, dilations, kernel, padding, group) -> None:
+        """A convolution whose strides differ along height and width (text recognizers' (2, 1)):
+        the convolution at their greatest common divisor, then every (stride / gcd)-th output
+        along each axis, which are exactly the outputs of the strided one (floor(floor(L/g) ·
+        g/s) = floor(L/s)); the rows between are computed and dropped. SAME padding is worked
+        out here for the real strides."""
+        out = node.output[0]
+        extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        if isinstance(padding, str):
+            shape = self._static_shape(self.name(inputs[0]))
+            pads = []
+            for size, stride, extent in zip(shape[2:], strides, extents):
+                total = max((-(-size // stride) - 1) * stride + extent - size, 0)
+                pads.append((total // 2, total - total // 2) if padding == "SAME_UPPER" else
+                            (total - total // 2, total // 2))
+            padding = (pads[0][0], pads[1][0], pads[0][1], pads[1][1])
+        common = math.gcd(*strides)
+        full = self.emit("conv2d", node, inputs, output=self._fresh(f"{out}/stride{common}"), stride=common,
+                         groups=group, relu=False, padding=padding[0] if len(set(padding)) == 1 else padding)
+        shape = self._static_shape(full)
+        steps = [1, 1, strides[0] // common, strides[1] // common]
+        counts = [shape[0], shape[1], -(-shape[2] // steps[2]), -(-shape[3] // steps[3])]
+        self._slice(node, full, [0, 0, 0, 0], steps, counts, out)
 
     def op_ConvTranspose(self, node, attrs):
         """The transposed convolution as the direct one it equals: the input with stride − 1

@@ -1184,3 +1184,18 @@ def test_conv_transpose_refusals(attrs, match):
               {"w": np.ones((2, 2, 3, 3), np.float32)})
     with pytest.raises(GraphError, match=match):
         compile_model(m)
+
+
+@pytest.mark.parametrize("strides, pads, auto_pad, k", [((2, 1), [1, 1, 1, 1], None, 3), ((1, 2), [0, 0, 0, 0], None, 3),
+                                                        ((3, 2), [1, 0, 2, 1], None, 2), ((2, 1), None, "SAME_UPPER", 3),
+                                                        ((1, 3), None, "SAME_LOWER", 4)])
+def test_convolutions_with_unequal_strides(strides, pads, auto_pad, k):
+    """CRNN-style text recognizers stride (2, 1): the convolution at the strides' gcd, every
+    (stride / gcd)-th output kept — float32 as ONNX Runtime, int8 alike on fsim and the cpu."""
+    rng = np.random.default_rng(sum(strides) + k)
+    attrs = {"strides": list(strides)}
+    attrs.update({"auto_pad": auto_pad} if auto_pad else {"pads": pads})
+    init = {"w": rng.normal(0, 0.4, (5, 3, k, k)).astype(np.float32), "b": _normal(rng, (5,))}
+    m = model([N("Conv", ["x", "w", "b"], ["c"], **attrs), N("Relu", ["c"], ["y"])], [("x", [2, 3, 7, 9])],
+              [("y", None)], init)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 7, 9))}, rng)
