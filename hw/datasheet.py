@@ -163,7 +163,10 @@ def _configuration(config: AccelConfig) -> str:
         "## Configuration",
         "",
         "The fields this Verilog was generated from (`config.json` beside it) and what a config may hold in "
-        "each; every width, depth and field below follows from them.",
+        "each; every width, depth and field below follows from them. `gemforge_params.h` beside it gives C "
+        "code the fields, every derived parameter (entry bytes and depth of each buffer, instruction and "
+        "micro-op bytes, arena alignment), the opcodes and each instruction and micro-op field's bit offset "
+        "and width, as macros.",
         "",
         _table(("field", "this config", "allowed"), rows),
     ])

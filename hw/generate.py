@@ -6,6 +6,8 @@
   ``rst`` (synchronous, active high), ``m_axi__*``, ``s_axil__*``, ``irq``);
 * ``config.json``     – the `AccelConfig` and its derived parameters;
 * ``regmap.md`` and ``gemforge_regs.h`` – the register map (`gemforge.hw.regmap`);
+* ``gemforge_params.h`` – the config, its derived parameters and the instruction and micro-op
+  field layout as C macros (`gemforge.hw.params_header`);
 * ``datasheet.md``    – the integration datasheet (`gemforge.hw.datasheet`): ports, clock
   and reset, AXI behaviour, registers, counters, program format, Verilator flags;
 * ``files.f``         – the file list for simulators and synthesis tools.
@@ -24,6 +26,7 @@ from gemforge.files import write_text_atomic
 from .config import AccelConfig
 from .datasheet import datasheet
 from .isa import derived
+from .params_header import config_header
 from .regmap import to_c_header, to_markdown
 
 __all__ = ["generate", "verilog_top", "convert_verilog", "rtlil_top", "TOP_NAME", "LINT_WAIVERS",
@@ -122,8 +125,9 @@ def rtlil_top(config: AccelConfig) -> str:
 
 
 def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
-    """Write the Verilog top, config JSON, register map (Markdown, C header), datasheet and
-    file list to ``out_dir`` (created if needed); returns the paths written."""
+    """Write the Verilog top, config JSON, register map (Markdown, C header), parameter C
+    header, datasheet and file list to ``out_dir`` (created if needed); returns the paths
+    written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {
@@ -131,6 +135,7 @@ def generate(config: AccelConfig, out_dir: str | Path) -> list[Path]:
         "config.json": json.dumps({"config": config.to_dict(), "derived": derived(config)}, indent=2) + "\n",
         "regmap.md": to_markdown(f"gemforge register map ({config.name})"),
         "gemforge_regs.h": to_c_header(),
+        "gemforge_params.h": config_header(config),
         "datasheet.md": datasheet(config),
         "files.f": f"{TOP_NAME}.v\n",
     }

@@ -40,7 +40,8 @@ def tiny_files(tmp_path_factory):
 def test_generate_writes_every_file(tiny_files):
     out, files = tiny_files
     names = sorted(p.name for p in files)
-    assert names == sorted([f"{TOP_NAME}.v", "config.json", "regmap.md", "gemforge_regs.h", "datasheet.md", "files.f"])
+    assert names == sorted([f"{TOP_NAME}.v", "config.json", "regmap.md", "gemforge_regs.h", "gemforge_params.h",
+                            "datasheet.md", "files.f"])
     assert json.loads((out / "config.json").read_text())["config"] == PRESETS["tiny"].to_dict()
     assert f"module {TOP_NAME}(" in (out / f"{TOP_NAME}.v").read_text()
     assert (out / "files.f").read_text().split() == [f"{TOP_NAME}.v"]
