@@ -14,21 +14,12 @@ import bisect
 import dataclasses
 import itertools
 
-from gemforge.hw.isa import Engine, Instruction, engine_of
+from gemforge.hw.isa import PIPELINE, TOKEN_QUEUES, Engine, Instruction, TokenQueue, engine_of
 from gemforge.hw.program import Program, arena_alignment
 
 from .emission import AccelBuild, Emitted
 
 __all__ = ["insert_dependency_tokens", "make_program"]
-
-
-# queue (from, to) → (push flag on the producer, pop flag on the consumer)
-_QUEUES = {
-    (Engine.LOAD, Engine.COMPUTE): ("push_next", "pop_prev"),
-    (Engine.COMPUTE, Engine.LOAD): ("push_prev", "pop_next"),
-    (Engine.COMPUTE, Engine.STORE): ("push_next", "pop_prev"),
-    (Engine.STORE, Engine.COMPUTE): ("push_prev", "pop_next"),
-}
 
 
 def _conflict(a: Emitted, b: Emitted) -> bool:
@@ -73,15 +64,17 @@ def insert_dependency_tokens(emitted: list[Emitted], depth: int) -> list[Instruc
     a full queue could otherwise wait for a consumer that fetch has not
     dispatched yet. Same-engine order needs no tokens.
     """
-    history: dict[Engine, list[int]] = {e: [] for e in Engine}
-    pairs: dict[tuple[Engine, Engine], list[tuple[int, int]]] = {q: [] for q in _QUEUES}
+    history: dict[Engine, list[int]] = {e: [] for e in PIPELINE}
+    # The ISA's queues (`isa.TOKEN_QUEUES`): each pairs its pusher's `push_flag` with its
+    # popper's `pop_flag`.
+    pairs: dict[TokenQueue, list[tuple[int, int]]] = {q: [] for q in TOKEN_QUEUES}
     flags: list[dict[str, bool]] = [dict() for _ in emitted]
     for i, rec in enumerate(emitted):
         b_engine = engine_of(rec.insn)
-        for queue, (push, pop) in _QUEUES.items():
-            a_engine, to = queue
-            if to is not b_engine:
+        for queue in TOKEN_QUEUES:
+            if queue.popper is not b_engine:
                 continue
+            a_engine = queue.pusher
             made = pairs[queue]
             floor = made[-1][0] if made else -1
             found = None
@@ -100,8 +93,8 @@ def insert_dependency_tokens(emitted: list[Emitted], depth: int) -> list[Instruc
                 if _open_pairs(made, j) < depth:
                     chosen = j
                     break
-            flags[chosen][push] = True
-            flags[i][pop] = True
+            flags[chosen][queue.push_flag] = True
+            flags[i][queue.pop_flag] = True
             made.append((chosen, i))
         history[b_engine].append(i)
     return [dataclasses.replace(rec.insn, **f) if f else rec.insn for rec, f in zip(emitted, flags)]
