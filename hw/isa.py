@@ -742,8 +742,3 @@ def decode_uops(data: bytes, config: AccelConfig) -> list[Uop]:
         uops.append(Uop(**values))
     return uops
 
-
-def uop_array(uops: Iterable[Uop]) -> np.ndarray:
-    """Micro-ops as an (N, 3) int64 array of (dst, src, wgt), the simulators' form."""
-    rows = [(u.dst, u.src, u.wgt) for u in uops]
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)

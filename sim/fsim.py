@@ -50,7 +50,7 @@ from gemforge.hw.isa import (
 )
 
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_program", "check_dispatch",
+    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_dispatch",
     "check_token_balance", "check_loop_indices", "check_micro_op_loops",
     "COUNTER_NAMES",
 ]
@@ -172,14 +172,6 @@ class _EngineState:
     pending_pushes: list[str] = field(default_factory=list)
     # Remembered for the deadlock report: the instruction whose pushes are pending.
     last: _Queued | None = None
-
-
-def check_program(instructions: list[Instruction], config: AccelConfig) -> None:
-    """The faults fsim (and the hardware) find in a program without running it:
-    `check_dispatch`, then `check_token_balance`. Raises `FsimError` (its subclasses) naming
-    the first fault."""
-    check_dispatch(instructions, config)
-    check_token_balance(instructions)
 
 
 def check_dispatch(instructions: list[Instruction], config: AccelConfig) -> None:

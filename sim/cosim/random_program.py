@@ -66,10 +66,6 @@ class RandomProgram:
     def insn_address(self) -> int:
         return self.base + self.data.size
 
-    @property
-    def total_bytes(self) -> int:
-        return self.data.size + len(self.insn_bytes)
-
     def install(self, dram: np.ndarray) -> None:
         dram[self.base:self.base + self.data.size] = self.data
         dram[self.insn_address:self.insn_address + len(self.insn_bytes)] = np.frombuffer(self.insn_bytes, np.uint8)
