@@ -626,7 +626,70 @@ class _Importer:
         return name
 
     def op_MatMul(self, node, attrs):
-        self.emit("dense", node, [node.input[0], node.input[1]], relu=False, matmul=True)
+        """numpy's matmul. (…, K) @ constant (K, N) is one dense node (on the accelerator in an
+        int8 network); a 1-D operand gains and loses its axis as numpy's rule says; a computed
+        (K, N) is one dense of the left operand's rows; operands with batch axes (attention's
+        Q·Kᵀ and its weights times V) are one dense per pair of matrices the broadcast batch
+        axes select, gathered and shaped back."""
+        a, b, out = node.input[0], node.input[1], node.output[0]
+        a_shape, b_shape = self._static_shape(self.name(a)), self._static_shape(self.name(b))
+        if not a_shape or not b_shape:
+            raise self.fail(node, "MatMul takes operands of at least one axis")
+        if len(b_shape) == 2 and (len(a_shape) == 2 or self.name(b) in self.constants):
+            self.emit("dense", node, [a, b], relu=False, matmul=True)
+            return
+        if len(a_shape) == 1 or len(b_shape) == 1:
+            # numpy: a 1-D left operand is a row (its axis then removed), a 1-D right one a column.
+            a2 = self._reshaped(node, a, (1, a_shape[0]), "row") if len(a_shape) == 1 else a
+            b2 = self._reshaped(node, b, (b_shape[0], 1), "column") if len(b_shape) == 1 else b
+            product = self._batched_matmul(node, a2, b2, self._fresh(f"{out}/product"))
+            final = self._static_shape(product)
+            final = final[:-2] + ((final[-2],) if len(a_shape) > 1 else ()) + ((final[-1],) if len(b_shape) > 1 else ())
+            self._reshaped(node, product, tuple(final), out=out)
+            return
+        self._batched_matmul(node, a, b, out)
+
+    def _reshaped(self, node, x: str, shape: tuple[int, ...], suffix: str = "", out: str | None = None) -> str:
+        return self.emit("reshape", node, [x], output=out or self._fresh(f"{node.output[0]}/{suffix}"),
+                         target=tuple(shape), allowzero=True)
+
+    def _batched_matmul(self, node, a: str, b: str, out: str) -> str:
+        """(…, M, K) @ (…, K, N) of two tensors of at least two axes, into ``out``."""
+        a_shape, b_shape = self._static_shape(self.name(a)), self._static_shape(self.name(b))
+        (m, k), (k2, n) = a_shape[-2:], b_shape[-2:]
+        if k != k2:
+            raise self.fail(node, f"cannot multiply {list(a_shape)} by {list(b_shape)}: {k} columns against {k2} rows")
+        try:
+            batch = np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
+        except ValueError:
+            raise self.fail(node, f"the batch axes of {list(a_shape)} and {list(b_shape)} do not broadcast") from None
+        if len(b_shape) == 2:
+            # One right-hand matrix: every row of the left operand times it, in one product.
+            rows = self._reshaped(node, a, (math.prod(a_shape[:-1]), k), "rows")
+            product = self.emit("dense", node, [rows, b], output=self._fresh(f"{out}/rows_product"), relu=False,
+                                matmul=True)
+            return self._reshaped(node, product, tuple(a_shape[:-1]) + (n,), out=out)
+
+        def matrix(x: str, shape, index, what: str) -> str:
+            lead = len(shape) - 2
+            own = [i if d > 1 else 0 for i, d in zip(index[len(index) - lead:], shape[:lead])]
+            if not own or all(d == 1 for d in shape[:lead]):
+                sliced = x
+            else:
+                sliced = self._slice(node, x, own + [0, 0], [1] * len(shape), [1] * lead + list(shape[-2:]),
+                                     self._fresh(f"{out}/{what}{'_'.join(map(str, own))}"))
+            return self._reshaped(node, sliced, tuple(shape[-2:]), f"{what}{'_'.join(map(str, own))}_matrix")
+
+        products = []
+        for index in np.ndindex(*batch) if batch else [()]:
+            label = "_".join(map(str, index))
+            left, right = matrix(a, a_shape, index, "a"), matrix(b, b_shape, index, "b")
+            product = self.emit("dense", node, [left, right], output=self._fresh(f"{out}/product{label}"), relu=False,
+                                matmul=True)
+            products.append(self._reshaped(node, product, (1, m, n), f"product{label}_batched"))
+        joined = products[0] if len(products) == 1 else self.emit(
+            "concat", node, products, output=self._fresh(f"{out}/products"), axis=0)
+        return self._reshaped(node, joined, tuple(batch) + (m, n), out=out)
 
     def op_Add(self, node, attrs):
         self.emit("add", node, list(node.input[:2]), relu=False)

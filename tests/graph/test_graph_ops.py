@@ -1199,3 +1199,26 @@ def test_convolutions_with_unequal_strides(strides, pads, auto_pad, k):
     m = model([N("Conv", ["x", "w", "b"], ["c"], **attrs), N("Relu", ["c"], ["y"])], [("x", [2, 3, 7, 9])],
               [("y", None)], init)
     _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 3, 7, 9))}, rng)
+
+
+# ------------------------------------------------------------------------ MatMul of any operands
+
+@pytest.mark.parametrize("a_shape, b_shape, b_constant", [
+    ((2, 3, 4), (4, 5), False), ((2, 3, 4, 5), (2, 3, 5, 6), False), ((1, 3, 4, 5), (2, 1, 5, 6), False),
+    ((4,), (4, 5), False), ((3, 4), (4,), False), ((4,), (4,), False), ((2, 3, 4), (4,), True),
+    ((2, 4), (3, 4, 5), True), ((3, 4), (4, 5), False),
+])
+def test_matmul_of_any_operands(a_shape, b_shape, b_constant):
+    """Attention's Q·Kᵀ and weights·V (batched, both computed), 1-D operands and broadcast batch axes:
+    numpy's matmul, as ONNX Runtime computes it; int8 (the products of computed tensors on the CPU)
+    alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(a_shape) * 10 + len(b_shape))
+    inputs, feeds, init = [("a", list(a_shape))], {"a": _normal(rng, a_shape)}, {}
+    if b_constant:
+        init["b"] = _normal(rng, b_shape)
+    else:
+        inputs.append(("b", list(b_shape)))
+        feeds["b"] = _normal(rng, b_shape)
+    out = list(np.matmul(np.zeros(a_shape), np.zeros(b_shape)).shape)
+    m = model([N("MatMul", ["a", "b"], ["y"])], inputs, [("y", out)], init)
+    _same_as_onnx_runtime(m, feeds, rng, int8=bool(out), rtol=1e-5 if out else 1e-4)   # a dot product may cancel
