@@ -436,7 +436,54 @@ class _Importer:
             raise self.fail(node, f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, not {auto!r}")
         return (int(kernel[0]), int(kernel[1])), pairs[0], pairs[1], padding
 
+    def _lifted(self, node, attrs) -> bool:
+        """A 1-D window (an (N, C, L) input: audio, text, signals) run as the 2-D one it is on an
+        (N, C, 1, L) input — kernel (1, k), pads and dilations on the width only — and its output
+        given back its three axes. False for any other input (the 2-D handler runs)."""
+        shape = self._static_shape(self.name(node.input[0]))
+        if len(shape) != 3:
+            return False
+        lifted = dict(attrs)
+        one_d = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 1, "pads": 2}
+        for name, count in one_d.items():
+            if name in attrs:
+                values = list(attrs[name])
+                if len(values) != count:
+                    raise self.fail(node, f"{name} must have {count} value(s) for a 1-D window, not {values}")
+        k = list(attrs.get("kernel_shape", []))
+        stride = list(attrs.get("strides", [1]))[0]
+        lifted["kernel_shape"] = [1, *k] if k else k
+        # Over a height of 1 the height's stride is free: the width's keeps the convolution's
+        # strides equal; a transposed one must not space that single row.
+        lifted["strides"] = [1 if node.op_type == "ConvTranspose" else stride, stride]
+        lifted["dilations"] = [1, *list(attrs.get("dilations", [1]))]
+        if "output_padding" in attrs:
+            lifted["output_padding"] = [0, *list(attrs["output_padding"])]
+        if "pads" in attrs:
+            begin, end = attrs["pads"]
+            lifted["pads"] = [0, begin, 0, end]
+        out = node.output[0]
+        x = self.emit("reshape", node, [node.input[0]], output=self._fresh(f"{out}/as_2d"),
+                      target=(0, shape[1], 1, shape[2]), allowzero=False)
+        inputs = [x, *node.input[1:]]
+        if node.op_type in ("Conv", "ConvTranspose"):
+            w = self.constant(node, node.input[1], "the weight W")
+            if w.ndim != 3:
+                raise self.fail(node, f"a 1-D {node.op_type} takes 3-D weights, not shape {list(w.shape)}")
+            inputs[1] = self._const_like(node, "w_2d", w[:, :, None, :])
+            if not k:
+                lifted["kernel_shape"] = [1, w.shape[2]]
+        y = self._fresh(f"{out}/2d")
+        two_d = onnx.helper.make_node(node.op_type, inputs, [y, *node.output[1:]], name=node.name,
+                                      domain=node.domain)
+        getattr(self, f"op_{node.op_type}")(two_d, lifted)
+        result = self._static_shape(y)
+        self.emit("reshape", node, [y], output=out, target=(0, result[1], result[3]), allowzero=False)
+        return True
+
     def op_Conv(self, node, attrs):
+        if self._lifted(node, attrs):
+            return
         w = self.constant(node, node.input[1], "the weight W")
         if w.ndim != 4:
             raise self.fail(node, f"2-D convolutions are supported (OIHW weights); W has shape {list(w.shape)}")
@@ -489,6 +536,11 @@ class _Importer:
         self._slice(node, full, [0, 0, 0, 0], steps, counts, out)
 
     def op_ConvTranspose(self, node, attrs):
+        if self._lifted(node, attrs):
+            return
+        self._conv_transpose(node, attrs)
+
+    def _conv_transpose(self, node, attrs):
         """The transposed convolution as the direct one it equals: the input with stride − 1
         zeros after each pixel along each axis (a pad of a new axis, merged in: exact, and int8
         keeps its scale), framed by dk − 1 − pad rows (cut where negative, output_padding added at
@@ -975,6 +1027,8 @@ class _Importer:
         self.emit("clip", node, [node.input[0]], lo=bounds[0], hi=bounds[1])
 
     def _pool(self, node, attrs, op, **extra):
+        if self._lifted(node, attrs):
+            return
         # storage_order (MaxPool) orders the Indices output only, which is refused here.
         if len(node.output) > 1 and node.output[1]:
             raise self.fail(node, "the Indices output is not supported")
@@ -1294,9 +1348,11 @@ class _Importer:
 
     def op_LayerNormalization(self, node, attrs):
         """(x − mean) / sqrt(var + epsilon) · scale + B over the axes from ``axis`` on, composed of
-        reduce_mean, sub, mul, add, sqrt and div (float32, as ONNX Runtime computes it)."""
-        if any(o in self.consumed for o in node.output[1:] if o):
-            raise self.fail(node, "its Mean and InvStdDev outputs are read by the model; only Y is supported")
+        reduce_mean, sub, mul, add, sqrt and div (float32, as ONNX Runtime computes it); the
+        optional outputs Mean and InvStdDev = 1 / sqrt(var + epsilon), with the reduced axes kept."""
+        wanted = [o if len(node.output) > k and node.output[k] in self.consumed else None
+                  for k, o in ((1, node.output[1] if len(node.output) > 1 else ""),
+                               (2, node.output[2] if len(node.output) > 2 else ""))]
         shape = self._static_shape(self.name(node.input[0]))
         axis = int(attrs.get("axis", -1))
         if not -len(shape) <= axis < len(shape):
@@ -1304,7 +1360,8 @@ class _Importer:
         epsilon = self._finite(node, attrs, "epsilon", 1e-5)
         axes = tuple(range(axis % len(shape), len(shape)))
         x, out = node.input[0], node.output[0]
-        mean = self.emit("reduce_mean", node, [x], output=self._fresh(f"{out}/mean"), axes=axes, keepdims=True)
+        mean = self.emit("reduce_mean", node, [x], output=wanted[0] or self._fresh(f"{out}/mean"), axes=axes,
+                         keepdims=True)
         centred = self.emit("sub", node, [x, mean], output=self._fresh(f"{out}/centred"), relu=False)
         square = self.emit("mul", node, [centred, centred], output=self._fresh(f"{out}/square"), relu=False)
         variance = self.emit("reduce_mean", node, [square], output=self._fresh(f"{out}/variance"), axes=axes,
@@ -1312,6 +1369,9 @@ class _Importer:
         shifted = self.emit("add", node, [variance, self._const_like(node, "epsilon", np.array(epsilon, np.float32))],
                             output=self._fresh(f"{out}/variance_eps"), relu=False)
         deviation = self.emit("sqrt", node, [shifted], output=self._fresh(f"{out}/deviation"))
+        if wanted[1]:
+            self.emit("div", node, [self._const_like(node, "one", np.array(1, np.float32)), deviation],
+                      output=wanted[1], relu=False)
         normal = self.emit("div", node, [centred, deviation], output=self._fresh(f"{out}/normalized"), relu=False)
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         scaled = self.emit("mul", node, [normal, node.input[1]], output=None if bias is None else

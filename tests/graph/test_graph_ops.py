@@ -1222,3 +1222,36 @@ def test_matmul_of_any_operands(a_shape, b_shape, b_constant):
     out = list(np.matmul(np.zeros(a_shape), np.zeros(b_shape)).shape)
     m = model([N("MatMul", ["a", "b"], ["y"])], inputs, [("y", out)], init)
     _same_as_onnx_runtime(m, feeds, rng, int8=bool(out), rtol=1e-5 if out else 1e-4)   # a dot product may cancel
+
+
+# ------------------------------------------------------------------------ 1-D windows
+
+@pytest.mark.parametrize("op, attrs", [
+    ("Conv", {"pads": [1, 2], "strides": [2]}), ("Conv", {"dilations": [2], "group": 2}),
+    ("ConvTranspose", {"strides": [2], "pads": [1, 0], "output_padding": [1]}),
+    ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("AveragePool", {"kernel_shape": [2], "ceil_mode": 1, "strides": [2]}),
+])
+def test_one_dimensional_windows(op, attrs):
+    """Convolutions and pools over (N, C, L) signals: run as their 2-D selves over a height of 1,
+    float32 as ONNX Runtime, int8 alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(op) + len(attrs))
+    init, operands = {}, ["x"]
+    if op == "Conv":
+        init["w"] = rng.normal(0, 0.4, (6, 4 // attrs.get("group", 1), 3)).astype(np.float32)
+        operands.append("w")
+    elif op == "ConvTranspose":
+        init["w"] = rng.normal(0, 0.4, (4, 3, 3)).astype(np.float32)
+        operands.append("w")
+    m = model([N(op, operands, ["y"], **attrs)], [("x", [2, 4, 11])], [("y", None)], init)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (2, 4, 11))}, rng, int8_tol=0.08)
+
+
+def test_layer_normalization_gives_its_mean_and_inverse_deviation():
+    rng = np.random.default_rng(17)
+    m = model([N("LayerNormalization", ["x", "s"], ["y", "mean", "inv"], axis=1)], [("x", [2, 3, 4])],
+              [("y", [2, 3, 4]), ("mean", [2, 1, 1]), ("inv", [2, 1, 1])], {"s": _normal(rng, (3, 4))}, opset=17)
+    x = _normal(rng, (2, 3, 4))
+    got = compile_model(m).run(x, "cpu")
+    for name, e in zip(("y", "mean", "inv"), ort_run(m, {"x": x})):
+        np.testing.assert_allclose(got[name], e, rtol=1e-4, atol=1e-5)
