@@ -335,16 +335,21 @@ def compile_transpose(target: Target, shape, perm, *, dtype: str = "float32") ->
     out_shape = tuple(shape[p] for p in perm)
     # A rank-0 tensor runs as a tensor of one element.
     t = transpose_te(shape or (1,), perm or (0,), dtype)
+    return _moving(target, "transpose", t, shape, out_shape, dtype, perm=perm)
+
+
+def _moving(target: Target, name: str, t: dict, shape, out_shape, dtype: str, **plan) -> CompiledOp:
+    """The kernel of an operator that only moves elements (``t``: its tensors x and out), with
+    the element-wise schedule of the target."""
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         gpu_schedules.schedule_elementwise(s, t["out"])
     else:
         cpu_schedules.schedule_elementwise(s, t["out"])
-    kernel = build(s, target, [t["x"], t["out"]], name="transpose")
-    return CompiledOp("transpose", kernel, ["x"], "out",
-                      lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
-                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "perm": perm})
+    kernel = build(s, target, [t["x"], t["out"]], name=name)
+    return CompiledOp(name, kernel, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
+                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, **plan})
 
 
 def compile_slice(target: Target, shape, starts, steps, out_shape, *, dtype: str = "float32") -> CompiledOp:
@@ -361,16 +366,7 @@ def compile_slice(target: Target, shape, starts, steps, out_shape, *, dtype: str
     dtype = _check_dtype("slice", dtype, ("int8", "int32", "float32"))
     # A rank-0 tensor runs as a tensor of one element.
     t = slice_te(shape or (1,), starts or (0,), steps or (1,), out_shape or (1,), dtype)
-    s = create_schedule(t["out"])
-    if target.kind == "gpu":
-        from . import gpu as gpu_schedules
-        gpu_schedules.schedule_elementwise(s, t["out"])
-    else:
-        cpu_schedules.schedule_elementwise(s, t["out"])
-    kernel = build(s, target, [t["x"], t["out"]], name="slice")
-    return CompiledOp("slice", kernel, ["x"], "out",
-                      lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
-                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "starts": starts, "steps": steps})
+    return _moving(target, "slice", t, shape, out_shape, dtype, starts=starts, steps=steps)
 
 
 def compile_pad(target: Target, shape, pads, value=0, *, dtype: str = "float32") -> CompiledOp:
