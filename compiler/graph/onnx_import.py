@@ -164,6 +164,9 @@ class _Importer:
         # inputs whose symbolic first dimension ``input_shapes`` fixes at other than the batch
         self.fixed_first: dict[str, tuple[int, ...]] = {}
         self.node_names: set[str] = set()
+        # `_static_shape`'s shapes and types of node outputs, inferred for the first nodes so far.
+        self._inferred: dict[str, tuple] = {}
+        self._inferred_nodes = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -440,9 +443,16 @@ class _Importer:
         """A 1-D window (an (N, C, L) input: audio, text, signals) run as the 2-D one it is on an
         (N, C, 1, L) input — kernel (1, k), pads and dilations on the width only — and its output
         given back its three axes. False for any other input (the 2-D handler runs)."""
+        # Told by the kernel's rank (a 3-D weight, one kernel_shape value), so that 2-D windows
+        # never pay for inferring their input's shape here.
+        kernel_rank = len(attrs["kernel_shape"]) if "kernel_shape" in attrs else None
+        if node.op_type in ("Conv", "ConvTranspose") and self.name(node.input[1]) in self.constants:
+            kernel_rank = self.constants[self.name(node.input[1])].ndim - 2
+        if kernel_rank != 1:
+            return False
         shape = self._static_shape(self.name(node.input[0]))
         if len(shape) != 3:
-            return False
+            raise self.fail(node, f"a 1-D window takes an (N, C, L) input, not shape {list(shape)}")
         lifted = dict(attrs)
         one_d = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 1, "pads": 2}
         for name, count in one_d.items():
@@ -1414,14 +1424,22 @@ class _Importer:
     # import and reach the operators that need constant operands as constants.
 
     def _static_shape(self, name: str) -> tuple[int, ...]:
-        """The shape of tensor ``name`` (inferred on a copy of the nodes so far, so that the
-        `infer_shapes` pass later starts from the graph as imported)."""
+        """The shape of tensor ``name``, inferred on copies of the nodes added since the last
+        time (the `infer_shapes` pass later starts from the graph as imported); the shapes and
+        types found are kept, so a model's shape questions cost one inference of each node."""
         if self.values[name].shape is not None:
             return tuple(self.values[name].shape)
-        values = copy.deepcopy(self.values)
-        inputs = [k for k, v in values.items() if v.shape is not None and k not in self.constants]
-        infer_shapes(Graph(inputs, [name], copy.deepcopy(self.nodes), values, self.constants))
-        return tuple(values[name].shape)
+        if name not in self._inferred:
+            values = copy.deepcopy(self.values)
+            for k, (shape, dtype) in self._inferred.items():
+                values[k].shape, values[k].dtype = shape, dtype
+            inputs = [k for k, v in values.items() if v.shape is not None and k not in self.constants]
+            fresh = copy.deepcopy(self.nodes[self._inferred_nodes:])
+            infer_shapes(Graph(inputs, [name], fresh, values, self.constants))
+            self._inferred.update({node.output: (values[node.output].shape, values[node.output].dtype)
+                                   for node in fresh})
+            self._inferred_nodes = len(self.nodes)
+        return tuple(self._inferred[name][0])
 
     def op_Shape(self, node, attrs):
         shape = self._static_shape(self.name(node.input[0]))

@@ -257,14 +257,14 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # A pad keeps its input's scale where its value lies on that grid (zero always does).
         off_grid = op == "pad" and (node.inputs[0] not in rename
                                     or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
-        # An element-wise or layout operator whose variable operands are all float32, one at least
-        # a float-path result (a mean, a softmax, a float function's), stays in float32: the CPU
-        # runs it either way, and quantizing the result first only to add to it lost what lies
-        # below its grid (a layer norm's variance plus its epsilon, 1e-5, rounded to 0, so a row
-        # of equal values came out 0/0 = NaN where ONNX Runtime gives 0).
+        # An element-wise or layout operator one of whose variable operands is a float-path result
+        # (a mean, a softmax, a float function's) stays in float32, its int8 operands dequantized:
+        # the CPU runs it either way, and quantizing the result first only to add to it lost what
+        # lies below its grid (a layer norm's variance plus its epsilon, 1e-5, rounded to 0, so a
+        # row of equal values came out 0/0 = NaN where ONNX Runtime gives 0; and x − mean, squared
+        # in int8, gave a narrow row a variance of 0 and an output tens of times too large).
         variable = [i for i in node.inputs if not graph.is_constant(i)]
-        stays_float = (op in _FLOAT_PROPAGATING and all(i in floating for i in variable)
-                       and any(i not in graph.inputs for i in variable))
+        stays_float = op in _FLOAT_PROPAGATING and any(i in floating and i not in graph.inputs for i in variable)
         if op in FLOAT_ONLY or finer or off_grid or stays_float:
             # A softmax, a mean, a division or a float function runs in float32, and so does a pad
             # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
