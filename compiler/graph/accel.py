@@ -129,7 +129,7 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
     for node in graph.nodes:
         node.device, reason = "cpu", ""
         candidate = node.op in ("conv2d", "dense") and graph.values[node.inputs[0]].dtype == "int8"
-        if candidate and node.op == "dense" and not graph.is_constant(node.inputs[1]):
+        if candidate and not graph.is_constant(node.inputs[1]):
             candidate, reason = False, "a product of two activations (the accelerator's weights are constants)"
         if candidate and blocked:
             candidate, reason = False, blocked

@@ -494,6 +494,9 @@ class _Importer:
     def op_Conv(self, node, attrs):
         if self._lifted(node, attrs):
             return
+        if self.name(node.input[1]) not in self.constants:
+            self._variable_weight_conv(node, attrs)
+            return
         w = self.constant(node, node.input[1], "the weight W")
         if w.ndim != 4:
             raise self.fail(node, f"2-D convolutions are supported (OIHW weights); W has shape {list(w.shape)}")
@@ -520,6 +523,33 @@ class _Importer:
         window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
             dict(padding=padding[0] if len(set(padding)) == 1 else padding)
         self.emit("conv2d", node, inputs, stride=strides[0], groups=group, relu=False, **window)
+
+    def _variable_weight_conv(self, node, attrs) -> None:
+        """A convolution whose weights are computed, or a graph input (the CPU kernel packs them at
+        each run; the accelerator's weights are constants): equal strides and no dilation, which
+        would need the weights spread out here; a computed bias is added after, per channel."""
+        shape = self._static_shape(self.name(node.input[1]))
+        if len(shape) != 4:
+            raise self.fail(node, f"2-D convolutions are supported (OIHW weights); W has shape {list(shape)}")
+        attrs.setdefault("kernel_shape", list(shape[2:]))
+        kernel, strides, dilations, padding = self._window(node, attrs)
+        if tuple(shape[2:]) != kernel:
+            raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(shape)}")
+        if dilations != (1, 1) or strides[0] != strides[1]:
+            raise self.fail(node, f"a computed weight W is supported with equal strides and no dilation, not "
+                                  f"strides {list(strides)} and dilations {list(dilations)}")
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        inputs = [node.input[0], node.input[1]] + ([bias] if bias and self.name(bias) in self.constants else [])
+        window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
+            dict(padding=padding[0] if len(set(padding)) == 1 else padding)
+        out = node.output[0]
+        later_bias = bias is not None and len(inputs) == 2
+        conv = self.emit("conv2d", node, inputs, output=self._fresh(f"{out}/conv") if later_bias else out,
+                         stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **window)
+        if later_bias:
+            column = self.emit("reshape", node, [bias], output=self._fresh(f"{out}/bias_column"),
+                               target=(shape[0], 1, 1), allowzero=True)
+            self.emit("add", node, [conv, column], relu=False)
 
     def _unequal_strides(self, node, inputs, strides, dilations, kernel, padding, group) -> None:
         """A convolution whose strides differ along height and width (text recognizers' (2, 1)):

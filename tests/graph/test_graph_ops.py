@@ -1255,3 +1255,21 @@ def test_layer_normalization_gives_its_mean_and_inverse_deviation():
     got = compile_model(m).run(x, "cpu")
     for name, e in zip(("y", "mean", "inv"), ort_run(m, {"x": x})):
         np.testing.assert_allclose(got[name], e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [None, "constant", "input"])
+def test_convolution_of_computed_weights(bias):
+    """Weights as a graph input (ONNX's node tests, hypernetworks): the CPU kernel packs them at each
+    run, the accelerator (whose weights are constants) leaves them; a computed bias is added after."""
+    rng = np.random.default_rng(3)
+    inputs, feeds, init, operands = [("x", [2, 4, 6, 6]), ("w", [5, 4, 3, 3])], {}, {}, ["x", "w"]
+    feeds["x"], feeds["w"] = _normal(rng, (2, 4, 6, 6)), _normal(rng, (5, 4, 3, 3))
+    if bias == "constant":
+        init["b"] = _normal(rng, (5,))
+        operands.append("b")
+    elif bias == "input":
+        inputs.append(("b", [5]))
+        feeds["b"] = _normal(rng, (5,))
+        operands.append("b")
+    m = model([N("Conv", operands, ["y"], pads=[1] * 4, strides=[2, 2])], inputs, [("y", None)], init)
+    _same_as_onnx_runtime(m, feeds, rng, int8_tol=0.1)
