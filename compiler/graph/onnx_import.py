@@ -131,6 +131,17 @@ def _densify(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
     return dense.reshape(dims)
 
 
+def _truncating_division(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division rounded toward zero, as ONNX Runtime divides integers (C++'s ``/``)."""
+    quotient = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -quotient, quotient).astype(np.result_type(a, b))
+
+
+#: Integer arithmetic on constants (shapes and indices) folded at import.
+_INTEGER_FOLDS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _truncating_division,
+                  "max": np.maximum, "min": np.minimum}
+
+
 def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
     """A dimension the model fixes: a value, not a name or nothing, and not negative (some
     exporters write -1 for a dimension they leave open, the batch above all)."""
@@ -228,7 +239,7 @@ class _Importer:
 
     def _fold(self, onnx_node: onnx.NodeProto, node: Node) -> np.ndarray:
         args = [self.constants[i] for i in node.inputs]
-        integer = node.op in ("add", "sub", "mul") and all(a.dtype.kind in "iu" for a in args)
+        integer = node.op in _INTEGER_FOLDS and all(a.dtype.kind in "iu" for a in args)
         if not integer and any(a.dtype.kind != "f" for a in args) and node.op not in ("concat", "reshape", "transpose"):
             # Concat, Reshape (Flatten, Squeeze, Unsqueeze) and Transpose only move elements: any
             # type folds (a Reshape's target shape is often a Concat of int64 constants).
@@ -240,7 +251,9 @@ class _Importer:
         _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)
         if integer:
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
-            value = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[node.op](args[0], args[1])
+            if node.op == "div" and not np.all(args[1]):
+                raise self.fail(onnx_node, "an integer division by zero")
+            value = _INTEGER_FOLDS[node.op](args[0], args[1])
             return np.maximum(value, 0) if node.attrs.get("relu") else value
         return evaluate_node(node, args)
 
@@ -1614,6 +1627,45 @@ class _Importer:
                 self._slice(node, node.input[0], starts, steps, counts, out)
             start += size
 
+    def op_Expand(self, node, attrs):
+        """x broadcast against a constant shape (both ways, as ONNX's Expand): a constant folds, a
+        computed tensor is multiplied by ones of that shape (exact, in int8 too)."""
+        shape = self.constant(node, node.input[1], "the shape")
+        if shape.dtype != np.int64 or shape.ndim != 1 or (shape < 1).any():
+            raise self.fail(node, f"the shape must be a 1-D int64 tensor of positive sizes, not {shape.dtype} "
+                                  f"{shape.tolist()}")
+        data = self.constants.get(self.name(node.input[0]))
+        if data is not None:
+            try:
+                target = np.broadcast_shapes(data.shape, tuple(int(d) for d in shape))
+            except ValueError:
+                raise self.fail(node, f"shape {shape.tolist()} does not broadcast with {list(data.shape)}") from None
+            self.add_constant(node.output[0], np.ascontiguousarray(np.broadcast_to(data, target)))
+            return
+        self.emit("mul", node, [node.input[0], self._const_like(node, "ones", np.ones(tuple(shape), np.float32))],
+                  relu=False)
+
+    def op_Tile(self, node, attrs):
+        """x repeated along each axis: a constant folds, a computed tensor is concatenated with
+        itself (exact, in int8 too)."""
+        repeats = self.constant(node, node.input[1], "the repeats")
+        data = self.constants.get(self.name(node.input[0]))
+        rank = data.ndim if data is not None else len(self._static_shape(self.name(node.input[0])))
+        if repeats.dtype != np.int64 or repeats.shape != (rank,) or (repeats < 1).any():
+            raise self.fail(node, f"the repeats must be {rank} positive int64 values, one per axis, not "
+                                  f"{repeats.tolist()}")
+        if data is not None:
+            self.add_constant(node.output[0], np.tile(data, [int(r) for r in repeats]))
+            return
+        current, out = node.input[0], node.output[0]
+        axes = [a for a, r in enumerate(repeats) if r > 1]
+        if not axes:
+            self.alias[out] = self.name(current)
+            return
+        for axis in axes:
+            current = self.emit("concat", node, [current] * int(repeats[axis]), axis=axis,
+                                output=out if axis == axes[-1] else self._fresh(f"{out}/axis{axis}"))
+
     def op_Cast(self, node, attrs):
         to = attrs.get("to")
         kinds = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT64: np.int64,
@@ -1671,6 +1723,55 @@ class _Importer:
 
 #: The ONNX operators the front end takes: those `_Importer` has an ``op_<OpType>`` method for,
 #: in the order they are defined there.
+def _mod(a, b, fmod: int):
+    if not np.all(b):
+        raise GraphError("an integer modulo by zero")
+    return np.fmod(a, b) if fmod else np.mod(a, b)
+
+
+#: Operators exporters put in shape computations (PyTorch's floor division of a size: Div, then a
+#: fix-up of Less, Xor, Mod, Equal, Not, And and Where), computed at import where every input is a
+#: constant, as shapes are: (the numpy function of the inputs and attributes, its ONNX inputs).
+_CONSTANT_ONLY = {
+    "Less": lambda a, b, **_: np.less(a, b), "Greater": lambda a, b, **_: np.greater(a, b),
+    "LessOrEqual": lambda a, b, **_: np.less_equal(a, b), "GreaterOrEqual": lambda a, b, **_: np.greater_equal(a, b),
+    "Equal": lambda a, b, **_: np.equal(a, b), "Not": lambda a, **_: np.logical_not(a),
+    "And": lambda a, b, **_: np.logical_and(a, b), "Or": lambda a, b, **_: np.logical_or(a, b),
+    "Xor": lambda a, b, **_: np.logical_xor(a, b), "Where": lambda c, a, b, **_: np.where(c, a, b),
+    "Mod": lambda a, b, fmod=0, **_: _mod(a, b, fmod),
+    "Floor": lambda a, **_: np.floor(a), "Ceil": lambda a, **_: np.ceil(a),
+    "Range": lambda start, limit, delta, **_: _range(start, limit, delta),
+}
+
+
+def _range(start, limit, delta):
+    if not delta:
+        raise GraphError("Range's delta must not be 0")
+    count = max(int(np.ceil((limit - start) / delta)), 0)
+    if count > MAX_ELEMENTS:
+        raise GraphError(f"Range would hold {count:,} elements, more than the {MAX_ELEMENTS:,} gemforge compiles")
+    return (start + delta * np.arange(count)).astype(np.result_type(start, limit, delta))
+
+
+def _constant_only(op_type: str):
+    function = _CONSTANT_ONLY[op_type]
+
+    def handler(self, node, attrs):
+        arrays = [self.constant(node, i, f"input {i!r} (gemforge computes {op_type} of constants, such as "
+                                         "shapes)") for i in node.input]
+        with np.errstate(all="ignore"):
+            try:
+                value = function(*arrays, **attrs)
+            except GraphError as exc:
+                raise self.fail(node, str(exc)) from None
+        self.add_constant(node.output[0], np.asarray(value))
+    handler.__name__ = f"op_{op_type}"
+    return handler
+
+
+for _op_type in _CONSTANT_ONLY:
+    setattr(_Importer, f"op_{_op_type}", _constant_only(_op_type))
+
 SUPPORTED_OPS = tuple(name.removeprefix("op_") for name in vars(_Importer) if name.startswith("op_"))
 
 

@@ -1273,3 +1273,38 @@ def test_convolution_of_computed_weights(bias):
         operands.append("b")
     m = model([N("Conv", operands, ["y"], pads=[1] * 4, strides=[2, 2])], inputs, [("y", None)], init)
     _same_as_onnx_runtime(m, feeds, rng, int8_tol=0.1)
+
+
+# ------------------------------------------------------------------------ shape arithmetic, Expand, Tile
+
+def test_floor_division_of_a_size_as_pytorch_exports_it():
+    """x[:, :-(x.size(1) // -3)]: torch.onnx's Div of integers and its floor fix-up (Less, Xor, Mod,
+    Equal, Not, And, Where), all of constants once the Shape folds."""
+    def c(name, v):
+        return N("Constant", [], [name], value=numpy_helper.from_array(np.asarray(v)))
+    nodes = [c("one", np.int64(1)), c("two", np.int64(-3)), c("zero", np.int64(0)), c("ax", np.int64([0])),
+             N("Shape", ["x"], ["s"]), N("Gather", ["s", "one"], ["n"], axis=0),
+             N("Div", ["n", "two"], ["q"]), N("Less", ["n", "zero"], ["a"]), N("Less", ["two", "zero"], ["b"]),
+             N("Xor", ["a", "b"], ["neg"]), N("Mod", ["n", "two"], ["r"], fmod=0), N("Equal", ["r", "zero"], ["e"]),
+             N("Not", ["e"], ["ne"]), N("And", ["neg", "ne"], ["m"]), N("Sub", ["q", "one"], ["qm"]),
+             N("Where", ["m", "qm", "q"], ["half"]), N("Neg", ["half"], ["pos"]), N("Unsqueeze", ["pos", "ax"], ["u"]),
+             c("start", np.int64([0])), c("axis1", np.int64([1])), N("Slice", ["x", "start", "u", "axis1"], ["y"])]
+    # -(8 // -3) = 3 columns (a truncating division without the fix-up would give 2).
+    m = model(nodes, [("x", [2, 8])], [("y", [2, 3])])
+    x = _normal(np.random.default_rng(0), (2, 8))
+    np.testing.assert_array_equal(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0])
+
+
+def test_logic_of_computed_tensors_is_refused_by_name():
+    m = model([N("Less", ["x", "x"], ["b"], name="l"), N("Where", ["b", "x", "x"], ["y"])], [("x", [2])], [("y", [2])])
+    with pytest.raises(GraphError, match=r"node l \(Less\): input 'x' \(gemforge computes Less of constants"):
+        compile_model(m)
+
+
+@pytest.mark.parametrize("op, second, shape", [("Expand", np.int64([2, 1, 3]), [2, 4, 3]),
+                                               ("Expand", np.int64([4, 1]), [4, 3]),
+                                               ("Tile", np.int64([1, 2]), [4, 6]), ("Tile", np.int64([3, 1]), [12, 3])])
+def test_expand_and_tile_of_computed_tensors(op, second, shape):
+    rng = np.random.default_rng(len(shape))
+    m = model([N("Relu", ["x"], ["r"]), N(op, ["r", "k"], ["y"])], [("x", [4, 3])], [("y", shape)], {"k": second})
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (4, 3))}, rng)
