@@ -254,6 +254,11 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         finer = op in ("avg_pool", "clip") and (
             node.inputs[0] not in rename
             or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
+        # A concatenation the model returns, of parts calibrated at different scales, is joined in
+        # float32: at its coarsest part's scale a detector's class probabilities beside its box
+        # coordinates (up to 128 pixels) all came out 0 or 1.
+        mixed_output = op == "concat" and out in graph.outputs and len(
+            {exponent_for(peaks.get(i, 0.0), f"tensor {i!r}") for i in node.inputs if not graph.is_constant(i)}) > 1
         # A pad keeps its input's scale where its value lies on that grid (zero always does).
         off_grid = op == "pad" and (node.inputs[0] not in rename
                                     or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
@@ -265,7 +270,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # in int8, gave a narrow row a variance of 0 and an output tens of times too large).
         variable = [i for i in node.inputs if not graph.is_constant(i)]
         stays_float = op in _FLOAT_PROPAGATING and any(i in floating and i not in graph.inputs for i in variable)
-        if op in FLOAT_ONLY or finer or off_grid or stays_float:
+        if op in FLOAT_ONLY or finer or off_grid or stays_float or mixed_output:
             # A softmax, a mean, a division or a float function runs in float32, and so does a pad
             # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
             # whose range is narrower than its input's (a global pool's; a clip of a tensor that

@@ -27,11 +27,10 @@ Transpose; alexnet Concat Conv Dropout Flatten Gemm LRN MaxPool Relu Softmax.
 The int8 errors are the quantization's, grown by the softmaxes: over 12 draws (4 calibration
 sets × 3 inputs) the least cosines were 0.9999, 0.9938, 0.9913 and 0.9013 (AlexNet's logits
 stay within 0.75 of ranges near 10; a softmax over 10 classes turns that into up to 0.12 of
-probability), so the bounds are 0.999, 0.98, 0.98 and 0.85. YOLO's cosine hides one loss: its
-output concatenates box coordinates (up to 128 pixels) with the class probabilities, and a
-concat takes the coarsest scale of its inputs (`quantize`'s rule), a step of 1, so every class
-probability (0.46 to 0.54 in float) comes out 0 or 1 in int8, while the boxes are within 1.43
-pixels.
+probability), so the bounds are 0.999, 0.98, 0.98 and 0.85. YOLO's output concatenates box
+coordinates (up to 128 pixels) with the class probabilities; joined at the coarsest part's int8
+scale, every class probability (0.46 to 0.54 in float) came out 0 or 1, so a returned
+concatenation of parts at different scales is joined in float32 (`quantize`).
 
 The U-Net as milesial's Pytorch-UNet exports it (190 nodes: its size-matching ``F.pad``, whose
 amounts torch.onnx computes with an integer Div and its floor fix-up of Less, Xor, Mod, Equal,

@@ -1308,3 +1308,16 @@ def test_expand_and_tile_of_computed_tensors(op, second, shape):
     rng = np.random.default_rng(len(shape))
     m = model([N("Relu", ["x"], ["r"]), N(op, ["r", "k"], ["y"])], [("x", [4, 3])], [("y", shape)], {"k": second})
     _same_as_onnx_runtime(m, {"x": _normal(rng, (4, 3))}, rng)
+
+
+def test_a_returned_concatenation_of_parts_at_different_scales_keeps_each_part():
+    """A detector's output: box coordinates up to 100 beside probabilities below 1. Joined at the
+    coarsest part's int8 scale the probabilities all came out 0 or 1; the concatenation the model
+    returns is joined in float32."""
+    x = np.float32([[-1.0, -0.3, 0.3, 1.0]])
+    m = model([N("Mul", ["x", "k"], ["boxes"]), N("Sigmoid", ["x"], ["scores"]),
+               N("Concat", ["boxes", "scores"], ["y"], axis=1)], [("x", [1, 4])], [("y", [1, 8])], {"k": np.float32(100)})
+    q = compile_model(m, quantize="int8", calibrate=np.stack([x, -x]), config="tiny")
+    got, expected = q.run(x, "cpu"), ort_run(m, {"x": x})[0]
+    np.testing.assert_allclose(got[:, 4:], expected[:, 4:], atol=0.02)
+    np.testing.assert_array_equal(got, q.run(x, "fsim"))
