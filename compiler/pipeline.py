@@ -44,9 +44,10 @@ def tracing(trace: Callable[[str], None]) -> Iterator[None]:
 
 def describe(obj: Any) -> str:
     """The text `trace` shows for a stage's output."""
-    if isinstance(obj, PrimFunc):
-        return format_ir(obj)
-    return str(obj)
+    try:
+        return format_ir(obj) if isinstance(obj, PrimFunc) else str(obj)
+    except RecursionError:      # an expression nested past Python's stack (a long chain of maxima)
+        return f"({type(obj).__name__} nested too deeply to print)"
 
 
 def lower(sch: Schedule, target, args: Sequence[Tensor], *, name: str = "main",

@@ -8,6 +8,7 @@ configs, malformed files, wrong shapes, illegal programs) end with one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -239,8 +240,9 @@ def cmd_compile_op(args: argparse.Namespace) -> None:
     target = _target_for(args)
     shapes = shapes_from_args(args, _shape)
     from gemforge.compiler.pipeline import tracing
-    trace = (lambda text: print(text, file=sys.stderr)) if args.trace else (lambda text: None)
-    with tracing(trace):
+    # No trace function at all without --trace: one that discards the text still had every
+    # stage's IR formatted (a global pool's 784-deep max expression overflowed the stack).
+    with tracing(lambda text: print(text, file=sys.stderr)) if args.trace else contextlib.nullcontext():
         op = compile_operator(args, target, shapes, args.dtype or default_dtype(args.op, target),
                               bool(getattr(args, "bias", False)))
     summary = {"op": args.op, "device": args.device, "output": str(args.output)}

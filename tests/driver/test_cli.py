@@ -87,6 +87,17 @@ def test_run_op_conv2d(tmp_path, capsys, stride, padding, kernel):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expect)
 
 
+@pytest.mark.parametrize("trace", [False, True])
+def test_compile_op_of_a_global_max_pool(trace, tmp_path, capsys):
+    """A 28x28 window (no --kernel) reduces through a 784-deep chain of maxima, which formatting
+    the IR for a trace that discarded it overflowed the stack on (a RecursionError traceback)."""
+    extra = ["--trace"] if trace else []
+    code, out, err = run(capsys, "compile-op", "max-pool", "--shape", "1,16,28,28", "--dtype", "int32", "--config",
+                         "default", "-o", tmp_path / "p.gfp", *extra)
+    assert code == 0, err
+    assert "nested too deeply to print" in err if trace else "Traceback" not in err
+
+
 def test_compile_op_then_disasm(tmp_path, capsys):
     code, out, err = run(capsys, "compile-op", "conv2d", "--input-shape", "1,16,8,8", "--weight-shape",
                          "16,16,3,3", "--padding", "1", "--bias", "--shift", "8", "-o", tmp_path / "c.gfp")
