@@ -526,7 +526,10 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
     # refused here leaves the output directory as it was (not even created).
     points = expand(space)
     out = Path(out_dir)
-    (out / "points").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "points").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:             # a folder that refuses new ones (/proc), a file in the path
+        raise SweepError(f"cannot write the sweep's outputs under {out_dir}: {exc.strerror or exc}") from None
     valid = [p["index"] for p in points if "config" in p]
     sample = _spread(valid, space.rtl_sample)
     tasks, results = [], {}

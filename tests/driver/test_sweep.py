@@ -136,6 +136,17 @@ def test_a_refused_space_leaves_no_output_directory(tmp_path, capsys, change, me
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_folder_that_cannot_be_made_is_one_sentence(tmp_path, capsys):
+    """/proc refuses new folders (to root too): named in one sentence, not errno text about points/."""
+    target = Path("/proc/gemforge-sweep-test")
+    if not Path("/proc").is_dir() or target.exists():
+        pytest.skip("needs a /proc that refuses new folders")
+    space = write_space(tmp_path, QUICK)
+    code = main(["sweep", str(space), "-o", str(target), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot write the sweep's outputs under" in err, err
+
+
 def test_ranges_hold_their_stop_and_a_single_point_range_its_start():
     space = space_from_dict({**QUICK, "fields": {"block_in": {"start": 1, "stop": 1000, "factor": 10},
                                                   "block_out": {"start": 4, "stop": 4, "factor": 2},
