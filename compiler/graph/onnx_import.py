@@ -1141,19 +1141,23 @@ class _Importer:
                 "floor": math.floor, "ceil": math.ceil}
 
     def op_Resize(self, node, attrs):
-        """Nearest-neighbour upsampling by whole factors (what feature pyramids and detection
-        heads export): each axis's pixels repeated ``s`` times, as a concatenation of the tensor
-        with itself along a new axis, merged into that one — exact in float32 and int8. Other
-        resizes (linear, cubic, shrinking, factors that do not repeat whole pixels under the
-        coordinate mode) are refused by name, never approximated."""
+        """Upsampling by whole factors, what feature pyramids, detection and segmentation heads
+        export. Nearest neighbour where the coordinate and rounding modes repeat each pixel
+        ``s`` times: the tensor concatenated with itself along a new axis, merged into that one
+        (exact in float32 and int8). Linear where output pixel s·i + p lies a fixed fraction
+        between the same two neighbours of pixel i for every i (half-pixel and asymmetric
+        coordinates): per phase p a weighted sum of the tensor and a copy shifted by one pixel
+        (the edge pixel repeated, as the clamped coordinates give), the phases interleaved the
+        same way, one axis after the other. Cubic, shrinking and other maps are refused by
+        name, never approximated."""
         def text(name, default):
             value = attrs.get(name, default)
             return value.decode() if isinstance(value, bytes) else str(value)
         mode, coordinates = text("mode", "nearest"), text("coordinate_transformation_mode", "half_pixel")
         rounding = text("nearest_mode", "round_prefer_floor")
-        if mode != "nearest":
-            raise self.fail(node, f"mode {mode!r} is not supported; gemforge resizes by nearest neighbour "
-                                  "(mode 'nearest') only")
+        if mode not in ("nearest", "linear"):
+            raise self.fail(node, f"mode {mode!r} is not supported; gemforge resizes with modes 'nearest' and "
+                                  "'linear'")
         if coordinates not in self._RESIZE_COORDINATES:
             raise self.fail(node, f"coordinate_transformation_mode {coordinates!r} is not supported; supported: "
                                   f"{', '.join(self._RESIZE_COORDINATES)}")
@@ -1161,7 +1165,7 @@ class _Importer:
             raise self.fail(node, f"nearest_mode {rounding!r} is not one of {', '.join(self._NEAREST)}")
         for name in ("antialias", "exclude_outside"):
             if attrs.get(name, 0):
-                raise self.fail(node, f"{name}={attrs[name]} is not supported (nearest neighbour without it)")
+                raise self.fail(node, f"{name}={attrs[name]} is not supported (upsampling without it)")
         if text("keep_aspect_ratio_policy", "stretch") != "stretch" or "axes" in attrs:
             raise self.fail(node, "keep_aspect_ratio_policy and axes are not supported; give scales or sizes for "
                                   "every axis")
@@ -1177,39 +1181,97 @@ class _Importer:
         else:
             scales = [float(s) for s in scales]
             outputs = [math.floor(n * s) for n, s in zip(shape, scales)]
-        factors = []
+        where = self._RESIZE_COORDINATES[coordinates]
+        plans = []                     # per axis: None (kept), or its factor and phases
         for axis, (n, m, s) in enumerate(zip(shape, outputs, scales)):
             if m < 1 or not math.isfinite(s) or s <= 0:
                 raise self.fail(node, f"axis {axis} would have {m} pixels (scale {s}); it needs at least one")
-            where = self._RESIZE_COORDINATES[coordinates]
-            pick = self._NEAREST[rounding]
-            taken = [min(max(pick(where(i, s, n, m)), 0), n - 1) for i in range(m)]
             factor = m // n if m % n == 0 else 0
-            if not factor or taken != [i // factor for i in range(m)]:
-                raise self.fail(node, f"axis {axis}: resizing {n} to {m} pixels ({coordinates}, {rounding}) does not "
-                                      "repeat each pixel a whole number of times, the nearest-neighbour resize "
-                                      "gemforge supports")
-            factors.append(factor)
-        if factors[0] != 1:
-            raise self.fail(node, f"the batch axis must keep its size, not be scaled by {factors[0]}")
-        current = self.name(x)
-        dims = list(shape)
-        last = max((a for a, f in enumerate(factors) if f > 1), default=None)
+            positions = [where(i, s, n, m) for i in range(m)]
+            phases = factor and (self._nearest_phases(positions, n, factor, rounding) if mode == "nearest" else
+                                 self._linear_phases(positions, n, factor))
+            if not phases:
+                raise self.fail(node, f"axis {axis}: resizing {n} to {m} pixels ({mode}, {coordinates}"
+                                      f"{', ' + rounding if mode == 'nearest' else ''}) is not an upsampling by a "
+                                      "whole factor whose every output pixel lies the same way between the same "
+                                      "neighbours, the resize gemforge supports")
+            plans.append(None if factor == 1 and phases == [((0, 1.0),)] else (factor, phases))
+        if plans[0] is not None:
+            raise self.fail(node, f"the batch axis must keep its size, not be resized from {shape[0]} to {outputs[0]}")
+        current, dims = self.name(x), list(shape)
+        last = max((a for a, plan in enumerate(plans) if plan is not None), default=None)
         if last is None:
-            self.alias[out] = current                # every scale 1: the tensor itself
+            self.alias[out] = current                # every axis kept: the tensor itself
             return
-        for axis, factor in enumerate(factors):
-            if factor == 1:
-                continue
-            # (…, n, …) → (…, n, 1, …) → factor copies along the new axis → (…, n·factor, …);
-            # target 0 copies the batch axis (a model of symbolic batch runs any multiple).
-            split = self.emit("reshape", node, [current], output=self._fresh(f"{out}/axis{axis}_split"),
+        for axis, plan in enumerate(plans):
+            if plan is not None:
+                current = self._interleaved(node, current, dims, axis, *plan,
+                                            out if axis == last else self._fresh(f"{out}/axis{axis}_resized"))
+
+    def _nearest_phases(self, positions, n: int, factor: int, rounding: str):
+        """[((0, 1.0),)] · factor where rounding the positions repeats every pixel ``factor`` times."""
+        pick = self._NEAREST[rounding]
+        taken = [min(max(pick(v), 0), n - 1) for v in positions]
+        return [((0, 1.0),)] * factor if taken == [i // factor for i in range(len(positions))] else None
+
+    @staticmethod
+    def _linear_phases(positions, n: int, factor: int):
+        """Per phase p, ((offset, weight), …): output pixel factor·i + p is Σ weight · x[i + offset]
+        (offsets −1, 0, 1, the neighbours clamped at the edges as the coordinates are), where
+        that holds for every i; None where the fractions vary with i."""
+        phases = []
+        for p in range(factor):
+            fraction = positions[p] - 0               # pixel i = 0's phase p, relative to pixel 0
+            for i in range(n):
+                if not math.isclose(positions[factor * i + p] - i, fraction, abs_tol=1e-9):
+                    return None
+            low = math.floor(fraction)
+            if low not in (-1, 0):
+                return None
+            upper = fraction - low
+            terms = [(low, 1.0 - upper), (low + 1, upper)]
+            phases.append(tuple((offset, w) for offset, w in terms if w != 0.0) or ((0, 1.0),))
+        return phases
+
+    def _interleaved(self, node, x: str, dims: list[int], axis: int, factor: int, phases, out: str) -> str:
+        """``factor`` phase tensors of ``x`` along ``axis`` — each Σ weight · (x shifted by offset,
+        its edge pixel repeated) — interleaved into an axis ``factor`` times as long, into ``out``
+        (``dims`` is updated)."""
+        n, base = dims[axis], self._fresh(f"{out}/axis{axis}")
+
+        def shifted(offset: int) -> str:
+            if offset == 0 or n == 1:
+                return x
+            starts, counts = [0] * len(dims), list(dims)
+            edge_starts, edge_counts = list(starts), list(counts)
+            counts[axis] = n - 1
+            edge_counts[axis] = 1
+            if offset < 0:     # x[i − 1]: the first pixel, then all but the last
+                edge_starts[axis], starts[axis] = 0, 0
+                parts = (edge_starts, edge_counts), (starts, counts)
+            else:              # x[i + 1]: all but the first, then the last
+                starts[axis], edge_starts[axis] = 1, n - 1
+                parts = (starts, counts), (edge_starts, edge_counts)
+            pieces = [self._slice(node, x, s, [1] * len(dims), c, self._fresh(f"{base}_shift{offset}_{k}"))
+                      for k, (s, c) in enumerate(parts)]
+            return self.emit("concat", node, pieces, output=self._fresh(f"{base}_shift{offset}"), axis=axis)
+
+        views = {}
+        layers = []
+        for p, terms in enumerate(phases):
+            total = None
+            for offset, weight in terms:
+                source = views.setdefault(offset, shifted(offset))
+                term = source if weight == 1.0 else self._scaled(node, source, weight, suffix=f"axis{axis}_w{p}")
+                total = term if total is None else self.emit("add", node, [total, term], relu=False,
+                                                              output=self._fresh(f"{base}_phase{p}"))
+            split = self.emit("reshape", node, [total], output=self._fresh(f"{base}_phase{p}_split"),
                               target=(0, *dims[1:axis + 1], 1, *dims[axis + 1:]), allowzero=False)
-            copies = self.emit("concat", node, [split] * factor, output=self._fresh(f"{out}/axis{axis}_copies"),
-                               axis=axis + 1)
-            dims[axis] *= factor
-            current = self.emit("reshape", node, [copies], output=out if axis == last else self._fresh(
-                f"{out}/axis{axis}_repeated"), target=(0, *dims[1:]), allowzero=False)
+            layers.append(split)
+        joined = self.emit("concat", node, layers, output=self._fresh(f"{base}_phases"), axis=axis + 1)
+        dims[axis] *= factor
+        # Target 0 copies the batch axis (a model of symbolic batch runs any multiple).
+        return self.emit("reshape", node, [joined], output=out, target=(0, *dims[1:]), allowzero=False)
 
     def _resize_operand(self, node, position: int, what: str, dtype, rank: int):
         """Resize's constant scales or sizes (None where omitted or empty), one per axis."""

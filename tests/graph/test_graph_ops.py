@@ -993,6 +993,18 @@ def test_nearest_resize_by_whole_factors(attrs, scales, sizes):
     _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 3, 5))}, rng)
 
 
+@pytest.mark.parametrize("coordinates, scales, sizes", [
+    ("half_pixel", [1, 1, 2, 2], None), ("pytorch_half_pixel", None, [1, 4, 9, 5]), ("asymmetric", [1, 1, 4, 3], None),
+    ("half_pixel", [1, 1, 1, 3], None),
+])
+def test_linear_resize_by_whole_factors(coordinates, scales, sizes):
+    """Bilinear upsampling as segmentation heads export it (F.interpolate(mode="bilinear",
+    align_corners=False)): float32 as ONNX Runtime, int8 alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(coordinates) + (scales or sizes)[2])
+    m = _resize_model({"mode": "linear", "coordinate_transformation_mode": coordinates}, scales, sizes)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 3, 5))}, rng, int8_tol=0.08)
+
+
 def test_nearest_resize_keeps_a_symbolic_batch():
     rng = np.random.default_rng(3)
     m = _resize_model({"mode": "nearest"}, [1, 1, 2, 2], batch="N")
@@ -1001,12 +1013,14 @@ def test_nearest_resize_keeps_a_symbolic_batch():
 
 
 @pytest.mark.parametrize("attrs, scales, match", [
-    ({"mode": "linear"}, [1, 1, 2, 2], r"node r \(Resize\): mode 'linear' is not supported; gemforge resizes by "
-                                       r"nearest neighbour"),
-    ({"mode": "nearest"}, [1, 1, 1.5, 2], r"axis 2: resizing 3 to 4 pixels \(half_pixel, round_prefer_floor\) does "
-                                          r"not repeat each pixel a whole number of times"),
+    ({"mode": "cubic"}, [1, 1, 2, 2], r"node r \(Resize\): mode 'cubic' is not supported; gemforge resizes with "
+                                      r"modes 'nearest' and 'linear'"),
+    ({"mode": "nearest"}, [1, 1, 1.5, 2], r"axis 2: resizing 3 to 4 pixels \(nearest, half_pixel, round_prefer_floor\) "
+                                          r"is not an upsampling by a whole factor"),
     ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"},
-     [1, 1, 2, 2], r"axis 2: resizing 3 to 6 pixels \(asymmetric, round_prefer_ceil\) does not repeat"),
+     [1, 1, 2, 2], r"axis 2: resizing 3 to 6 pixels \(nearest, asymmetric, round_prefer_ceil\) is not"),
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2],
+     r"axis 2: resizing 3 to 6 pixels \(linear, align_corners\) is not an upsampling"),
     ({"mode": "nearest"}, [1, 1, 0.5, 1], r"axis 2: resizing 3 to 1 pixels"),
     ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
      r"coordinate_transformation_mode 'tf_crop_and_resize' is not supported"),
