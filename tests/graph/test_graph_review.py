@@ -215,9 +215,11 @@ def test_node_names_the_passes_make_up_stay_unique():
     assert len({node.name for node in net.graph.nodes}) == len(net.graph.nodes)
     np.testing.assert_allclose(net.run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
-    # DenseNet-style reuse: x joins two Concats whose other inputs need different scales.
+    # DenseNet-style reuse: x joins two Concats whose other inputs need different scales (read
+    # inside the network: a Concat the model returns with parts at different scales is float32).
     m = model([N("Mul", ["x", "k10"], ["m10"], name="x/quantize"), N("Mul", ["x", "k100"], ["m100"]),
-               N("Concat", ["x", "m10"], ["y1"], axis=1), N("Concat", ["x", "m100"], ["y2"], axis=1)],
+               N("Concat", ["x", "m10"], ["c1"], axis=1), N("Concat", ["x", "m100"], ["c2"], axis=1),
+               N("Relu", ["c1"], ["y1"]), N("Relu", ["c2"], ["y2"])],
               [("x", [2, 4])], [("y1", [2, 8]), ("y2", [2, 8])],
               {"k10": np.float32(10), "k100": np.float32(100)})
     q = compile_model(m, quantize="int8", calibrate=rng.normal(size=(16, 2, 4)).astype(np.float32),
