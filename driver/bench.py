@@ -342,13 +342,13 @@ def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SE
 
 def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None = None,
                    core_configs: list[AccelConfig] = (), sections: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The figures of ``sections`` (default: ``fsim``, ``cpu`` and ``network``, ``rtl`` and
+    """The figures of ``sections`` (default: ``fsim``, ``cpu``, ``network`` and ``models``, ``rtl`` and
     ``regress`` with an RTL ``device``, ``gpu`` where a GPU is present): fsim's speed; the accelerator's core rates
     (of ``config`` and of each of ``core_configs``) and utilization on RTL; the LLVM CPU and
     GPU back ends against numpy, ONNX Runtime and the device's peak."""
     if sections is None:
         from gemforge.compiler.backends.gpu import cuda
-        sections = ("fsim", "cpu", "network") + (("rtl", "regress") if device not in (None, "fsim") else ()) + \
+        sections = ("fsim", "cpu", "network", "models") + (("rtl", "regress") if device not in (None, "fsim") else ()) + \
             (("gpu",) if cuda.available() else ())
     from gemforge.compiler.backends.cpu import host_description
     results: dict[str, Any] = {"machine": host_description()}
@@ -372,6 +372,10 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
     if "network" in sections:
         from .bench_network import bench_networks
         results["network"] = bench_networks(config, device, quick)
+    if "models" in sections:
+        from .bench_models import bench_models
+        results["models"] = bench_models(config.name if config.name in ("tiny", "default", "large") else "default",
+                                         quick)
     if "gpu" in sections:
         from .bench_llvm import bench_gpu
         results["gpu"] = bench_gpu(1024 if quick else 4096)

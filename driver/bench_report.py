@@ -132,6 +132,8 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         out += _cpu_section(results["cpu"])
     if results.get("network"):
         out += _network_section(results["network"])
+    if results.get("models"):
+        out += _models_section(results["models"])
     if results.get("gpu"):
         out += _gpu_section(results["gpu"])
     if results.get("synth"):
@@ -267,6 +269,29 @@ def _network_section(net: dict[str, Any]) -> list[str]:
             out += [f"| {x['node']} | {x['op']} | {x['cycles']:,} | {_pct(x['gemm_utilization'])} | {x['macs']:,} |"
                     for x in layers]
     out.append("")
+    return out
+
+
+def _models_section(models: dict[str, Any]) -> list[str]:
+    """Networks as exporters write them (`driver.bench_models`)."""
+    origin = f" — merged from `{models['merged_from']}`" if models.get("merged_from") else ""
+    out = [
+        f"## Networks as exporters write them{origin}", "",
+        "Built in code with exporters' habits (`gemforge/models/exported.py`, `transformers.py`, random",
+        "weights). float32: every layer on the CPU back end, its largest error against ONNX Runtime as a",
+        f"share of the output's range; int8 on `{models['config']}` ({models['samples']} calibration samples): "
+        "cosine of",
+        "its output to the float32 one, bit-identical on fsim and the CPU, and the share of its",
+        "multiply-accumulates that run on the accelerator. Compile times include calibration.", "",
+        "| network | ONNX nodes (opset) | float32 error | int8 cosine | MACs on the accelerator | compile float32 / "
+        "int8 |", "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models["models"]:
+        out.append(f"| {m['name']} | {m['onnx_nodes']} ({m['opset']}) | {m['float32_error']:.1e} | "
+                   f"{m['int8_cosine']:.4f} | {_pct(m['accelerator_mac_share'])} of {_num(m['macs'])} | "
+                   f"{m['float32_compile_seconds']} s / {m['int8_compile_seconds']} s |")
+    out += ["", "Operators: " + "; ".join(f"{m['name']}: {', '.join(m['operators'])}" for m in models["models"]) + ".",
+            ""]
     return out
 
 

@@ -420,7 +420,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
     sections = tuple(args.sections.split(",")) if args.sections else None
-    known = ("fsim", "rtl", "regress", "cpu", "network", "gpu", "synth", "sweep")
+    known = ("fsim", "rtl", "regress", "cpu", "network", "models", "gpu", "synth", "sweep")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
     from gemforge.sim.cosim.harness import SIMULATORS
@@ -728,8 +728,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
-                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, gpu, synth, sweep (default: fsim, "
-                        "cpu and network (the digits CNN and ResNet-18 compiled whole; on an RTL --device too), rtl "
+                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, models, gpu, synth, sweep "
+                        "(default: fsim, cpu, network (the digits CNN and ResNet-18 compiled whole; on an RTL --device "
+                        "too), models (networks as exporters write them: accuracy, accelerator share, compile time), rtl "
                         "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
                         "is present; synth (every preset through Yosys and the ECP5 flow, about half an hour) and sweep "
                         "(examples/sweeps/resnet18.toml, under an hour) only when named); cpu's ResNet-18 convolutions are compared with "

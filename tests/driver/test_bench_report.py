@@ -119,6 +119,18 @@ def test_network_section_renders_every_figure():
         assert figure in text
 
 
+def test_models_section_measures_and_renders_a_network():
+    """The models section of one network, measured (float32 against ONNX Runtime, int8 fsim = cpu)
+    and rendered."""
+    pytest.importorskip("onnxruntime")
+    from gemforge.driver import bench_models
+    from gemforge.models import build_crnn_style
+    row = bench_models._measure("CRNN", lambda: build_crnn_style(width=16, channels=8, classes=5), "tiny")
+    assert row["float32_error"] < 1e-4 and 0.9 < row["int8_cosine"] <= 1.0 and row["accelerator_mac_share"] == 1.0
+    text = render_markdown({"models": {"config": "tiny", "samples": 4, "models": [row]}}, "gemforge bench")
+    assert "## Networks as exporters write them" in text and "| CRNN | 25 (13) |" in text and "100.0% of" in text
+
+
 def test_synth_section_renders_fits_and_refusals_and_merges(tmp_path, capsys):
     import json
     synth = {"points": [

@@ -1,0 +1,97 @@
+"""Networks as exporters write them (`gemforge.models.exported`, `gemforge.models.transformers`):
+per network its size, the ONNX operators it uses, its float32 error against ONNX Runtime, the
+int8 network's cosine to the float32 one, the share of its multiply-accumulates the accelerator
+runs, and the compile times. The int8 network's outputs must be bit-identical on fsim and the
+CPU, and the float32 ones within 1e-4 of ONNX Runtime, or the benchmark is void."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+
+from gemforge.models import (build_alexnet_style, build_bert_tiny, build_crnn_style, build_unet_style,
+                             build_vit_tiny, build_yolo_style)
+
+from .model import compile_model
+
+__all__ = ["bench_models", "MODELS"]
+
+#: (name, builder) of every network measured, in the order reported.
+MODELS: tuple[tuple[str, Callable[[], onnx.ModelProto]], ...] = (
+    ("YOLOv8-style detector", build_yolo_style),
+    ("U-Net (size-matching F.pad)", build_unet_style),
+    ("CRNN text recognizer", build_crnn_style),
+    ("AlexNet-style, opset 11", build_alexnet_style),
+    ("ViT-tiny-style encoder", build_vit_tiny),
+    ("BERT-tiny-style encoder", build_bert_tiny),
+)
+#: Calibration samples of each int8 compile.
+SAMPLES = 4
+
+
+def _macs(graph, node) -> int:
+    """Multiply-accumulates of a convolution or dense node (0 for any other)."""
+    if node.op not in ("conv2d", "dense"):
+        return 0
+    out = graph.values[node.output].shape
+    w = graph.values[node.inputs[1]].shape
+    if node.op == "conv2d":
+        return math.prod(out) * math.prod(w[1:])
+    if node.op == "dense":
+        return math.prod(out) * w[0]
+    return 0
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> dict[str, Any]:
+    import onnxruntime as ort
+    m = build()
+    dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(dims).astype(np.float32)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = session.run(None, {m.graph.input[0].name: x})[0]
+    start = time.perf_counter()
+    float_model = compile_model(m)
+    float_seconds = time.perf_counter() - start
+    got = float_model.run(x, "cpu")
+    got = got if isinstance(got, np.ndarray) else next(iter(got.values()))
+    scale = float(np.abs(reference).max()) or 1.0
+    error = float(np.abs(got - reference).max()) / scale
+    if error > 1e-4:
+        raise AssertionError(f"{name}: the float32 network differs from ONNX Runtime by {error:.2g} of its "
+                             "range; the benchmark is void")
+    samples = rng.standard_normal((SAMPLES, *dims)).astype(np.float32)
+    start = time.perf_counter()
+    int8_model = compile_model(m, quantize="int8", calibrate=samples, config=config)
+    int8_seconds = time.perf_counter() - start
+    on_cpu, on_fsim = int8_model.run(x, "cpu"), int8_model.run(x, "fsim")
+    on_cpu = on_cpu if isinstance(on_cpu, np.ndarray) else next(iter(on_cpu.values()))
+    on_fsim = on_fsim if isinstance(on_fsim, np.ndarray) else next(iter(on_fsim.values()))
+    if not np.array_equal(on_cpu, on_fsim):
+        raise AssertionError(f"{name}: the int8 network differs between fsim and the CPU; the benchmark is void")
+    g = int8_model.graph
+    macs = {node.name: _macs(g, node) for node in g.nodes}
+    total = sum(macs.values())
+    on_accel = sum(v for node in g.nodes if node.device == "accel" for v in (macs[node.name],))
+    return {"name": name, "onnx_nodes": len(m.graph.node), "opset": next(o.version for o in m.opset_import
+                                                                          if o.domain in ("", "ai.onnx")),
+            "operators": sorted({n.op_type for n in m.graph.node}), "float32_error": error,
+            "int8_cosine": round(_cosine(on_cpu, got), 5), "macs": total,
+            "accelerator_mac_share": on_accel / total if total else 0.0,
+            "accelerator_nodes": sum(node.device == "accel" for node in g.nodes), "int8_nodes": len(g.nodes),
+            "float32_compile_seconds": round(float_seconds, 3), "int8_compile_seconds": round(int8_seconds, 3)}
+
+
+def bench_models(config: str = "default", quick: bool = False) -> dict[str, Any]:
+    """Every network of `MODELS` (the first two with ``quick``), compiled for ``config``."""
+    chosen = MODELS[:2] if quick else MODELS
+    return {"config": config, "samples": SAMPLES, "models": [_measure(name, build, config) for name, build in chosen]}
