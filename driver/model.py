@@ -44,7 +44,8 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
-from gemforge.compiler.graph.accel import AccelLayer, plan_alignment, slot_key
+from gemforge.compiler.graph.memory_plan import plan_alignment, slot_key
+from gemforge.compiler.graph.partition import AccelLayer
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel

@@ -23,7 +23,8 @@ import numpy as np
 
 from gemforge.hw.config import AccelConfig, load_config
 
-from .accel import AccelLayer, pack_layouts, partition, plan_memory
+from .memory_plan import pack_layouts, plan_memory
+from .partition import AccelLayer, partition
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx

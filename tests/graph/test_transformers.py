@@ -25,7 +25,7 @@ compile                float32 0.15 s, int8 0.45 s; the    float32 0.14 s, int8 
 =====================  ==================================  ==================================
 
 The remaining MACs are attention's Q·Kᵀ and weights·V, products of two activations, which
-the partitioning rule (`compiler/graph/accel.py`) keeps on the CPU: the accelerator's
+the partitioning rule (`compiler/graph/partition.py`) keeps on the CPU: the accelerator's
 weights are constants. Each MatMul's bias Add is a node of its own on the CPU (the fusion pass
 joins a ReLU to a dense node, not an Add of a bias; a Gemm's bias is the dense node's own).
 """

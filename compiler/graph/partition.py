@@ -1,8 +1,10 @@
-"""The int8 network's accelerator side: partitioning, layout packing and memory planning.
+"""The int8 network's accelerator side: which nodes run on the accelerator, and their layers' layouts.
+
+The device memory the packed tensors take is planned in `memory_plan`.
 
 **Partitioning rule.** A node runs on the accelerator when the accelerator computes
 it exactly in int8 and its operator compiles for the config: convolutions with one
-group and dense layers with constant weights, each with its bias, ReLU and
+group and dense layers, with constant weights, each with its bias, ReLU and
 requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
 bit for bit the CPU back end's). Everything else runs on the CPU back end: the
 accelerator's element-wise and pooling operators work on int32 accumulator
@@ -18,11 +20,6 @@ same way with BO-wide blocks. When a consumer's packed input is the producer's
 packed output — same shape and type, so BI = BO — the tensor is handed over in
 device DRAM as it is; any other edge goes through the host (unpacked, then packed
 for the consumer).
-
-**Memory plan.** Every packed tensor gets a static offset in one activation
-arena in device DRAM: tensors whose lifetimes (first to last accelerator node
-touching them) do not overlap share space (greedy, largest first). Weights and
-biases travel inside each layer's program as its constants.
 """
 
 from __future__ import annotations
@@ -39,14 +36,7 @@ from ..ops import accel as accel_ops
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "partition", "pack_layouts", "plan_memory", "plan_alignment", "slot_key"]
-
-
-def slot_key(tensor: str, layout) -> tuple:
-    """The memory plan's key of ``tensor`` in a packed ``layout`` ((shape, dtype)): one
-    slot per tensor and layout, shared by a producer and the consumers that read it in place."""
-    shape, dtype = layout
-    return tensor, tuple(shape), dtype
+__all__ = ["AccelLayer", "partition"]
 
 
 @dataclass
@@ -149,61 +139,3 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
         for r in rows:
             report(f"  {r['device']:5}  {r['op']:10} {r['node']}" + (f"  ({r['reason']})" if r["reason"] else ""))
     return layers
-
-
-def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
-    """The device-resident tensors: each accelerator node's packed input and output,
-    one entry per (tensor, packed layout); an input whose packed layout is its
-    producer's output layout is the same entry (handed over in DRAM). Returns them in
-    first-use order with their lifetimes (indices into ``graph.nodes``)."""
-    tensors: dict[tuple, dict] = {}
-
-    def touch(name: str, layout, step: int, role: str) -> None:
-        key = slot_key(name, layout)
-        _, shape, dtype = key
-        entry = tensors.setdefault(key, {"tensor": name, "shape": shape, "dtype": dtype,
-                                         "nbytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
-                                         "first": step, "last": step, "produced": False})
-        entry["last"] = max(entry["last"], step)
-        if role == "out":
-            entry["produced"] = True
-    for step, node in enumerate(graph.nodes):
-        if node.device == "accel":
-            layer = layers[node.name]
-            touch(node.inputs[0], layer.packed_in, step, "in")
-            touch(node.output, layer.packed_out, step, "out")
-    handovers = sum(1 for e in tensors.values() if e["produced"] and e["last"] > e["first"])
-    graph.notes["handovers"] = handovers
-    return list(tensors.values())
-
-
-def plan_alignment(config: AccelConfig) -> int:
-    """Tensor offsets in the activation arena are multiples of this: every entry size
-    and the bus width (so a bound tensor relocates by whole entries)."""
-    return max(config.bus_bytes, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out")))
-
-
-def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> dict:
-    """Static offsets for the device-resident ``tensors`` (from `pack_layouts`): tensors with
-    overlapping lifetimes never overlap in memory. Returns the plan: offsets, the arena's
-    peak size and the naive sum (every tensor its own buffer)."""
-    align = plan_alignment(config)
-    placed: list[dict] = []
-    for entry in sorted(tensors, key=lambda e: (-e["nbytes"], e["first"])):
-        size = -(-entry["nbytes"] // align) * align
-        busy = sorted((p["offset"], p["offset"] + p["size"]) for p in placed
-                      if p["first"] <= entry["last"] and entry["first"] <= p["last"])
-        offset = 0
-        for lo, hi in busy:
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
-        entry.update(offset=offset, size=size)
-        placed.append(entry)
-    peak = max((p["offset"] + p["size"] for p in placed), default=0)
-    naive = sum(p["size"] for p in placed)
-    plan = {"tensors": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in e.items()} for e in tensors],
-            "peak_bytes": peak, "naive_bytes": naive, "alignment": align}
-    graph.notes["memory"] = {"peak_bytes": peak, "naive_bytes": naive, "tensors": len(placed),
-                             "handovers": graph.notes.get("handovers", 0)}
-    return plan
