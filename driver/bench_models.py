@@ -51,6 +51,11 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def _first(result) -> np.ndarray:
+    """A model's first output (`Model.run` returns a dict for several)."""
+    return result if isinstance(result, np.ndarray) else next(iter(result.values()))
+
+
 def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> dict[str, Any]:
     import onnxruntime as ort
     m = build()
@@ -62,8 +67,7 @@ def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> di
     start = time.perf_counter()
     float_model = compile_model(m)
     float_seconds = time.perf_counter() - start
-    got = float_model.run(x, "cpu")
-    got = got if isinstance(got, np.ndarray) else next(iter(got.values()))
+    got = _first(float_model.run(x, "cpu"))
     scale = float(np.abs(reference).max()) or 1.0
     error = float(np.abs(got - reference).max()) / scale
     if error > 1e-4:
@@ -73,15 +77,13 @@ def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> di
     start = time.perf_counter()
     int8_model = compile_model(m, quantize="int8", calibrate=samples, config=config)
     int8_seconds = time.perf_counter() - start
-    on_cpu, on_fsim = int8_model.run(x, "cpu"), int8_model.run(x, "fsim")
-    on_cpu = on_cpu if isinstance(on_cpu, np.ndarray) else next(iter(on_cpu.values()))
-    on_fsim = on_fsim if isinstance(on_fsim, np.ndarray) else next(iter(on_fsim.values()))
+    on_cpu, on_fsim = _first(int8_model.run(x, "cpu")), _first(int8_model.run(x, "fsim"))
     if not np.array_equal(on_cpu, on_fsim):
         raise AssertionError(f"{name}: the int8 network differs between fsim and the CPU; the benchmark is void")
     g = int8_model.graph
     macs = {node.name: _macs(g, node) for node in g.nodes}
     total = sum(macs.values())
-    on_accel = sum(v for node in g.nodes if node.device == "accel" for v in (macs[node.name],))
+    on_accel = sum(macs[node.name] for node in g.nodes if node.device == "accel")
     return {"name": name, "onnx_nodes": len(m.graph.node), "opset": next(o.version for o in m.opset_import
                                                                           if o.domain in ("", "ai.onnx")),
             "operators": sorted({n.op_type for n in m.graph.node}), "float32_error": error,

@@ -227,8 +227,24 @@ class _Deps:
     push_next: bool = False
 
 
+class _DramTile:
+    """The DRAM side LOAD and STORE share: ``y_size`` rows of ``x_size`` entries, row ``y`` at
+    entry ``dram_base + y·x_stride``."""
+
+    dram_base: int
+    y_size: int
+    x_size: int
+    x_stride: int
+
+    @property
+    def dram_end(self) -> int:
+        """One past the last DRAM entry the tile touches (the last row starts furthest on: the
+        stride is unsigned)."""
+        return self.dram_base + (self.y_size - 1) * self.x_stride + self.x_size
+
+
 @dataclass(frozen=True, kw_only=True)
-class Load(_Deps):
+class Load(_Deps, _DramTile):
     """LOAD: copy a 2-D tile of entries from DRAM into an on-chip buffer.
 
     Reads ``y_size`` rows of ``x_size`` consecutive entries; row ``y`` starts at
@@ -262,7 +278,7 @@ class Load(_Deps):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Store(_Deps):
+class Store(_Deps, _DramTile):
     """STORE: copy ``y_size × x_size`` entries from the output buffer (``mem=out``)
     or the accumulator buffer (``mem=acc``), read contiguously from
     ``sram_base``, to DRAM rows starting at entry ``dram_base + y·x_stride``.

@@ -189,7 +189,7 @@ class Program:
         """The bytes ``start, end`` of the arena a LOAD or STORE of ``y_size, x_size ≥ 1`` moves,
         before relocation: from its first row's first entry to its last row's end."""
         entry = self.config.entry_bytes(insn.dram_buffer)
-        return insn.dram_base * entry, (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
+        return insn.dram_base * entry, insn.dram_end * entry
 
     def arena_image(self) -> np.ndarray:
         """The arena as loading the program leaves it (`Device.load_program`): the micro-ops

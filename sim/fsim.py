@@ -480,7 +480,7 @@ class Fsim:
         """The tile's DRAM side ends at or below the top of the 32-bit address space (checked
         at dispatch, as the hardware does: nothing of the tile is read or written)."""
         entry = self.config.entry_bytes(insn.dram_buffer)
-        end = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * entry
+        end = insn.dram_end * entry
         if end > ADDRESS_TOP:
             raise OutOfBoundsError(
                 f"{self._where(insn, index)}: its DRAM tile ends at byte {end:#x}, past the {ADDRESS_TOP:#x}-byte "
@@ -496,7 +496,7 @@ class Fsim:
         buffer = insn.dram_buffer
         entry = self.config.entry_bytes(buffer)
         rows = insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride
-        last = int(rows[-1]) + insn.x_size  # one past the last entry
+        last = insn.dram_end
         if last * entry > self.dram.size:
             raise OutOfBoundsError(
                 f"{self._where(insn, index)}: DRAM bytes up to {last * entry:#x} lie outside the "

@@ -142,6 +142,26 @@ _INTEGER_FOLDS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": 
                   "max": np.maximum, "min": np.minimum}
 
 
+def _dilated(w: np.ndarray, dilations: tuple[int, int]) -> np.ndarray:
+    """An (O, I, kh, kw) kernel spread out with dilation − 1 zeros between its taps: exact, at the
+    cost of multiplying those zeros (the convolution kernels have no dilation)."""
+    if dilations == (1, 1):
+        return w
+    dh, dw = dilations
+    spread = np.zeros(w.shape[:2] + ((w.shape[2] - 1) * dh + 1, (w.shape[3] - 1) * dw + 1), w.dtype)
+    spread[:, :, ::dh, ::dw] = w
+    return spread
+
+
+def _conv_window(padding) -> dict:
+    """A conv2d node's padding attributes: SAME auto_pad left to `infer_shapes`, one value where
+    every side is alike, else (top, left, bottom, right), which the `pad_convolutions` pass
+    splits off into a Pad node."""
+    if isinstance(padding, str):
+        return dict(padding=0, auto_pad=padding)
+    return dict(padding=padding[0] if len(set(padding)) == 1 else tuple(padding))
+
+
 def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
     """A dimension the model fixes: a value, not a name or nothing, and not negative (some
     exporters write -1 for a dimension they leave open, the batch above all)."""
@@ -519,12 +539,7 @@ class _Importer:
             raise self.fail(node, f"kernel_shape {list(kernel)} disagrees with W's shape {list(w.shape)}")
         weight = node.input[1]
         if dilations != (1, 1):
-            # A dilated kernel is the kernel spread out with zeros between its taps: exact, at the
-            # cost of multiplying those zeros (the convolution kernels have no dilation).
-            dh, dw = dilations
-            spread = np.zeros(w.shape[:2] + ((kernel[0] - 1) * dh + 1, (kernel[1] - 1) * dw + 1), w.dtype)
-            spread[:, :, ::dh, ::dw] = w
-            weight = self._const_like(node, "w_dilated", spread)
+            weight = self._const_like(node, "w_dilated", _dilated(w, dilations))
         inputs = [node.input[0], weight] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
         if len(inputs) == 3:
             self.constant(node, inputs[2], "the bias B")
@@ -532,10 +547,7 @@ class _Importer:
         if strides[0] != strides[1]:
             self._unequal_strides(node, inputs, strides, dilations, kernel, padding, group)
             return
-        # Uneven padding becomes a Pad before the convolution (the `pad_convolutions` pass).
-        window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
-            dict(padding=padding[0] if len(set(padding)) == 1 else padding)
-        self.emit("conv2d", node, inputs, stride=strides[0], groups=group, relu=False, **window)
+        self.emit("conv2d", node, inputs, stride=strides[0], groups=group, relu=False, **_conv_window(padding))
 
     def _variable_weight_conv(self, node, attrs) -> None:
         """A convolution whose weights are computed, or a graph input (the CPU kernel packs them at
@@ -553,12 +565,10 @@ class _Importer:
                                   f"strides {list(strides)} and dilations {list(dilations)}")
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         inputs = [node.input[0], node.input[1]] + ([bias] if bias and self.name(bias) in self.constants else [])
-        window = dict(padding=0, auto_pad=padding) if isinstance(padding, str) else \
-            dict(padding=padding[0] if len(set(padding)) == 1 else padding)
         out = node.output[0]
         later_bias = bias is not None and len(inputs) == 2
         conv = self.emit("conv2d", node, inputs, output=self._fresh(f"{out}/conv") if later_bias else out,
-                         stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **window)
+                         stride=strides[0], groups=int(attrs.get("group", 1)), relu=False, **_conv_window(padding))
         if later_bias:
             column = self.emit("reshape", node, [bias], output=self._fresh(f"{out}/bias_column"),
                                target=(shape[0], 1, 1), allowzero=True)
@@ -582,7 +592,7 @@ class _Importer:
             padding = (pads[0][0], pads[1][0], pads[0][1], pads[1][1])
         common = math.gcd(*strides)
         full = self.emit("conv2d", node, inputs, output=self._fresh(f"{out}/stride{common}"), stride=common,
-                         groups=group, relu=False, padding=padding[0] if len(set(padding)) == 1 else padding)
+                         groups=group, relu=False, **_conv_window(padding))
         shape = self._static_shape(full)
         steps = [1, 1, strides[0] // common, strides[1] // common]
         counts = [shape[0], shape[1], -(-shape[2] // steps[2]), -(-shape[3] // steps[3])]
@@ -624,11 +634,7 @@ class _Importer:
         cin, m = shape[1] // group, w.shape[1]
         direct = w.reshape(group, cin, m, *kernel)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4).reshape(
             group * m, cin, *kernel)
-        dh, dw = dilations
-        if dilations != (1, 1):
-            spread = np.zeros((group * m, cin, (kernel[0] - 1) * dh + 1, (kernel[1] - 1) * dw + 1), w.dtype)
-            spread[:, :, ::dh, ::dw] = direct
-            direct = spread
+        direct = _dilated(direct, dilations)
         extents = direct.shape[2:]
         current, dims = x, list(shape)
         for axis, step in ((2, strides[0]), (3, strides[1])):
@@ -660,8 +666,7 @@ class _Importer:
         if len(node.input) > 2 and node.input[2]:
             self.constant(node, node.input[2], "the bias B")
             inputs.append(node.input[2])
-        self.emit("conv2d", node, inputs, stride=1, groups=group, relu=False,
-                  padding=frame[0] if len(set(frame)) == 1 else frame)
+        self.emit("conv2d", node, inputs, stride=1, groups=group, relu=False, **_conv_window(frame))
 
     def op_Gemm(self, node, attrs):
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
@@ -885,10 +890,7 @@ class _Importer:
         self.emit("relu", node, [node.input[0]])
 
     def op_LeakyRelu(self, node, attrs):
-        alpha = float(attrs.get("alpha", 0.01))
-        if not math.isfinite(alpha):
-            raise self.fail(node, f"alpha must be a finite number, not {alpha}")
-        self.emit("leaky_relu", node, [node.input[0]], alpha=alpha)
+        self.emit("leaky_relu", node, [node.input[0]], alpha=self._finite(node, attrs, "alpha", 0.01))
 
     def _finite(self, node, attrs, name: str, default: float) -> float:
         value = float(attrs.get(name, default))
@@ -1000,10 +1002,7 @@ class _Importer:
     def _hard_sigmoid(self, node, attrs, default_alpha: float, output: str | None = None) -> str:
         """max(0, min(1, alpha · x + beta)), as ONNX defines HardSigmoid: a product, a sum and a
         clip, each of which has an int8 form, so an int8 network keeps it in int8."""
-        alpha, beta = (float(attrs.get(k, d)) for k, d in (("alpha", default_alpha), ("beta", 0.5)))
-        for name, value in (("alpha", alpha), ("beta", beta)):
-            if not math.isfinite(value):
-                raise self.fail(node, f"{name} must be a finite number, not {value}")
+        alpha, beta = (self._finite(node, attrs, k, d) for k, d in (("alpha", default_alpha), ("beta", 0.5)))
         out = node.output[0]
         scaled = self.emit("mul", node, [node.input[0], self._const_like(node, "alpha", np.array(alpha, np.float32))],
                            output=self._fresh(f"{out}/scaled"), relu=False)
@@ -1404,8 +1403,8 @@ class _Importer:
         reduction = self._reduction(node, attrs)
         if reduction is None:
             self.alias[node.output[0]] = self.name(node.input[0])
-            return
-        self._sum(node, node.input[0], *reduction, node.output[0])
+        else:
+            self._sum(node, node.input[0], *reduction, node.output[0])
 
     def op_ReduceSumSquare(self, node, attrs):
         reduction = self._reduction(node, attrs)
@@ -1443,19 +1442,21 @@ class _Importer:
         return self.emit("reshape", node, [pooled], output=out, target=target, allowzero=True)
 
     def op_ReduceMax(self, node, attrs):
-        reduction = self._reduction(node, attrs)
-        if reduction is None:
-            self.alias[node.output[0]] = self.name(node.input[0])
-            return
-        self._maximum(node, node.input[0], *reduction, node.output[0])
+        self._extreme(node, attrs, sign=1)
 
     def op_ReduceMin(self, node, attrs):
-        # −max(−x), exact.
-        reduction = self._reduction(node, attrs)
+        self._extreme(node, attrs, sign=-1)
+
+    def _extreme(self, node, attrs, sign: int) -> None:
+        """ReduceMax (``sign`` 1) or ReduceMin (−1, as −max(−x): exact); no axes with
+        noop_with_empty_axes is the input itself."""
+        reduction, out = self._reduction(node, attrs), node.output[0]
         if reduction is None:
-            self.alias[node.output[0]] = self.name(node.input[0])
+            self.alias[out] = self.name(node.input[0])
             return
-        out = node.output[0]
+        if sign > 0:
+            self._maximum(node, node.input[0], *reduction, out)
+            return
         minus_one = self._const_like(node, "minus_one", np.array(-1, np.float32))
         negated = self.emit("mul", node, [node.input[0], minus_one], output=self._fresh(f"{out}/negated"), relu=False)
         largest = self._maximum(node, negated, *reduction, self._fresh(f"{out}/max"))

@@ -208,18 +208,19 @@ class InsnChecker(wiring.Component):
         return [rows.eq(insn.y_size - 1), stride.eq(insn.x_stride), cols.eq(insn.x_size),
                 room.eq(signed_value(limit) - signed_value(insn.dram_base))]
 
-    def _dram_limit(self, mem):
-        """`dram_entry_limit` of the buffer ``mem`` names (0 for a value that names none)."""
+    @staticmethod
+    def _per_buffer(mem, value_of):
+        """``value_of(buffer)`` of the buffer ``mem`` names (0 for a value that names none: such an
+        instruction is invalid, and that fault comes first)."""
         result = Const(0)
         for kind in MemType:
-            result = Mux(mem == kind, dram_entry_limit(self._config, kind.buffer), result)
+            result = Mux(mem == kind, value_of(kind.buffer), result)
         return result
 
+    def _dram_limit(self, mem):
+        """`dram_entry_limit` of the buffer ``mem`` names."""
+        return self._per_buffer(mem, lambda buffer: dram_entry_limit(self._config, buffer))
+
     def _depth(self, mem):
-        """The depth of the buffer ``mem`` names (0 for a value that names none: such an
-        instruction is invalid, and that fault comes first)."""
-        c = self._config
-        result = Const(0)
-        for kind in MemType:
-            result = Mux(mem == kind, c.depth(kind.buffer), result)
-        return result
+        """The depth of the buffer ``mem`` names."""
+        return self._per_buffer(mem, self._config.depth)
