@@ -664,16 +664,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile an ONNX model into one .gfm file (float32, or int8 for the "
                                        "accelerator)")
-    p.add_argument("model", help="ONNX model (opset 13 or newer)")
+    p.add_argument("model", help="ONNX model (opset 13 or newer; opsets 7 to 12 are upgraded to 13 on import)")
     p.add_argument("-o", "--output", required=True, help="the compiled model, .gfm")
     p.add_argument("--quantize", choices=["int8"], help="int8 with power-of-two scales (needs --calibrate)")
     p.add_argument("--calibrate", metavar="SAMPLES.npy",
-                   help="sample inputs stacked on a new first axis (a .npz of such arrays by input name for a model "
-                        "with several inputs)")
+                   help="float32 sample inputs stacked on a new first axis (a .npz of such arrays by input name for "
+                        "a model with several inputs)")
     p.add_argument("--config", help="with --quantize, the accelerator the int8 layers are compiled for: preset "
                                     f"({', '.join(PRESETS)}) or a .toml/.json config file (default: default)")
-    p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic first input dimension takes "
-                                                         "(default 1; runs take any multiple)")
+    p.add_argument("--batch", type=int, default=1, help="the batch size a symbolic (or -1) first input dimension "
+                                                         "takes (default 1; runs take any multiple; one batch of "
+                                                         "inputs at most 16 GiB)")
     p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                    help="the shape of model input NAME, for one whose dimensions (other than the first, the batch) "
                         "are symbolic; repeat for several inputs")
