@@ -551,6 +551,15 @@ PRESETS: dict[str, AccelConfig] = {
 }
 
 
+#: Why no config fits the iCE40UP5K (the iCEBreaker's part): the hint of `synth.DEVICES`'s fit
+#: check for it, here so that `load_config` can say it without importing the EDA flow. Measured
+#: with synth_ice40 at 9d41388: a 1×1 core with a 16-bit accumulator, the smallest buffers and
+#: queues of depth 2 needs 19,400 LUT4, tiny's 4×4 core 22,378.
+UP5K_TOO_SMALL = ("a smaller core does not help on this part: the accelerator's control plane (four DMA tile "
+                  "loaders, three DMA writers, fetch and the registers) needs nearly four times its logic cells "
+                  "whatever the core (a 1×1 core: 19,400 LUT4); use --target ecp5-85f")
+
+
 def load_config(spec: str | Path | AccelConfig | None) -> AccelConfig:
     """A config from a preset name, a .toml/.json path, or an existing config (None: default)."""
     if spec is None:
@@ -565,10 +574,8 @@ def load_config(spec: str | Path | AccelConfig | None) -> AccelConfig:
         return AccelConfig.load(path)
     if text == "icebreaker":
         # The one board `gemforge synth --board` knows that has no preset: say why, with the
-        # fit check's own figures (hw/synth.py's device table), rather than "unknown config".
-        from .synth import DEVICES
+        # fit check's own figures (its device table's hint), rather than "unknown config".
         raise ConfigError(f"there is no 'icebreaker' preset: the iCEBreaker's iCE40UP5K cannot hold the "
-                          f"accelerator, and {DEVICES['iCE40UP5K'].hints['LUT']}, with the ulx3s preset "
-                          f"for a board")
+                          f"accelerator, and {UP5K_TOO_SMALL}, with the ulx3s preset for a board")
     raise ConfigError(
         f"unknown config {_echo(text)}: give a preset ({', '.join(PRESETS)}) or a .toml/.json file")

@@ -278,11 +278,11 @@ def _tie_offs(config: AccelConfig) -> str:
 
 def _dram_master(config: AccelConfig) -> str:
     from .gateware.axi import BURST_INCR
-    from .gateware.dma import max_burst_beats
+    from .microarch import max_burst_beats
     from .gateware.dma_write import DmaWriter
     from .gateware.fetch import CHUNK
     from .gateware.tile_load import TileLoader
-    from .gateware.top import READ_CLIENTS
+    from .microarch import READ_CLIENTS
 
     beats = max_burst_beats(config.bus_bytes)
     span = beats * config.bus_bytes
@@ -522,7 +522,7 @@ def _relocation(config: AccelConfig) -> str:
 
 
 def _entries(config: AccelConfig) -> str:
-    from .gateware.banked import buffer_lanes
+    from .microarch import buffer_lanes
     rows = []
     for buffer, (nrows, ncols, bits) in entry_layouts(config).items():
         rows.append((f"`{buffer}`", f"{nrows} × {ncols}", f"int{bits}", str(config.entry_bytes(buffer)),

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from gemforge.files import move_atomic, write_text_atomic
 
-from .config import AccelConfig
+from .config import UP5K_TOO_SMALL, AccelConfig
 from .gateware.gemm import lane_name
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 from .timing_paths import parse_sdf, slowest_paths
@@ -143,12 +143,7 @@ DEVICES: dict[str, Device] = {
                "of 4 Kbit, 4 SPRAM of 256 Kbit, 8 DSPs; 39 IOs on SG48); nextpnr-ice40 0.11 reports the "
                "same bel counts (ICESTORM_LC 5,280, ICESTORM_RAM 30, ICESTORM_SPRAM 4, ICESTORM_DSP 8, "
                "SB_IO 39)",
-        # Measured with synth_ice40 at 9d41388 (after the ECP5 timing work's registers): a 1×1
-        # core with a 16-bit accumulator, the smallest buffers and queues of depth 2 needs 19,400
-        # LUT4, tiny's 4×4 core 22,378 (16,356 and 16,443 before that work).
-        hints={"LUT": "a smaller core does not help on this part: the accelerator's control plane (four DMA "
-                      "tile loaders, three DMA writers, fetch and the registers) needs nearly four times its "
-                      "logic cells whatever the core (a 1×1 core: 19,400 LUT4); use --target ecp5-85f"}),
+        hints={"LUT": UP5K_TOO_SMALL}),     # measured: see `config.UP5K_TOO_SMALL`
 }
 
 #: Cell types whose count is a resource's, matched by prefix (every flip-flop flavour).

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .isa import Alu, AluOp, insn_bytes
+from .microarch import PENDING_PUSHES, max_burst_beats
 
 __all__ = ["Timing", "timing_of", "compute_cycles", "issues_at_half_rate", "LOAD_FIXED", "COMPUTE_FIXED", "FETCH_CHUNK"]
 
@@ -107,8 +108,6 @@ def compute_cycles(insn, timing: Timing) -> int:
 
 def timing_of(config) -> Timing:
     """The `Timing` of ``config``'s gateware."""
-    from .gateware.dma import max_burst_beats
-    from .gateware.engine import PENDING_PUSHES
     return Timing(bus_bytes=config.bus_bytes, insn_bytes=insn_bytes(config),
                   cmd_queue_depth=config.cmd_queue_depth, token_queue_depth=config.token_queue_depth,
                   max_burst=max_burst_beats(config.bus_bytes), pending_pushes=PENDING_PUSHES)

@@ -27,7 +27,7 @@ import numpy as np
 
 from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Finish, Gemm, Instruction, Load, MemType, Store,
                              engine_of)
-from gemforge.hw.gateware.top import READ_CLIENTS
+from gemforge.hw.microarch import READ_CLIENTS, buffer_lanes, dma_groups
 from gemforge.hw.timing import FETCH_CHUNK, Timing, compute_cycles, timing_of
 
 
@@ -92,8 +92,6 @@ def dma_beats(insn: Load | Store, config, timing: Timing) -> tuple[int, int]:
         # The requantizing path reads a group of accumulator entries per cycle (`buffer_lanes`
         # of them: fewer than a beat of output entries when those are narrow) and its bias
         # (once, or once per row) through the same port.
-        from gemforge.hw.gateware.banked import buffer_lanes
-        from gemforge.hw.gateware.dma import dma_groups
         k, lanes = max(1, bus // eb), buffer_lanes(config, insn.mem.buffer)
         if k == 1:
             groups = insn.y_size * insn.x_size
@@ -114,7 +112,6 @@ def _store_writer(insn: Store) -> tuple[MemType, bool]:
 def _pad_cycles(insn: Load, config) -> tuple[int, int]:
     """Cycles the tile loader spends writing padding (leading, trailing): a run of
     padding per cycle group of `buffer_lanes` entries."""
-    from gemforge.hw.gateware.banked import buffer_lanes
     if not (insn.y_pad0 or insn.y_pad1 or insn.x_pad0 or insn.x_pad1):
         return 0, 0
     lanes = buffer_lanes(config, insn.mem.buffer)

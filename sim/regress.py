@@ -50,7 +50,7 @@ from gemforge.hw.isa import (
     encode_program, encode_uops, engine_of, mnemonic,
 )
 from gemforge.hw.program import Program, TensorRegion, arena_alignment
-from gemforge.hw.gateware.top import READ_CLIENTS
+from gemforge.hw.microarch import READ_CLIENTS
 from gemforge.hw.regmap import ADDRESS_TOP, ERROR_INFO_WRITE, Fault
 
 from .cosim import harness

@@ -26,6 +26,7 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from ..microarch import buffer_lanes  # noqa: F401  (the banking rule, defined there for the models)
 from .checked import CheckedComponent
 
 __all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedMemory", "buffer_lanes"]
@@ -33,13 +34,6 @@ __all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedM
 
 def _is_pow2(value):
     return isinstance(value, int) and value > 0 and value & (value - 1) == 0
-
-
-def buffer_lanes(config, buffer):
-    """Entries of ``buffer`` one bus beat carries, at most the buffer's depth (a power of two).
-
-    This is the width of the buffer's DMA groups and its number of banks."""
-    return min(max(1, config.bus_bytes // config.entry_bytes(buffer)), config.depth(buffer))
 
 
 def group_layout(width, lanes):

@@ -30,6 +30,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import DMA_TRANSFER_FIELDS
+from ..microarch import dma_groups, max_burst_beats  # noqa: F401  (defined there for the models; used here)
 from .axi import ADDR_BITS
 from .banked import group_layout
 from .checked import CheckedComponent
@@ -51,11 +52,6 @@ def dma_command_from(cmd, insn):
 
 #: A burst: byte address, AxLEN (beats − 1), and whether it is its command's last.
 BurstLayout = data.StructLayout({"addr": ADDR_BITS, "len": 8, "last": 1})
-
-
-def max_burst_beats(bus_bytes):
-    """Longest burst issued: 64 beats, fewer on wide buses so a burst stays within 4 KiB."""
-    return min(64, 4096 // bus_bytes)
 
 
 def _check_sizes(entry_bytes, bus_bytes):
@@ -258,20 +254,6 @@ class DmaWalk:
                          self.near.eq(Mux(stays, self._cap, (self.left[:width] - self.count)[:width]))]
             if self._k_log:
                 m.d.sync += self.lane.eq(self.lane + self.count)
-
-
-def dma_groups(base, y_size, x_size, x_stride, entry_bytes, bus_bytes, lanes=None):
-    """The group sizes `DmaWalk` steps through for one command (a reference model)."""
-    k = max(1, bus_bytes // entry_bytes)
-    lanes = k if lanes is None else lanes
-    out = []
-    for y in range(y_size):
-        addr, left = base + y * x_stride, x_size
-        while left:
-            n = min(lanes, k - addr % k, left)
-            out.append(n)
-            addr, left = addr + n, left - n
-    return out
 
 
 def dma_lanes(entry_bytes, bus_bytes, lanes):

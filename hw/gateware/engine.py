@@ -21,6 +21,7 @@ from amaranth.lib import data, fifo
 from amaranth.lib.wiring import Out
 
 from ..isa import TOKEN_QUEUES, AluOp, MemType, Opcode, fields_of
+from ..microarch import PENDING_PUSHES
 from ..regmap import ENGINE_STATE_BITS, ENGINE_STATES
 from .tokens import TokenPopSignature, TokenPushSignature
 
@@ -29,8 +30,6 @@ __all__ = ["token_members", "token_ports", "insn_layout", "STATE_BITS", "PENDING
 
 #: Width of an engine's state code (its field in the DEBUG_STATE register).
 STATE_BITS = ENGINE_STATE_BITS
-#: Instructions a pipelining engine launches ahead of its oldest push (`PendingPushes`).
-PENDING_PUSHES = 4
 
 
 def token_members(engine):

@@ -24,6 +24,7 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from ..config import AccelConfig
 from ..isa import PIPELINE, TOKEN_QUEUES, insn_bits, insn_bytes
+from ..microarch import READ_CLIENTS
 from ..regmap import (ADDRESS_TOP, CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_NO_INDEX,
                       ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault, token_field)
 from .arbiter import ReadArbiter
@@ -40,8 +41,6 @@ from .tokens import TokenQueue
 
 __all__ = ["Accelerator", "READ_CLIENTS"]
 
-#: Read clients of the AXI master, by ARID.
-READ_CLIENTS = ("fetch", "load_inp", "load_wgt", "compute_acc", "compute_uop")
 #: Width of the AXI IDs: enough to name every read client (writes use ID 0).
 AXI_ID_BITS = ceil_log2(len(READ_CLIENTS))
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge.hw.timing import COMPUTE_FIXED, LOAD_FIXED
+from gemforge.sim.cycle_model import run_cycle_model
 
 from ...backends.accel.layout import pack_bias
 from ...schedule import VTHREAD_ORDERS
@@ -141,7 +142,6 @@ CANDIDATE_SLACK = 0.03
 def best_by_cycle_model(plans: list, build_plan: Callable[[Any], Any]) -> tuple[Any, Any]:
     """(plan, program) of the plan whose program the cycle model
     (`gemforge.sim.cycle_model`) runs fastest; the first plan's wins ties."""
-    from gemforge.sim.cycle_model import run_cycle_model
     best = None
     for k, plan in enumerate(plans):
         try:
