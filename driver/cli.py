@@ -28,7 +28,7 @@ from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError, derived
 
-from .device import DeviceError, available_backends, open_device
+from .device import HOST_DEVICES, DeviceError, available_backends, open_device
 from .operators import OPERATORS
 from gemforge.files import (check_regular_input, check_writable, file_above, npz_bytes, write_bytes_atomic,
                             write_files_atomic)
@@ -189,9 +189,6 @@ def _shape(text: str, what: str, rank: int | None) -> tuple[int, ...]:
     return dims
 
 
-_HOST_DEVICES = ("cpu", "gpu")
-
-
 def _target_for(args: argparse.Namespace, device=None):
     """The compilation target of ``--device``: the accelerator of ``--config``, or cpu/gpu."""
     from gemforge.compiler.target import AccelTarget, CpuTarget, GpuTarget
@@ -210,7 +207,7 @@ def _target_for(args: argparse.Namespace, device=None):
 
 def cmd_run_op(args: argparse.Namespace) -> None:
     from .operators import OPERATORS, check_accumulator_range, compile_operator, load_inputs
-    config = None if args.device in _HOST_DEVICES else _config(args)
+    config = None if args.device in HOST_DEVICES else _config(args)
     arrays = load_inputs(args, _load_npy, config)
     check_accumulator_range(args, arrays, config)
     _refuse_overwriting(args.output, *(getattr(args, option, None) for _, option, _ in OPERATORS[args.op].inputs))

@@ -26,7 +26,7 @@ from gemforge.compiler import compile_dense, dense_reference
 from gemforge.hw.asm import disassemble
 from gemforge.hw.config import PRESETS
 
-from .device import open_device
+from .device import HOST_DEVICES, open_device
 from gemforge.compiler import compile_conv2d, conv2d_reference
 
 __all__ = ["run_demo"]
@@ -39,7 +39,7 @@ def run_demo(device_kind: str = "fsim", console: Console | None = None, out_dir=
     console = console or Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)  # logs and CI: keep table rows unwrapped
-    if device_kind in ("cpu", "gpu"):
+    if device_kind in HOST_DEVICES:
         return _demo_llvm(console)
     from .demo_network import DEMO_DIR, demo_network
     network_ok = demo_network(console, device_kind, out_dir or DEMO_DIR)

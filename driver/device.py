@@ -90,10 +90,18 @@ class RunResult:
         return out
 
 
+#: The built-in devices, by what they are: the accelerator (simulated, co-simulated) and
+#: the host back ends (LLVM kernels on this CPU, or a GPU). A board is "uart:PORT[@BAUD]".
+ACCEL_DEVICES = ("fsim", "verilator", "icarus")
+HOST_DEVICES = ("cpu", "gpu")
+
+
 class Device(ABC):
-    """Base class of all backends: DRAM image, allocator, program loading."""
+    """Base class of all accelerator backends: DRAM image, allocator, program loading."""
 
     kind = "abstract"
+    #: Whether it runs host-target kernels (cpu, gpu) rather than accelerator programs.
+    host = False
 
     def __init__(self, config: AccelConfig, dram_bytes: int = DEFAULT_DRAM_BYTES) -> None:
         if dram_bytes <= 0 or dram_bytes % 4096:
@@ -274,7 +282,7 @@ def open_device(kind: str, config: AccelConfig | str | None = None, **options: A
         from .uart_device import parse_uart_spec
         port, baud = parse_uart_spec(kind)
         kind, options = "uart", {"port": port, "baud": baud, **options}
-    if kind in ("cpu", "gpu"):
+    if kind in HOST_DEVICES:
         return _BACKENDS[kind](None, **options)
     config = load_config(config)
     try:

@@ -25,6 +25,8 @@ class HostDevice:
     """A device that runs host-target kernels on numpy arrays."""
 
     kind = "host"
+    #: It runs host-target kernels, not accelerator programs (`Device.host`).
+    host = True
 
     def __init__(self, target: Target) -> None:
         self.target = target

@@ -49,9 +49,8 @@ from gemforge.compiler.graph.partition import AccelLayer
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
-from gemforge.compiler.graph.ir import (
-    BINARY_OPS, MAX_DIM, MAX_ELEMENTS, MAX_RANK, OPS, Graph, GraphError, Node, Value,
-)
+from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
+from gemforge.compiler.graph.operators import ATTRIBUTE_TYPES, OPERATORS
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.target import target_of
 from gemforge.files import check_regular_input, npz_bytes, write_bytes_atomic
@@ -59,13 +58,11 @@ from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import Load, MemType, Store, insn_bytes, mnemonic
 from gemforge.hw.program import TENSOR_DTYPES, Program, ProgramError, arena_alignment
 
-from .device import Buffer, Device, open_device
+from .device import ACCEL_DEVICES, HOST_DEVICES, Buffer, Device, open_device
 
 __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
-ACCEL_DEVICES = ("fsim", "verilator", "icarus")
-HOST_DEVICES = ("cpu", "gpu")
 _TUPLE_ATTRS = ("kernel", "stride", "dilation", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze",
                 "axes", "pads", "starts", "steps")
 
@@ -266,7 +263,7 @@ class Model:
             if kind is None or not hasattr(device, "run_program"):
                 raise ModelError(f"device must be a name ({', '.join(ACCEL_DEVICES + HOST_DEVICES)}) or an open "
                                  f"device, not {device!r}")
-            self._check_device(kind if kind in HOST_DEVICES else "accel", device)
+            self._check_device(kind if getattr(device, "host", False) else "accel", device)
             return False, device
         if device.startswith("uart:"):       # a board with the board top, through its UART bridge
             self._check_device("accel", None, device)
@@ -309,6 +306,13 @@ class Model:
             kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
         return kernels[node.output]
 
+    @staticmethod
+    def _host_target_kind(node: Node, host_kind: str) -> str:
+        """Where a host node runs: on ``host_kind``, except that a network on the GPU runs the
+        operators the GPU back end cannot compile (``OpDef.gpu``: softmax, means, the
+        exponential functions) on the CPU beside it."""
+        return "cpu" if host_kind == "gpu" and not OPERATORS[node.op].gpu else host_kind
+
     def _cpu_device(self):
         if self._cpu is None:
             self._cpu = open_device("cpu")
@@ -316,7 +320,7 @@ class Model:
 
     def _run_once(self, feeds: dict[str, np.ndarray], dev) -> dict[str, np.ndarray]:
         graph = self.graph
-        on_accel = not (getattr(dev, "kind", None) in HOST_DEVICES)
+        on_accel = not getattr(dev, "host", False)
         host_kind = dev.kind if not on_accel else "cpu"
         host_dev = dev if not on_accel else self._cpu_device()
         env: dict[str, np.ndarray] = dict(graph.constants)
@@ -336,8 +340,10 @@ class Model:
                     row = self._run_accel(step, node, dev, env, arena, slots, resident)
                 else:
                     args = [env[name] for name in node.inputs]
-                    env[node.output], result = self._host_kernel(node, host_kind).run(host_dev, args)
-                    row = LayerProfile(node.name, node.op, host_kind if result is not None else "host (data)",
+                    kind = self._host_target_kind(node, host_kind)
+                    runner = host_dev if kind == host_kind else self._cpu_device()
+                    env[node.output], result = self._host_kernel(node, kind).run(runner, args)
+                    row = LayerProfile(node.name, node.op, kind if result is not None else "host (data)",
                                        0.0, macs=_macs(graph, node))
                 row.seconds = time.perf_counter() - start
                 profile.append(row)
@@ -553,7 +559,7 @@ def _read_value(name: str, v) -> Value:
         raise ModelError(f"tensor {name!r} has type {str(v.get('dtype'))[:40]!r}; a tensor is "
                          f"{', '.join(_VALUE_DTYPES)}")
     exponent = v.get("exponent")
-    if not _ATTR_TYPES["exponent"](exponent):
+    if not ATTRIBUTE_TYPES["exponent"](exponent):
         raise ModelError(f"tensor {name!r} has scale exponent {str(exponent)[:40]}; an exponent is a whole "
                          "number from -126 to 127 (a scale a float32 holds), or null")
     return Value(name, tuple(shape), v["dtype"], exponent)
@@ -622,12 +628,16 @@ def _check_graph(g: Graph, dtype: str) -> None:
                 and all(isinstance(i, str) for i in node.inputs)):
             raise ModelError(f"node {node.name!r}: names must be strings and attributes a table")
         for key, value in node.attrs.items():
-            if not _ATTR_TYPES.get(key, lambda v: True)(value):
+            if not ATTRIBUTE_TYPES.get(key, lambda v: True)(value):
                 raise ModelError(f"node {node.name!r}: attribute {key} = {str(value)[:40]} has the wrong type or is "
                                  "out of range")
-        _check_attrs_present(node, _REQUIRED_ATTRS)
-        if node.op not in OPS or node.device not in ("cpu", "accel"):
+        if node.op not in OPERATORS or node.device not in ("cpu", "accel"):
             raise ModelError(f"node {node.name!r} has an unknown operator {node.op!r} or device {node.device!r}")
+        _check_attrs_present(node, OPERATORS[node.op].attrs)
+        low, high = OPERATORS[node.op].arity
+        if not low <= len(node.inputs) <= (len(node.inputs) if high is None else high):
+            raise ModelError(f"node {node.name!r} ({node.op}) has {len(node.inputs)} inputs; {node.op} takes "
+                             f"{low}{' or more' if high is None else f' to {high}' if high != low else ''}")
         missing = [i for i in node.inputs if i not in defined or i not in g.values]
         if missing or node.output not in g.values:
             raise ModelError(f"node {node.name!r} reads undefined tensors {missing or [node.output]}")
@@ -656,7 +666,7 @@ def _check_graph(g: Graph, dtype: str) -> None:
         # By the type shape inference gives the node's operand: an int8 network computes some
         # adds and products in float32 (those of its float path's results).
         if node.inputs and g.values[node.inputs[0]].dtype == "int8":
-            _check_attrs_present(node, _INT8_ATTRS)
+            _check_attrs_present(node, OPERATORS[node.op].int8_attrs)
 
 
 #: A layer program's header (its config and a handful of tensor regions, about 1 KB), with the
@@ -746,8 +756,8 @@ def _check_layers(net: CompiledNetwork) -> None:
         _check_layer_program(g, node, layer)
 
 
-def _check_attrs_present(node: Node, required: dict[str, tuple[str, ...]]) -> None:
-    missing = [k for k in required.get(node.op, ()) if k not in node.attrs]
+def _check_attrs_present(node: Node, required: tuple[str, ...]) -> None:
+    missing = [k for k in required if k not in node.attrs]
     if missing:
         raise ModelError(f"node {node.name!r} ({node.op}) lacks attribute(s) {', '.join(missing)}")
 
@@ -846,42 +856,6 @@ def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
         if not any(lo <= start and end <= hi for lo, hi in spans):
             raise changed(f"its instruction {index} ({mnemonic(insn)}) moves bytes {start}..{end} of its arena, "
                           f"which lie outside {where}")
-
-
-def _integers(value, minimum: int | None = None, maximum: int | None = None) -> bool:
-    """An integer (or a tuple of them, or None: not set), each in ``minimum..maximum``."""
-    values = value if isinstance(value, tuple) else () if value is None else (value,)
-    return all(isinstance(v, int) and not isinstance(v, bool) and (minimum is None or v >= minimum)
-               and (maximum is None or v <= maximum) for v in values)
-
-
-#: The types of the graph's operator attributes a run relies on (a loaded model's are checked).
-_ATTR_TYPES: dict[str, Callable[[Any], bool]] = {
-    **{k: lambda v: _integers(v, 1) for k in ("stride", "kernel", "groups", "dilation")},
-    **{k: lambda v: _integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads", "starts")},
-    "steps": lambda v: isinstance(v, tuple) and _integers(v) and 0 not in v,
-    **{k: _integers for k in ("axis", "flatten_axis", "shape")},
-    # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
-    **{k: lambda v: _integers(v, 0, 62) for k in ("shift", "lshift")},
-    "exponent": lambda v: _integers(v, -126, 127),
-    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad", "keepdims")},
-    **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-       for k in ("lo", "hi", "epsilon", "alpha", "value")},
-}
-
-
-#: The attributes a run reads of each operator (`cpu_kernels`, `evaluate`), and those of an int8 graph.
-_REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("stride", "padding", "groups", "relu"), "dense": ("relu",), **{op: ("relu",) for op in BINARY_OPS},
-    "clip": ("lo", "hi"), "leaky_relu": ("alpha",), "elu": ("alpha",), "max_pool": ("kernel", "stride", "padding"),
-    "avg_pool": ("kernel", "stride", "padding"), "reshape": ("shape",), "transpose": ("perm",),
-    "slice": ("starts", "steps", "shape"),
-    "pad": ("pads", "value"), "concat": ("axis",), "softmax": ("axis",), "reduce_mean": ("axes", "keepdims"),
-    "batch_norm": ("epsilon",),
-    "quantize": ("exponent",), "dequantize": ("exponent",), "requantize": ("shift",),
-}
-_INT8_ATTRS: dict[str, tuple[str, ...]] = {"conv2d": ("shift",), "dense": ("shift",),
-                                           **{op: ("lshift", "shift") for op in ("add", "sub", "mul")}}
 
 
 def _whole(value) -> bool:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from gemforge.files import write_bytes_atomic
 
+from .device import HOST_DEVICES
+
 __all__ = ["profile_table", "profile_png", "save_profile_png", "profile_totals"]
 
 
@@ -15,7 +17,7 @@ def profile_totals(rows) -> dict:
     accel = [r for r in rows if r.cycles is not None]
     cycles = sum(r.cycles for r in accel)
     out = {"seconds": round(sum(r.seconds for r in rows), 6), "layers": len(rows),
-           "accelerator_layers": sum(r.device not in ("cpu", "gpu", "host (data)") for r in rows),
+           "accelerator_layers": sum(r.device not in (*HOST_DEVICES, "host (data)") for r in rows),
            "macs": sum(r.macs for r in rows)}
     if accel:
         active = sum((r.gemm_utilization or 0.0) * r.cycles for r in accel)

@@ -6,52 +6,8 @@ one output. Tensors are `Value`s (shape, type and, in an int8 network, the
 power-of-two exponent of their scale: ``real = q · 2**-exponent``);
 `constants` holds the ones known at compile time (weights, folded results).
 
-Operators (``Node.op``) and their attributes:
-
-==================  =========================================================
-op                  attributes
-==================  =========================================================
-``conv2d``          inputs x, w (OIHW; a dilated kernel spread out with zeros),
-                    [bias]; stride, padding (every side; until `pad_convolutions`
-                    also (top, left, bottom, right) or auto_pad), groups, relu;
-                    int8: shift (requantization into the output's scale)
-``dense``           inputs a (M, K), w (K, N), [bias]; relu; int8: shift
-``add``, ``sub``,   inputs x, y (numpy broadcasting); relu; int8: pre-shifts of
-``mul``             x and y (``lshift``), shift (requantization)
-``div``, ``max``,   inputs x, y (numpy broadcasting); relu (float32 only; max
-``min``             and min propagate NaN, as numpy's and ONNX Runtime's do)
-``relu``            —
-``sigmoid``,        — (float32 only: an int8 network computes them in float32)
-``tanh``, ``exp``,
-``log``, ``sqrt``,
-``abs``,
-``softplus``,
-``erf``
-``leaky_relu``,     alpha (float32 only): the slope below 0; elu's alpha · (e^x − 1)
-``elu``             below 0
-``clip``            lo, hi (float bounds; int8: quantized integer bounds)
-``max_pool``        kernel, stride, dilation (pairs), padding (top, left,
-                    bottom, right; auto_pad until `infer_shapes`), ceil_mode
-``avg_pool``        as max_pool, and count_include_pad, global
-``reshape``         shape (resolved from one of: target, a Reshape's shape;
-                    flatten_axis; squeeze, the axes removed (None: every axis
-                    of size 1); unsqueeze, the axes inserted), the data unchanged
-``transpose``       perm (None: the axes reversed; resolved), numpy's transpose
-``slice``           starts, steps, shape (one each per axis): out[i] = x[starts +
-                    i · steps], i < shape (numpy's x[start::step] cut to shape;
-                    negative steps read backwards)
-``pad``             pads (the starts of the padded axes, then their ends), axes
-                    (None: all; resolved to all), value (int8: an integer, the
-                    constant on the input's grid)
-``identity``        — (a copy under a model output's ONNX name)
-``concat``          axis
-``softmax``         axis (float32 only)
-``reduce_mean``     axes (None: all; resolved), keepdims (float32 only)
-``batch_norm``      inputs x, scale, bias, mean, var; epsilon
-``quantize``        float32 → int8 at the output's exponent (round half to even)
-``dequantize``      int8 → float32
-``requantize``      int8 → int8 at another exponent (rounded shift)
-==================  =========================================================
+The operators (``Node.op``), their attributes and every rule about them are defined once
+each in `operators` (`OpDef`); `compiler/EXTENDING.md` holds their table.
 """
 
 from __future__ import annotations
@@ -63,8 +19,7 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "OPS", "BINARY_OPS", "FLOAT_FUNCTIONS", "MAX_DIM", "MAX_ELEMENTS",
-           "MAX_RANK"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "MAX_DIM", "MAX_ELEMENTS", "MAX_RANK"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
@@ -73,14 +28,6 @@ MAX_ELEMENTS = 1 << 40
 #: The most axes of any tensor: numpy, which folds constants, evaluates the graph and holds
 #: every run's arrays, makes arrays of up to 64 (its NPY_MAXDIMS) and fails on more.
 MAX_RANK = 64
-
-#: The element-wise operators of two tensors (numpy broadcasting).
-BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
-#: Element-wise functions of one tensor that only float32 computes.
-FLOAT_FUNCTIONS = ("sigmoid", "tanh", "exp", "log", "sqrt", "abs", "softplus", "erf", "leaky_relu", "elu")
-#: Every operator of the table above.
-OPS = ("conv2d", "dense", *BINARY_OPS, "relu", *FLOAT_FUNCTIONS, "clip", "max_pool", "avg_pool", "reshape", "transpose", "slice",
-       "pad", "identity", "concat", "softmax", "reduce_mean", "batch_norm", "quantize", "dequantize", "requantize")
 
 
 class GraphError(CompileError):

@@ -25,7 +25,7 @@ from onnx import numpy_helper, version_converter
 
 from .evaluate import evaluate_node
 from .ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
-from .passes import _shape_of, infer_shapes
+from .passes import infer_shapes, output_shape
 
 __all__ = ["SUPPORTED_OPS", "MIN_OPSET", "OLDEST_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
@@ -268,7 +268,7 @@ class _Importer:
         values[node.output] = Value(node.output)
         # Checks (one type, as ONNX Runtime requires of int32 beside int64 too; shapes that
         # broadcast) and resolves attrs.
-        _shape_of(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)
+        output_shape(Graph([], [], [node], values, dict(zip(node.inputs, args))), node)
         if integer:
             # Integer arithmetic on shapes and indices (the evaluator's integer path is int8's).
             if node.op == "div" and not np.all(args[1]):

@@ -37,17 +37,16 @@ import math
 
 import numpy as np
 
-from .evaluate import evaluate, quantize_array
-from .ir import FLOAT_FUNCTIONS, Graph, GraphError, Node, Value
+from .evaluate import evaluate
+from .ir import Graph, GraphError, Node, Value
+from .numeric import quantize_array
+from .operators import FLOAT_ONLY, OPERATORS, Int8, op_def
 
 __all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
 #: Largest left shift of an add operand: 127 · 2**23, twice, still fits int32.
 MAX_LSHIFT = 23
 _EXPONENT_RANGE = (-24, 30)
-#: Operators with no exact int8 form: an int8 network computes them in float32 on the CPU,
-#: from their inputs dequantized, and the nodes reading them quantize their results.
-FLOAT_ONLY = ("softmax", "reduce_mean", "div", "max", "min", *FLOAT_FUNCTIONS)
 
 
 def exponent_for(max_abs: float, what: str = "a tensor") -> int:
@@ -162,11 +161,11 @@ def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None
 
 #: Operators an int8 network keeps in float32 where their variable operands are float32 results
 #: of the float path (`quantize`): quantizing those only to add, scale or move them gains nothing.
-_FLOAT_PROPAGATING = ("add", "sub", "mul", "relu", "max_pool", "reshape", "transpose", "slice")
+_FLOAT_PROPAGATING = tuple(name for name, d in OPERATORS.items() if d.float_propagating)
 
 #: Operators that keep their input's scale and commute with saturation (monotone, no
 #: arithmetic between elements): a tensor read only through them into clips may be narrowed.
-_SATURATION_SAFE = ("relu", "max_pool", "reshape", "transpose", "slice", "identity", "clip")
+_SATURATION_SAFE = tuple(name for name, d in OPERATORS.items() if d.saturation_safe)
 
 
 def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, float]:
@@ -250,8 +249,9 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
 
     for node in graph.nodes:
         op, out = node.op, node.output
+        definition = op_def(node)
         shape = graph.values[out].shape
-        finer = op in ("avg_pool", "clip") and (
+        finer = definition.float_when_narrower and (
             node.inputs[0] not in rename
             or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
         # A concatenation the model returns, of parts calibrated at different scales, is joined in
@@ -270,7 +270,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # in int8, gave a narrow row a variance of 0 and an output tens of times too large).
         variable = [i for i in node.inputs if not graph.is_constant(i)]
         stays_float = op in _FLOAT_PROPAGATING and any(i in floating and i not in graph.inputs for i in variable)
-        if op in FLOAT_ONLY or finer or off_grid or stays_float or mixed_output:
+        if definition.int8 == Int8.FLOAT or finer or off_grid or stays_float or mixed_output:
             # A softmax, a mean, a division or a float function runs in float32, and so does a pad
             # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
             # whose range is narrower than its input's (a global pool's; a clip of a tensor that
@@ -286,7 +286,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             new_nodes.append(Node(op, node.name, list(node.inputs), out, dict(node.attrs)))
             floating.add(out)
             continue
-        if op in ("conv2d", "dense"):
+        if definition.int8 == Int8.PRODUCT:
             x = int8_input(node.inputs[0])
             channels = graph.values[node.inputs[1]].shape[0 if op == "conv2d" else 1]
             bias = np.zeros(channels, np.float64)
@@ -337,7 +337,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))
-        elif op in ("add", "sub", "mul"):
+        elif definition.int8 == Int8.SHIFTED:
             constant = [graph.is_constant(i) for i in node.inputs]
             if op != "mul" and constant.count(True) == 1:
                 # A constant far finer than the tensor it is added to (a bias of 1e-7) is
@@ -367,24 +367,18 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
             shift, e = output_exponent(out, acc)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x, y], q, dict(node.attrs, lshift=lshift, shift=shift)))
-        elif op == "concat":
+        elif definition.int8 == Int8.COARSEST:
             parts = [int8_input(i) for i in node.inputs]
             e = min(exponent[p] for p in parts)
             aligned = [requantized(p, e) if exponent[p] != e else p for p in parts]
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
-        elif op in ("relu", "clip", "max_pool", "avg_pool", "reshape", "transpose", "slice", "pad", "identity"):
+        elif definition.int8 == Int8.SAME_SCALE:
             x = int8_input(node.inputs[0])
             e = exponent[x]
             attrs = dict(node.attrs)
-            if op == "clip":
-                # Bounds on the int8 grid, rounded inwards; an infinite bound clips nothing.
-                lo, hi = node.attrs["lo"] * 2.0 ** e, node.attrs["hi"] * 2.0 ** e
-                attrs["lo"] = -128 if lo <= -128 else min(127, math.ceil(lo))
-                attrs["hi"] = 127 if hi >= 127 else max(-128, math.floor(hi))
-                attrs["hi"] = max(attrs["hi"], attrs["lo"])
-            if op == "pad":
-                attrs["value"] = int(node.attrs["value"] * 2.0 ** e)
+            if definition.on_grid is not None:      # a clip's bounds, a pad's value
+                attrs = definition.on_grid(attrs, e)
             q = add_value(f"{out}/q", shape, "int8", e)
             new_nodes.append(Node(op, node.name, [x], q, attrs))
         else:

@@ -20,6 +20,7 @@ from ..schedule import create_schedule
 from ..target import Target
 from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
+from .functions import FLOAT_FUNCTIONS
 from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
     dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
@@ -250,14 +251,14 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
 
 #: Element-wise operators that need ``exp``, ``log`` or ``tanh``, which the GPU back end lacks
 #: (no libdevice).
-_NOT_ON_GPU = ("sigmoid", "tanh", "exp", "log", "elu", "softplus")
+_NOT_ON_GPU = tuple(name for name, f in FLOAT_FUNCTIONS.items() if not f.gpu)
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
                         shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> CompiledOp:
     """An operator of `ELEMENTWISE_OPS` on a tensor of any rank: ``add``/``sub``/``mul``/``div``
-    (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``) and the float functions
-    (``leaky_relu`` and ``elu``: ``alpha``).
+    (``y`` broadcast to ``x``), ``relu``, ``clip`` (``lo``, ``hi``) and the float functions of
+    `functions.FLOAT_FUNCTIONS` (those that take a parameter: ``alpha``).
 
     Integer operands (int8, or int32 accumulators as the accelerator's element-wise
     operators take) compute in int32 and end with the epilogue (``shift``: int8); the

@@ -35,6 +35,7 @@ from ..ir import (
 )
 from ..te import Tensor, clip, compute, pad, placeholder, reduce_axis, reduce_fmax, reduce_max, sum_
 from .common import Epilogue, OpError, four_pads, out_size, window_count
+from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
@@ -43,14 +44,14 @@ __all__ = [
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
 
-#: Element-wise operators and their arity.
-ELEMENTWISE_OPS = {"add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2, "relu": 1, "clip": 1, "sigmoid": 1, "tanh": 1, "exp": 1,
-                   "log": 1, "sqrt": 1, "abs": 1, "leaky_relu": 1, "elu": 1, "softplus": 1, "erf": 1}
+#: The element-wise operators of two tensors (``y`` broadcast to ``x``).
+_BINARY = ("add", "sub", "mul", "div", "max", "min")
+#: Element-wise operators and their arity: the binary ones, ReLU, clip and the float functions.
+ELEMENTWISE_OPS = {**{op: 2 for op in _BINARY}, "relu": 1, "clip": 1, **{f: 1 for f in FLOAT_FUNCTIONS}}
 #: Those of them that take floats only.
-FLOAT_ELEMENTWISE_OPS = ("div", "max", "min", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "leaky_relu", "elu",
-                         "softplus", "erf")
+FLOAT_ELEMENTWISE_OPS = ("div", "max", "min", *FLOAT_FUNCTIONS)
 #: The float functions that take a parameter ``alpha`` (leaky_relu's slope below 0, elu's scale).
-ALPHA_FUNCTIONS = ("leaky_relu", "elu")
+ALPHA_FUNCTIONS = tuple(name for name, f in FLOAT_FUNCTIONS.items() if f.alpha)
 _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv, "max": Max,
                "min": Min}
 
@@ -321,58 +322,11 @@ def pack_dense_weights_vnni(w, panel: int):
     return w4.reshape(n_pad // panel, k4, panel), corr
 
 
-def _sigmoid(x: Expr) -> Expr:
-    """1 / (1 + e^-x) from e = e^-|x|, which cannot overflow: 1 / (1 + e) for x ≥ 0 and
-    e / (1 + e) below, each within a few ulps (1 − 1/(1 + e^x) would cancel for x ≪ 0)."""
-    e = Call("exp", (-Call("fabs", (x,)),))
-    s = Const(1.0, x.dtype) / (Const(1.0, x.dtype) + e)
-    return Select(Cmp("<", x, Const(0.0, x.dtype)), e * s, s)
-
-
-#: erf(x) = x · P(x²) / Q(x²) on [−4, 4] (beyond, ±1 in float32): the odd and even
-#: polynomials' coefficients, lowest power first, of the rational approximation that Eigen and
-#: XLA evaluate for float32 (a few ulps from the true erf).
-_ERF_P = (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04, -5.69250639462346e-05,
-          -2.10102402082508e-06, 2.77068142495902e-08, -2.72614225801306e-10)
-_ERF_Q = (-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, -2.13374055278905e-04,
-          -1.45660718464996e-05)
-
-
-def _polynomial(t: Expr, coefficients) -> Expr:
-    """Σ c_k t^k by Horner's rule."""
-    result = Const(coefficients[-1], t.dtype)
-    for c in reversed(coefficients[:-1]):
-        result = result * t + Const(c, t.dtype)
-    return result
-
-
-def _erf(x: Expr) -> Expr:
-    bounded = Max(Min(x, Const(4.0, x.dtype)), Const(-4.0, x.dtype))
-    t = bounded * bounded
-    return bounded * _polynomial(t, _ERF_P) / _polynomial(t, _ERF_Q)
-
-
-def _float_function(op: str, x: Expr, alpha) -> Expr:
-    zero = Const(0.0, x.dtype)
-    if op == "sigmoid":
-        return _sigmoid(x)
-    if op == "leaky_relu":
-        return Select(Cmp("<", x, zero), x * Const(alpha, x.dtype), x)
-    if op == "elu":           # alpha · (e^x − 1) below 0, x above
-        return Select(Cmp("<", x, zero), Const(alpha, x.dtype) * (Call("exp", (x,)) - Const(1.0, x.dtype)), x)
-    if op == "softplus":      # log(1 + e^x) = max(x, 0) + log(1 + e^−|x|), which cannot overflow
-        return Max(x, zero) + Call("log", (Const(1.0, x.dtype) + Call("exp", (-Call("fabs", (x,)),)),))
-    if op == "erf":
-        return _erf(x)
-    return Call({"abs": "fabs"}.get(op, op), (x,))
-
-
 def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[int, ...] | None = None, *,
                    shift: int | None = None, relu: bool = False, lo=None, hi=None, alpha=None) -> dict[str, Tensor]:
-    """``add``/``sub``/``mul``/``div`` (``y`` broadcast to ``x``'s shape, numpy's rules),
-    ``relu``, ``clip``, and the float functions ``sigmoid``, ``tanh``, ``exp``, ``log``,
-    ``sqrt``, ``abs``, ``leaky_relu`` (slope ``alpha`` below 0), ``elu`` (``alpha`` · (e^x − 1)
-    below 0), ``softplus`` (log(1 + e^x)) and ``erf``.
+    """``add``/``sub``/``mul``/``div``/``max``/``min`` (``y`` broadcast to ``x``'s shape, numpy's
+    rules), ``relu``, ``clip``, and the float functions of `functions.FLOAT_FUNCTIONS` (sigmoid,
+    tanh, erf…; those with a parameter take ``alpha``).
 
     Integer inputs compute in int32 and end with the `Epilogue` (``shift``:
     requantize to int8; ``relu``); float inputs compute in float32 (``relu``);
@@ -399,7 +353,8 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
     elif op == "clip":
         tensors["out"] = compute(shape, lambda *idx: clip(x[idx], lo, hi), name="out")
     elif op in FLOAT_ELEMENTWISE_OPS:
-        tensors["out"] = compute(shape, lambda *idx: _float_function(op, x[idx], alpha), name="out")
+        expression = FLOAT_FUNCTIONS[op].expression
+        tensors["out"] = compute(shape, lambda *idx: expression(x[idx], alpha), name="out")
     else:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     return tensors

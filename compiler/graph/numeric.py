@@ -1,0 +1,30 @@
+"""The int8 network's arithmetic on numpy arrays: quantizing, dequantizing, rounding shifts.
+
+One definition each, read by the operators' semantics (`operators`), the quantization pass and
+the host runtime's entry and exit conversions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["quantize_array", "dequantize_array", "rounding_shift", "int8_clipped"]
+
+
+def quantize_array(x: np.ndarray, exponent: int) -> np.ndarray:
+    """float → int8 at scale 2**-exponent, rounding half to even, saturating."""
+    return np.clip(np.rint(x.astype(np.float64) * 2.0 ** exponent), -128, 127).astype(np.int8)
+
+
+def dequantize_array(q: np.ndarray, exponent: int) -> np.ndarray:
+    return (q.astype(np.float64) * 2.0 ** -exponent).astype(np.float32)
+
+
+def rounding_shift(value: np.ndarray, shift: int) -> np.ndarray:
+    """``value >> shift`` rounded to nearest, halves up (int64 in, int64 out)."""
+    return (value + (1 << (shift - 1))) >> shift if shift else value
+
+
+def int8_clipped(value: np.ndarray, lo: int = -128) -> np.ndarray:
+    """int64 → int8, saturating at ``lo`` and 127."""
+    return np.clip(value, lo, 127).astype(np.int8)

@@ -1,0 +1,115 @@
+"""Products accumulated over a reduction: ``conv2d`` and ``dense`` (the accelerator's layers)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops import host
+from ...ops.common import reference_epilogue, window_count
+from ...ops.reference import conv2d_reference
+from ..kernels import with_weights
+from .base import Int8, OpDef, fail, padding, per_item, register, same_padding
+
+
+# --- conv2d ------------------------------------------------------------------------------
+
+def _conv2d_shape(graph, node, shapes):
+    x, w = shapes[0], shapes[1]
+    a = node.attrs
+    if len(x) != 4:
+        raise fail(node, f"the input must be NCHW (4-D), not {list(x)}")
+    groups = a["groups"]
+    if groups < 1 or x[1] != w[1] * groups or w[0] % groups:
+        raise fail(node, f"input channels {x[1]}, weight {list(w)} and group {groups} do not agree")
+    if len(shapes) > 2 and shapes[2] != (w[0],):
+        raise fail(node, f"the bias must have shape [{w[0]}], not {list(shapes[2])}")
+    stride = a["stride"]
+    if "auto_pad" in a:
+        a["padding"] = same_padding(node, x[2:], w[2:], (stride, stride))
+    pads = padding(node)
+    # One value where every side is alike; else `pad_convolutions` splits it off.
+    a["padding"] = pads[0] if len(set(pads)) == 1 else pads
+    oh, ow = window_count(x[2], w[2], stride, pads[0], pads[2]), window_count(x[3], w[3], stride, pads[1], pads[3])
+    if oh < 1 or ow < 1:
+        raise fail(node, f"a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
+    return (x[0], w[0], oh, ow)
+
+
+def _conv2d_evaluate(node, args):
+    a, x = node.attrs, args[0]
+    bias = args[2] if len(args) > 2 else None
+    if x.dtype.kind == "f":
+        return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
+    return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
+                            groups=a["groups"])
+
+
+def _conv2d_host(graph, node, target):
+    a = node.attrs
+    shapes = [tuple(graph.values[i].shape) for i in node.inputs]
+    dtype = graph.values[node.inputs[0]].dtype
+    op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
+                             groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
+                             shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"])
+    return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs], lambda out: out)
+
+
+# --- dense -------------------------------------------------------------------------------
+
+def _dense_shape(graph, node, shapes):
+    x, w = shapes[0], shapes[1]
+    if len(w) != 2 or (not node.attrs.get("matmul") and len(x) != 2) or len(x) < 1 or x[-1] != w[0]:
+        raise fail(node, f"cannot multiply {list(x)} by {list(w)}; supported: (…, K) @ (K, N)")
+    if len(x) != 2 and not graph.is_constant(node.inputs[1]):
+        raise fail(node, f"a product by a right-hand operand that is not a constant needs a 2-D left-hand "
+                         f"operand (M, K), not {list(x)} @ {list(w)}")
+    if len(shapes) > 2 and shapes[2] != (w[1],):
+        raise fail(node, f"the bias must have shape [{w[1]}], not {list(shapes[2])}")
+    return tuple(x[:-1]) + (w[1],)
+
+
+def _dense_evaluate(node, args):
+    a, x = node.attrs, args[0]
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    if x.dtype.kind == "f":
+        value = flat.astype(np.float64) @ args[1].astype(np.float64)
+        if len(args) > 2:
+            value = value + args[2].astype(np.float64)
+        out = (np.maximum(value, 0) if a["relu"] else value).astype(np.float32)
+    else:
+        acc = flat.astype(np.int64) @ args[1].astype(np.int64)
+        out = reference_epilogue(acc, args[2] if len(args) > 2 else None, a["shift"], a["relu"], 1)
+    return out.reshape(lead + (out.shape[-1],))
+
+
+def _dense_batch(graph, node, shape, out, carried):
+    if carried != [0]:
+        return "its right-hand operand depends on the batch"
+    return None if len(shape[node.inputs[0]]) >= 2 else "it reduces over the batch axis"
+
+
+def _dense_host(graph, node, target):
+    a = node.attrs
+    shapes = [tuple(graph.values[i].shape) for i in node.inputs]
+    out_shape = tuple(graph.values[node.output].shape)
+    dtype = graph.values[node.inputs[0]].dtype
+    m = int(np.prod(shapes[0][:-1]))
+    k, n = shapes[1]
+    op = host.compile_dense(target, m, k, n, dtype=dtype, bias=len(shapes) > 2,
+                            shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"])
+    return with_weights(node, op, "a", "b", (m, k), [graph.constants.get(i) for i in node.inputs],
+                        lambda out: out.reshape(out_shape))
+
+
+register(
+    OpDef("conv2d",
+          "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
+          "`pad_convolutions` also (top, left, bottom, right) or auto_pad), groups, relu; int8: shift "
+          "(requantization into the output's scale)",
+          (2, 3), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
+          int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
+    OpDef("dense", "inputs a (M, K), w (K, N), [bias]; relu; int8: shift",
+          (2, 3), _dense_shape, _dense_evaluate, attrs=("relu",), int8_attrs=("shift",), same_dtype=2,
+          int8=Int8.PRODUCT, batch=_dense_batch, host=_dense_host),
+)

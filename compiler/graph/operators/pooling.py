@@ -1,0 +1,47 @@
+"""Windows over an image: ``max_pool`` and ``avg_pool`` (global pools included)."""
+
+from __future__ import annotations
+
+from ...ops import host
+from ...ops.reference import avg_pool2d_reference, max_pool2d_reference
+from ..kernels import unary
+from .base import Int8, OpDef, fail, per_item, register, window_out
+
+
+def _pool_shape(graph, node, shapes):
+    x, a = shapes[0], node.attrs
+    if len(x) != 4:
+        raise fail(node, f"the input must be NCHW (4-D), not {list(x)}")
+    if a.get("global_pool"):
+        a["kernel"] = (x[2], x[3])
+    oh, ow = window_out(node, x[2:])
+    return (x[0], x[1], oh, ow)
+
+
+def _pool_evaluate(node, args):
+    a, x = node.attrs, args[0]
+    if node.op == "max_pool":
+        return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
+                                    ceil_mode=bool(a.get("ceil_mode")))
+    return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
+                                ceil_mode=bool(a.get("ceil_mode")), count_include_pad=a["count_include_pad"])
+
+
+def _pool_host(graph, node, target):
+    a = node.attrs
+    x = graph.values[node.inputs[0]]
+    return unary(node, host.compile_pool2d(target, node.op.split("_")[0], tuple(x.shape), a["kernel"],
+                                           stride=a["stride"], padding=a["padding"], dilation=a.get("dilation", 1),
+                                           ceil_mode=bool(a.get("ceil_mode")), dtype=x.dtype,
+                                           count_include_pad=a.get("count_include_pad", False)))
+
+
+_WINDOW_ATTRS = ("kernel", "stride", "padding")
+register(
+    OpDef("max_pool", "kernel, stride, dilation (pairs), padding (top, left, bottom, right; auto_pad until "
+                      "`infer_shapes`), ceil_mode",
+          (1, 1), _pool_shape, _pool_evaluate, attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_propagating=True,
+          saturation_safe=True, batch=per_item, host=_pool_host),
+    OpDef("avg_pool", "as max_pool, and count_include_pad, global", (1, 1), _pool_shape, _pool_evaluate,
+          attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_when_narrower=True, batch=per_item, host=_pool_host),
+)
