@@ -1,4 +1,7 @@
-"""Regression tests for what an adversarial review of the graph compiler found."""
+"""The graph compiler at its edges: names that collide or are made up, calibration samples that
+cannot be used, artefacts that are corrupt or could never run, batch chunking, int8 clips and
+scales far apart, constants of every kind, and the front end's messages for models that break
+ONNX's rules."""
 
 from __future__ import annotations
 
