@@ -892,6 +892,9 @@ class _Importer:
     def op_LeakyRelu(self, node, attrs):
         self.emit("leaky_relu", node, [node.input[0]], alpha=self._finite(node, attrs, "alpha", 0.01))
 
+    def op_ThresholdedRelu(self, node, attrs):
+        self.emit("thresholded_relu", node, [node.input[0]], alpha=self._finite(node, attrs, "alpha", 1.0))
+
     def _finite(self, node, attrs, name: str, default: float) -> float:
         value = float(attrs.get(name, default))
         if not math.isfinite(value):

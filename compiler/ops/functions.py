@@ -98,6 +98,8 @@ _FUNCTIONS = (
                   lambda v, a: np.where(v < 0, a * np.expm1(np.minimum(v, 0)), v),
                   lambda x, a: _below_zero(x, Const(a, x.dtype) * (Call("exp", (x,)) - Const(1.0, x.dtype))),
                   alpha=True, gpu=False),
+    FloatFunction("thresholded_relu", "x above alpha, else 0", lambda v, a: np.where(v > a, v, 0.0),
+                  lambda x, a: Select(Cmp("<", Const(a, x.dtype), x), x, Const(0.0, x.dtype)), alpha=True),
 )
 
 #: Every float function by name, in the order the operator table lists them.

@@ -440,6 +440,7 @@ _ACTIVATIONS = [
     ("Elu", {}, 13), ("Elu", {"alpha": 0.4}, 13), ("Selu", {}, 13), ("Selu", {"alpha": 1.2, "gamma": 0.9}, 13),
     ("Celu", {"alpha": 2.0}, 13), ("Softplus", {}, 13), ("Softsign", {}, 13), ("Erf", {}, 13),
     ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20), ("Mish", {}, 18),
+    ("ThresholdedRelu", {}, 13), ("ThresholdedRelu", {"alpha": -0.5}, 13),
 ]
 
 

@@ -66,5 +66,5 @@ def test_a_network_on_the_gpu_runs_what_the_gpu_back_end_lacks_on_the_cpu():
 def test_the_semantics_are_the_definitions():
     """`evaluate` is each definition's semantics: a new function is computed where it is defined."""
     x = np.float32([-2, -0.5, 0, 0.5, 2])
-    node = Node("leaky_relu", "t", ["x"], "y", {"alpha": 0.5})
-    np.testing.assert_array_equal(op_def(node).evaluate(node, [x]), np.float32([-1, -0.25, 0, 0.5, 2]))
+    node = Node("thresholded_relu", "t", ["x"], "y", {"alpha": 0.5})
+    np.testing.assert_array_equal(op_def(node).evaluate(node, [x]), np.float32([0, 0, 0, 0, 2]))
