@@ -1,6 +1,6 @@
-"""gemforge.driver: the host side — the Device API and its backends (`device`: fsim, RTL
-simulators, and the CPU/GPU where the LLVM back ends run), the `gemforge` command
-line (`cli`), the demo and the benchmarks."""
+"""gemforge.driver: the host side, in two layers — the runtime (`runtime`: devices, the compiled
+model's executor and artefact, profiles) and the tools on top of it (`tools`: the `gemforge`
+command line, benchmarks, sweeps, the demo, regression runs)."""
 
 # The folder is installed as gemforge.driver; imported as `driver` (from the repository root) its
 # modules would form a second tree whose classes differ from gemforge's own.

@@ -4,7 +4,7 @@ Synthesis of a `default`-sized accelerator takes minutes, so a sweep of many poi
 synthesizes a spread-out sample, fits each resource as a non-negative linear function of the
 config's structure (`FEATURES`: what each part of the gateware scales with), predicts the
 rest, and synthesizes the points the prediction puts on the Pareto front to confirm them
-(`gemforge.driver.sweep`). The fit's own error (leave-one-out over the sample) and its error on
+(`gemforge.driver.tools.sweep`). The fit's own error (leave-one-out over the sample) and its error on
 the confirmed points are reported beside its predictions, as the cycle model's error is.
 """
 

@@ -8,7 +8,7 @@ a closed-form simplification that uses the per-instruction totals `LOAD_FIXED` a
 
 The figures describe the gateware of `gemforge.hw.gateware` against the co-simulation DRAM
 (`gemforge.sim.cosim.dram_model`: a read burst's first beat two cycles after its address, no
-stalls), measured on Verilator with `python -m gemforge.driver.rtl_perf` and by calibrating
+stalls), measured on Verilator with `python -m gemforge.driver.tools.rtl_perf` and by calibrating
 the cycle model against whole programs (`gemforge bench --sections cycle_model`). A change to
 the pipelines, the DMA engines or the arbiter changes them; the calibration benchmark says by
 how much the model then misses.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemforge import files
-from gemforge.driver.cli import main
+from gemforge.driver.tools.cli import main
 from gemforge.files import write_bytes_atomic
 
 

@@ -5,7 +5,7 @@ inference, constant folding, BatchNorm folding, fusion), `quantize` (int8 with
 power-of-two scales) and `accel` (partitioning, layout packing, memory planning)
 transform it, in the order `compile.compile_network` runs them; `cpu_kernels`
 compiles its host nodes with the LLVM back ends; `evaluate` is its numpy
-reference. The runtime and the ``.gfm`` artefact are `gemforge.driver.model`.
+reference. The runtime and the ``.gfm`` artefact are `gemforge.driver.runtime.model`.
 """
 
 from .compile import CompiledNetwork, compile_network

@@ -1,7 +1,7 @@
 """Whether a network compiled for batch B may run N·B items as N runs of B.
 
 A model whose ONNX batch dimension is symbolic is compiled for one batch size and runs any
-multiple of it in chunks (`gemforge.driver.model.Model.run`), the outputs concatenated along
+multiple of it in chunks (`gemforge.driver.runtime.model.Model.run`), the outputs concatenated along
 axis 0. That equals running the whole batch only where every item is computed on its own:
 axis 0 of every tensor derived from a batched input must stay the batch axis, and no node
 may combine items (a Softmax or Concat over axis 0, a Reshape or Flatten that moves the

@@ -1,7 +1,7 @@
 """The UART bridge's wire protocol: opcodes, status codes and sizes (the one definition).
 
 Shared by the gateware (`gemforge.hw.board.bridge`, whose docstring has the
-protocol table) and the host (`gemforge.driver.uart_device`). Pure Python, no
+protocol table) and the host (`gemforge.driver.runtime.uart_device`). Pure Python, no
 Amaranth, so the host side imports it without the HDL.
 """
 

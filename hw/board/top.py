@@ -8,7 +8,7 @@
                       │                                 ▼
                  Accelerator ── m_axi (AXI4) ──────► AxiMemory (block RAM)
 
-The host (`gemforge.driver.uart_device`, device ``uart:PORT``) writes programs
+The host (`gemforge.driver.runtime.uart_device`, device ``uart:PORT``) writes programs
 and data into the memory and pokes the registers through the bridge's protocol
 (`gemforge.hw.board.bridge`). Memory addresses are the accelerator's DRAM
 addresses, from 0 to ``mem_bytes``; anything beyond answers SLVERR (the

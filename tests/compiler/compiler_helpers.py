@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemforge.driver.device import open_device
+from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS, AccelConfig
 
 #: Buffers so small that every dimension needs many tiles, and micro-ops must be

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gemforge.compiler import OpError, compile_dense, run_dense
-from gemforge.driver.device import open_device
+from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS, AccelConfig
 
 SMALL_BUFFERS = AccelConfig(

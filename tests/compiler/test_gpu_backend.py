@@ -186,7 +186,7 @@ def test_the_large_tile_computes_the_product(dtype):
 @pytest.mark.skipif(not HAVE_GPU, reason=NO_GPU)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_on_the_gpu(case):
-    from gemforge.driver.device import open_device
+    from gemforge.driver.runtime.device import open_device
     name, make, inputs, reference, exact = case
     device = open_device("gpu")
     op = make(device.target)

@@ -14,7 +14,7 @@ from gemforge.compiler.ops import (
     compile_max_pool2d, compile_mean, compile_pad, compile_pool2d, compile_relu, compile_softmax, compile_transpose,
     conv2d_reference, dense_reference, elementwise_reference, max_pool2d_reference, softmax_reference,
 )
-from gemforge.driver.device import open_device
+from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS
 
 CPU = CpuTarget()

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_conv2d, compile_dense
-from gemforge.driver.bench import RESNET18_LAYERS, RESNET18_VARIANTS, roofline
-from gemforge.driver.bench_report import render_markdown
-from gemforge.driver.cli import main
-from gemforge.driver.device import open_device
+from gemforge.driver.tools.bench import RESNET18_LAYERS, RESNET18_VARIANTS, roofline
+from gemforge.driver.tools.bench_report import render_markdown
+from gemforge.driver.tools.cli import main
+from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS
 
 
@@ -123,7 +123,7 @@ def test_models_section_measures_and_renders_a_network():
     """The models section of one network, measured (float32 against ONNX Runtime, int8 fsim = cpu)
     and rendered."""
     pytest.importorskip("onnxruntime")
-    from gemforge.driver import bench_models
+    from gemforge.driver.tools import bench_models
     from gemforge.models import build_crnn_style
     row = bench_models._measure("CRNN", lambda: build_crnn_style(width=16, channels=8, classes=5), "tiny")
     assert row["float32_error"] < 1e-4 and 0.9 < row["int8_cosine"] <= 1.0 and row["accelerator_mac_share"] == 1.0
@@ -175,7 +175,7 @@ def test_bench_synth_reports_the_median_seed_of_a_bare_core_and_the_first_routed
     import threading
 
     import gemforge.hw.synth as synth
-    from gemforge.driver.bench import bench_synth
+    from gemforge.driver.tools.bench import bench_synth
     calls = []
     lock = threading.Lock()
     fmax = {2: 70.0, 3: 60.0, 4: 65.0}

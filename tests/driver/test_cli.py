@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemforge.driver.cli import main
+from gemforge.driver.tools.cli import main
 from gemforge.hw import isa
 from gemforge.hw.config import PRESETS
 
@@ -355,8 +355,8 @@ def test_gpu_device_targets_the_newest_supported_arch_at_or_below_its_own(monkey
     from types import SimpleNamespace
 
     from gemforge.compiler.backends.gpu import cuda
-    from gemforge.driver.device import DeviceError
-    from gemforge.driver.host_device import GpuDevice
+    from gemforge.driver.runtime.device import DeviceError
+    from gemforge.driver.runtime.host_device import GpuDevice
     monkeypatch.setattr(cuda, "device", lambda: SimpleNamespace(arch=arch, name="a test GPU"))
     if chosen is None:
         with pytest.raises(DeviceError, match="sm_80 or newer"):
@@ -488,7 +488,7 @@ def test_shift_on_a_config_without_int8_outputs_and_global_max_pool(tmp_path, ca
 def test_the_python_api_refuses_what_the_accumulator_would_wrap():
     from gemforge.compiler import run_dense
     from gemforge.compiler.ops import OpError
-    from gemforge.driver.device import open_device
+    from gemforge.driver.runtime.device import open_device
     config = PRESETS["tiny"].replace(name="acc16", acc_width=16, out_buffer_bytes=2048)
     a = np.full((2, 8), -128, np.int8)
     with pytest.raises(OpError, match="reach 131072, beyond the int16 accumulator"):
@@ -627,7 +627,7 @@ def test_more_hostile_arguments_are_one_line(tmp_path, capsys):
 
 
 def test_an_npz_of_inputs_that_unpacks_beyond_reason_is_refused_unread(tmp_path, capsys, monkeypatch):
-    from gemforge.driver import cli
+    from gemforge.driver.tools import cli
     np.savez_compressed(tmp_path / "x.npz", x=np.zeros((1 << 20,), np.float32))    # 4 MiB of zeros, packed small
     monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1 << 20)
     code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--quantize", "int8", "--calibrate",
@@ -639,7 +639,7 @@ def test_run_replaces_no_output_when_its_profile_cannot_be_written(tmp_path, cap
     """`run --profile /dev/full` replaced the output file, then failed writing the PNG: the
     outputs are now written together, so the previous output stays and nothing is half done."""
     from onnx import helper
-    from gemforge.driver.model import compile_model
+    from gemforge.driver.runtime.model import compile_model
     from onnx_models import model
     weights = np.ones((3, 4), np.float32)
     m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [2, 3])], [("y", [2, 4])], {"w": weights})
@@ -680,7 +680,7 @@ def test_compile_refuses_a_batch_whose_inputs_no_run_reads(tmp_path, capsys, mon
     """`compile --batch 1000000000` was accepted, and every run of the model was then refused (no
     input file of a whole batch is read): the compile refuses it, naming the bound and the
     largest batch within it, which compiles and runs."""
-    from gemforge.driver import cli
+    from gemforge.driver.tools import cli
     _save_model(tmp_path / "m.onnx", ["N", 3, 8, 8])         # 768 bytes of float32 an item
     code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "--batch", 10 ** 9, "-o", tmp_path / "m.gfm")
     assert code == 2 and err == ("gemforge: error: the model's inputs take 768,000,000,000 bytes (float32) at --batch "

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_dense
-from gemforge.driver.device import DeviceError, available_backends, open_device
+from gemforge.driver.runtime.device import DeviceError, available_backends, open_device
 from gemforge.hw.program import Program, ProgramError, arena_alignment
 from gemforge.hw.config import PRESETS
 from gemforge.sim.cosim import harness

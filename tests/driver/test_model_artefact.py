@@ -14,8 +14,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from gemforge.driver.cli import main
-from gemforge.driver.model import Model, ModelError, compile_model
+from gemforge.driver.tools.cli import main
+from gemforge.driver.runtime.model import Model, ModelError, compile_model
 from gemforge.hw.isa import Load, MemType, Store
 from gemforge.hw.program import Program, TensorRegion, arena_alignment
 from onnx_models import small_cnn

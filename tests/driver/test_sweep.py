@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gemforge.driver import sweep as sweep_module
-from gemforge.driver.cli import main
-from gemforge.driver.sweep import (SweepError, evaluate_point, expand, load_space, pareto_front, render_report,
+from gemforge.driver.tools import sweep as sweep_module
+from gemforge.driver.tools.cli import main
+from gemforge.driver.tools.sweep import (SweepError, evaluate_point, expand, load_space, pareto_front, render_report,
                                    run_sweep, space_from_dict)
 from gemforge.hw.config import PRESETS
 from gemforge.sim.cycle_model import run_cycle_model
@@ -97,7 +97,7 @@ def test_a_fifo_as_the_space_file_is_refused_not_read(tmp_path):
     than hanging the suite."""
     fifo = tmp_path / "space.toml"
     os.mkfifo(fifo)
-    code = "import sys; from gemforge.driver.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from gemforge.driver.tools.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, "sweep", str(fifo), "-o", str(tmp_path / "out"), "--quiet"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -186,7 +186,7 @@ def test_a_point_is_the_cycle_model_of_its_compiled_workload(tmp_path):
     result = evaluate_point({**point, "workload": "digits", "rtl": False})
     assert result["status"] == "ok", result
     (finished,) = run_sweep(space, tmp_path, progress=False, log=lambda _: None)
-    from gemforge.driver.workloads import build_workload
+    from gemforge.driver.tools.workloads import build_workload
     from gemforge.hw.config import AccelConfig
     config = AccelConfig.from_dict(point["config"])
     workload = build_workload("digits", config)
@@ -200,7 +200,7 @@ def test_a_point_is_the_cycle_model_of_its_compiled_workload(tmp_path):
 
 
 def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
-    from gemforge.driver import workloads
+    from gemforge.driver.tools import workloads
     space = space_from_dict(QUICK)
     real_build = workloads.build_workload
 

@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from gemforge.driver.device import DeviceError, available_backends, open_device
-from gemforge.driver.uart_device import BoardFaultError, UartDevice, parse_uart_spec
+from gemforge.driver.runtime.device import DeviceError, available_backends, open_device
+from gemforge.driver.runtime.uart_device import BoardFaultError, UartDevice, parse_uart_spec
 from gemforge.hw.board.protocol import BRIDGE_MAGIC, HEADER_BYTES, Opcode, Status
 from gemforge.hw.config import PRESETS
 from gemforge.hw.regmap import CTRL_BITS, ID_MAGIC, STATUS_BITS, Fault, by_name
@@ -172,7 +172,7 @@ def test_never_written_live_bytes_are_zeroed_before_a_run():
 def test_link_out_of_step_resyncs_before_the_next_command():
     """An answer that comes too late (here: never, then stale bytes) puts the link out of step;
     the next command first resyncs, so a stale byte is never read as a status."""
-    from gemforge.driver.uart_link import BridgeLink, LinkError
+    from gemforge.driver.runtime.uart_link import BridgeLink, LinkError
 
     class LateBoard(FakeBoard):
         swallow = True

@@ -46,7 +46,7 @@ import numpy as np
 import onnx
 import pytest
 
-from gemforge.driver.model import compile_model
+from gemforge.driver.runtime.model import compile_model
 from gemforge.models.exported import build_alexnet_style, build_crnn_style, build_unet_style, build_yolo_style
 
 

@@ -17,8 +17,8 @@ from onnx import helper
 
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
-from gemforge.driver.cli import main
-from gemforge.driver.model import Model, ModelError, compile_model
+from gemforge.driver.tools.cli import main
+from gemforge.driver.runtime.model import Model, ModelError, compile_model
 from onnx_models import model, ort_run, small_cnn
 
 N = helper.make_node

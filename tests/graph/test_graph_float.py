@@ -11,7 +11,7 @@ from onnx import helper
 
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
-from gemforge.driver.model import compile_model
+from gemforge.driver.runtime.model import compile_model
 from onnx_models import model, ort_run, small_cnn
 
 pytest.importorskip("onnxruntime")
@@ -265,8 +265,8 @@ def test_rank_0_tensors_run_as_onnx_runtime_runs_them(nodes, initializers):
 def test_tensors_named_like_numpys_own_parameters_survive_save_and_load(tmp_path):
     """``file`` and ``allow_pickle`` are np.savez's own parameters: a constant or an output so
     named still reaches the saved artefact and the outputs' .npz."""
-    from gemforge.driver.cli import main
-    from gemforge.driver.model import Model
+    from gemforge.driver.tools.cli import main
+    from gemforge.driver.runtime.model import Model
     rng = np.random.default_rng(5)
     weights = rng.normal(size=(3, 4)).astype(np.float32)
     m = model([helper.make_node("MatMul", ["x", "file"], ["allow_pickle"]), helper.make_node("Relu", ["x"], ["other"])],

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemforge.compiler.graph.evaluate import evaluate
-from gemforge.driver.model import Model, ModelError, compile_model
+from gemforge.driver.runtime.model import Model, ModelError, compile_model
 from gemforge.hw.config import PRESETS, AccelConfig
 from onnx_models import small_cnn
 
@@ -218,7 +218,7 @@ def test_runtime_refusals(tmp_path):
         model.run(np.zeros((3, 3, 8, 8), np.float32), "fsim")
     with pytest.raises(ModelError, match="unknown device 'tpu'.* or uart:PORT"):
         model.run(np.zeros((2, 3, 8, 8), np.float32), "tpu")
-    from gemforge.driver.device import DeviceError
+    from gemforge.driver.runtime.device import DeviceError
     with pytest.raises(DeviceError, match="/dev/no-such-gemforge-port"):
         model.run(np.zeros((2, 3, 8, 8), np.float32), "uart:/dev/no-such-gemforge-port")
     with pytest.raises(ModelError, match="the gpu runs float32 networks"):

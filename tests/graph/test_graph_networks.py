@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from gemforge.driver.cli import main
-from gemforge.driver.model import Model, compile_model
+from gemforge.driver.tools.cli import main
+from gemforge.driver.runtime.model import Model, compile_model
 from gemforge.models import build_resnet18, digits
 
 

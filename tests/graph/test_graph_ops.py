@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
 from gemforge.compiler.graph.quantize import FLOAT_ONLY
-from gemforge.driver.model import Model, compile_model
+from gemforge.driver.runtime.model import Model, compile_model
 from onnx_models import model, ort_run
 
 pytest.importorskip("onnxruntime")

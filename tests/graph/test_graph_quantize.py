@@ -11,7 +11,7 @@ from onnx import helper
 from gemforge.compiler.graph import GraphError
 from gemforge.compiler.graph.evaluate import evaluate
 from gemforge.compiler.graph.ir import Graph, Node, Value
-from gemforge.driver.model import Model, compile_model
+from gemforge.driver.runtime.model import Model, compile_model
 from onnx_models import model, ort_run
 
 N = helper.make_node

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gemforge.compiler.graph import SUPPORTED_OPS, GraphError
 from gemforge.compiler.graph.onnx_import import MIN_OPSET
-from gemforge.driver.cli import main
-from gemforge.driver.model import Model, compile_model
+from gemforge.driver.tools.cli import main
+from gemforge.driver.runtime.model import Model, compile_model
 from onnx_models import model, ort_run
 
 pytest.importorskip("onnxruntime")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler.graph import SUPPORTED_OPS, GraphError
-from gemforge.driver.model import compile_model
+from gemforge.driver.runtime.model import compile_model
 
 pytest.importorskip("onnx.backend.test.case.node")
 

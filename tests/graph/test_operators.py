@@ -11,7 +11,7 @@ from gemforge.compiler.graph.operators import OPERATORS, Int8, op_def
 from gemforge.compiler.graph.operators.__main__ import PAGE, with_table
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.compiler.ops.functions import FLOAT_FUNCTIONS
-from gemforge.driver.model import Model
+from gemforge.driver.runtime.model import Model
 
 
 def test_the_operator_table_in_extending_md_is_current():

@@ -40,7 +40,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gemforge.driver.model import compile_model
+from gemforge.driver.runtime.model import compile_model
 from gemforge.models.transformers import build_bert_tiny, build_vit_tiny
 
 #: name → (builder, one input item's shape)

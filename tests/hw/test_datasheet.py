@@ -262,7 +262,7 @@ def test_generate_writes_the_datasheet(tmp_path, monkeypatch):
 def test_the_assembler_example_runs(name, device):
     """The datasheet's example, copied out of the text, assembles for its config (and only
     for it), and computes y = (x · wᵀ) >> 3 on fsim and on the RTL."""
-    from gemforge.driver.device import open_device
+    from gemforge.driver.runtime.device import open_device
     if device != "fsim" and not harness.simulator_available(device):
         pytest.skip(f"{device} is not installed")
     config = CONFIGS[name]

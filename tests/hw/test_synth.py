@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gemforge.driver.cli import main
+from gemforge.driver.tools.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.synth import (
     DEVICES, PLACER_TIMING_WEIGHT, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells,

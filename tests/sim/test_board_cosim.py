@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_dense, dense_reference, run_dense
-from gemforge.driver.device import DeviceError, LoadedProgram, open_device
-from gemforge.driver.rtl_device import RtlFaultError
-from gemforge.driver.uart_device import BoardFaultError
-from gemforge.driver.uart_link import LinkError
+from gemforge.driver.runtime.device import DeviceError, LoadedProgram, open_device
+from gemforge.driver.runtime.rtl_device import RtlFaultError
+from gemforge.driver.runtime.uart_device import BoardFaultError
+from gemforge.driver.runtime.uart_link import LinkError
 from gemforge.hw.board.protocol import BRIDGE_MAGIC, Opcode, Status, header
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Finish, Load, MemType, encode_program
@@ -170,7 +170,7 @@ def test_cli_run_op_on_the_uart_device(board, tmp_path, capsys):
     """`gemforge run-op gemm --device uart:PORT` (the CLI opens its own link to the same terminal)."""
     import json
 
-    from gemforge.driver.cli import main
+    from gemforge.driver.tools.cli import main
     rng = np.random.default_rng(10)
     a = rng.integers(-128, 128, (3, 6), dtype=np.int8)
     b = rng.integers(-128, 128, (6, 5), dtype=np.int8)
@@ -188,7 +188,7 @@ def test_cli_run_op_on_the_uart_device(board, tmp_path, capsys):
 def test_int8_network_through_the_uart_equals_fsim(board):
     """A whole quantized network (its accelerator layers on the board, the rest on the cpu),
     as `gemforge run model.gfm --device uart:PORT` runs it."""
-    from gemforge.driver.model import compile_model
+    from gemforge.driver.runtime.model import compile_model
     from onnx_models import small_cnn
     rng = np.random.default_rng(11)
     m = small_cnn(rng, channels=4, image=6, batch="N", residual=False)

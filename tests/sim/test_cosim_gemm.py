@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_dense, run_dense
-from gemforge.driver.device import available_backends, open_device
+from gemforge.driver.runtime.device import available_backends, open_device
 from gemforge.hw.config import PRESETS
 from gemforge.sim.cosim import harness
 

@@ -12,11 +12,11 @@ programs.
 import numpy as np
 import pytest
 
-from gemforge.driver.device import DeviceError, open_device
+from gemforge.driver.runtime.device import DeviceError, open_device
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Finish, Gemm, Store, encode_program, insn_bytes
 from gemforge.sim.cosim import harness
-from gemforge.driver.rtl_device import RtlFaultError
+from gemforge.driver.runtime.rtl_device import RtlFaultError
 from gemforge.hw.regmap import Fault
 from gemforge.sim.cosim.random_program import data_bytes, random_program
 

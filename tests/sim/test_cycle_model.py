@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_conv2d, compile_dense
-from gemforge.driver.bench import RESNET18_LAYERS
-from gemforge.driver.device import open_device
+from gemforge.driver.tools.bench import RESNET18_LAYERS
+from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program
 from gemforge.hw.timing import timing_of
@@ -62,7 +62,7 @@ def test_mul_and_register_shr_issue_at_half_rate_and_other_ops_at_full_rate():
 
 @needs_verilator
 def test_alu_instructions_take_the_cycles_the_model_gives_them_on_verilator():
-    from gemforge.driver.rtl_perf import _run
+    from gemforge.driver.tools.rtl_perf import _run
     c = PRESETS["tiny"]
     uops = [Uop(dst=i % 8, src=(i * 3) % 16) for i in range(16)]
     for op, imm in ((AluOp.MUL, None), (AluOp.MUL, 3), (AluOp.SHR, None), (AluOp.SHR, -3), (AluOp.ADD, None),
@@ -202,7 +202,7 @@ def test_model_error_against_verilator_on_every_resnet18_layer():
 
 def test_cycles_command_prints_the_model_of_a_program_file(tmp_path, capsys):
     import json
-    from gemforge.driver.cli import main
+    from gemforge.driver.tools.cli import main
     op = compile_conv2d(PRESETS["default"], (1, 32, 14, 14), (32, 32, 3, 3), padding=1)
     path = tmp_path / "conv.gfp"
     op.program.save(path)
@@ -237,8 +237,8 @@ def test_the_model_refuses_what_fsim_and_the_hardware_refuse():
 def test_the_model_refuses_micro_op_indices_that_fsim_refuses(tmp_path, capsys, kind):
     """Micro-ops whose index plus loop strides leaves a buffer: fsim refuses the program; the
     cycle model (and `gemforge cycles`) timed it. Both now give fsim's error, word for word."""
-    from gemforge.driver.cli import main
-    from gemforge.driver.fsim_device import FsimDevice
+    from gemforge.driver.tools.cli import main
+    from gemforge.driver.runtime.fsim_device import FsimDevice
     from gemforge.hw.asm import assemble
     config = PRESETS["tiny"]
     loop = ("alu.add uop_bgn=0 uop_end=2 iter_out=4 iter_in=1 dst_factor_out=20 imm=1" if kind == "alu" else

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemforge.driver.cli import main
+from gemforge.driver.tools.cli import main
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from gemforge.hw.program import Program

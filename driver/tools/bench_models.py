@@ -16,7 +16,7 @@ import onnx
 from gemforge.models import (build_alexnet_style, build_bert_tiny, build_crnn_style, build_unet_style,
                              build_vit_tiny, build_yolo_style)
 
-from .model import compile_model
+from ..runtime.model import compile_model
 
 __all__ = ["bench_models", "MODELS"]
 

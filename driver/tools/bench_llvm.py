@@ -227,7 +227,7 @@ def bench_gpu(size: int = 4096) -> dict[str, Any]:
     numpy on a slice, beside the device's float32 peak (SMs × 128 lanes × 2 × clock)."""
     from gemforge.compiler.backends.gpu import cuda
     from gemforge.compiler.ops import compile_dense
-    from gemforge.driver.device import open_device
+    from gemforge.driver.runtime.device import open_device
     device = open_device("gpu")
     dev = cuda.device()
     peak = dev.multiprocessors * 128 * 2 * dev.clock_khz * 1e3

@@ -71,7 +71,7 @@ def _resnet18_convs(config: AccelConfig) -> list[WorkloadLayer]:
 def _network(config: AccelConfig, model) -> list[WorkloadLayer]:
     from gemforge.compiler.graph.compile import compile_network
     from gemforge.compiler.graph.onnx_import import import_onnx
-    from gemforge.driver.model import _macs
+    from gemforge.driver.runtime.model import _macs
     graph = import_onnx(model)
     rng = np.random.default_rng(0)
     samples = {name: rng.normal(0.0, 1.0, (4, *graph.values[name].shape)).astype(np.float32)

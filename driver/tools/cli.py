@@ -28,7 +28,7 @@ from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError, derived
 
-from .device import HOST_DEVICES, DeviceError, available_backends, open_device
+from ..runtime.device import HOST_DEVICES, DeviceError, available_backends, open_device
 from .operators import OPERATORS
 from gemforge.files import (check_regular_input, check_writable, file_above, npz_bytes, write_bytes_atomic,
                             write_files_atomic)
@@ -278,7 +278,7 @@ def _profile_path(args: argparse.Namespace) -> str | None:
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
-    from .model import compile_model
+    from ..runtime.model import compile_model
     samples = _load_inputs(args.calibrate, "calibration samples") if args.calibrate else None
     if args.calibrate and not args.quantize:
         raise UsageError("--calibrate goes with --quantize int8")
@@ -369,8 +369,8 @@ _NPY_HEADER_BYTES = 12 + 10_000
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from .model import Model
-    from .profile import profile_png, profile_table, profile_totals
+    from ..runtime.model import Model
+    from ..runtime.profile import profile_png, profile_table, profile_totals
     _refuse_overwriting(args.output, args.model, args.input)
     profile = _profile_path(args)
     if profile is not None and Path(profile).is_dir():     # found before the run, not after its output
@@ -699,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="evaluate a space of accelerator configs on a workload (cycle model, "
                                      "synthesis): CSV, JSON, Pareto and roofline plots",
-                       description="Evaluate every point of a design space (see gemforge.driver.sweep and "
+                       description="Evaluate every point of a design space (see gemforge.driver.tools.sweep and "
                                    "examples/sweeps/small.toml): cycles from the cycle model, resources and Fmax "
                                    "from synthesis, throughput and efficiency; interrupted sweeps resume.")
     p.add_argument("space", nargs="?", help="the space file (.toml)")

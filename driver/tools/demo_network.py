@@ -20,8 +20,8 @@ from rich.table import Table
 from gemforge.hw.config import PRESETS
 from gemforge.hw.generate import generate
 
-from .model import compile_model
-from .profile import profile_table, profile_totals, save_profile_png
+from ..runtime.model import compile_model
+from ..runtime.profile import profile_table, profile_totals, save_profile_png
 
 __all__ = ["demo_network", "DEMO_DIR"]
 

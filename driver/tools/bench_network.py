@@ -15,8 +15,8 @@ from gemforge.hw.config import AccelConfig
 
 from .bench import _best_of
 from .bench_llvm import _ort_session, best_interleaved, cores
-from .model import compile_model
-from .profile import profile_totals
+from ..runtime.model import compile_model
+from ..runtime.profile import profile_totals
 
 __all__ = ["bench_networks"]
 

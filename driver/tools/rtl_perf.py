@@ -1,6 +1,6 @@
 """RTL performance measurements on the co-simulation (the issue's performance targets).
 
-``python -m gemforge.driver.rtl_perf [CONFIG] [SIMULATOR]`` prints one JSON object:
+``python -m gemforge.driver.tools.rtl_perf [CONFIG] [SIMULATOR]`` prints one JSON object:
 
 * ``gemm_uops_per_cycle``: extra cycles for 102,400 more GEMM micro-ops in one
   instruction (two runs differing only in ``iter_out``), so fixed costs cancel;
@@ -37,7 +37,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Instruction, Load, MemType, Store, Uop, encode_program, encode_uops
 
-from .device import open_device
+from ..runtime.device import open_device
 
 __all__ = ["measure"]
 

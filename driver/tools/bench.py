@@ -33,7 +33,7 @@ def _best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
 def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 3) -> dict[str, Any]:
     """fsim's speed on the compiled GEMM, against numpy's int32 matmul of the same product."""
     from gemforge.compiler import compile_dense
-    from .device import open_device
+    from ..runtime.device import open_device
 
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
@@ -140,7 +140,7 @@ def bench_utilization(config: AccelConfig, device_kind: str, layers: list | None
     with latency hiding on and off in the same run; compile time and tiling per operator."""
     from gemforge.compiler import compile_conv2d, compile_dense, conv2d_reference, dense_reference
     from gemforge.compiler.backends.accel.fusion import alu_epilogue
-    from .device import open_device
+    from ..runtime.device import open_device
 
     rng = np.random.default_rng(0)
     report: dict[str, Any] = {"config": config.name, "device": device_kind}

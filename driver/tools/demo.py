@@ -26,7 +26,7 @@ from gemforge.compiler import compile_dense, dense_reference
 from gemforge.hw.asm import disassemble
 from gemforge.hw.config import PRESETS
 
-from .device import HOST_DEVICES, open_device
+from ..runtime.device import HOST_DEVICES, open_device
 from gemforge.compiler import compile_conv2d, conv2d_reference
 
 __all__ = ["run_demo"]

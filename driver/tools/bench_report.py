@@ -118,7 +118,7 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         out += [
             f"## RTL: the accelerator's core rates ({core['simulator']})", "",
             "Each rate is the difference of two runs that differ only in size, so fixed costs cancel",
-            "(`gemforge.driver.rtl_perf`). Entries narrower than a bus beat (micro-ops everywhere;",
+            "(`gemforge.driver.tools.rtl_perf`). Entries narrower than a bus beat (micro-ops everywhere;",
             "input and output entries of small cores) share beats through banked buffers.", "",
             f"| figure | {names} | target (issue 3) |", "| --- | " + "--- | " * len(cores) + "--- |",
             *_core_rows(cores), "",
@@ -479,7 +479,7 @@ def _utilization_section(util: dict[str, Any]) -> list[str]:
     return out
 
 
-#: The ResNet-18 variants the report shows (`gemforge.driver.bench.RESNET18_VARIANTS`).
+#: The ResNet-18 variants the report shows (`gemforge.driver.tools.bench.RESNET18_VARIANTS`).
 _UTILIZATION_KEYS = ("latency_hiding", "no_latency_hiding", "int8_epilogue", "int8_epilogue_alu")
 
 

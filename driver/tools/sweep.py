@@ -1,7 +1,7 @@
 """`gemforge sweep`: which accelerator shape is best per unit of area, for a workload.
 
 A *space* (a TOML file, `load_space`) is a base config, lists or ranges of config fields,
-constraints between them, a workload (`gemforge.driver.workloads`) and what to measure::
+constraints between them, a workload (`gemforge.driver.tools.workloads`) and what to measure::
 
     name = "small"
     base = "tiny"                    # a preset, or a config file (relative to the space file)
@@ -430,7 +430,7 @@ def _layer_bytes(program) -> int:
 
 def _rtl_cycles(config: AccelConfig, layers) -> list[int]:
     """Each layer program's cycles on Verilator (its arena's data values do not change them)."""
-    from .device import open_device
+    from ..runtime.device import open_device
     cycles = []
     with open_device("verilator", config) as device:
         for layer in layers:
