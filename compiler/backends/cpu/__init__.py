@@ -10,6 +10,10 @@ callable on numpy arrays.
                    name and features (the host's by default)
     jit            MCJIT → a `CpuKernel`, called with numpy arrays
 
+A function compiled before on this machine (`cache`: its object code and optimized IR on
+disk, keyed by its structure, the CPU and the back end's source) skips the last three: its
+`CpuModule` carries the cached IR and object code, and ``jit`` loads the object.
+
 `CpuModule.llvm_ir` and `CpuKernel.assembly` are the inspectable artefacts
 (``gemforge compile-op --device cpu --emit llvm|asm``).
 """
@@ -31,7 +35,7 @@ from ...ir import Buffer, PrimFunc
 from ...passes import partition_tiles
 from ...target import CpuTarget
 from ..llvm.module import optimize_o3, split_workspaces
-from . import runtime
+from . import cache, runtime
 from .codegen import CpuCodegen
 
 __all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits",
@@ -166,6 +170,10 @@ class CpuModule:
     llvm_ir: str
     workspaces: list[Buffer] = field(default_factory=list)
     module: Any = None  # llvmlite.binding.ModuleRef once parsed and optimized
+    #: The native code, where the kernel cache held it (``llvm_ir`` is then the optimized IR).
+    object_code: bytes | None = None
+    #: The kernel cache's key of ``func`` for this target (None: not cached).
+    cache_key: str | None = None
 
     def __str__(self) -> str:
         return self.llvm_ir
@@ -210,33 +218,59 @@ class CpuKernel:
             self._entry(*(a.ctypes.data for a in arrays), *(w.ctypes.data for w in self._scratch))
 
 
-def make_llvm_ir(func: PrimFunc, target: CpuTarget) -> CpuModule:
+def make_llvm_ir(func: PrimFunc, target: CpuTarget, *, cached: bool = True) -> CpuModule:
     """The function in LLVM IR (unoptimized), for the target's triple and data layout.
     Intermediate tensors allocated at the top of the function become workspace
-    parameters (allocated once by the kernel, not per call)."""
+    parameters (allocated once by the kernel, not per call). A function the kernel cache holds
+    for this target (and ``cached``) comes back with its object code and optimized IR instead."""
+    _initialize()
+    key = cache.kernel_key(func, *_host(target))
+    workspaces, body = split_workspaces(func)
+    held = cache.load(key) if cached else None
+    if held is not None:
+        object_code, optimized = held
+        return CpuModule(func, target, f"; {func.name}: optimized IR from the kernel cache\n{optimized}", workspaces,
+                         object_code=object_code, cache_key=key)
     machine = target_machine(target)
     module = ll.Module(name=func.name)
     module.triple = llvm.get_process_triple()
     module.data_layout = str(machine.target_data)
-    workspaces, body = split_workspaces(func)
     CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs),
                vnni=has_feature(target, "avx512vnni"), vl=has_feature(target, "avx512vl")).emit_function()
-    return CpuModule(func, target, str(module), workspaces)
+    return CpuModule(func, target, str(module), workspaces, cache_key=key)
 
 
 def optimize(mod: CpuModule, target: CpuTarget) -> CpuModule:
-    """LLVM's O3 pipeline with loop and SLP vectorization for the target CPU."""
+    """LLVM's O3 pipeline with loop and SLP vectorization for the target CPU (nothing to do for
+    a module the kernel cache held)."""
+    if mod.object_code is not None:
+        return mod
     ref = optimize_o3(mod.llvm_ir, target_machine(target), vectorize=True)
-    return CpuModule(mod.func, target, str(ref), mod.workspaces, ref)
+    return CpuModule(mod.func, target, str(ref), mod.workspaces, ref, cache_key=mod.cache_key)
 
 
 def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
-    """Native code for the module, loaded into this process."""
-    engine = llvm.create_mcjit_compiler(mod.module, target_machine(target, fresh=True))
-    engine.finalize_object()
-    address = engine.get_function_address(mod.func.name)
+    """Native code for the module, loaded into this process: compiled by MCJIT (and kept in
+    the kernel cache), or the cached object code loaded as it is."""
+    if mod.object_code is not None:
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target, fresh=True))
+        engine.add_object_file(llvm.ObjectFileRef.from_data(mod.object_code))
+        engine.finalize_object()
+        address = engine.get_function_address(mod.func.name)
+        if not address:       # not the kernel it should be: compile it again
+            return jit(optimize(make_llvm_ir(mod.func, target, cached=False), target), target)
+        llvm_ir = mod.llvm_ir.split("\n", 1)[1]
+    else:
+        engine = llvm.create_mcjit_compiler(mod.module, target_machine(target, fresh=True))
+        compiled: list[bytes] = []
+        engine.set_object_cache(lambda module, buffer: compiled.append(bytes(buffer)))
+        engine.finalize_object()
+        address = engine.get_function_address(mod.func.name)
+        if compiled:
+            cache.store(mod.cache_key, compiled[0], mod.llvm_ir)
+        llvm_ir = mod.llvm_ir
     entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(mod.func.params) + len(mod.workspaces))))(address)
-    return CpuKernel(mod.func, target, mod.llvm_ir, mod.workspaces, engine, entry)
+    return CpuKernel(mod.func, target, llvm_ir, mod.workspaces, engine, entry)
 
 
 def stages(target: CpuTarget) -> dict[str, Callable[[Any], Any]]:
