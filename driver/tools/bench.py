@@ -263,7 +263,7 @@ def _synth_point(name: str, target: str, board: str | None, out: Path, seed: int
                  timeout_s: float | None) -> tuple[dict[str, Any], bool]:
     """`run_synth` of one point with one seed, its refusal or failure as a report (that is a
     result too); and whether place and route ran past ``timeout_s``."""
-    from gemforge.hw import synth
+    from gemforge.hw.flow import synth
     from gemforge.hw.config import PRESETS
     place = synth.PlaceOptions(seed=seed, timeout_s=timeout_s) if target != "generic" else None
     try:
@@ -279,7 +279,7 @@ def _synth_point(name: str, target: str, board: str | None, out: Path, seed: int
 
 def bench_synth(points=SYNTH_POINTS, work_dir: str | None = None, seeds=SYNTH_SEEDS,
                 timeout_s: float | None = SYNTH_PLACE_TIMEOUT_S, jobs: int | None = None) -> dict[str, Any]:
-    """Resources and Fmax of each (preset, target, board) of ``points`` (`gemforge.hw.synth.run_synth`).
+    """Resources and Fmax of each (preset, target, board) of ``points`` (`gemforge.hw.flow.synth.run_synth`).
 
     A bare accelerator on an FPGA target is placed with every one of ``seeds``, ``jobs`` at a
     time (default: the machine's cores); the point reports the median placement (the lower
@@ -394,7 +394,7 @@ def bench_sweep(example: str, jobs: int = 2) -> dict[str, Any]:
     import tempfile
     from .sweep import load_space, pareto_front, run_sweep
     from gemforge.sim.cosim.harness import cache_root
-    path = Path(__file__).resolve().parents[1] / "examples" / "sweeps" / f"{example}.toml"
+    path = Path(__file__).resolve().parents[2] / "examples" / "sweeps" / f"{example}.toml"
     if not path.is_file():
         raise FileNotFoundError(f"the example space {path} is missing (run from a source checkout)")
     space = load_space(path)

@@ -45,7 +45,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that report a user mistake (imported lazily: optional parts)."""
     from gemforge.compiler.errors import CompileError
     from gemforge.hw.asm import AsmError
-    from gemforge.hw.synth import SynthError
+    from gemforge.hw.flow.synth import SynthError
     from gemforge.sim.cosim.harness import CosimError
     from gemforge.sim.fsim import FsimError
     from gemforge.sim.regress import RegressError
@@ -462,7 +462,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from gemforge.hw.generate import generate
+    from gemforge.hw.flow.generate import generate
     config = _config(args)
     _check_output_dir(args.output)
     for path in generate(config, args.output):
@@ -475,7 +475,7 @@ def cmd_synth(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gemforge.hw.synth import PlaceOptions, run_synth
+    from gemforge.hw.flow.synth import PlaceOptions, run_synth
     config = _config(args)
     _check_output_dir(args.output)
     place = PlaceOptions(seed=args.seed, router=args.router, timeout_s=args.place_timeout,
@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: generic)")
     p.add_argument("--freq", type=float, metavar="MHZ",
                    help="nextpnr's target clock in MHz (default: the config's clock_mhz)")
-    from gemforge.hw.synth import BOARDS
+    from gemforge.hw.flow.synth import BOARDS
     p.add_argument("--board", choices=tuple(BOARDS),
                    help="build the board top (the accelerator, block RAM for DRAM, a UART bridge) on this board's "
                         "pins and clock instead of the bare accelerator; ulx3s is an ECP5-85F, icebreaker an iCE40UP5K")
@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with a board: bytes of block RAM standing in for DRAM (default 65536)")
     p.add_argument("--bitstream", action="store_true",
                    help="place and route on a board and write its bitstream (the target's board unless --board)")
-    from gemforge.hw.synth import PLACER_TIMING_WEIGHT, ROUTERS
+    from gemforge.hw.flow.synth import PLACER_TIMING_WEIGHT, ROUTERS
     p.add_argument("--seed", type=int, metavar="N",
                    help="nextpnr's placement seed (default: nextpnr's own); another seed is another placement, "
                         "its Fmax a few percent either way")

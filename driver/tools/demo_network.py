@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.generate import generate
+from gemforge.hw.flow.generate import generate
 
 from ..runtime.model import compile_model
 from ..runtime.profile import profile_table, profile_totals, save_profile_png

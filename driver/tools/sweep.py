@@ -20,9 +20,9 @@ Every combination of the fields (at least one) is a point. A point the constrain
 is invalid, is listed with the reason; the others are evaluated by `evaluate_point`, a pure
 function of (config, workload, options, the source and tool versions): the workload compiled
 for the config, its cycles from the cycle model (`gemforge.sim.cycle_model`) and, for a
-sample, from Verilator. Resources come from synthesis (`synthesize_point`, `gemforge.hw.synth`,
+sample, from Verilator. Resources come from synthesis (`synthesize_point`, `gemforge.hw.flow.synth`,
 cached across sweeps) of every point, or, with ``synthesis_sample = N``, of N points spread
-over the space, to which an area model is fitted (`gemforge.hw.area_model`) that predicts the
+over the space, to which an area model is fitted (`gemforge.hw.flow.area_model`) that predicts the
 others; the points it puts on the Pareto front are then synthesized to confirm them, and its
 error on them is reported. Throughput = MACs per second at the post-route Fmax (ecp5-85f) or
 at the config's nominal clock; efficiency = throughput per resource. A point that fails is recorded with its error and
@@ -404,7 +404,7 @@ def point_key(task: dict[str, Any]) -> str:
 
 def _synthesize(config: AccelConfig, target: str) -> dict[str, Any]:
     """The synthesis report of ``config`` on ``target``, cached across sweeps by config and versions."""
-    from gemforge.hw.synth import FitError, run_synth
+    from gemforge.hw.flow.synth import FitError, run_synth
     from gemforge.sim.cosim.harness import cache_root
     key = hashlib.sha256((json.dumps({k: v for k, v in config.to_dict().items() if k != "name"}, sort_keys=True)
                           + target + source_digest()).encode()).hexdigest()[:20]
@@ -446,7 +446,7 @@ def evaluate_point(task: dict[str, Any]) -> dict[str, Any]:
     """A point's cycles: ``task`` holds ``config`` (a config dict), ``workload`` (a spec) and
     ``rtl`` (also run on Verilator). Never raises: a failure is returned as ``status: failed``
     with the error."""
-    from gemforge.hw.synth import buffer_bits
+    from gemforge.hw.flow.synth import buffer_bits
     from gemforge.sim.cycle_model import run_cycle_model
     from .workloads import build_workload
     start = time.perf_counter()
@@ -578,7 +578,7 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
                 raise SweepError(f"synthesis failed on the sample ({len(fitted)} of {space.synthesis_sample} ok), "
                                  "so no area model can be fitted: "
                                  + "; ".join(s["error"] for s in synthesized.values() if s["status"] != "ok")[:500])
-            from gemforge.hw.area_model import fit_area_model
+            from gemforge.hw.flow.area_model import fit_area_model
             area_model = fit_area_model([configs[i] for i in fitted], [synthesized[i]["resources"] for i in fitted],
                                         [synthesized[i]["fmax_mhz"] for i in fitted])
             for i in ok:
@@ -934,7 +934,7 @@ def _render_report(out: Path, summary: dict) -> Path:
     if model:
         lines += ["", "## Area model", "",
                   f"Resources of the points not synthesized come from a model fitted to {model['samples']} "
-                  "synthesized points (`gemforge.hw.area_model`: each resource a non-negative combination of "
+                  "synthesized points (`gemforge.hw.flow.area_model`: each resource a non-negative combination of "
                   f"{', '.join(model['features'])}). Its leave-one-out error over the sample: " +
                   ", ".join(f"{k} {100 * v:.1f}%" for k, v in model["leave_one_out_error"].items()) +
                   ". The predicted Pareto points were then synthesized; the model's error on them:", "",

@@ -22,7 +22,7 @@ names the platforms this was written for:
   memory in SPRAM, which the dual-ported `AxiMemory` does not map to.
 
 Build a bitstream with ``gemforge synth --config ulx3s --target ecp5-85f --bitstream -o DIR``
-(`gemforge.hw.synth`, which points Amaranth's build at the YoWASP tools: YOSYS,
+(`gemforge.hw.flow.synth`, which points Amaranth's build at the YoWASP tools: YOSYS,
 NEXTPNR_ECP5 and ECPPACK).
 """
 

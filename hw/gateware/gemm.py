@@ -13,7 +13,7 @@ nothing).
 
 Each lane's dot product is a module of its own (`DotLane`, named by `lane_name`),
 so that a synthesis flow can choose per lane how its multipliers are built: an
-FPGA's DSP blocks, or LUT logic where the DSPs run out (`gemforge.hw.synth`
+FPGA's DSP blocks, or LUT logic where the DSPs run out (`gemforge.hw.flow.synth`
 rewrites the chosen lanes' multipliers with Yosys's ``booth`` pass).
 
 The product registers stay in the fabric. Yosys infers no DSP-block registers on the ECP5,

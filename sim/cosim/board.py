@@ -53,7 +53,8 @@ class BoardBuild:
 def _digest() -> str:
     h = hashlib.sha256()
     files = (sorted((_HW / "gateware").glob("*.py")) + sorted((_HW / "board").glob("*.py"))
-             + [_HW / n for n in ("config.py", "isa.py", "regmap.py")] + [Path(__file__), _HERE / "board_tb.py"])
+             + [_HW / n for n in ("config.py", "isa.py", "regmap.py", "microarch.py")]
+             + [Path(__file__), _HERE / "board_tb.py"])
     for path in files:
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -91,7 +92,7 @@ def build_board(config: AccelConfig, mem_bytes: int = 64 << 10, cycles_per_bit: 
         if stamp.exists():
             return built
         from gemforge.hw.board.top import BoardTop
-        from gemforge.hw.generate import convert_verilog
+        from gemforge.hw.flow.generate import convert_verilog
         src = build_dir / "src"
         src.mkdir(parents=True, exist_ok=True)
         top = BoardTop(config, mem_bytes, clk_hz=cycles_per_bit * NOMINAL_BAUD, baud=NOMINAL_BAUD)

@@ -109,7 +109,8 @@ def toolchain_identity(simulator: str) -> list[str]:
 def _sources_digest() -> str:
     h = hashlib.sha256()
     files = sorted((_HW / "gateware").glob("*.py")) + [
-        _HW / n for n in ("config.py", "isa.py", "regmap.py", "generate.py")] + [_HERE / "dram_model.py", Path(__file__)]
+        _HW / n for n in ("config.py", "isa.py", "regmap.py", "microarch.py", "flow/generate.py")] + [
+        _HERE / "dram_model.py", Path(__file__)]
     for path in files:
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -257,7 +258,7 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     with _locked(build_dir.with_suffix(".lock")):
         if stamp.exists():
             return result
-        from gemforge.hw.generate import verilog_top
+        from gemforge.hw.flow.generate import verilog_top
         src = build_dir / "src"
         src.mkdir(parents=True, exist_ok=True)
         (src / "gemforge_top.v").write_text(verilog_top(config))
@@ -301,7 +302,7 @@ VERILATOR_MAKE_VARS = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2 OPT_GLOBAL=-O2"
 #: as an integrator's cocotb testbench would. Under SystemVerilog rules a declaration's
 #: initializer (``reg x = 0;``) makes no update event at time 0, so Verilog that needs one to
 #: evaluate its ``always @*`` blocks (Amaranth's own output) reads X after reset there; the
-#: generated top has no such blocks (`gemforge.hw.generate.VERILOG_PASSES`), and the DRAM
+#: generated top has no such blocks (`gemforge.hw.flow.generate.VERILOG_PASSES`), and the DRAM
 #: model and the wrapper have none either.
 ICARUS_BUILD_ARGS: list[str] = []
 

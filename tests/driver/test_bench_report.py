@@ -174,7 +174,7 @@ def test_bench_synth_reports_the_median_seed_of_a_bare_core_and_the_first_routed
     routes; a core that does not fit is not drawn again; other failures are not retried."""
     import threading
 
-    import gemforge.hw.synth as synth
+    import gemforge.hw.flow.synth as synth
     from gemforge.driver.tools.bench import bench_synth
     calls = []
     lock = threading.Lock()

@@ -238,7 +238,7 @@ def test_failing_points_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch):
 
 def _fake_gates(config) -> int:
     """A made-up synthesis result that is linear in the area model's features."""
-    from gemforge.hw.area_model import features
+    from gemforge.hw.flow.area_model import features
     return int(features(config) @ [20_000, 7, 3, 50, 0.01])
 
 
@@ -272,7 +272,7 @@ def test_area_model_predicts_and_the_pareto_front_is_confirmed_by_synthesis(tmp_
 
 
 def test_area_model_fit_is_exact_on_linear_data_and_reports_its_error():
-    from gemforge.hw.area_model import fit_area_model
+    from gemforge.hw.flow.area_model import fit_area_model
     configs = [PRESETS["tiny"].replace(block_in=b, block_out=o, bus_width=w)
                for b in (4, 8, 16) for o in (4, 16) for w in (64, 128)]
     model = fit_area_model(configs, [{"gates": _fake_gates(c)} for c in configs])

@@ -15,11 +15,11 @@ import pytest
 
 from gemforge.hw import asm, isa, regmap
 from gemforge.hw.config import PRESETS, AccelConfig, load_config
-from gemforge.hw.datasheet import datasheet, register_reset, verilator_flags
+from gemforge.hw.flow.datasheet import datasheet, register_reset, verilator_flags
 from gemforge.hw.gateware.dma import max_burst_beats
 from gemforge.hw.gateware.top import READ_CLIENTS
-from gemforge.hw import generate as generate_module
-from gemforge.hw.generate import LINT_WAIVERS, TOP_NAME, generate, verilog_top
+from gemforge.hw.flow import generate as generate_module
+from gemforge.hw.flow.generate import LINT_WAIVERS, TOP_NAME, generate, verilog_top
 from gemforge.hw.isa import insn_bits
 from gemforge.hw.program import FORMAT_VERSION, MAGIC, arena_alignment
 from gemforge.sim.cosim import harness
@@ -298,7 +298,7 @@ def test_assembler_table_lists_only_the_flags_each_mnemonic_takes():
 
 
 def test_the_assembler_docstring_shows_the_default_example():
-    from gemforge.hw.datasheet import example_source
+    from gemforge.hw.flow.datasheet import example_source
     doc = inspect.cleandoc(asm.__doc__).split("::", 1)[1].split("\n\n")[1]
     code = [line.strip() for line in doc.splitlines() if not line.strip().startswith(";")]
     assert code == [line for line in example_source(PRESETS["default"]).splitlines() if not line.startswith(";")]
@@ -342,7 +342,7 @@ endmodule
 
 
 def top_ports_of(name: str):
-    from gemforge.hw.datasheet import top_ports
+    from gemforge.hw.flow.datasheet import top_ports
     return top_ports(CONFIGS[name])
 
 

@@ -12,13 +12,13 @@ import pytest
 
 from gemforge.driver.tools.cli import main
 from gemforge.hw.config import PRESETS
-from gemforge.hw.synth import (
+from gemforge.hw.flow.synth import (
     DEVICES, PLACER_TIMING_WEIGHT, TARGETS, FitError, PlaceOptions, SynthError, cell_resources, check_cells,
     check_pins, lanes_for_dsps, lut_lane_passes, memory_bits, parse_nextpnr_report, parse_yosys_stat, port_bits,
     predict_fit, render_markdown, run_synth,
 )
-from gemforge.hw.synth import _post_route_resources
-from gemforge.hw.timing_paths import parse_sdf, slowest_paths
+from gemforge.hw.flow.synth import _post_route_resources
+from gemforge.hw.flow.timing_paths import parse_sdf, slowest_paths
 
 from test_timing_paths import SDF
 
@@ -163,7 +163,7 @@ def test_run_synth_refuses_bad_requests(tmp_path, options, message):
 
 
 def test_a_failing_tool_is_reported_by_its_last_error_line(tmp_path):
-    from gemforge.hw.synth import _run
+    from gemforge.hw.flow.synth import _run
     script = "print('ERROR: first'); print('ERROR: Failed to open netlist.json'); raise SystemExit(3)"
     with pytest.raises(SynthError, match=r"^yosys failed \(exit status 3\): ERROR: Failed to open netlist.json "
                                          r"\(log: .*yosys.log\)$"):
@@ -178,7 +178,7 @@ def gone(pid: int) -> bool:
 
 def test_a_tool_past_its_time_limit_is_stopped_with_everything_it_started(tmp_path):
     """A build script's nextpnr is the script's child: the timeout must stop it too."""
-    from gemforge.hw.synth import _run
+    from gemforge.hw.flow.synth import _run
     pid_file = tmp_path / "child.pid"
     script = f"sleep 60 & echo $! > {pid_file}; wait"
     start = time.perf_counter()
@@ -198,7 +198,7 @@ def test_terminating_synth_stops_the_tool_it_runs(tmp_path):
     import signal
     import subprocess
     pid_file = tmp_path / "child.pid"
-    code = ("import sys; from pathlib import Path; from gemforge.hw.synth import _run; "
+    code = ("import sys; from pathlib import Path; from gemforge.hw.flow.synth import _run; "
             f"_run(['sh', '-c', 'sleep 60 & echo $! > {pid_file}; wait'], Path({str(tmp_path)!r}), "
             f"Path({str(tmp_path / 'x.log')!r}), 'the board build')")
     runner = subprocess.Popen([sys.executable, "-c", code])
@@ -233,7 +233,7 @@ def test_place_options_become_nextpnr_arguments_and_refuse_bad_values():
 
 def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
     """`_place` hands the seed and router to nextpnr and its time limit to `_run`."""
-    import gemforge.hw.synth as synth
+    import gemforge.hw.flow.synth as synth
     calls = []
 
     def fake_run(args, cwd, log, what, **kwargs):
@@ -254,7 +254,7 @@ def test_place_options_reach_nextpnr(tmp_path, monkeypatch):
 
 
 def test_run_synth_hands_its_place_options_to_place_and_route_and_reports_them(tmp_path, monkeypatch):
-    import gemforge.hw.synth as synth
+    import gemforge.hw.flow.synth as synth
     seen = []
     cells = {"LUT4": 100, "TRELLIS_FF": 50, "MULT18X18D": 1, "DP16KD": 2}
     monkeypatch.setattr(synth, "_tool", lambda name: name)
@@ -291,7 +291,7 @@ def test_lut_lane_passes_name_the_last_lanes_row_major():
 def _fake_synthesis(monkeypatch, dsp_before: int, dsp_after: int):
     """`_synthesize` answering ``dsp_before`` DSPs without LUT lanes, ``dsp_after`` with; the
     Yosys commands of each call are recorded."""
-    import gemforge.hw.synth as synth
+    import gemforge.hw.flow.synth as synth
     calls = []
 
     def fake(t, out, yosys, after_read=""):
@@ -339,8 +339,8 @@ def test_too_many_products_even_in_lut_logic_is_refused_naming_the_dsps(tmp_path
 def test_lut_lane_passes_rewrite_exactly_the_chosen_lanes_multipliers(tmp_path):
     """On the real netlist: Yosys finds the lanes by name, and `booth` leaves no multiplier in them."""
     import subprocess
-    from gemforge.hw.generate import rtlil_top
-    from gemforge.hw.synth import _tool
+    from gemforge.hw.flow.generate import rtlil_top
+    from gemforge.hw.flow.synth import _tool
     c = PRESETS["tiny"]
     (tmp_path / "top.il").write_text(rtlil_top(c))
     script = (f"read_rtlil top.il; {lut_lane_passes(c, 3)}; "
@@ -356,7 +356,7 @@ def test_a_lut_lane_equals_a_dsp_lane_formally(tmp_path):
     import subprocess
     from amaranth.back import rtlil
     from gemforge.hw.gateware.gemm import DotLane
-    from gemforge.hw.synth import _tool
+    from gemforge.hw.flow.synth import _tool
     c = PRESETS["tiny"].replace(block_in=2)
     (tmp_path / "lane.il").write_text(rtlil.convert(DotLane(c), name="lane"))
     script = ("read_rtlil lane.il; proc; copy lane gold; rename lane gate; booth gate/t:$mul; "

@@ -3,7 +3,7 @@
 
 import pytest
 
-from gemforge.hw.timing_paths import parse_sdf, signal_group, slowest_paths
+from gemforge.hw.flow.timing_paths import parse_sdf, signal_group, slowest_paths
 
 # Two registers a (2 bits) and b feed a LUT chain into register y; b also feeds z directly.
 # Clock-to-out 500 ps, LUT arcs 200 ps, setup 100 ps (the first SETUPHOLD figure; the hold,

@@ -51,8 +51,8 @@ from typing import Any, Callable
 
 from gemforge.files import move_atomic, write_text_atomic
 
-from .config import UP5K_TOO_SMALL, AccelConfig
-from .gateware.gemm import lane_name
+from ..config import UP5K_TOO_SMALL, AccelConfig
+from ..gateware.gemm import lane_name
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 from .timing_paths import parse_sdf, slowest_paths
 
@@ -664,7 +664,7 @@ def _run_board(config: AccelConfig, t: Target, board_name: str, out: Path, board
         raise SynthError("--freq does not apply to a board: its clock is the board's oscillator")
     if board_memory < 4096 or board_memory & (board_memory - 1):
         raise SynthError(f"the board memory must be a power of two of at least 4096 bytes, not {board_memory}")
-    from .board.platforms import BoardDesign, platform_for, synth_cells
+    from ..board.platforms import BoardDesign, platform_for, synth_cells
     tools = {var: _tool(tool) for var, tool in _BUILD_TOOLS[t.device.family].items()}
     platform = platform_for(board.platform)
     clock_mhz = float(platform.default_clk_frequency) / 1e6

@@ -8,7 +8,7 @@
 * ``regmap.md`` and ``gemforge_regs.h`` – the register map (`gemforge.hw.regmap`);
 * ``gemforge_params.h`` – the config, its derived parameters and the instruction and micro-op
   field layout as C macros (`gemforge.hw.params_header`);
-* ``datasheet.md``    – the integration datasheet (`gemforge.hw.datasheet`): ports, clock
+* ``datasheet.md``    – the integration datasheet (`gemforge.hw.flow.datasheet`): ports, clock
   and reset, AXI behaviour, registers, counters, program format, Verilator flags;
 * ``files.f``         – the file list for simulators and synthesis tools.
 
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from gemforge.files import write_text_atomic
 
-from .config import AccelConfig
+from ..config import AccelConfig
 from .datasheet import datasheet
-from .isa import derived
-from .params_header import config_header
-from .regmap import to_c_header, to_markdown
+from ..isa import derived
+from ..params_header import config_header
+from ..regmap import to_c_header, to_markdown
 
 __all__ = ["generate", "verilog_top", "convert_verilog", "rtlil_top", "TOP_NAME", "LINT_WAIVERS",
            "GENERIC_SYNTH_PASSES", "GENERIC_SYNTH_SCRIPT", "MAX_GENERATED_MACS"]
@@ -98,7 +98,7 @@ MAX_GENERATED_MACS = 16_384
 
 
 def _check_generatable(config: AccelConfig) -> None:
-    from .config import ConfigError
+    from ..config import ConfigError
     if config.macs_per_uop > MAX_GENERATED_MACS:
         raise ConfigError(f"config {config.name!r} has a {config.batch}×{config.block_in}×{config.block_out} core "
                           f"({config.macs_per_uop:,} multipliers); gemforge generates gateware for cores of up to "
@@ -107,7 +107,7 @@ def _check_generatable(config: AccelConfig) -> None:
 
 def verilog_top(config: AccelConfig) -> str:
     """The accelerator for ``config`` as Verilog text (module `TOP_NAME`)."""
-    from .gateware.top import Accelerator
+    from ..gateware.top import Accelerator
     _check_generatable(config)
     return convert_verilog(Accelerator(config), TOP_NAME)
 
@@ -119,7 +119,7 @@ def rtlil_top(config: AccelConfig) -> str:
     flow's 230 s, and writing that Verilog takes another 20 s, against 10 s for the RTLIL."""
     from amaranth.back import rtlil
 
-    from .gateware.top import Accelerator
+    from ..gateware.top import Accelerator
     _check_generatable(config)
     return rtlil.convert(Accelerator(config), name=TOP_NAME, emit_src=False)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import AccelConfig
+from ..config import AccelConfig
 from .synth import buffer_bits
 
 __all__ = ["FEATURES", "features", "AreaModel", "fit_area_model"]
