@@ -278,7 +278,7 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
     if target.kind == "gpu" and op in _NOT_ON_GPU:
         raise OpError(f"{op} has no GPU kernel (the GPU back end has no exp, log or tanh: no libdevice); run it on the cpu")
     if (op in ALPHA_FUNCTIONS) != (alpha is not None):
-        raise OpError(f"alpha is the parameter of {' and '.join(ALPHA_FUNCTIONS)}; {op} takes "
+        raise OpError(f"alpha is the parameter of {', '.join(ALPHA_FUNCTIONS[:-1])} and {ALPHA_FUNCTIONS[-1]}; {op} takes "
                       f"{'one' if op in ALPHA_FUNCTIONS else 'none'}")
     binary = ELEMENTWISE_OPS[op] == 2
     if binary:

@@ -297,7 +297,7 @@ def test_bad_arguments_get_clear_errors(cpu):
         compile_softmax("tiny", (4, 4))
     with pytest.raises(OpError, match="sigmoid takes float32 data, not 'int8'"):
         compile_elementwise("cpu", "sigmoid", (4,), dtype="int8")
-    with pytest.raises(OpError, match="alpha is the parameter of leaky_relu and elu; relu takes none"):
+    with pytest.raises(OpError, match="alpha is the parameter of leaky_relu, elu and thresholded_relu; relu takes none"):
         compile_elementwise("cpu", "relu", (4,), dtype="float32", alpha=0.1)
     with pytest.raises(OpError, match=r"perm \[0, 0\] is not a permutation of the axes of a rank-2 tensor"):
         compile_transpose("cpu", (2, 3), (0, 0))
