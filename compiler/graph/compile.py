@@ -23,7 +23,7 @@ import numpy as np
 
 from gemforge.hw.config import AccelConfig, load_config
 
-from .memory_plan import pack_layouts, plan_memory
+from .memory_plan import MemoryPlan, pack_layouts, plan_memory
 from .partition import AccelLayer, partition
 from .batch import batch_mixing
 from .ir import Graph, GraphError
@@ -45,7 +45,7 @@ class CompiledNetwork:
     dtype: str                                   # "float32" or "int8"
     config: AccelConfig | None = None
     layers: dict[str, AccelLayer] = field(default_factory=dict)
-    plan: dict = field(default_factory=dict)
+    plan: MemoryPlan | None = None               # with a config: the packed tensors' device memory
     compile_seconds: float = 0.0
 
 

@@ -4,18 +4,72 @@ Every packed tensor gets a static offset in one activation
 arena in device DRAM: tensors whose lifetimes (first to last accelerator node
 touching them) do not overlap share space (greedy, largest first). Weights and
 biases travel inside each layer's program as its constants.
+
+The plan is a `MemoryPlan` of `Slot`s, computed once by the compiler, saved in the
+``.gfm`` (`to_dict`, the manifest's form) and read by the runtime as it is.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
+from gemforge.hw.program import arena_alignment
 
 from .ir import Graph
 from .partition import AccelLayer
 
-__all__ = ["pack_layouts", "plan_memory", "plan_alignment", "slot_key"]
+__all__ = ["pack_layouts", "plan_memory", "plan_alignment", "slot_key", "Slot", "MemoryPlan"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One packed tensor's block of the activation arena, and the accelerator nodes (indices
+    into the graph's nodes) between which it is live."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    first: int
+    last: int
+    produced: bool        # an accelerator node writes it (else the host copies it in)
+    offset: int
+    size: int             # ``nbytes`` rounded up to the plan's alignment
+
+    @property
+    def key(self) -> tuple:
+        return slot_key(self.tensor, (self.shape, self.dtype))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The activation arena: its slots, its size, and how its offsets and its start align."""
+
+    slots: tuple[Slot, ...]
+    peak_bytes: int
+    naive_bytes: int          # every slot its own block: what reuse saves
+    alignment: int            # slot offsets are multiples of this (`plan_alignment`)
+    arena_alignment: int      # the arena starts at a multiple of this (`hw.program.arena_alignment`)
+
+    def by_key(self) -> dict[tuple, Slot]:
+        return {slot.key: slot for slot in self.slots}
+
+    def to_dict(self) -> dict:
+        """The manifest's form (the arena's alignment follows from the config)."""
+        return {"tensors": [{"tensor": s.tensor, "shape": list(s.shape), "dtype": s.dtype, "nbytes": s.nbytes,
+                             "first": s.first, "last": s.last, "produced": s.produced, "offset": s.offset,
+                             "size": s.size} for s in self.slots],
+                "peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes, "alignment": self.alignment}
+
+    @classmethod
+    def from_dict(cls, plan: dict, config: AccelConfig) -> MemoryPlan:
+        """The plan of a manifest's form (checked by the `.gfm` loader before)."""
+        slots = tuple(Slot(t["tensor"], tuple(t["shape"]), t["dtype"], t["nbytes"], t["first"], t["last"],
+                           bool(t.get("produced", False)), t["offset"], t["size"]) for t in plan["tensors"])
+        return cls(slots, plan["peak_bytes"], plan.get("naive_bytes", 0), plan["alignment"], arena_alignment(config))
 
 
 def slot_key(tensor: str, layout) -> tuple:
@@ -57,7 +111,7 @@ def plan_alignment(config: AccelConfig) -> int:
     return max(config.bus_bytes, *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out")))
 
 
-def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> dict:
+def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> MemoryPlan:
     """Static offsets for the device-resident ``tensors`` (from `pack_layouts`): tensors with
     overlapping lifetimes never overlap in memory. Returns the plan: offsets, the arena's
     peak size and the naive sum (every tensor its own buffer)."""
@@ -76,8 +130,9 @@ def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> dict:
         placed.append(entry)
     peak = max((p["offset"] + p["size"] for p in placed), default=0)
     naive = sum(p["size"] for p in placed)
-    plan = {"tensors": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in e.items()} for e in tensors],
-            "peak_bytes": peak, "naive_bytes": naive, "alignment": align}
+    plan = MemoryPlan(tuple(Slot(e["tensor"], tuple(e["shape"]), e["dtype"], e["nbytes"], e["first"], e["last"],
+                                 e["produced"], e["offset"], e["size"]) for e in tensors),
+                      peak, naive, align, arena_alignment(config))
     graph.notes["memory"] = {"peak_bytes": peak, "naive_bytes": naive, "tensors": len(placed),
                              "handovers": graph.notes.get("handovers", 0)}
     return plan

@@ -36,7 +36,7 @@ from ..ops import accel as accel_ops
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "partition"]
+__all__ = ["AccelLayer", "partition", "host_reads", "host_round_trips", "round_trips"]
 
 
 @dataclass
@@ -135,7 +135,38 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
     if report:
         on_accel = sum(r["device"] == "accel" for r in rows)
         report(f"partition: {on_accel} of {len(rows)} nodes on the accelerator ({config.name}), "
-               f"{len(rows) - on_accel} on the CPU")
+               f"{len(rows) - on_accel} on the CPU; {host_round_trips(graph)} host round trips per inference")
         for r in rows:
             report(f"  {r['device']:5}  {r['op']:10} {r['node']}" + (f"  ({r['reason']})" if r["reason"] else ""))
     return layers
+
+
+def host_reads(graph: Graph, layers: dict[str, AccelLayer]) -> set[str]:
+    """The tensors a run copies out of device memory: accelerator outputs a host node or the
+    caller reads, and those a later accelerator node reads in another packed layout (through
+    the host)."""
+    readers = set(graph.outputs)
+    produced = {n.output: layers[n.name].packed_out for n in graph.nodes if n.device == "accel"}
+    for node in graph.nodes:
+        if node.device != "accel":
+            readers.update(node.inputs)
+        elif node.inputs[0] in produced and produced[node.inputs[0]] != layers[node.name].packed_in:
+            readers.add(node.inputs[0])
+    return readers
+
+
+def host_round_trips(graph: Graph) -> int:
+    """How many times an inference leaves the accelerator for the host and comes back
+    (`round_trips` of its nodes' placement)."""
+    return round_trips([node.device == "accel" for node in graph.nodes])
+
+
+def round_trips(on_accelerator: list[bool]) -> int:
+    """The runs of host steps between the first and the last accelerator step, in execution
+    order: each is a copy out of device memory and back in (on a board, trips over the host
+    link)."""
+    if True not in on_accelerator:
+        return 0
+    first, last = on_accelerator.index(True), len(on_accelerator) - 1 - on_accelerator[::-1].index(True)
+    inner = on_accelerator[first:last + 1]
+    return sum(1 for before, here in zip(inner, inner[1:]) if before and not here)

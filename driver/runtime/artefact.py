@@ -3,8 +3,9 @@
 The artefact is a zip archive: ``manifest.json`` (format version, the input model's SHA-256,
 the config, the graph with its quantization, the partition and the memory plan),
 ``constants.npz`` (weights and biases in the host layout) and ``programs/*.gfp`` (the
-accelerator layers' programs, weights included). The host layers' code is compiled when the
-model is first run on a host, for that host's CPU. Reading checks the whole file before
+accelerator layers' programs, weights included). It holds no native code (loading a file
+never runs code from it): the host layers' kernels are compiled for the CPU that runs them,
+once per machine (the CPU back end's kernel cache). Reading checks the whole file before
 anything runs (`_read_network`): a file that would unpack beyond what its manifest describes,
 or that was changed after compiling, is refused with one sentence. `model.Model` saves and
 loads through `network_to_bytes` and `network_from_bytes`.
@@ -23,7 +24,7 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
-from gemforge.compiler.graph.memory_plan import plan_alignment, slot_key
+from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import AccelLayer
 from gemforge.compiler.graph.compile import CompiledNetwork
 from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
@@ -66,7 +67,7 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
                           "out_shape": list(layer.out_shape), "plan": layer.plan,
                           "program": f"programs/{i}.gfp"}
                    for i, (name, layer) in enumerate(net.layers.items())},
-        "plan": net.plan, "compile_seconds": net.compile_seconds,
+        "plan": net.plan.to_dict() if net.plan else {}, "compile_seconds": net.compile_seconds,
     }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
@@ -164,9 +165,11 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
         raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {_NOTE_CHECKS['model_sha256'][0]}")
     if not isinstance(plan, dict):
         raise ModelError("the memory plan must be an object")
-    net = CompiledNetwork(graph, dtype, config, layers, dict(plan), float(seconds))
+    net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds))
     _check_layers(net)
-    _check_memory_plan(net)
+    _check_memory_plan(net, plan)
+    if config is not None:
+        net.plan = MemoryPlan.from_dict(plan, config)
     return net
 
 
@@ -529,14 +532,13 @@ def _check_notes(g: Graph) -> None:
                          "batch of 1 or more")
 
 
-def _check_memory_plan(net: CompiledNetwork) -> None:
-    """The memory plan is one the compiler could have made for these layers (`accel.pack_layouts`,
-    `accel.plan_memory`): a slot for each accelerator node's packed input and output and for
+def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
+    """The memory plan (the manifest's form) is one the compiler could have made for these layers
+    (`memory_plan.pack_layouts`, `memory_plan.plan_memory`): a slot for each accelerator node's packed input and output and for
     nothing else, each with the lifetime of the nodes that use it (a run lets a later slot take
     its bytes after its last use), the size of its layout, an offset aligned as relocation by
     whole entries needs, inside an arena no larger than its slots take, and no two slots live
     at once sharing a byte. Offsets are not recomputed: any such placement runs alike."""
-    plan = net.plan
     if net.config is None:
         if plan:
             raise ModelError("a network without an accelerator config has a memory plan")

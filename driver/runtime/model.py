@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gemforge.compiler.graph.memory_plan import slot_key
+from gemforge.compiler.graph.memory_plan import Slot, slot_key
+from gemforge.compiler.graph.partition import host_reads, host_round_trips
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
@@ -134,6 +135,8 @@ class Model:
                "model_sha256": g.notes.get("model_sha256"), "compile_seconds": round(self.net.compile_seconds, 3)}
         if "opset" in g.notes:           # the ONNX model's own operator set (older ones are upgraded)
             out["opset"] = g.notes["opset"]
+        if self.config is not None:      # leaving the accelerator for the host and back, per inference
+            out["host_round_trips"] = host_round_trips(g)
         if "memory" in g.notes:
             out["memory"] = g.notes["memory"]
         if "coarser_weights" in g.notes:
@@ -270,8 +273,15 @@ class Model:
         programs = sum(layer.program.arena_bytes + len(layer.program.instructions) * insn_bytes(layer.program.config)
                        for layer in self.net.layers.values())
         largest = max((layer.program.arena_bytes for layer in self.net.layers.values()), default=0)
-        need = self.net.plan.get("peak_bytes", 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)
+        need = (self.net.plan.peak_bytes if self.net.plan else 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)
         return max(16 << 20, 1 << (need - 1).bit_length())
+
+    def compile_host_kernels(self, target_kind: str = "cpu") -> int:
+        """Compile every node's host kernel for ``target_kind`` now rather than at the first run
+        (`gemforge compile` does, so that the CPU kernel cache holds them and `gemforge run`
+        starts without compiling); returns how many nodes have a kernel."""
+        built = [self._host_kernel(node, target_kind) for node in self.graph.nodes]
+        return sum(kernel.op is not None for kernel in built)
 
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
         """``node`` compiled for a host target (once per model and target). Keyed by the tensor
@@ -304,11 +314,11 @@ class Model:
         profile: list[LayerProfile] = []
         arena = None
         resident: dict[tuple, Buffer] = {}   # (tensor, packed shape, dtype) → its buffer, when valid
-        slots: dict[tuple, dict] = {}
+        slots: dict[tuple, Slot] = {}
         if on_accel:
-            slots = {slot_key(t["tensor"], (t["shape"], t["dtype"])): t for t in self.net.plan.get("tensors", [])}
+            slots = self.net.plan.by_key() if self.net.plan else {}
             if slots:
-                arena = dev.alloc(self.net.plan["peak_bytes"], align=max(4096, self.net.plan["alignment"]))
+                arena = dev.alloc(self.net.plan.peak_bytes, align=self.net.plan.arena_alignment)
         try:
             for step, node in enumerate(graph.nodes):
                 start = time.perf_counter()
@@ -331,18 +341,9 @@ class Model:
         return outputs
 
     def _host_readers(self) -> set[str]:
-        """Accelerator outputs the host needs: those a host node or the caller reads, and
-        those a later accelerator node reads in another packed layout (through the host)."""
+        """Accelerator outputs the host needs (`partition.host_reads`, computed once)."""
         if self._readers is None:
-            readers = set(self.graph.outputs)
-            layers = self.net.layers
-            produced = {n.output: layers[n.name].packed_out for n in self.graph.nodes if n.device == "accel"}
-            for node in self.graph.nodes:
-                if node.device != "accel":
-                    readers.update(node.inputs)
-                elif node.inputs[0] in produced and produced[node.inputs[0]] != layers[node.name].packed_in:
-                    readers.add(node.inputs[0])
-            self._readers = readers
+            self._readers = host_reads(self.graph, self.net.layers)
         return self._readers
 
     def _run_accel(self, step, node, dev, env, arena, slots, resident) -> LayerProfile:
@@ -353,7 +354,7 @@ class Model:
 
         def buffer(key) -> Buffer:
             slot = slots[key]
-            return Buffer(arena.address + slot["offset"], slot["nbytes"])
+            return Buffer(arena.address + slot.offset, slot.nbytes)
         if in_key not in resident:
             host = env[node.inputs[0]]     # on the host: `_host_readers` copied it out if a layer made it
             buf = buffer(in_key)
@@ -367,7 +368,7 @@ class Model:
             dev.unload_program(loaded)
         # The plan reuses the space of tensors no later accelerator node reads.
         for key in list(resident):
-            if slots[key]["last"] <= step:
+            if slots[key].last <= step:
                 del resident[key]
         resident[out_key] = out_buf
         if node.output in self._host_readers():

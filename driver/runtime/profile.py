@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from gemforge.compiler.graph.partition import round_trips
 from gemforge.files import write_bytes_atomic
 
 from .device import HOST_DEVICES
@@ -16,9 +17,11 @@ def profile_totals(rows) -> dict:
     """Sums over a run's layers: time, accelerator cycles, MACs and the network's GEMM utilization."""
     accel = [r for r in rows if r.cycles is not None]
     cycles = sum(r.cycles for r in accel)
+    on_accelerator = [r.device not in (*HOST_DEVICES, "host (data)") for r in rows]
     out = {"seconds": round(sum(r.seconds for r in rows), 6), "layers": len(rows),
-           "accelerator_layers": sum(r.device not in (*HOST_DEVICES, "host (data)") for r in rows),
-           "macs": sum(r.macs for r in rows)}
+           "accelerator_layers": sum(on_accelerator), "macs": sum(r.macs for r in rows)}
+    if any(on_accelerator):
+        out["host_round_trips"] = round_trips(on_accelerator)
     if accel:
         active = sum((r.gemm_utilization or 0.0) * r.cycles for r in accel)
         out.update(cycles=cycles, gemm_utilization=round(active / cycles, 4) if cycles else None)
@@ -39,6 +42,8 @@ def profile_table(rows) -> str:
     util = f"{100 * t['gemm_utilization']:.1f}%" if t.get("gemm_utilization") is not None else "-"
     lines.append("-" * len(head))
     lines.append(f"{'total':28} {'':11} {'':12} {1000 * t['seconds']:9.3f} {cycles:>11} {util:>9} {t['macs']:13,}")
+    if "host_round_trips" in t:
+        lines.append(f"host round trips per inference: {t['host_round_trips']}")
     return "\n".join(lines)
 
 

@@ -8,8 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from gemforge.compiler.graph.partition import round_trips
 from gemforge.driver.tools.cli import main
 from gemforge.driver.runtime.model import Model, compile_model
+from gemforge.driver.runtime.profile import profile_totals
 from gemforge.models import build_resnet18, digits
 
 
@@ -34,8 +36,21 @@ def test_resnet18_int8_on_fsim_and_cpu():
     assert len(placed) == 20 and all(n.device == "accel" for n in placed)
     memory = model.graph.notes["memory"]
     assert memory["handovers"] >= 8 and memory["peak_bytes"] < memory["naive_bytes"]
+    # Between its first and its last accelerator layer, an inference leaves the accelerator for
+    # the stem's max pool, 7 residual adds, and the last add with the global pool before the
+    # dense layer (issue 51 brings them over).
+    assert model.summary()["host_round_trips"] == 9
     x = rng.normal(size=(1, 3, 64, 64)).astype(np.float32)
-    np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
+    on_fsim = model.run(x, "fsim")
+    assert profile_totals(model.last_profile)["host_round_trips"] == 9
+    np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
+
+
+@pytest.mark.parametrize("placement, trips", [([], 0), ([False, False], 0), ([True], 0), ([True, True], 0),
+                                              ([False, True, False, True, False], 1),
+                                              ([True, False, False, True, False, True, True, False], 2)])
+def test_host_round_trips_count_the_host_runs_between_accelerator_steps(placement, trips):
+    assert round_trips(placement) == trips
 
 
 @pytest.mark.slow
