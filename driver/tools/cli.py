@@ -24,6 +24,7 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS   # an operator's tensors are bounded as a model's
+from gemforge.compiler.backends.cpu.cache import cache_dir
 from gemforge.compiler.target import GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError, derived
@@ -294,6 +295,13 @@ def cmd_compile(args: argparse.Namespace) -> None:
                           input_shapes=input_shapes, trace=trace, report=report)
     _check_runnable_batch(model, args.batch)
     model.save(args.output)
+    if cache_dir() is not None and not args.no_host_kernels:
+        # The host layers' kernels, compiled now for this CPU into the kernel cache: a run here
+        # then starts without compiling (a run on another CPU compiles its own, once).
+        start = time.perf_counter()
+        count = model.compile_host_kernels()
+        report(f"host kernels: {count} compiled for this CPU in {time.perf_counter() - start:.1f} s, kept in "
+               f"{cache_dir()}")
     _print_json(model.summary())
 
 
@@ -676,6 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the shape of model input NAME, for one whose dimensions (other than the first, the batch) "
                         "are symbolic; repeat for several inputs")
     p.add_argument("--trace", action="store_true", help="print the graph after every pass on stderr")
+    p.add_argument("--no-host-kernels", action="store_true",
+                   help="do not compile the host layers' kernels now (by default they are compiled for this CPU "
+                        "into the kernel cache, $GEMFORGE_CACHE or ~/.cache/gemforge, so that runs here start "
+                        "without compiling; GEMFORGE_CACHE=off turns the cache off)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled model (.gfm) on a device")

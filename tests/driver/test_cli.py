@@ -731,3 +731,27 @@ def test_run_and_calibration_take_float32_arrays_only(tmp_path, capsys):
                        "-o", tmp_path / "q.gfm")
     assert code == 2 and err.endswith(f"calibration samples must be float32, but {tmp_path / 's.npy'} holds int8\n")
     assert not (tmp_path / "q.gfm").exists()
+
+
+def test_compile_builds_the_host_kernels_so_a_run_compiles_nothing(tmp_path, capsys, monkeypatch):
+    """`gemforge compile` compiles the host layers' kernels for this CPU into the kernel cache;
+    a run in a new process (the model loaded from its file) then loads them, optimizing nothing."""
+    from onnx import helper
+    from onnx_models import model
+    import gemforge.compiler.backends.cpu as cpu
+    monkeypatch.setenv("GEMFORGE_CACHE", str(tmp_path / "cache"))
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["r"]),
+               helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              [("x", [1, 3, 8, 8])], [("y", None)],
+              {"w": np.random.default_rng(3).normal(size=(4, 3, 3, 3)).astype(np.float32)})
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "m.gfm")
+    assert code == 0 and "host kernels: 2 compiled for this CPU" in err, err
+    assert len(list((tmp_path / "cache" / "cpu-kernels").glob("*.o"))) == 2
+    monkeypatch.setattr(cpu, "optimize_o3", lambda *a, **k: pytest.fail("a run compiled a kernel"))
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 8, 8), np.float32))
+    code, _, err = run(capsys, "run", tmp_path / "m.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npy",
+                       "--device", "cpu")
+    assert code == 0, err
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "n.gfm", "--no-host-kernels")
+    assert code == 0 and "host kernels" not in err
