@@ -277,10 +277,13 @@ class Model:
         return max(16 << 20, 1 << (need - 1).bit_length())
 
     def compile_host_kernels(self, target_kind: str = "cpu") -> int:
-        """Compile every node's host kernel for ``target_kind`` now rather than at the first run
-        (`gemforge compile` does, so that the CPU kernel cache holds them and `gemforge run`
-        starts without compiling); returns how many nodes have a kernel."""
-        built = [self._host_kernel(node, target_kind) for node in self.graph.nodes]
+        """Compile the host kernels a run needs for ``target_kind`` now rather than at the first
+        run (`gemforge compile` does, so that the CPU kernel cache holds them and `gemforge run`
+        starts without compiling): every node's for a float32 network, the nodes the host runs
+        beside the accelerator for one with a config (a run of it on the CPU compiles the rest
+        once). Returns how many nodes have a kernel."""
+        nodes = [node for node in self.graph.nodes if self.config is None or node.device != "accel"]
+        built = [self._host_kernel(node, target_kind) for node in nodes]
         return sum(kernel.op is not None for kernel in built)
 
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:

@@ -1,13 +1,20 @@
 """Networks as exporters write them (`gemforge.models.exported`, `gemforge.models.transformers`):
 per network its size, the ONNX operators it uses, its float32 error against ONNX Runtime, the
 int8 network's cosine to the float32 one, the share of its multiply-accumulates the accelerator
-runs, and the compile times. The int8 network's outputs must be bit-identical on fsim and the
-CPU, and the float32 ones within 1e-4 of ONNX Runtime, or the benchmark is void."""
+runs, the compile times, and how long a new process takes to load the float32 network's `.gfm`
+and run it once, with the CPU kernel cache cold (every kernel compiled) and warm (the kernels of
+that cold run loaded). The int8 network's outputs must be bit-identical on fsim and the CPU, and
+the float32 ones within 1e-4 of ONNX Runtime, or the benchmark is void."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -56,6 +63,33 @@ def _first(result) -> np.ndarray:
     return result if isinstance(result, np.ndarray) else next(iter(result.values()))
 
 
+#: A new process's load and first run of a model (its seconds, printed), the cache as the
+#: environment says.
+_FIRST_RUN = """
+import sys, time
+import numpy as np
+start = time.perf_counter()
+from gemforge.driver.runtime.model import Model
+Model.load(sys.argv[1]).run(np.load(sys.argv[2]), "cpu")
+print(time.perf_counter() - start)
+"""
+
+
+def _first_runs(model, x: np.ndarray) -> tuple[float, float]:
+    """Seconds a new process takes to import gemforge, load ``model`` from its file and run it
+    once on the CPU: with an empty kernel cache, then with the one that run filled."""
+    with tempfile.TemporaryDirectory() as folder:
+        model.save(Path(folder) / "m.gfm")
+        np.save(Path(folder) / "x.npy", x)
+        env = dict(os.environ, GEMFORGE_CACHE=str(Path(folder) / "cache"))
+        times = []
+        for _ in range(2):
+            done = subprocess.run([sys.executable, "-c", _FIRST_RUN, str(Path(folder) / "m.gfm"),
+                                   str(Path(folder) / "x.npy")], env=env, capture_output=True, text=True, check=True)
+            times.append(float(done.stdout.split()[-1]))
+    return times[0], times[1]
+
+
 def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> dict[str, Any]:
     import onnxruntime as ort
     m = build()
@@ -73,6 +107,7 @@ def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> di
     if error > 1e-4:
         raise AssertionError(f"{name}: the float32 network differs from ONNX Runtime by {error:.2g} of its "
                              "range; the benchmark is void")
+    cold, warm = _first_runs(float_model, x)
     samples = rng.standard_normal((SAMPLES, *dims)).astype(np.float32)
     start = time.perf_counter()
     int8_model = compile_model(m, quantize="int8", calibrate=samples, config=config)
@@ -90,7 +125,8 @@ def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> di
             "int8_cosine": round(_cosine(on_cpu, got), 5), "macs": total,
             "accelerator_mac_share": on_accel / total if total else 0.0,
             "accelerator_nodes": sum(node.device == "accel" for node in g.nodes), "int8_nodes": len(g.nodes),
-            "float32_compile_seconds": round(float_seconds, 3), "int8_compile_seconds": round(int8_seconds, 3)}
+            "float32_compile_seconds": round(float_seconds, 3), "int8_compile_seconds": round(int8_seconds, 3),
+            "float32_first_run_cold_seconds": round(cold, 3), "float32_first_run_warm_seconds": round(warm, 3)}
 
 
 def bench_models(config: str = "default", quick: bool = False) -> dict[str, Any]:

@@ -225,7 +225,7 @@ def _ratio_row(label: str, cpu: dict[str, Any]) -> str:
 
 
 def _network_section(net: dict[str, Any]) -> list[str]:
-    """Whole networks compiled from ONNX (`driver.bench_network`)."""
+    """Whole networks compiled from ONNX (`driver.tools.bench_network`)."""
     d = net["digits"]
     out = [
         "## Whole networks from ONNX", "",
@@ -273,7 +273,7 @@ def _network_section(net: dict[str, Any]) -> list[str]:
 
 
 def _models_section(models: dict[str, Any]) -> list[str]:
-    """Networks as exporters write them (`driver.bench_models`)."""
+    """Networks as exporters write them (`driver.tools.bench_models`)."""
     origin = f" — merged from `{models['merged_from']}`" if models.get("merged_from") else ""
     out = [
         f"## Networks as exporters write them{origin}", "",
@@ -282,14 +282,19 @@ def _models_section(models: dict[str, Any]) -> list[str]:
         f"share of the output's range; int8 on `{models['config']}` ({models['samples']} calibration samples): "
         "cosine of",
         "its output to the float32 one, bit-identical on fsim and the CPU, and the share of its",
-        "multiply-accumulates that run on the accelerator. Compile times include calibration.", "",
+        "multiply-accumulates that run on the accelerator. Compile times include calibration. A new process",
+        "importing gemforge, loading the float32 `.gfm` and running it once on the CPU: with the CPU kernel",
+        "cache cold (every kernel compiled, as every run did before the cache) and warm (as after",
+        "`gemforge compile` on the same machine).", "",
         "| network | ONNX nodes (opset) | float32 error | int8 cosine | MACs on the accelerator | compile float32 / "
-        "int8 |", "| --- | --- | --- | --- | --- | --- |",
+        "int8 | first run, new process: cold / warm cache |", "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in models["models"]:
+        first = (f"{m['float32_first_run_cold_seconds']} s / {m['float32_first_run_warm_seconds']} s"
+                 if "float32_first_run_cold_seconds" in m else "—")
         out.append(f"| {m['name']} | {m['onnx_nodes']} ({m['opset']}) | {m['float32_error']:.1e} | "
                    f"{m['int8_cosine']:.4f} | {_pct(m['accelerator_mac_share'])} of {_num(m['macs'])} | "
-                   f"{m['float32_compile_seconds']} s / {m['int8_compile_seconds']} s |")
+                   f"{m['float32_compile_seconds']} s / {m['int8_compile_seconds']} s | {first} |")
     out += ["", "Operators: " + "; ".join(f"{m['name']}: {', '.join(m['operators'])}" for m in models["models"]) + ".",
             ""]
     return out

@@ -127,6 +127,8 @@ def test_models_section_measures_and_renders_a_network():
     from gemforge.models import build_crnn_style
     row = bench_models._measure("CRNN", lambda: build_crnn_style(width=16, channels=8, classes=5), "tiny")
     assert row["float32_error"] < 1e-4 and 0.9 < row["int8_cosine"] <= 1.0 and row["accelerator_mac_share"] == 1.0
+    # A new process with the kernel cache warm compiles nothing: faster than with it cold.
+    assert 0 < row["float32_first_run_warm_seconds"] < row["float32_first_run_cold_seconds"]
     text = render_markdown({"models": {"config": "tiny", "samples": 4, "models": [row]}}, "gemforge bench")
     assert "## Networks as exporters write them" in text and "| CRNN | 25 (13) |" in text and "100.0% of" in text
 
