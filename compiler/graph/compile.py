@@ -16,15 +16,15 @@ the host layers are compiled for the device that runs them when the network runs
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from gemforge.hw.config import AccelConfig, load_config
+from gemforge.hw.config import load_config
 
-from .memory_plan import MemoryPlan, pack_layouts, plan_memory
-from .partition import AccelLayer, partition
+from .memory_plan import pack_layouts, plan_memory
+from .network import CompiledNetwork
+from .partition import partition
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
@@ -34,19 +34,6 @@ from .quantize import calibrate, quantize
 __all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
 
 FLOAT_PASSES = (infer_shapes, pad_convolutions, fold_constants, fold_batch_norm, fuse)
-
-
-@dataclass
-class CompiledNetwork:
-    """A compiled network: ``graph`` (float32 or int8), its accelerator ``layers`` (by node
-    name) and the device-memory ``plan`` (int8 with a config), plus what the passes noted."""
-
-    graph: Graph
-    dtype: str                                   # "float32" or "int8"
-    config: AccelConfig | None = None
-    layers: dict[str, AccelLayer] = field(default_factory=dict)
-    plan: MemoryPlan | None = None               # with a config: the packed tensors' device memory
-    compile_seconds: float = 0.0
 
 
 def _samples(graph: Graph, calibration) -> dict[str, np.ndarray]:

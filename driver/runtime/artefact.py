@@ -26,7 +26,7 @@ from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import AccelLayer
-from gemforge.compiler.graph.compile import CompiledNetwork
+from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
 from gemforge.compiler.graph.operators import ATTRIBUTE_TYPES, OPERATORS
 from gemforge.compiler.graph.passes import infer_shapes

@@ -34,7 +34,7 @@ import numpy as np
 from gemforge.compiler.graph.memory_plan import Slot, slot_key
 from gemforge.compiler.graph.partition import host_reads, host_round_trips
 from gemforge.compiler.graph.batch import batched_values
-from gemforge.compiler.graph.compile import CompiledNetwork, compile_network
+from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import Graph, Node
 from gemforge.compiler.graph.operators import OPERATORS
@@ -56,6 +56,9 @@ def compile_model(model, *, quantize: str | None = None, calibrate=None, config=
     builds the int8 network; ``config`` (preset, file or `AccelConfig`) puts its layers
     on that accelerator where it can run them. ``trace`` receives the graph after
     every pass, ``report`` the partition and the memory plan."""
+    # Imported here: the ONNX front end is what compiling needs and loading and running do not
+    # (onnx alone takes most of a second to import).
+    from gemforge.compiler.graph.compile import compile_network
     net = compile_network(model, quantize_to=quantize, calibration=calibrate, config=config, batch=batch,
                           input_shapes=input_shapes, trace=trace, report=report)
     return Model(net)

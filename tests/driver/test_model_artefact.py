@@ -350,3 +350,20 @@ def test_an_inconsistent_manifest_is_refused_by_name(tiny_model, edit, message):
     lead = "(the stored tensor shapes .*: |the graph's )?"
     with pytest.raises(ModelError, match=f"not a valid gemforge model \\({lead}{message}"):
         Model.from_bytes(_edit_manifest(data, with_edit))
+
+
+def test_loading_and_running_a_model_never_imports_the_onnx_front_end(tmp_path):
+    """A run starts fast: onnx (most of a second to import) is for compiling only."""
+    import subprocess
+    import sys
+    from onnx import helper
+    from onnx_models import model
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    compile_model(m).save(tmp_path / "m.gfm")
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    check = ("import sys, numpy as np\n"
+             "from gemforge.driver.runtime.model import Model\n"
+             f"Model.load({str(tmp_path / 'm.gfm')!r}).run(np.load({str(tmp_path / 'x.npy')!r}), 'cpu')\n"
+             "print(sorted(m for m in sys.modules if m == 'onnx' or m.startswith('onnx.')))\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

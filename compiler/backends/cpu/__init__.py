@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property, lru_cache, partial
 from typing import Any, Callable
 
 import llvmlite.binding as llvm
@@ -76,6 +76,14 @@ def _initialize() -> None:
 def _host(target: CpuTarget) -> tuple[str, str]:
     """LLVM's CPU name and feature string for the target. ``features`` is ``host`` (this
     CPU's), an explicit list, or ``host`` followed by changes (``host,-avx512vnni``)."""
+    return _resolved(target.cpu, target.features)
+
+
+@lru_cache(maxsize=None)
+def _resolved(cpu: str, features: str) -> tuple[str, str]:
+    """`_host` of a (cpu, features) pair, asked of LLVM once per process."""
+    _initialize()
+    target = CpuTarget(cpu, features)
     cpu = llvm.get_host_cpu_name() if target.cpu == "host" else target.cpu
     parts = [p for p in target.features.split(",") if p]
     if parts and parts[0] == "host":

@@ -1,0 +1,30 @@
+"""`CompiledNetwork`: what the graph compiler produces and the runtime runs.
+
+Its own module, apart from the pipeline (`compile`), so that loading and running a compiled
+network never imports the ONNX front end (onnx takes most of a second to import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gemforge.hw.config import AccelConfig
+
+from .ir import Graph
+from .memory_plan import MemoryPlan
+from .partition import AccelLayer
+
+__all__ = ["CompiledNetwork"]
+
+
+@dataclass
+class CompiledNetwork:
+    """A compiled network: ``graph`` (float32 or int8), its accelerator ``layers`` (by node
+    name) and the device-memory ``plan`` (int8 with a config), plus what the passes noted."""
+
+    graph: Graph
+    dtype: str                                   # "float32" or "int8"
+    config: AccelConfig | None = None
+    layers: dict[str, AccelLayer] = field(default_factory=dict)
+    plan: MemoryPlan | None = None               # with a config: the packed tensors' device memory
+    compile_seconds: float = 0.0
