@@ -264,10 +264,10 @@ def _check_graph(g: Graph, dtype: str) -> None:
         if node.op not in OPERATORS or node.device not in ("cpu", "accel"):
             raise ModelError(f"node {node.name!r} has an unknown operator {node.op!r} or device {node.device!r}")
         _check_attrs_present(node, OPERATORS[node.op].attrs)
-        low, high = OPERATORS[node.op].arity
-        if not low <= len(node.inputs) <= (len(node.inputs) if high is None else high):
-            raise ModelError(f"node {node.name!r} ({node.op}) has {len(node.inputs)} inputs; {node.op} takes "
-                             f"{low}{' or more' if high is None else f' to {high}' if high != low else ''}")
+        try:
+            OPERATORS[node.op].check_arity(node)
+        except GraphError as exc:
+            raise ModelError(str(exc)) from None
         missing = [i for i in node.inputs if i not in defined or i not in g.values]
         if missing or node.output not in g.values:
             raise ModelError(f"node {node.name!r} reads undefined tensors {missing or [node.output]}")

@@ -103,7 +103,8 @@ class OpDef:
         low, high = self.arity
         if len(node.inputs) < low or (high is not None and len(node.inputs) > high):
             allowed = f"{low}" if low == high else f"{low} or more" if high is None else f"{low} to {high}"
-            raise fail(node, f"it has {len(node.inputs)} inputs; {self.name} takes {allowed}")
+            count = len(node.inputs)
+            raise fail(node, f"it has {count} input{'s' * (count != 1)}; {self.name} takes {allowed}")
 
 
 #: Every graph operator's definition, by name, in the order of the operator table.
