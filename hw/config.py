@@ -47,6 +47,7 @@ __all__ = [
     "SUPPORTED_OUT_WIDTHS",
     "SUPPORTED_BUS_WIDTHS",
     "MAX_BUFFER_DEPTH",
+    "BUFFERS",
     "MAX_UOP_BITS",
     "MAX_CORE_DIM",
     "QUEUE_DEPTH_RANGE",
@@ -71,6 +72,9 @@ SUPPORTED_BUS_WIDTHS = (64, 128, 256, 512)
 #: The deepest buffer an SRAM address field may index. Addresses are at most
 #: 16 bits wide so every instruction kind fits a 128- or 256-bit word.
 MAX_BUFFER_DEPTH = 1 << 16
+#: The on-chip buffers, each sized by ``<name>_buffer_bytes``: input, weight, accumulator,
+#: output and micro-op. Every other part names them by these strings.
+BUFFERS = ("inp", "wgt", "acc", "out", "uop")
 #: A packed micro-op must fit one 64-bit word.
 MAX_UOP_BITS = 64
 #: The largest batch, block_in and block_out (each a power of two from 1).
@@ -192,7 +196,7 @@ class AccelConfig:
         if self.bus_width not in SUPPORTED_BUS_WIDTHS:
             raise ConfigError(
                 f"bus_width must be one of {_fmt(SUPPORTED_BUS_WIDTHS)} bits, not {_echo(self.bus_width)}")
-        for buffer in ("inp", "wgt", "acc", "out", "uop"):
+        for buffer in BUFFERS:
             field = f"{buffer}_buffer_bytes"
             size = getattr(self, field)
             entry = self.entry_bytes(buffer)
@@ -207,7 +211,7 @@ class AccelConfig:
                     f"{field} ({_echo(size)}) holds {_echo(size // entry)} entries, more than the "
                     f"{MAX_BUFFER_DEPTH} an instruction's SRAM address field can index; "
                     f"use at most {MAX_BUFFER_DEPTH * entry} bytes")
-        total = sum(getattr(self, f"{b}_buffer_bytes") for b in ("inp", "wgt", "acc", "out", "uop"))
+        total = sum(getattr(self, f"{b}_buffer_bytes") for b in BUFFERS)
         if total > MAX_ONCHIP_BYTES:
             raise ConfigError(
                 f"the on-chip buffers add up to {total:,} bytes, more than the {MAX_ONCHIP_BYTES:,} "
@@ -304,7 +308,7 @@ class AccelConfig:
     @property
     def sram_addr_bits(self) -> int:
         """Width of a LOAD/STORE SRAM base: enough for the deepest buffer."""
-        return max(_bits_for(self.depth(b)) for b in ("inp", "wgt", "acc", "out", "uop"))
+        return max(_bits_for(self.depth(b)) for b in BUFFERS)
 
     @property
     def bus_bytes(self) -> int:
@@ -340,7 +344,7 @@ class AccelConfig:
     def derived(self) -> dict[str, Any]:
         """Every derived parameter, for `gemforge info` and generated files."""
         out: dict[str, Any] = {}
-        for buffer in ("inp", "wgt", "acc", "out", "uop"):
+        for buffer in BUFFERS:
             out[f"{buffer}_entry_bytes"] = self.entry_bytes(buffer)
             out[f"{buffer}_depth"] = self.depth(buffer)
         out.update(

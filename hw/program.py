@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemforge.hw.config import BUS_ADDR_BITS, AccelConfig, ConfigError
+from gemforge.hw.config import BUFFERS, BUS_ADDR_BITS, AccelConfig, ConfigError
 from gemforge.hw.isa import (
     insn_bytes,
     IsaError,
@@ -60,7 +60,7 @@ def arena_alignment(config: AccelConfig) -> int:
     """Arenas start at a multiple of this, so relocation is a whole number of entries
     for every buffer (entry sizes are powers of two) and DMA rows stay bus-aligned."""
     return max(4096, config.bus_bytes,
-               *(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out", "uop")))
+               *(config.entry_bytes(b) for b in BUFFERS))
 
 
 @dataclass(frozen=True)

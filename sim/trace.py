@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemforge.hw.config import BUFFERS
 from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Gemm, Instruction, Load, MemType, Store, engine_of,
                              mnemonic)
 
@@ -46,7 +47,7 @@ class TracingFsim(Fsim):
     def __init__(self, config, dram: np.ndarray) -> None:
         super().__init__(config, dram)
         c = config
-        self.writer = {b: np.full(c.depth(b), -1, np.int64) for b in ("inp", "wgt", "acc", "out", "uop")}
+        self.writer = {b: np.full(c.depth(b), -1, np.int64) for b in BUFFERS}
         self.dram_writer = np.full(dram.size, -1, np.int64)
         self.stores: dict[int, StoreRecord] = {}
         #: Instruction indices in the order fsim executed them.

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from gemforge.files import move_atomic, write_text_atomic
 
-from ..config import UP5K_TOO_SMALL, AccelConfig
+from ..config import BUFFERS, UP5K_TOO_SMALL, AccelConfig
 from ..gateware.gemm import lane_name
 from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
 from .timing_paths import parse_sdf, slowest_paths
@@ -62,8 +62,6 @@ __all__ = [
     "run_synth", "predict_fit", "check_cells", "cell_resources", "port_bits", "lut_lane_passes", "lanes_for_dsps",
     "parse_yosys_stat", "parse_nextpnr_report", "render_markdown",
 ]
-
-BUFFERS = ("inp", "wgt", "acc", "out", "uop")
 
 
 class SynthError(Exception):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemforge.hw.config import AccelConfig
+from gemforge.hw.config import BUFFERS, AccelConfig
 from gemforge.hw.isa import (
     Alu, AluOp, Finish, Gemm, Instruction, Load, MemType, Store, Uop, encode_program, encode_uops,
 )
@@ -44,7 +44,7 @@ def area_bytes(config: AccelConfig) -> int:
     """Bytes of each DRAM area: room for 128 of the config's largest entries (so a tile's
     rows always fit somewhere in it), in whole 4 KiB pages. Small, because every program
     of a regression moves its data region into and out of the simulator."""
-    largest = max(config.entry_bytes(b) for b in ("inp", "wgt", "acc", "out", "uop"))
+    largest = max(config.entry_bytes(b) for b in BUFFERS)
     return -(-128 * largest // 4096) * 4096
 
 
