@@ -64,13 +64,14 @@ def _imports(name: str, path: Path, modules) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
                 if node.level else node.module or ""
-            candidates = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            # Each name imported: a module of its own (`from . import isa` is gemforge.hw.isa),
+            # else something the module `base` defines.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         elif isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
+            targets = [alias.name for alias in node.names]
         else:
             continue
-        # The most specific module named: `from . import isa` imports gemforge.hw.isa, not the package.
-        found.update(next(([c] for c in candidates if c in modules and c != name), []))
+        found.update(t for t in targets if t in modules and t != name)
     return found
 
 
@@ -95,5 +96,11 @@ def test_the_layer_check_sees_function_level_imports(tmp_path):
     """The check would catch what it is for: an import inside a function counts."""
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from gemforge.driver.runtime import model\n")
-    assert _imports("gemforge.hw.config", module, {"gemforge.driver.runtime.model": module}) == {"gemforge.driver.runtime.model"}
+    assert _imports("gemforge.hw.config", module, {"gemforge.driver.runtime.model": module}) == {
+        "gemforge.driver.runtime.model"}
     assert _layer("gemforge.driver.runtime.model") > _layer("gemforge.hw.config")
+    # Every name of an import statement counts, not the first alone.
+    module.write_text("from gemforge.hw import isa, flow\nimport gemforge.hw.isa, gemforge.driver.tools.cli\n")
+    known = {m: module for m in ("gemforge.hw", "gemforge.hw.isa", "gemforge.hw.flow", "gemforge.driver.tools.cli")}
+    assert _imports("gemforge.hw.config", module, known) == {"gemforge.hw.isa", "gemforge.hw.flow",
+                                                              "gemforge.driver.tools.cli"}

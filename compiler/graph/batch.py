@@ -12,7 +12,7 @@ graph and names the first node that breaks this; the runtime then refuses to chu
 from __future__ import annotations
 
 from .ir import Graph, Node
-from .operators import op_def, per_item
+from .operators import op_def
 
 __all__ = ["batch_mixing", "batched_values"]
 
@@ -20,10 +20,13 @@ __all__ = ["batch_mixing", "batched_values"]
 def _mixing(graph: Graph, node: Node, batched: set[str]) -> str | None:
     """Why ``node`` does not keep items apart (None when it does), by its operator's batch rule
     (``OpDef.batch``); ``batched`` holds the values whose axis 0 is the batch axis."""
+    rule = op_def(node).batch
+    if rule is None:
+        return f"gemforge does not know how {node.op} treats the batch axis"
     shape = {name: graph.values[name].shape for name in node.inputs}
     out = graph.values[node.output].shape
     carried = [i for i, name in enumerate(node.inputs) if name in batched]
-    return (op_def(node).batch or per_item)(graph, node, shape, out, carried)
+    return rule(graph, node, shape, out, carried)
 
 
 def batch_mixing(graph: Graph, batched_inputs: list[str]) -> str | None:

@@ -68,8 +68,9 @@ class MemoryPlan:
     def from_dict(cls, plan: dict, config: AccelConfig) -> MemoryPlan:
         """The plan of a manifest's form (checked by the `.gfm` loader before)."""
         slots = tuple(Slot(t["tensor"], tuple(t["shape"]), t["dtype"], t["nbytes"], t["first"], t["last"],
-                           bool(t.get("produced", False)), t["offset"], t["size"]) for t in plan["tensors"])
-        return cls(slots, plan["peak_bytes"], plan.get("naive_bytes", 0), plan["alignment"], arena_alignment(config))
+                           bool(t.get("produced", False)), t["offset"], t["size"]) for t in plan.get("tensors", []))
+        return cls(slots, plan.get("peak_bytes", 0), plan.get("naive_bytes", 0), plan.get("alignment", 1),
+                   arena_alignment(config))
 
 
 def slot_key(tensor: str, layout) -> tuple:

@@ -163,8 +163,10 @@ def host_round_trips(graph: Graph) -> int:
 
 def round_trips(on_accelerator: list[bool]) -> int:
     """The runs of host steps between the first and the last accelerator step, in execution
-    order: each is a copy out of device memory and back in (on a board, trips over the host
-    link)."""
+    order: where the inference leaves the accelerator and comes back (on a board, trips over the
+    host link). Counted by placement, as a profile shows it: a host run on a branch that shares no
+    tensor with the accelerator counts too, and a tensor re-packed through the host between two
+    adjacent accelerator layers (`host_reads`) does not."""
     if True not in on_accelerator:
         return 0
     first, last = on_accelerator.index(True), len(on_accelerator) - 1 - on_accelerator[::-1].index(True)

@@ -286,7 +286,7 @@ class Model:
         beside the accelerator for one with a config (a run of it on the CPU compiles the rest
         once). Returns how many nodes have a kernel."""
         nodes = [node for node in self.graph.nodes if self.config is None or node.device != "accel"]
-        built = [self._host_kernel(node, target_kind) for node in nodes]
+        built = [self._host_kernel(node, self._host_target_kind(node, target_kind)) for node in nodes]
         return sum(kernel.op is not None for kernel in built)
 
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:

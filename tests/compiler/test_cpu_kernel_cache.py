@@ -62,3 +62,15 @@ def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
     assert cache.cache_dir() is None
     _conv()
     assert not list(tmp_path.rglob("*.o"))
+
+
+def test_a_folder_others_may_write_is_not_used(kernel_cache):
+    """The cache holds native code the process runs: a folder others could plant entries in
+    (group- or world-writable, or another user's) is skipped, and kernels compile as without it."""
+    kernel_cache.mkdir(parents=True)
+    kernel_cache.chmod(0o777)
+    expected = _run(_conv())
+    assert not list(kernel_cache.iterdir())
+    kernel_cache.chmod(0o700)
+    np.testing.assert_array_equal(_run(_conv()), expected)
+    assert len(list(kernel_cache.glob("*.o"))) == 1

@@ -14,7 +14,8 @@ cache off), keyed by everything its code depends on:
 
 A kernel read back is checked: its entry point must resolve, else it is compiled again. Writes
 are atomic, and a cache that cannot be read or written is skipped (the kernel is compiled as
-without one).
+without one). The cache holds native code this process runs, so its folder must be the user's
+own and writable by no one else (it is made with mode 0700); any other is not used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dataclasses
 import enum
 import hashlib
 import os
+import stat
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -46,11 +48,26 @@ _SOURCES = ("backends/cpu", "backends/llvm", "ir", "passes")
 
 
 def cache_dir() -> Path | None:
-    """The directory of the CPU kernels' cache, or None where it is turned off."""
+    """The directory of the CPU kernels' cache, or None where it is turned off (or there is no
+    home directory to put it in)."""
     root = os.environ.get(CACHE_ENV, "")
     if root.lower() == "off":
         return None
-    return (Path(root) if root else Path.home() / ".cache" / "gemforge") / "cpu-kernels"
+    try:
+        return (Path(root) if root else Path.home() / ".cache" / "gemforge") / "cpu-kernels"
+    except RuntimeError:        # no HOME and no passwd entry (a container run as a bare uid)
+        return None
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is a real directory of this user's that no one else may write: the
+    cache holds native code this process runs, so a folder another user could plant entries in
+    (a shared temporary directory made by someone else) is not used."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 @lru_cache(maxsize=1)
@@ -122,16 +139,24 @@ def kernel_key(func: PrimFunc, cpu: str, features: str) -> str | None:
     return h.hexdigest()
 
 
-def _paths(key: str) -> tuple[Path, Path] | None:
+def _paths(key: str, create: bool = False) -> tuple[Path, Path] | None:
+    """The entry's two files, in a private cache folder (made, with ``create``), else None."""
     root = cache_dir()
-    return None if root is None else (root / f"{key}.o", root / f"{key}.ll.z")
+    if root is None:
+        return None
+    if create and not root.exists():
+        try:
+            root.mkdir(parents=True, mode=0o700)
+        except OSError:
+            return None
+    return (root / f"{key}.o", root / f"{key}.ll.z") if _private(root) else None
 
 
 def load(key: str | None) -> tuple[bytes, str] | None:
     """The object code and optimized LLVM IR kept under ``key``, or None (none kept, or an entry
     whose object code is not the one its IR file's checksum names: cut short, or changed)."""
     paths = _paths(key) if key else None
-    if paths is None:
+    if paths is None or any(path.is_symlink() for path in paths):
         return None
     try:
         object_code = paths[0].read_bytes()
@@ -144,11 +169,10 @@ def load(key: str | None) -> tuple[bytes, str] | None:
 def store(key: str | None, object_code: bytes, llvm_ir: str) -> None:
     """Keep a kernel's object code and optimized IR under ``key``; the IR file's first line is
     the object code's SHA-256, which `load` checks."""
-    paths = _paths(key) if key else None
-    if paths is None:
+    paths = _paths(key, create=True) if key else None
+    if paths is None or any(path.is_symlink() for path in paths):
         return
     try:
-        paths[0].parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(paths[0], object_code)
         text = f"{hashlib.sha256(object_code).hexdigest()}\n{llvm_ir}"
         write_bytes_atomic(paths[1], zlib.compress(text.encode(), 6))

@@ -18,6 +18,8 @@ END = "<!-- end of the operator table -->\n"
 
 def with_table(page: str) -> str:
     """``page`` with the text between the markers replaced by the current table."""
+    if BEGIN not in page or END not in page.split(BEGIN, 1)[1]:
+        raise SystemExit(f"{PAGE} lacks the operator table's markers: {BEGIN.strip()} … {END.strip()}")
     head, rest = page.split(BEGIN, 1)
     return head + BEGIN + table() + END + rest.split(END, 1)[1]
 

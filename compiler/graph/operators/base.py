@@ -89,7 +89,8 @@ class OpDef:
     #: int8 (`Int8.SAME_SCALE`): ``(attributes, exponent) → attributes`` on the input's grid
     #: (a clip's bounds, a pad's value); None where nothing changes.
     on_grid: Callable[[dict, int], dict] | None = None
-    #: None: it computes each item of its first input on its own (`per_item`).
+    #: None: unknown, and a run of the network in chunks is refused (an operator that reduces
+    #: over the batch would otherwise give wrong results without a word).
     batch: BatchRule | None = None
     #: ``(graph, node, target) → HostKernel``: an LLVM kernel for a host target.
     host: Callable | None = None

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ops import host
 from ..kernels import unary
-from .base import Int8, OpDef, check_rank, fail, register, resolve_axes
+from .base import Int8, OpDef, check_rank, fail, per_item, register, resolve_axes
 
 
 def _unary_host(compile_op):
@@ -210,7 +210,7 @@ register(
                                                                             dtype=dtype))),
     OpDef("identity", "— (a copy under a model output's ONNX name)", (1, 1),
           lambda graph, node, shapes: tuple(shapes[0]), _copy, int8=Int8.SAME_SCALE, saturation_safe=True,
-          move=_copy),
+          batch=per_item, move=_copy),
     OpDef("concat", "axis", (1, None), _concat_shape, _concat_evaluate, attrs=("axis",), same_dtype=None,
           int8=Int8.COARSEST, batch=_concat_batch, move=_concat_evaluate),
 )
