@@ -3,8 +3,8 @@
 `host_kernel` turns one node into a `HostKernel` (`kernels`) by its operator's host lowering
 (``OpDef.host``, `operators`): a compiled operator plus its constant operands packed once
 (weights in the kernel's layout), run on numpy arrays in the graph's layouts. Operators
-that only move or convert data (`DATA_MOVEMENT`: reshapes, concats, the network's entry
-quantization and exit dequantization) have no kernel and run in numpy (``OpDef.move``).
+that only move or convert data (reshapes, concats, the network's entry quantization and exit
+dequantization) have no kernel and run in numpy (``OpDef.move``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 from ..target import Target
 from .ir import Graph, GraphError, Node
 from .kernels import HostKernel
-from .operators import OPERATORS, op_def
+from .operators import op_def
 
-__all__ = ["HostKernel", "host_kernel", "DATA_MOVEMENT"]
-
-#: Nodes that only move or convert data (numpy, no arithmetic kernel).
-DATA_MOVEMENT = tuple(name for name, d in OPERATORS.items() if d.move is not None)
+__all__ = ["HostKernel", "host_kernel"]
 
 
 def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:

@@ -24,7 +24,7 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
 - the operators of `FLOAT_ONLY` (softmax, a mean, division, an element-wise max or min,
   sigmoid, tanh and the other float functions) run in float32 on their dequantized inputs, and so does an average pool whose
   output range is narrower than its input's (a global pool's); so do the adds, products, ReLUs
-  and moves of their results (`_FLOAT_PROPAGATING`: a layer norm stays float32 to its end).
+  and moves of their results (``OpDef.float_propagating``: a layer norm stays float32 to its end).
   The nodes reading float32 results where an int8 tensor is needed quantize them. The network quantizes its inputs at entry and dequantizes its
   outputs at exit, so it takes and returns float32 like the ONNX model (an output already
   in float32 — an input returned as it is, or a copy of it, a softmax's — leaves exactly as
@@ -40,7 +40,7 @@ import numpy as np
 from .evaluate import evaluate
 from .ir import Graph, GraphError, Node, Value
 from .numeric import quantize_array
-from .operators import FLOAT_ONLY, OPERATORS, Int8, op_def
+from .operators import FLOAT_ONLY, Int8, op_def
 
 __all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
@@ -159,15 +159,6 @@ def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None
     return float(np.max(per_channel + np.abs(bias_q), initial=0.0))
 
 
-#: Operators an int8 network keeps in float32 where their variable operands are float32 results
-#: of the float path (`quantize`): quantizing those only to add, scale or move them gains nothing.
-_FLOAT_PROPAGATING = tuple(name for name, d in OPERATORS.items() if d.float_propagating)
-
-#: Operators that keep their input's scale and commute with saturation (monotone, no
-#: arithmetic between elements): a tensor read only through them into clips may be narrowed.
-_SATURATION_SAFE = tuple(name for name, d in OPERATORS.items() if d.saturation_safe)
-
-
 def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, float]:
     """``peaks``, but a tensor read only by clips takes the largest of their outputs' peaks: a
     clip keeps its input's scale, so the input must be on the grid of what the clip lets
@@ -184,7 +175,8 @@ def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, fl
             users = consumers.get(name, [])
             if name in limited or name not in peaks or name in graph.outputs or not users:
                 continue
-            if all(u.op == "clip" or (u.op in _SATURATION_SAFE and u.output in limited) for u in users):
+            # Through operators that keep the scale and commute with saturation (``OpDef.saturation_safe``).
+            if all(u.op == "clip" or (op_def(u).saturation_safe and u.output in limited) for u in users):
                 narrowed[name] = max(narrowed.get(u.output, 0.0) for u in users)
                 limited.add(name)
     return narrowed
@@ -269,7 +261,7 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # row of equal values came out 0/0 = NaN where ONNX Runtime gives 0; and x − mean, squared
         # in int8, gave a narrow row a variance of 0 and an output tens of times too large).
         variable = [i for i in node.inputs if not graph.is_constant(i)]
-        stays_float = op in _FLOAT_PROPAGATING and any(i in floating and i not in graph.inputs for i in variable)
+        stays_float = definition.float_propagating and any(i in floating and i not in graph.inputs for i in variable)
         if definition.int8 == Int8.FLOAT or finer or off_grid or stays_float or mixed_output:
             # A softmax, a mean, a division or a float function runs in float32, and so does a pad
             # whose value int8 cannot hold at its input's scale. So does an average pool or a clip

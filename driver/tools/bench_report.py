@@ -126,20 +126,11 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     util = results.get("utilization")
     if util:
         out += _utilization_section(util)
-    if results.get("regress"):
-        out += _regress_section(results["regress"])
-    if results.get("cpu"):
-        out += _cpu_section(results["cpu"])
-    if results.get("network"):
-        out += _network_section(results["network"])
-    if results.get("models"):
-        out += _models_section(results["models"])
-    if results.get("gpu"):
-        out += _gpu_section(results["gpu"])
-    if results.get("synth"):
-        out += _synth_section(results["synth"])
-    if results.get("sweep"):
-        out += _sweep_section(results["sweep"])
+    for key, section in (("regress", _regress_section), ("cpu", _cpu_section), ("network", _network_section),
+                         ("models", _models_section), ("gpu", _gpu_section), ("synth", _synth_section),
+                         ("sweep", _sweep_section)):
+        if results.get(key):
+            out += section(results[key])
     return "\n".join(out)
 
 

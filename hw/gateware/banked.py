@@ -26,10 +26,9 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..microarch import buffer_lanes  # noqa: F401  (the banking rule, defined there for the models)
 from .checked import CheckedComponent
 
-__all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedMemory", "buffer_lanes"]
+__all__ = ["group_layout", "GroupWriteSignature", "GroupReadSignature", "BankedMemory"]
 
 
 def _is_pow2(value):

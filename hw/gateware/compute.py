@@ -19,8 +19,9 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import Engine, MemType, Opcode, insn_bits
 from ..regmap import ENGINE_STATES
+from ..microarch import buffer_lanes
 from .axi import AxiReadSignature
-from .banked import GroupReadSignature, GroupWriteSignature, buffer_lanes
+from .banked import GroupReadSignature, GroupWriteSignature
 from .engine import (STATE_BITS, EngineSequencer, insn_layout, registered_stall, token_members,
                      token_ports)
 from .gemm import lanes

@@ -11,7 +11,7 @@ address = entry index × entry_bytes). Entries and bus beats may differ in size:
   writes only its lanes (``wstrb``).
 
 The data side moves *groups* (`group_layout`), one per cycle: the entries of one
-beat that belong to one row, at most ``lanes`` of them (`DmaWalk`, `dma_groups`).
+beat that belong to one row, at most ``lanes`` of them (`DmaWalk`, `microarch.dma_groups`).
 With ``lanes = k`` a long row streams at one beat per cycle whatever the entry
 size; a group is one entry when entries are a beat or wider (or ``lanes = 1``).
 
@@ -30,13 +30,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import DMA_TRANSFER_FIELDS
-from ..microarch import dma_groups, max_burst_beats  # noqa: F401  (defined there for the models; used here)
+from ..microarch import max_burst_beats
 from .axi import ADDR_BITS
 from .banked import group_layout
 from .checked import CheckedComponent
 
-__all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "GroupDma", "dma_groups", "dma_lanes",
-           "max_burst_beats", "refuse_unless_positive"]
+__all__ = ["DmaCommand", "dma_command_from", "BurstGenerator", "DmaWalk", "GroupDma", "dma_lanes", "refuse_unless_positive"]
 
 #: A DMA command: DRAM entry index of row 0 (``base``), rows, entries per row, entries between
 #: row starts: the LOAD/STORE instruction's DRAM-side fields (`isa.DMA_TRANSFER_FIELDS`).
@@ -178,7 +177,7 @@ class DmaWalk:
 
     A step moves ``count`` = min(``lanes``, lanes left in the beat, entries left in
     the row) entries: the entries of one beat that belong to one row (one entry when
-    entries are at least a beat wide). `dma_groups` is the same walk in Python.
+    entries are at least a beat wide). `microarch.dma_groups` is the same walk in Python.
 
     Attributes
     ----------

@@ -12,8 +12,9 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import Engine, MemType, Opcode, insn_bits
+from ..microarch import buffer_lanes
 from .axi import AxiReadSignature
-from .banked import GroupWriteSignature, buffer_lanes
+from .banked import GroupWriteSignature
 from .engine import (STATE_BITS, EngineSequencer, PendingPushes, insn_layout, registered_stall,
                      token_members, token_ports)
 from ..regmap import ENGINE_STATES

@@ -34,8 +34,9 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..isa import Engine, MemType, Opcode, insn_bits, requant_shift_bits
+from ..microarch import buffer_lanes
 from .axi import AxiWriteSignature, connect_when_selected
-from .banked import GroupReadSignature, buffer_lanes, group_layout
+from .banked import GroupReadSignature, group_layout
 from .dma import DmaCommand, DmaWalk, dma_command_from
 from .dma_write import DmaWriter
 from .gemm import lanes

@@ -20,8 +20,9 @@ from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import Opcode, fields_of
+from ..microarch import buffer_lanes
 from .axi import AxiReadSignature
-from .banked import GroupWriteSignature, buffer_lanes
+from .banked import GroupWriteSignature
 from .checked import CheckedComponent
 from .dma import dma_command_from, refuse_unless_positive
 from .dma_read import DmaReader

@@ -24,12 +24,12 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from ..config import AccelConfig
 from ..isa import PIPELINE, TOKEN_QUEUES, insn_bits, insn_bytes
-from ..microarch import READ_CLIENTS
+from ..microarch import READ_CLIENTS, buffer_lanes
 from ..regmap import (ADDRESS_TOP, CMDQ_LEVEL_BITS, COUNTERS, DEADLOCK_CYCLES, ERROR_INFO_NO_INDEX,
                       ERROR_INFO_WRITE, ID_MAGIC, REGISTERS, Fault, token_field)
 from .arbiter import ReadArbiter
 from .axi import BURST_INCR, RESP_OKAY, Axi4Signature, AxiLiteSignature
-from .banked import BankedMemory, buffer_lanes
+from .banked import BankedMemory
 from .checked import CheckedComponent
 from .compute import ComputeEngine
 from .fetch import FetchEngine

@@ -16,7 +16,7 @@ import pytest
 from gemforge.hw import asm, isa, regmap
 from gemforge.hw.config import PRESETS, AccelConfig, load_config
 from gemforge.hw.flow.datasheet import datasheet, register_reset, verilator_flags
-from gemforge.hw.gateware.dma import max_burst_beats
+from gemforge.hw.microarch import max_burst_beats
 from gemforge.hw.gateware.top import READ_CLIENTS
 from gemforge.hw.flow import generate as generate_module
 from gemforge.hw.flow.generate import LINT_WAIVERS, TOP_NAME, generate, verilog_top

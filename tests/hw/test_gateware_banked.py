@@ -7,7 +7,8 @@ import random
 import pytest
 
 from gemforge.hw.config import PRESETS, AccelConfig
-from gemforge.hw.gateware.banked import BankedMemory, GroupReadSignature, GroupWriteSignature, buffer_lanes
+from gemforge.hw.gateware.banked import BankedMemory, GroupReadSignature, GroupWriteSignature
+from gemforge.hw.microarch import buffer_lanes
 from gemforge.hw.gateware.testbench import simulate
 
 # (depth, banks, write lanes, read lanes): one bank (a plain memory), banks == depth,

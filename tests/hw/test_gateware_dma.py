@@ -15,8 +15,8 @@ from gemforge.hw.gateware.testbench import (
 
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.gateware.arbiter import ReadArbiter
-from gemforge.hw.gateware.banked import buffer_lanes
-from gemforge.hw.gateware.dma import BurstGenerator, dma_groups, max_burst_beats
+from gemforge.hw.gateware.dma import BurstGenerator
+from gemforge.hw.microarch import buffer_lanes, dma_groups, max_burst_beats
 from gemforge.hw.gateware.dma_read import DmaReader
 from gemforge.hw.gateware.dma_write import DmaWriter
 from gemforge.hw.gateware.tile_load import TileLoader

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.gateware.dma import dma_groups
+from gemforge.hw.microarch import dma_groups
 from gemforge.hw.gateware.dma_read import DmaReader
 from gemforge.hw.gateware.load import LoadEngine
 from gemforge.hw.gateware.testbench import (

@@ -232,7 +232,7 @@ def make_llvm_ir(func: PrimFunc, target: CpuTarget, *, cached: bool = True) -> C
     parameters (allocated once by the kernel, not per call). A function the kernel cache holds
     for this target (and ``cached``) comes back with its object code and optimized IR instead."""
     _initialize()
-    key = cache.kernel_key(func, *_host(target))
+    key = cache.kernel_key(func, *_host(target)) if cache.cache_dir() is not None else None
     workspaces, body = split_workspaces(func)
     held = cache.load(key) if cached else None
     if held is not None:

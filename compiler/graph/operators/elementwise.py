@@ -12,6 +12,7 @@ import numpy as np
 
 from ...ops import host
 from ...ops.functions import FLOAT_FUNCTIONS
+from ...ops.nn import ELEMENTWISE_OPS
 from ..kernels import HostKernel, contiguous, quantized_elementwise, unary
 from ..numeric import int8_clipped, rounding_shift
 from .base import Int8, OpDef, broadcast, per_item, register
@@ -103,8 +104,8 @@ def _binary(name: str, int8: str, doc: str) -> OpDef:
                  float_propagating=int8 == Int8.SHIFTED, batch=_binary_batch, host=_binary_host)
 
 
-#: The element-wise operators of two tensors (numpy broadcasting).
-BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
+#: The element-wise operators of two tensors (numpy broadcasting): the operator library's.
+BINARY_OPS = tuple(op for op, arity in ELEMENTWISE_OPS.items() if arity == 2)
 _SHIFTED_DOC = "inputs x, y (numpy broadcasting); relu; int8: pre-shifts of x and y (``lshift``), shift (requantization)"
 _FLOAT_DOC = "inputs x, y (numpy broadcasting); relu (float32 only{})"
 register(
@@ -121,13 +122,14 @@ register(
 
 # --- one tensor --------------------------------------------------------------------------
 
-def _relu_host(graph, node, target):
+def _function_host(graph, node, target):
+    """ReLU and the float functions: the element-wise kernel of one input (``alpha`` where one is taken)."""
     shape, dtype = tuple(graph.values[node.inputs[0]].shape), graph.values[node.inputs[0]].dtype
     return unary(node, host.compile_elementwise(target, node.op, shape, dtype=dtype, alpha=node.attrs.get("alpha")))
 
 
 register(OpDef("relu", "—", (1, 1), _same_shape, lambda node, args: np.maximum(args[0], 0).astype(args[0].dtype),
-               int8=Int8.SAME_SCALE, float_propagating=True, saturation_safe=True, batch=per_item, host=_relu_host))
+               int8=Int8.SAME_SCALE, float_propagating=True, saturation_safe=True, batch=per_item, host=_function_host))
 
 
 def _function_evaluate(node, args):
@@ -138,7 +140,7 @@ def _function_evaluate(node, args):
 
 register(*(OpDef(name, f"— (float32 only: {f.doc})" if not f.alpha else f"alpha (float32 only): {f.doc}",
                  (1, 1), _same_shape, _function_evaluate, attrs=("alpha",) if f.alpha else (), int8=Int8.FLOAT,
-                 batch=per_item, host=_relu_host, gpu=f.gpu)
+                 batch=per_item, host=_function_host, gpu=f.gpu)
            for name, f in FLOAT_FUNCTIONS.items()))
 
 
