@@ -6,20 +6,11 @@ object, and only from it. Each derived value is a property computed here, in
 exactly one place.
 
 On-chip buffers are arrays of *entries*; an entry is the tile one GEMM
-micro-op touches:
-
-==========  ===========================  ===========================
-buffer      entry shape                  element width
-==========  ===========================  ===========================
-input       ``batch × block_in``         ``inp_width``
-weight      ``block_out × block_in``     ``wgt_width``
-accumulator ``batch × block_out``        ``acc_width``
-output      ``batch × block_out``        ``out_width``
-micro-op    one packed `Uop`             ``uop_bits`` (32 or 64)
-==========  ===========================  ===========================
-
-DRAM holds entries in the same byte layout (row-major, little-endian two's
-complement), so a DMA moves whole entries.
+micro-op touches. `ENTRY_LAYOUTS` gives each data buffer's entry (rows,
+columns and element width, as the fields that set them); a micro-op entry is
+one packed `Uop` of ``uop_bits`` (32 or 64). DRAM holds entries in the same
+byte layout (row-major, little-endian two's complement), so a DMA moves whole
+entries.
 """
 
 from __future__ import annotations
@@ -48,6 +39,7 @@ __all__ = [
     "SUPPORTED_BUS_WIDTHS",
     "MAX_BUFFER_DEPTH",
     "BUFFERS",
+    "ENTRY_LAYOUTS",
     "MAX_UOP_BITS",
     "MAX_CORE_DIM",
     "QUEUE_DEPTH_RANGE",
@@ -75,6 +67,15 @@ MAX_BUFFER_DEPTH = 1 << 16
 #: The on-chip buffers, each sized by ``<name>_buffer_bytes``: input, weight, accumulator,
 #: output and micro-op. Every other part names them by these strings.
 BUFFERS = ("inp", "wgt", "acc", "out", "uop")
+#: Each data buffer's entry: the fields giving its rows, its columns and its element width
+#: (`AccelConfig.entry_layout`). fsim's buffers, the datasheet's entry table and the entry
+#: sizes read it.
+ENTRY_LAYOUTS: dict[str, tuple[str, str, str]] = {
+    "inp": ("batch", "block_in", "inp_width"),
+    "wgt": ("block_out", "block_in", "wgt_width"),
+    "acc": ("batch", "block_out", "acc_width"),
+    "out": ("batch", "block_out", "out_width"),
+}
 #: A packed micro-op must fit one 64-bit word.
 MAX_UOP_BITS = 64
 #: The largest batch, block_in and block_out (each a power of two from 1).
@@ -237,19 +238,24 @@ class AccelConfig:
 
     # ------------------------------------------------------------------ derived values
 
+    def entry_layout(self, buffer: str) -> tuple[int, int, int]:
+        """(rows, columns, element bits) of one entry of the data buffer ``buffer`` ('inp',
+        'wgt', 'acc' or 'out'), by `ENTRY_LAYOUTS`."""
+        try:
+            fields = ENTRY_LAYOUTS[buffer]
+        except KeyError:
+            raise KeyError(f"unknown data buffer {buffer!r}; expected one of {', '.join(ENTRY_LAYOUTS)}") from None
+        rows, cols, bits = (getattr(self, name) for name in fields)
+        return rows, cols, bits
+
     def entry_bytes(self, buffer: str) -> int:
         """Bytes of one entry of ``buffer`` ('inp', 'wgt', 'acc', 'out' or 'uop')."""
-        if buffer == "inp":
-            return self.batch * self.block_in * self.inp_width // 8
-        if buffer == "wgt":
-            return self.block_out * self.block_in * self.wgt_width // 8
-        if buffer == "acc":
-            return self.batch * self.block_out * self.acc_width // 8
-        if buffer == "out":
-            return self.batch * self.block_out * self.out_width // 8
         if buffer == "uop":
             return self.uop_bits // 8
-        raise KeyError(f"unknown buffer {buffer!r}; expected one of inp, wgt, acc, out, uop")
+        if buffer not in ENTRY_LAYOUTS:
+            raise KeyError(f"unknown buffer {buffer!r}; expected one of {', '.join(BUFFERS)}")
+        rows, cols, bits = self.entry_layout(buffer)
+        return rows * cols * bits // 8
 
     def depth(self, buffer: str) -> int:
         """Number of entries ``buffer`` holds."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gemforge.hw.config import AccelConfig
+from gemforge.hw.config import ENTRY_LAYOUTS, AccelConfig
 from gemforge.hw.regmap import ADDRESS_TOP, Fault
 from gemforge.hw.isa import (
     Alu,
@@ -232,7 +232,7 @@ def check_loop_indices(insn: Gemm | Alu, uops: np.ndarray, config: AccelConfig, 
     ``uops`` are the instruction's micro-ops (rows of dst, src, wgt). Found in closed form: the
     indices grow with i and j (the factors are unsigned), so no index array is built, and a
     loop of 2^28 micro-ops is checked as fast as one of a few."""
-    n, iters_in = uops.shape[0], insn.iter_in
+    iters_in = insn.iter_in
     for col, (name, buffer, f_out, f_in) in enumerate(_loop_fields(insn, config)):
         base = uops[:, col]
         depth = config.depth(buffer)
@@ -269,10 +269,16 @@ class Fsim:
         self.config = config
         self.dram = dram
         c = config
-        self.inp = np.zeros((c.inp_depth, c.batch, c.block_in), _int_dtype(c.inp_width))
-        self.wgt = np.zeros((c.wgt_depth, c.block_out, c.block_in), _int_dtype(c.wgt_width))
-        self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), np.int64)
-        self.out = np.zeros((c.out_depth, c.batch, c.block_out), _int_dtype(c.out_width))
+        # Each data buffer holds entries of its layout (the accumulator's as int64, wrapped to
+        # acc_width where the hardware wraps); `_dram_dtype` is one entry as DRAM stores it.
+        self._dram_dtype: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        buffers = {}
+        for buffer in ENTRY_LAYOUTS:
+            rows, cols, bits = c.entry_layout(buffer)
+            self._dram_dtype[buffer] = (_int_dtype(bits), (rows, cols))
+            buffers[buffer] = np.zeros((c.depth(buffer), rows, cols), np.int64 if buffer == "acc" else _int_dtype(bits))
+        self._dram_dtype["uop"] = (np.dtype(f"<u{c.uop_bits // 8}"), ())
+        self.inp, self.wgt, self.acc, self.out = (buffers[b] for b in ("inp", "wgt", "acc", "out"))
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # (dst, src, wgt)
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         # GEMM products are summed over block_in in floating point, which is exact
@@ -284,15 +290,6 @@ class Fsim:
         self._chunk_uops = min(_CHUNK_UOPS, 1 << max(0, 52 - mac_bits))
         # ALU micro-ops per batch: index arrays and gathered operands of about 32 MiB.
         self._alu_chunk = max(1 << 12, (1 << 22) // (c.batch * c.block_out))
-        # Element layout of one entry of each buffer, as stored in DRAM.
-        self._dram_dtype = {
-            "inp": (_int_dtype(c.inp_width), (c.batch, c.block_in)),
-            "wgt": (_int_dtype(c.wgt_width), (c.block_out, c.block_in)),
-            "acc": (_int_dtype(c.acc_width), (c.batch, c.block_out)),
-            "out": (_int_dtype(c.out_width), (c.batch, c.block_out)),
-            "uop": (np.dtype(f"<u{c.uop_bits // 8}"), ()),
-        }
-
     # ------------------------------------------------------------------ running
 
     def run(self, insn_address: int, insn_count: int) -> dict[str, int]:

@@ -18,7 +18,7 @@ subclasses of `Stmt` and `Node` the generic traversal handles.
 
 from .arith import (
     compile_expr, const_upper_bound, evaluate, extremes, interval, linear_coefficient, same_expr, simplify,
-    simplify_in, wrap_int,
+    simplify_in, substitute_stmt, wrap_int,
 )
 from .dtypes import BOOL, FLOAT_TYPES, INT_TYPES, DTypeError, bits, check_dtype, is_float, is_int, promote
 from .expr import (
@@ -31,7 +31,7 @@ from .stmt import (
     seq,
 )
 from .traversal import (
-    StmtMutator, free_vars, map_expr, replace_buffers, substitute, substitute_stmt, walk, walk_expr,
+    StmtMutator, free_vars, map_expr, replace_buffers, substitute, walk, walk_expr,
 )
 from .verify import VerifyError, verify
 
@@ -46,11 +46,10 @@ __all__ = [
     "Stmt", "Node", "Buffer", "ForKind", "For", "Seq", "Allocate", "BufferStore", "IfThenElse", "AttrStmt",
     "LetStmt", "Evaluate", "PrimFunc", "seq",
     # traversal
-    "walk", "walk_expr", "StmtMutator", "map_expr", "substitute", "substitute_stmt", "free_vars",
-    "replace_buffers",
+    "walk", "walk_expr", "StmtMutator", "map_expr", "substitute", "free_vars", "replace_buffers",
     # arithmetic
     "simplify", "same_expr", "simplify_in", "linear_coefficient", "interval", "const_upper_bound", "evaluate",
-    "extremes", "compile_expr", "wrap_int",
+    "extremes", "compile_expr", "wrap_int", "substitute_stmt",
     # printing and checking
     "format_ir", "verify", "VerifyError",
 ]

@@ -8,7 +8,9 @@
   of bounds inference), `const_upper_bound` a constant bound, `extremes`
   the exact range over the executed iterations;
 - `evaluate` and `compile_expr` compute concrete values (the accelerator back
-  end unrolls host loops with them).
+  end unrolls host loops with them);
+- `substitute_stmt` replaces variables in a statement and re-simplifies what
+  they appeared in.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from .expr import (
     Add, And, BinOp, BufferLoad, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Max, Min, Mul, Not, Or, Select,
     Shr, Sub, Var,
 )
-from .traversal import free_vars, map_expr, node_fields
+from .stmt import BufferStore, Stmt
+from .traversal import StmtMutator, free_vars, map_expr, node_fields, substitute
 
 __all__ = [
     "simplify", "same_expr", "simplify_in", "linear_coefficient", "interval", "const_upper_bound",
-    "evaluate", "extremes", "compile_expr", "wrap_int",
+    "evaluate", "extremes", "compile_expr", "wrap_int", "substitute_stmt",
 ]
 
 #: Types whose arithmetic is canonicalized as affine forms (index arithmetic);
@@ -481,3 +484,17 @@ def compile_expr(expr: Expr) -> Callable[[dict], int]:
     return scope["_f"]
 
 
+def substitute_stmt(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
+    """Replace variables everywhere in a statement tree. Index expressions, extents
+    and conditions are re-simplified; stored values are substituted but not
+    re-associated (passes pattern-match them)."""
+    class Substitute(StmtMutator):
+        def visit_expr(self, e: Expr) -> Expr:
+            return simplify(substitute(e, mapping))
+
+        def visit_BufferStore(self, s: BufferStore) -> Stmt:
+            return BufferStore(self.visit_buffer(s.buffer), tuple(self.visit_expr(i) for i in s.indices),
+                               substitute(s.value, mapping))
+    if not mapping:
+        return stmt
+    return Substitute().visit(stmt)

@@ -9,8 +9,9 @@ the ones a back end defines, without a per-node rewriter.
 - `StmtMutator` rebuilds a statement tree: override ``visit_<Class>`` for the
   kinds a pass changes, `visit_expr` / `visit_buffer` to map every
   expression or buffer reference;
-- `map_expr` rewrites an expression bottom-up; `substitute`,
-  `substitute_stmt`, `free_vars` and `replace_buffers` are built on them.
+- `map_expr` rewrites an expression bottom-up; `substitute`, `free_vars` and
+  `replace_buffers` are built on them (`arith.substitute_stmt`, which also
+  re-simplifies, too).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import dataclasses
 from typing import Any, Callable
 
 from .expr import BufferLoad, Expr, Var
-from .stmt import Allocate, Buffer, BufferStore, Node, Seq, Stmt, seq
+from .stmt import Allocate, Buffer, Node, Seq, Stmt, seq
 
 __all__ = [
-    "walk", "walk_expr", "StmtMutator", "map_expr", "substitute", "substitute_stmt", "free_vars",
+    "walk", "walk_expr", "StmtMutator", "map_expr", "substitute", "free_vars",
     "replace_buffers", "node_fields",
 ]
 
@@ -192,24 +193,6 @@ class StmtMutator:
 
 
 _DROP = object()
-
-
-def substitute_stmt(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    """Replace variables everywhere in a statement tree. Index expressions, extents
-    and conditions are re-simplified; stored values are substituted but not
-    re-associated (passes pattern-match them)."""
-    from .arith import simplify
-
-    class Substitute(StmtMutator):
-        def visit_expr(self, e: Expr) -> Expr:
-            return simplify(substitute(e, mapping))
-
-        def visit_BufferStore(self, s: BufferStore) -> Stmt:
-            return BufferStore(self.visit_buffer(s.buffer), tuple(self.visit_expr(i) for i in s.indices),
-                               substitute(s.value, mapping))
-    if not mapping:
-        return stmt
-    return Substitute().visit(stmt)
 
 
 def replace_buffers(stmt: Stmt, mapping: dict[Buffer, Buffer], drop_allocations: bool = False) -> Stmt:

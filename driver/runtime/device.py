@@ -24,12 +24,12 @@ import numpy as np
 
 from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.isa import encode_program, encode_uops, insn_bytes
-
 from gemforge.hw.program import Program, ProgramError, arena_alignment
+from gemforge.hw.regmap import Fault
 
 __all__ = [
-    "Device", "DeviceError", "Buffer", "LoadedProgram", "RunResult",
-    "open_device", "register_backend", "available_backends", "DEFAULT_DRAM_BYTES",
+    "Device", "DeviceError", "AcceleratorFaultError", "Buffer", "LoadedProgram", "RunResult",
+    "open_device", "parse_uart_spec", "register_backend", "available_backends", "DEFAULT_DRAM_BYTES",
 ]
 
 DEFAULT_DRAM_BYTES = 256 * 1024 * 1024
@@ -37,6 +37,17 @@ DEFAULT_DRAM_BYTES = 256 * 1024 * 1024
 
 class DeviceError(RuntimeError):
     """A device-level failure: out of DRAM, a bad buffer access, an unknown backend."""
+
+
+class AcceleratorFaultError(DeviceError):
+    """The accelerator ended the program with ERROR: ``fault`` is the `Fault` it reported
+    (the same one fsim raises for the program), ``info`` the ERROR_INFO register. The RTL
+    simulators raise it as `RtlFaultError`, a board as `BoardFaultError`."""
+
+    def __init__(self, message: str, fault: Fault | None, info: int):
+        super().__init__(message)
+        self.fault = fault
+        self.info = info
 
 
 @dataclass(frozen=True)
@@ -274,12 +285,29 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
+#: A board's serial speed when its spec names none.
+DEFAULT_BAUD = 115200
+
+
+def parse_uart_spec(spec: str) -> tuple[str, int]:
+    """``"uart:PORT[@BAUD]"`` (or ``"PORT[@BAUD]"``) → (port, baud)."""
+    body = spec[len("uart:"):] if spec.startswith("uart:") else spec
+    port, sep, baud = body.rpartition("@")
+    if not sep:
+        port, baud = body, str(DEFAULT_BAUD)
+    if not port:
+        raise DeviceError(f"the uart device needs a port: uart:PORT[@BAUD] (e.g. uart:/dev/ttyUSB0@115200), "
+                          f"not {spec!r}")
+    if not baud.isdigit() or int(baud) <= 0:
+        raise DeviceError(f"baud rate must be a positive integer, not {baud!r} (in {spec!r})")
+    return port, int(baud)
+
+
 def open_device(kind: str, config: AccelConfig | str | None = None, **options: Any) -> Device:
     """Open a device of backend ``kind`` ('fsim', 'verilator', 'icarus', 'cpu', 'gpu', 'uart:PORT[@BAUD]') for
     ``config`` (preset, file or object; the cpu and gpu devices need none)."""
     _register_builtin_backends()
     if kind.startswith("uart:"):         # "uart:PORT[@BAUD]", the board backend's spec string
-        from .uart_device import parse_uart_spec
         port, baud = parse_uart_spec(kind)
         kind, options = "uart", {"port": port, "baud": baud, **options}
     if kind in HOST_DEVICES:

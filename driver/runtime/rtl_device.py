@@ -28,7 +28,7 @@ from gemforge.hw.isa import insn_bytes
 from gemforge.hw.regmap import FAULT_DOCS, Fault
 from gemforge.sim.cosim import harness
 
-from .device import DEFAULT_DRAM_BYTES, Device, DeviceError, RunResult
+from .device import DEFAULT_DRAM_BYTES, AcceleratorFaultError, Device, DeviceError, RunResult
 
 __all__ = ["RtlDevice", "VerilatorDevice", "IcarusDevice", "RtlHangError", "RtlFaultError"]
 
@@ -37,14 +37,9 @@ class RtlHangError(DeviceError):
     """The RTL stopped making progress (deadlock or protocol hang); the message holds the debug state."""
 
 
-class RtlFaultError(DeviceError):
-    """The accelerator ended the program with ERROR: ``fault`` is the `Fault` it reported
-    (the same one fsim raises for the program), ``info`` the ERROR_INFO register."""
-
-    def __init__(self, message: str, fault: Fault | None, info: int):
-        super().__init__(message)
-        self.fault = fault
-        self.info = info
+class RtlFaultError(AcceleratorFaultError):
+    """The simulated RTL ended the program with ERROR (``fault``, ``info`` as for any
+    `AcceleratorFaultError`)."""
 
 
 class RtlDevice(Device):

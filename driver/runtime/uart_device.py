@@ -26,32 +26,14 @@ import numpy as np
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.regmap import COUNTERS, CTRL_BITS, FAULT_DOCS, ID_MAGIC, STATUS_BITS, Fault, by_name
 
-from .device import Device, DeviceError, RunResult
-from .rtl_device import RtlFaultError
+from .device import DEFAULT_BAUD, AcceleratorFaultError, Device, DeviceError, RunResult
 from .uart_link import BridgeLink, LinkError
 
-__all__ = ["UartDevice", "BoardFaultError", "parse_uart_spec"]
+__all__ = ["UartDevice", "BoardFaultError"]
 
-DEFAULT_BAUD = 115200
-
-
-class BoardFaultError(RtlFaultError):
+class BoardFaultError(AcceleratorFaultError):
     """The accelerator on the board ended the program with ERROR (``fault``, ``info`` as
-    for `RtlFaultError`, which catches it too)."""
-
-
-def parse_uart_spec(spec: str) -> tuple[str, int]:
-    """``"uart:PORT[@BAUD]"`` (or ``"PORT[@BAUD]"``) → (port, baud)."""
-    body = spec[len("uart:"):] if spec.startswith("uart:") else spec
-    port, sep, baud = body.rpartition("@")
-    if not sep:
-        port, baud = body, str(DEFAULT_BAUD)
-    if not port:
-        raise DeviceError(f"the uart device needs a port: uart:PORT[@BAUD] (e.g. uart:/dev/ttyUSB0@115200), "
-                          f"not {spec!r}")
-    if not baud.isdigit() or int(baud) <= 0:
-        raise DeviceError(f"baud rate must be a positive integer, not {baud!r} (in {spec!r})")
-    return port, int(baud)
+    for any `AcceleratorFaultError`)."""
 
 
 class UartDevice(Device):

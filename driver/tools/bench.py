@@ -11,23 +11,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
-from gemforge.models.resnet import RESNET18_CONVS
+from gemforge.models.resnet import RESNET18_CONVS, RESNET18_LAYERS
+
+from .measure import best_of
 
 __all__ = ["bench_fsim_gemm", "run_benchmarks"]
-
-
-def _best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    best, value = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
 
 
 def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 3) -> dict[str, Any]:
@@ -38,16 +31,16 @@ def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    compile_seconds, op = _best_of(1, lambda: compile_dense(config, m, k, n))
+    compile_seconds, op = best_of(1, lambda: compile_dense(config, m, k, n))
     device = open_device("fsim", config)
     loaded = device.load_program(op.program)
     for name, array in op.pack_inputs(a=a, b=b).items():
         device.write(loaded.tensor_buffer(name), array)
-    seconds, result = _best_of(repeats, lambda: device.run(loaded))
+    seconds, result = best_of(repeats, lambda: device.run(loaded))
     region = op.program.tensors[op.output]
     c = op.unpack_output(device.read(loaded.tensor_buffer(op.output), region.dtype, region.shape))
     a32, b32 = a.astype(np.int32), b.astype(np.int32)
-    numpy_seconds, expected = _best_of(repeats, lambda: a32 @ b32)
+    numpy_seconds, expected = best_of(repeats, lambda: a32 @ b32)
     if not np.array_equal(c, expected):
         raise AssertionError("fsim GEMM result differs from numpy; benchmark is void")
     uops = result.counters["gemm_uops"] - result.counters["gemm_reset_uops"]
@@ -61,10 +54,6 @@ def bench_fsim_gemm(config: AccelConfig, m: int, k: int, n: int, repeats: int = 
         "time_ratio_vs_numpy": round(seconds / numpy_seconds, 2),
     }
 
-
-#: The distinct convolution layers of ResNet-18 after the first (batch 1):
-#: (name, input NCHW, weight OIHW, stride, padding).
-RESNET18_LAYERS = [row[:5] for row in RESNET18_CONVS]
 
 #: How each ResNet layer is compiled: (key, latency hiding, requantizing epilogue).
 #: Without the epilogue the output is the int32 accumulator; with it, the layer

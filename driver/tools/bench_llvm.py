@@ -18,36 +18,16 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from gemforge.compiler.backends.cpu.runtime import cores
 from gemforge.compiler.ops.common import out_size
+from gemforge.models.resnet import RESNET18_LAYERS
 
-__all__ = ["bench_cpu", "bench_gpu", "best_interleaved"]
+from .measure import best_interleaved, cores, ort_session
 
-
-#: Each block of timed calls starts with this much untimed running of the same call:
-#: the other side's library threads (OpenBLAS, ONNX Runtime) stop spinning and the
-#: cores' clocks settle before anything is timed.
-WARM_UP_SECONDS = 0.05
-
-
-def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats: int = 5) -> dict[str, float]:
-    """The best time of each function, measured in alternating rounds of ``repeats`` calls,
-    each round after `WARM_UP_SECONDS` of untimed calls."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            warm_until = time.perf_counter() + WARM_UP_SECONDS
-            while time.perf_counter() < warm_until:
-                fn()
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best
+__all__ = ["bench_cpu", "bench_gpu"]
 
 
 def _args(op, host: dict[str, np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -62,18 +42,6 @@ def _args(op, host: dict[str, np.ndarray]) -> tuple[list[np.ndarray], np.ndarray
     arrays = [aligned(packed[b.name]) if b.name in packed else aligned(np.zeros(b.shape, b.dtype))
               for b in op.program.params]
     return arrays, arrays[-1]
-
-
-def _ort_session(model) -> Any:
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = cores()
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    # Idle ORT threads would otherwise spin for a while after each run, taking the
-    # cores from whatever is measured next (the interleaved candidate).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _conv_model(xs, ws, stride, padding, w: np.ndarray):
@@ -154,7 +122,7 @@ def bench_cpu_convs(layers, rounds: int = 3) -> dict[str, Any]:
         row["compile_seconds"] = round(time.perf_counter() - start, 3)
         arrays, out = _args(op, {"x": x, "w": w})
         op.program(*arrays)
-        session = _ort_session(_conv_model(xs, ws, stride, padding, w))
+        session = ort_session(_conv_model(xs, ws, stride, padding, w))
         expect = session.run(None, {"x": x})[0]
         if not np.allclose(op.unpack_output(out), expect, rtol=1e-3, atol=1e-3):
             raise AssertionError(f"{name}: the CPU conv2d differs from ONNX Runtime; benchmark is void")
@@ -173,8 +141,8 @@ def bench_cpu_convs(layers, rounds: int = 3) -> dict[str, Any]:
         op8.program(*arrays8)
         if not np.array_equal(op8.unpack_output(out8), conv2d_reference(x8, w8, bias, stride, padding, 8, True)):
             raise AssertionError(f"{name}: the CPU int8 conv2d differs from numpy; benchmark is void")
-        q8 = _ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "int8"))
-        qu8 = _ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "uint8"))
+        q8 = ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "int8"))
+        qu8 = ort_session(_qconv_model(xs, ws, stride, padding, w8, bias, "uint8"))
         xu8 = (x8.astype(np.int16) + 128).astype(np.uint8)
         t = best_interleaved({"gemforge": lambda: op8.program(*arrays8), "ort_s8": lambda: q8.run(None, {"x": x8}),
                               "ort_u8": lambda: qu8.run(None, {"x": xu8})}, rounds=rounds)
@@ -209,7 +177,6 @@ def bench_compile_times() -> dict[str, Any]:
 
 def bench_cpu(quick: bool = False) -> dict[str, Any]:
     """The CPU back end's figures (`quick`: a small GEMM only)."""
-    from .bench import RESNET18_LAYERS
     if quick:
         return {"gemm": bench_cpu_gemm(256, rounds=1)}
     results = {"gemm": bench_cpu_gemm(1024)}

@@ -13,8 +13,7 @@ import onnx
 
 from gemforge.hw.config import AccelConfig
 
-from .bench import _best_of
-from .bench_llvm import _ort_session, best_interleaved, cores
+from .measure import best_interleaved, best_of, cores, ort_session
 from ..runtime.model import compile_model
 from ..runtime.profile import profile_totals
 
@@ -27,10 +26,10 @@ def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
     out = model.run(x, "cpu")                       # JIT-compiles every layer once
     row: dict[str, Any] = {"gemforge_seconds": None}
     if importlib.util.find_spec("onnxruntime") is None:
-        row["gemforge_seconds"] = round(_best_of(repeats, lambda: model.run(x, "cpu"))[0], 6)
+        row["gemforge_seconds"] = round(best_of(repeats, lambda: model.run(x, "cpu"))[0], 6)
         row["onnxruntime"] = "not installed (the dev extra)"
         return row
-    session = _ort_session(onnx_model)
+    session = ort_session(onnx_model)
     feed = {session.get_inputs()[0].name: x}
     reference = session.run(None, feed)[0]
     scale = float(np.abs(reference).max()) or 1.0

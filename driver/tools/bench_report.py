@@ -12,7 +12,7 @@ import platform
 from importlib import metadata
 from typing import Any
 
-from .bench import RESNET18_LAYERS
+from gemforge.models.resnet import RESNET18_LAYERS
 
 __all__ = ["render_markdown"]
 

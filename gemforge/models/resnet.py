@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["build_resnet18", "RESNET18_CONVS"]
+__all__ = ["build_resnet18", "RESNET18_CONVS", "RESNET18_LAYERS"]
 
 #: The distinct convolutions of ResNet-18 after the first (batch 1, 224×224): (name, input
 #: NCHW, weight OIHW, stride, padding, how many times the network runs it). Each stage's
@@ -29,6 +29,9 @@ RESNET18_CONVS = [
     ("conv5_1x1_s2", (1, 256, 14, 14), (512, 256, 1, 1), 2, 0, 1),
     ("conv5_3x3", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1, 3),
 ]
+
+#: The same layers without their counts: (name, input NCHW, weight OIHW, stride, padding).
+RESNET18_LAYERS = [row[:5] for row in RESNET18_CONVS]
 
 
 class _Builder:

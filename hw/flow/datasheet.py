@@ -6,9 +6,9 @@ the top's Amaranth signature, clock and reset from Amaranth's default domain,
 widths from the config and `gemforge.hw.gateware.axi`, read IDs from
 `READ_CLIENTS`, burst limits from `max_burst_beats`, registers and counters from
 `gemforge.hw.regmap`, the file format and relocation from `gemforge.hw.program`,
-entry layouts from the table in `gemforge.hw.config`'s docstring, the assembler
+entry layouts from `gemforge.hw.config.ENTRY_LAYOUTS`, the assembler
 syntax from `gemforge.hw.asm`'s tables and docstring, lint waivers from
-`gemforge.hw.flow.generate`, and the ISA from `gemforge.hw.isa_doc`. What only the
+`gemforge.hw.flow.verilog`, and the ISA from `gemforge.hw.isa_doc`. What only the
 gateware's behaviour defines (no 4 KiB crossing, one read ID at a time, outstanding
 transactions, what the counters include) is stated in prose, checked against the
 gateware by reading it and, where a test can, by tests/hw/test_datasheet.py.
@@ -26,8 +26,8 @@ import warnings
 
 import numpy as np
 
-from .. import asm, config as config_module, isa, program, regmap
-from ..config import BUS_ADDR_BITS, AccelConfig, field_rules, load_config
+from .. import asm, isa, program, regmap
+from ..config import BUS_ADDR_BITS, ENTRY_LAYOUTS, AccelConfig, field_rules, load_config
 from ..isa import insn_bits, insn_bytes
 from ..isa_doc import _rst_to_md, _table, isa_reference
 
@@ -103,26 +103,14 @@ def register_reset(reg: regmap.Register) -> int:
     return regmap.ID_MAGIC if reg.name == "ID" else 0
 
 
-_ENTRY_ROW = re.compile(r"^([\w-]+)\s+``(\w+) × (\w+)``\s+``(\w+)``")
-
-
 def entry_layouts(config: AccelConfig) -> dict[str, tuple[int, int, int]]:
-    """(rows, columns, element bits) of each data buffer's entry, read from the entry
-    table in `gemforge.hw.config`'s docstring (the one place that states the shapes)."""
-    long_names = {v: k for k, v in config_module._BUFFER_NAMES.items()}
-    out = {}
-    for line in (config_module.__doc__ or "").splitlines():
-        match = _ENTRY_ROW.match(line.strip())
-        if match and match.group(1) in long_names:
-            rows, cols, width = (getattr(config, match.group(i)) for i in (2, 3, 4))
-            out[long_names[match.group(1)]] = (rows, cols, width)
-    assert set(out) == {"inp", "wgt", "acc", "out"}, f"config docstring's entry table unreadable: {out}"
-    return out
+    """(rows, columns, element bits) of each data buffer's entry (`AccelConfig.entry_layout`)."""
+    return {buffer: config.entry_layout(buffer) for buffer in ENTRY_LAYOUTS}
 
 
 def verilator_flags() -> list[str]:
     """The warning flags the generated Verilog needs under Verilator (`LINT_WAIVERS`)."""
-    from .generate import LINT_WAIVERS
+    from .verilog import LINT_WAIVERS
     return [f"-Wno-{name}" for name in LINT_WAIVERS]
 
 
@@ -141,7 +129,7 @@ def _paragraphs(doc: str | None) -> list[str]:
 # ---------------------------------------------------------------------------- sections
 
 def _title(config: AccelConfig) -> str:
-    from .generate import TOP_NAME
+    from .verilog import TOP_NAME
     d = isa.derived(config)
     return "\n".join([
         f"# gemforge integration datasheet — config `{config.name}`",
@@ -664,7 +652,7 @@ def example_source(config: AccelConfig) -> str:
 
 
 def _verilator() -> str:
-    from .generate import LINT_WAIVERS, TOP_NAME
+    from .verilog import LINT_WAIVERS, TOP_NAME
     flags = " ".join(verilator_flags())
     rows = [(f"`{name}`", reason) for name, reason in LINT_WAIVERS.items()]
     return "\n".join([

@@ -53,7 +53,8 @@ from gemforge.files import move_atomic, write_text_atomic
 
 from ..config import BUFFERS, UP5K_TOO_SMALL, AccelConfig
 from ..gateware.gemm import lane_name
-from .generate import GENERIC_SYNTH_PASSES, TOP_NAME, generate, rtlil_top
+from .generate import generate
+from .verilog import GENERIC_SYNTH_PASSES, TOP_NAME, rtlil_top
 from .timing_paths import parse_sdf, slowest_paths
 
 __all__ = [

@@ -92,7 +92,7 @@ def build_board(config: AccelConfig, mem_bytes: int = 64 << 10, cycles_per_bit: 
         if stamp.exists():
             return built
         from gemforge.hw.board.top import BoardTop
-        from gemforge.hw.flow.generate import convert_verilog
+        from gemforge.hw.flow.verilog import convert_verilog
         src = build_dir / "src"
         src.mkdir(parents=True, exist_ok=True)
         top = BoardTop(config, mem_bytes, clk_hz=cycles_per_bit * NOMINAL_BAUD, baud=NOMINAL_BAUD)

@@ -258,7 +258,7 @@ def build(config: AccelConfig, simulator: str = "verilator", dram_bytes: int = 1
     with _locked(build_dir.with_suffix(".lock")):
         if stamp.exists():
             return result
-        from gemforge.hw.flow.generate import verilog_top
+        from gemforge.hw.flow.verilog import verilog_top
         src = build_dir / "src"
         src.mkdir(parents=True, exist_ok=True)
         (src / "gemforge_top.v").write_text(verilog_top(config))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gemforge.driver.runtime.device import DeviceError, available_backends, open_device
-from gemforge.driver.runtime.uart_device import BoardFaultError, UartDevice, parse_uart_spec
+from gemforge.driver.runtime.device import parse_uart_spec
+from gemforge.driver.runtime.uart_device import BoardFaultError, UartDevice
 from gemforge.hw.board.protocol import BRIDGE_MAGIC, HEADER_BYTES, Opcode, Status
 from gemforge.hw.config import PRESETS
 from gemforge.hw.regmap import CTRL_BITS, ID_MAGIC, STATUS_BITS, Fault, by_name

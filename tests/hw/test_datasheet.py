@@ -19,7 +19,8 @@ from gemforge.hw.flow.datasheet import datasheet, register_reset, verilator_flag
 from gemforge.hw.microarch import max_burst_beats
 from gemforge.hw.gateware.top import READ_CLIENTS
 from gemforge.hw.flow import generate as generate_module
-from gemforge.hw.flow.generate import LINT_WAIVERS, TOP_NAME, generate, verilog_top
+from gemforge.hw.flow.generate import generate
+from gemforge.hw.flow.verilog import LINT_WAIVERS, TOP_NAME, verilog_top
 from gemforge.hw.isa import insn_bits
 from gemforge.hw.program import FORMAT_VERSION, MAGIC, arena_alignment
 from gemforge.sim.cosim import harness

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gemforge.hw.config import PRESETS
-from gemforge.hw.flow.generate import GENERIC_SYNTH_SCRIPT, LINT_WAIVERS, TOP_NAME, generate
+from gemforge.hw.flow.generate import generate
+from gemforge.hw.flow.verilog import GENERIC_SYNTH_SCRIPT, LINT_WAIVERS, TOP_NAME
 from gemforge.sim.cosim import harness
 
 
@@ -81,7 +82,7 @@ def test_cores_beyond_the_generation_limit_are_refused_at_once():
     generate: refused in one sentence instead."""
     import dataclasses
     from gemforge.hw.config import PRESETS, ConfigError
-    from gemforge.hw.flow.generate import MAX_GENERATED_MACS, rtlil_top, verilog_top
+    from gemforge.hw.flow.verilog import MAX_GENERATED_MACS, rtlil_top, verilog_top
     huge = dataclasses.replace(PRESETS["default"], name="huge", block_in=256, block_out=256,
                                inp_buffer_bytes=1 << 16, wgt_buffer_bytes=1 << 20, acc_buffer_bytes=1 << 16,
                                out_buffer_bytes=1 << 14)

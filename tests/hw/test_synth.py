@@ -339,7 +339,7 @@ def test_too_many_products_even_in_lut_logic_is_refused_naming_the_dsps(tmp_path
 def test_lut_lane_passes_rewrite_exactly_the_chosen_lanes_multipliers(tmp_path):
     """On the real netlist: Yosys finds the lanes by name, and `booth` leaves no multiplier in them."""
     import subprocess
-    from gemforge.hw.flow.generate import rtlil_top
+    from gemforge.hw.flow.verilog import rtlil_top
     from gemforge.hw.flow.synth import _tool
     c = PRESETS["tiny"]
     (tmp_path / "top.il").write_text(rtlil_top(c))

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_dense, dense_reference, run_dense
-from gemforge.driver.runtime.device import DeviceError, LoadedProgram, open_device
-from gemforge.driver.runtime.rtl_device import RtlFaultError
+from gemforge.driver.runtime.device import AcceleratorFaultError, DeviceError, LoadedProgram, open_device
 from gemforge.driver.runtime.uart_device import BoardFaultError
 from gemforge.driver.runtime.uart_link import LinkError
 from gemforge.hw.board.protocol import BRIDGE_MAGIC, Opcode, Status, header
@@ -151,7 +150,7 @@ def test_faults_are_named_and_the_board_recovers(board):
     buf = board.alloc(len(stream), align=64)
     try:
         board.write(buf, stream)
-        with pytest.raises(RtlFaultError, match="BUS_ERROR") as err:
+        with pytest.raises(AcceleratorFaultError, match="BUS_ERROR") as err:
             board.run(LoadedProgram(None, buf, buf, 2))
         assert err.value.fault == Fault.BUS_ERROR
     finally:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_conv2d, compile_dense
-from gemforge.driver.tools.bench import RESNET18_LAYERS
+from gemforge.models.resnet import RESNET18_LAYERS
 from gemforge.driver.runtime.device import open_device
 from gemforge.hw.config import PRESETS
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program

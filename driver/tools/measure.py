@@ -1,0 +1,61 @@
+"""How the benchmarks time things, defined once for every section.
+
+- `best_of`: the best of ``repeats`` calls of one function;
+- `best_interleaved`: candidate and baseline in alternating rounds, each round after
+  `WARM_UP_SECONDS` of untimed calls, so a slow moment of a shared machine hits both;
+- `ort_session`: ONNX Runtime, the host baseline, on the same threads as gemforge's
+  CPU kernels and without spinning idle threads.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from gemforge.compiler.backends.cpu.runtime import cores
+
+__all__ = ["WARM_UP_SECONDS", "best_of", "best_interleaved", "ort_session", "cores"]
+
+#: Each block of timed calls starts with this much untimed running of the same call:
+#: the other side's library threads (OpenBLAS, ONNX Runtime) stop spinning and the
+#: cores' clocks settle before anything is timed.
+WARM_UP_SECONDS = 0.05
+
+
+def best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """The best time of ``repeats`` calls of ``fn``, and the last call's value."""
+    best, value = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, value
+
+
+def best_interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 5, repeats: int = 5) -> dict[str, float]:
+    """The best time of each function, measured in alternating rounds of ``repeats`` calls,
+    each round after `WARM_UP_SECONDS` of untimed calls."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            warm_until = time.perf_counter() + WARM_UP_SECONDS
+            while time.perf_counter() < warm_until:
+                fn()
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def ort_session(model) -> Any:
+    """An ONNX Runtime CPU session of ``model`` (an in-memory `onnx.ModelProto`)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = cores()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    # Idle ORT threads would otherwise spin for a while after each run, taking the
+    # cores from whatever is measured next (the interleaved candidate).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
