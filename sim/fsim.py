@@ -9,10 +9,11 @@ each engine's next instruction and every token count instead of hanging.
 
 Every instruction is executed as a whole with numpy: a GEMM gathers all its
 micro-op operands at once and multiplies them in one batched product, so no
-Python code runs per multiply-accumulate. An ALU loop that repeats one chained
-body (2^28 repetitions of acc[1] += acc[0]; acc[0] += acc[1], say) is not run
-repetition by repetition either: ADD and MUL take a matrix power, and the other
-ops run until the values repeat.
+Python code runs per multiply-accumulate. An ALU loop runs in batches whose
+result equals in-order execution (`gemforge.sim.alu_batching`): one that repeats
+a chained body (2^28 repetitions of acc[1] += acc[0]; acc[0] += acc[1], say) is
+not run repetition by repetition either: ADD and MUL take a matrix power, and
+the other ops run until the values repeat.
 
 The execution rules it enforces are those of the `gemforge.hw.isa` module
 docstring. Internally the accumulator buffer is int64 holding values already
@@ -49,8 +50,11 @@ from gemforge.hw.isa import (
     uop_fields,
 )
 
+from .alu_batching import AluBatching
+from .integers import int_dtype, wrap
+
 __all__ = [
-    "Fsim", "FsimError", "DeadlockError", "OutOfBoundsError", "check_dispatch",
+    "Fsim", "AccessObserver", "FsimError", "DeadlockError", "OutOfBoundsError", "check_dispatch",
     "check_token_balance", "check_loop_indices", "check_micro_op_loops",
     "COUNTER_NAMES",
 ]
@@ -97,68 +101,6 @@ COUNTER_NAMES = (
 # GEMM/ALU loops are executed in chunks of at most this many micro-ops, which
 # bounds the memory of the gathered operands.
 _CHUNK_UOPS = 1 << 16
-
-# An ALU loop that repeats one body (`Fsim._alu_periodic`): ADD and MUL bodies touching at
-# most this many accumulator entries are raised to their repeat count as a k×k matrix, k^3
-# work per squaring (numpy's integer matmul has no BLAS: about 6 ms at 128, 50 ms at 256).
-_MATRIX_ENTRIES = 128
-# Repetitions watched for a repeated state before the rest run as an ordinary loop.
-_CYCLE_SEARCH = 1024
-# Bodies of up to this many micro-ops repeat one micro-op at a time: below about 16,
-# planning their batches each repetition (`Fsim._alu_in_order`) costs more (measured).
-_STEP_BODY = 16
-
-
-def _wrap(values: np.ndarray, bits: int) -> np.ndarray:
-    """Reduce int64 values to signed ``bits``-bit two's complement."""
-    half = np.int64(1 << (bits - 1))
-    return ((values + half) & np.int64((1 << bits) - 1)) - half
-
-
-def _wrap_u64(values: np.ndarray, bits: int) -> np.ndarray:
-    """Signed ``bits``-bit two's complement of uint64 values computed modulo 2^64 (sums and
-    products of wrapped values: unsigned overflow is exact modulo 2^bits)."""
-    half = np.uint64(1 << (bits - 1))
-    return ((values + half) & np.uint64((1 << bits) - 1)).view(np.int64) - np.int64(1 << (bits - 1))
-
-
-def _pow_u64(base: np.ndarray, exponent: np.ndarray) -> np.ndarray:
-    """``base ** exponent`` modulo 2^64 (uint64), element-wise, by repeated squaring."""
-    shape = np.broadcast_shapes(np.shape(base), np.shape(exponent))
-    base = np.broadcast_to(np.asarray(base, np.int64), shape).view(np.uint64)
-    exponent = np.broadcast_to(np.asarray(exponent, np.int64), shape).copy()
-    result = np.ones(shape, np.uint64)
-    while exponent.any():
-        odd = (exponent & 1).astype(bool)
-        result = np.where(odd, result * base, result)
-        base = base * base
-        exponent >>= 1
-    return result
-
-
-def _matrix_power(m: np.ndarray, times: int, cap: int | None = None) -> np.ndarray:
-    """``m ** times`` (``times`` >= 1) by repeated squaring. A uint64 ``m`` gives the power
-    modulo 2^64, exact modulo any 2^b with b <= 64: numpy's integer matmul wraps, and reducing
-    modulo 2^b keeps sums and products. With ``cap``, ``m`` holds non-negative integers at most
-    ``cap`` and the power is saturated at ``cap``: min(·, cap) keeps sums and products of
-    non-negative integers too, and the int64 sums stay below k·cap²."""
-    result = None
-    while True:
-        if times & 1:
-            result = m if result is None else result @ m
-            if cap is not None:
-                result = np.minimum(result, cap)
-        times >>= 1
-        if not times:
-            return result
-        m = m @ m
-        if cap is not None:
-            m = np.minimum(m, cap)
-
-
-def _int_dtype(bits: int) -> np.dtype:
-    return np.dtype(f"<i{bits // 8}")
-
 
 @dataclass
 class _Queued:
@@ -251,7 +193,29 @@ def check_loop_indices(insn: Gemm | Alu, uops: np.ndarray, config: AccelConfig, 
             f"(at i={i}, j={j}, micro-op {insn.uop_bgn + u})")
 
 
-class Fsim:
+class AccessObserver:
+    """Told what each instruction reads and writes as fsim executes it.
+
+    ``where`` is a buffer ('inp', 'wgt', 'acc', 'out', 'uop') with entry indices, or
+    'dram' with byte addresses, one row of bytes per row of the LOAD's or STORE's tile.
+    Every access is reported where fsim's semantics make it, so an observer
+    (`gemforge.sim.trace.Tracer`: the race check and mismatch locations of `gemforge
+    regress`) follows a new instruction kind without knowing it. The base class ignores
+    everything."""
+
+    def executing(self, index: int, insn: Instruction) -> None:
+        """Instruction ``index`` (program order) starts executing."""
+
+    def read(self, where: str, indices: np.ndarray) -> None:
+        """The instruction reads these entries or bytes."""
+
+    def wrote(self, where: str, indices: np.ndarray, sources: tuple[str, np.ndarray] | None = None) -> None:
+        """The instruction wrote these entries or bytes. A STORE gives its ``sources``: the
+        buffer and the entries whose values the bytes hold, one row of entries per row of
+        bytes."""
+
+
+class Fsim(AluBatching):
     """On-chip state and instruction semantics of one accelerator instance.
 
     Parameters
@@ -261,13 +225,16 @@ class Fsim:
     dram:
         The DRAM image (a 1-D uint8 array) that LOAD and STORE address and the
         instruction stream is read from. It is used in place, not copied.
+    observer:
+        Told every instruction's reads and writes (`AccessObserver`), or None.
     """
 
-    def __init__(self, config: AccelConfig, dram: np.ndarray) -> None:
+    def __init__(self, config: AccelConfig, dram: np.ndarray, observer: AccessObserver | None = None) -> None:
         if dram.dtype != np.uint8 or dram.ndim != 1:
             raise TypeError("dram must be a 1-D uint8 array")
         self.config = config
         self.dram = dram
+        self.observer = observer
         c = config
         # Each data buffer holds entries of its layout (the accumulator's as int64, wrapped to
         # acc_width where the hardware wraps); `_dram_dtype` is one entry as DRAM stores it.
@@ -275,8 +242,8 @@ class Fsim:
         buffers = {}
         for buffer in ENTRY_LAYOUTS:
             rows, cols, bits = c.entry_layout(buffer)
-            self._dram_dtype[buffer] = (_int_dtype(bits), (rows, cols))
-            buffers[buffer] = np.zeros((c.depth(buffer), rows, cols), np.int64 if buffer == "acc" else _int_dtype(bits))
+            self._dram_dtype[buffer] = (int_dtype(bits), (rows, cols))
+            buffers[buffer] = np.zeros((c.depth(buffer), rows, cols), np.int64 if buffer == "acc" else int_dtype(bits))
         self._dram_dtype["uop"] = (np.dtype(f"<u{c.uop_bits // 8}"), ())
         self.inp, self.wgt, self.acc, self.out = (buffers[b] for b in ("inp", "wgt", "acc", "out"))
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # (dst, src, wgt)
@@ -419,6 +386,8 @@ class Fsim:
 
     def execute(self, insn: Instruction, index: int = 0) -> None:
         """Execute one instruction's data effect (no token handling)."""
+        if self.observer is not None:
+            self.observer.executing(index, insn)
         self.counters["insns"] += 1
         if isinstance(insn, Load):
             self.counters["load_insns"] += 1
@@ -501,6 +470,13 @@ class Fsim:
                 Fault.BUS_ERROR)
         return rows[:, None] + np.arange(insn.x_size, dtype=np.int64)[None, :]
 
+    def _entry_bytes(self, entries: np.ndarray, buffer: str) -> np.ndarray:
+        """The byte addresses of a (y, x) block of DRAM entries of ``buffer``: one row of
+        bytes per row of entries."""
+        size = self.config.entry_bytes(buffer)
+        rows = entries[:, :, None] * size + np.arange(size, dtype=np.int64)
+        return rows.reshape(entries.shape[0], -1)
+
     def _dram_view(self, buffer: str) -> np.ndarray:
         """DRAM as an array of whole entries of ``buffer`` (shares memory)."""
         entry = self.config.entry_bytes(buffer)
@@ -514,7 +490,11 @@ class Fsim:
     def _write_acc(self, indices: np.ndarray | slice, values: np.ndarray) -> None:
         """Write wrapped accumulator values and mirror their low bits into the output buffer."""
         self.acc[indices] = values
-        self.out[indices] = _wrap(values, self.config.out_width)
+        self.out[indices] = wrap(values, self.config.out_width)
+        if self.observer is not None:
+            entries = np.arange(self.config.acc_depth)[indices]
+            self.observer.wrote("acc", entries)
+            self.observer.wrote("out", entries)
 
     def _load(self, insn: Load, index: int) -> None:
         self._check_dma_shape(insn, index)
@@ -530,6 +510,9 @@ class Fsim:
                 f"{self._where(insn, index)}: writes {buffer} entries {insn.sram_base}..{insn.sram_base + total - 1}"
                 f" but the {buffer} buffer has {depth} entries")
         self.counters[f"load_bytes_{buffer}"] += entries.size * self.config.entry_bytes(buffer)
+        if self.observer is not None:
+            self.observer.read("dram", self._entry_bytes(entries, buffer))
+        span = slice(insn.sram_base, insn.sram_base + total)
         if insn.mem == MemType.UOP:
             words = data.reshape(-1).astype(np.uint64)
             decoded = np.empty((words.size, 3), np.int64)
@@ -537,16 +520,21 @@ class Fsim:
             for col, f in enumerate(uop_fields(self.config)):
                 decoded[:, col] = ((words >> np.uint64(pos)) & np.uint64((1 << f.width) - 1)).astype(np.int64)
                 pos += f.width
-            self.uop[insn.sram_base:insn.sram_base + total] = decoded
+            self._write_sram(buffer, span, decoded)
             return
         tile = np.zeros((rows, pitch) + data.shape[2:], np.int64)
         tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = data
         tile = tile.reshape((total,) + data.shape[2:])
-        span = slice(insn.sram_base, insn.sram_base + total)
         if insn.mem == MemType.ACC:
             self._write_acc(span, tile)
         else:
-            self._sram(buffer)[span] = tile
+            self._write_sram(buffer, span, tile)
+
+    def _write_sram(self, buffer: str, span: slice, values: np.ndarray) -> None:
+        """Write entries ``span`` of an input, weight or micro-op buffer."""
+        self._sram(buffer)[span] = values
+        if self.observer is not None:
+            self.observer.wrote(buffer, np.arange(span.start, span.stop))
 
     def _store(self, insn: Store, index: int) -> None:
         self._check_dma_shape(insn, index)
@@ -571,6 +559,10 @@ class Fsim:
                 view[entries[y]] = data[y]
         else:
             view[entries] = data
+        if self.observer is not None:
+            tile_entries = np.arange(insn.sram_base, insn.sram_base + count).reshape(entries.shape)
+            self.observer.read(buffer, tile_entries.reshape(-1))
+            self.observer.wrote("dram", self._entry_bytes(entries, insn.dram_buffer), (buffer, tile_entries))
         # Counted by the entries DRAM receives (a requantizing STORE writes output entries).
         self.counters[f"store_bytes_{insn.dram_buffer}"] += count * self.config.entry_bytes(insn.dram_buffer)
 
@@ -586,7 +578,9 @@ class Fsim:
         c = self.config
         if insn.bias:
             rows = np.asarray(insn.bias_entries()) if insn.bias_per_row else np.full(insn.y_size, insn.bias_base)
-            tile = _wrap(tile + self.acc[rows][:, None], c.acc_width)
+            if self.observer is not None:
+                self.observer.read("acc", rows)
+            tile = wrap(tile + self.acc[rows][:, None], c.acc_width)
         low = 0 if insn.relu else -(1 << (c.out_width - 1))
         return np.clip(tile >> insn.shift, low, (1 << (c.out_width - 1)) - 1)
 
@@ -630,7 +624,7 @@ class Fsim:
             # replaces an earlier one's, as the later micro-op does.
             for (dst, src, wgt), _ in self._index_chunks(insn, uops, self._chunk_uops):
                 last = dst.size - 1 - np.unique(dst[::-1], return_index=True)[1]
-                self._write_acc(dst[last], _wrap(self._products(src[last], wgt[last]), c.acc_width))
+                self._write_acc(dst[last], wrap(self._products(src[last], wgt[last]), c.acc_width))
             return
         entry = c.batch * c.block_out
         sums = np.zeros(c.acc_depth * entry, np.int64)
@@ -644,10 +638,10 @@ class Fsim:
             prod = self._products(src, wgt, exact=False)
             flat = (dst[:, None] * entry + lanes).reshape(-1)
             chunk = np.bincount(flat, weights=prod.reshape(-1), minlength=sums.size).astype(np.int64)
-            sums = _wrap(sums + _wrap(chunk, c.acc_width) * repeat, c.acc_width)
+            sums = wrap(sums + wrap(chunk, c.acc_width) * repeat, c.acc_width)
             touched[dst] = True
         rows = np.flatnonzero(touched)
-        self._write_acc(rows, _wrap(self.acc[rows] + sums.reshape(self.acc.shape)[rows], c.acc_width))
+        self._write_acc(rows, wrap(self.acc[rows] + sums.reshape(self.acc.shape)[rows], c.acc_width))
 
     def _products(self, src: np.ndarray, wgt: np.ndarray, exact: bool = True) -> np.ndarray:
         """Each micro-op's ``inp[src] · wgt[wgt]ᵀ`` (batch × block_out), computed in the MAC
@@ -703,6 +697,8 @@ class Fsim:
             levels = [level for level in levels if any(level[1])]
         n_uops = uops.shape[0]
         total = n_uops * int(np.prod([count for count, _ in levels], dtype=np.int64))
+        if self.observer is not None:
+            self.observer.read("uop", np.arange(insn.uop_bgn, insn.uop_end))
         for lo in range(0, total, chunk):
             k = np.arange(lo, min(total, lo + chunk), dtype=np.int64)
             u, rest = k % n_uops, k // n_uops
@@ -712,312 +708,26 @@ class Fsim:
                 rest //= count
                 for index, factor in zip(indices, factors):
                     index += step * factor
+            if self.observer is not None:
+                self._observe_loop_reads(insn, indices)
             yield tuple(indices), repeat
 
-    def _alu_sources_written(self, insn: Alu, uops: np.ndarray) -> bool:
-        """Whether any micro-op's src entry is also some micro-op's dst entry."""
-        written = np.zeros(self.config.acc_depth, bool)
-        read = np.zeros(self.config.acc_depth, bool)
-        for (dst, src), _ in self._index_chunks(insn, uops, self._alu_chunk, collapse=True):
-            written[dst] = True
-            read[src] = True
-        return bool((written & read).any())
-
-    def _alu_constant_operands(self, insn: Alu, uops: np.ndarray) -> bool:
-        """Run an ALU instruction whose operands do not change while it runs (an immediate, or
-        src entries it never writes) as one reduction per destination entry, over the distinct
-        (dst, src) pairs with their counts. Returns False, having done nothing, for a SHR whose
-        register amounts for one entry differ in sign (their order then matters)."""
-        depth = self.config.acc_depth
-        keys, counts = [], []
-        for (dst, src), repeat in self._index_chunks(insn, uops, self._alu_chunk, collapse=True):
-            key = dst if insn.imm is not None else dst * depth + src
-            uniq, count = np.unique(key, return_counts=True)
-            keys.append(uniq)
-            counts.append(count * repeat)
-        uniq, inverse = np.unique(np.concatenate(keys), return_inverse=True)
-        count = np.zeros(uniq.size, np.int64)
-        np.add.at(count, inverse, np.concatenate(counts))
-        dst, src = (uniq, uniq) if insn.imm is not None else (uniq // depth, uniq % depth)
-        if insn.op == AluOp.SHR and insn.imm is None:     # checked before any batch writes
-            b = self.acc[src]
-            order = np.argsort(dst, kind="stable")
-            starts = np.flatnonzero(np.r_[True, dst[order][1:] != dst[order][:-1]])
-            if ((np.minimum.reduceat(b[order], starts) < 0) & (np.maximum.reduceat(b[order], starts) > 0)).any():
-                return False
-        lo = 0
-        while lo < dst.size:        # in batches of whole destination entries (pairs are sorted by dst)
-            hi = min(dst.size, lo + self._alu_chunk)
-            while hi < dst.size and dst[hi] == dst[hi - 1]:
-                hi += 1
-            assert self._alu_grouped(insn.op, insn.imm, dst[lo:hi], src[lo:hi], count[lo:hi])
-            lo = hi
-        return True
-
-    def _alu_periodic(self, insn: Alu, uops: np.ndarray) -> bool:
-        """Run an ALU loop whose outer factors are 0, so each outer iteration applies the same
-        body (the inner loop; with inner factors of 0 too, each inner iteration: the micro-op
-        range), without running every repetition. The body maps the accumulator entries it
-        touches to new values from those alone, so ADD and MUL take a matrix power
-        (`_alu_matrix`), and the others stop at a fixed point or skip whole cycles of the
-        touched values (`_alu_until_cycle`); repetitions still left then run as an ordinary
-        loop. Returns False, having done nothing, when the loop does not repeat a body of at
-        most one batch (`_alu_chunk`) at least twice."""
-        if insn.dst_factor_out or insn.src_factor_out:
-            return False
-        inner_steps = insn.dst_factor_in or insn.src_factor_in
-        body_uops = uops.shape[0] * (insn.iter_in if inner_steps else 1)
-        times = insn.iter_out * (1 if inner_steps else insn.iter_in)
-        if times < 2 or body_uops > self._alu_chunk:
-            return False
-        (dst, src), repeat = next(self._index_chunks(insn, uops, body_uops, collapse=True))
-        assert repeat == times and dst.size == body_uops
-        if insn.op in (AluOp.ADD, AluOp.MUL) and self._alu_matrix(insn.op, dst, src, times):
-            return True
-        left = self._alu_until_cycle(insn.op, dst, src, times)
-        per_batch = max(1, self._alu_chunk // dst.size)
-        while left:
-            count = min(left, per_batch)
-            self._alu_in_order(insn.op, np.tile(dst, count), np.tile(src, count))
-            left -= count
-        return True
-
-    def _alu_matrix(self, op: AluOp, dst: np.ndarray, src: np.ndarray, times: int) -> bool:
-        """``times`` repetitions of an ADD or MUL body of register micro-ops (dst, src). On
-        the k entries it touches an ADD body is linear: its matrix M starts as the identity and
-        each micro-op adds row s to row d, and the repetitions are M^times modulo 2^64, exact
-        modulo 2^acc_width (`_matrix_power`). A MUL body makes each entry a product of powers
-        of the entries' old values, with the same M as exponents. An exponent below acc_width
-        is used as it is; a larger one makes any even base 0 and is taken modulo 2^(acc_width-2),
-        which every odd value's order divides, plus 2^(acc_width-2) (still at least acc_width).
-        Returns False, having done nothing, when the body touches more than `_MATRIX_ENTRIES`
-        entries."""
-        touched, local = np.unique(np.concatenate((dst, src)), return_inverse=True)
-        k = touched.size
-        if k > _MATRIX_ENTRIES:
-            return False
-        width = self.config.acc_width
-        m = np.eye(k, dtype=np.uint64)
-        capped = np.eye(k, dtype=np.int64)              # MUL: M saturated at acc_width
-        for d, s in zip(local[:dst.size].tolist(), local[dst.size:].tolist()):
-            m[d] += m[s]
-            if op == AluOp.MUL:
-                capped[d] = np.minimum(capped[d] + capped[s], width)
-        written = np.unique(local[:dst.size])
-        old = self.acc[touched]
-        power = _matrix_power(m, times)[written]
-        if op == AluOp.ADD:
-            new = (power @ old.reshape(k, -1).view(np.uint64)).reshape((-1,) + old.shape[1:])
-        else:
-            order = 1 << (width - 2)
-            capped = _matrix_power(capped, times, cap=width)[written]
-            exponents = np.where(capped < width, capped, (power & np.uint64(order - 1)).view(np.int64) + order)
-            rows = max(1, (1 << 20) // old.size)        # destinations per batch: ~2^20 powers
-            new = np.concatenate([np.multiply.reduce(_pow_u64(old, exponents[r:r + rows, :, None, None]), axis=1)
-                                  for r in range(0, len(exponents), rows)])
-        self._write_acc(touched[written], _wrap_u64(new, width))
-        return True
-
-    def _alu_until_cycle(self, op: AluOp, dst: np.ndarray, src: np.ndarray, times: int) -> int:
-        """Up to ``times`` repetitions of a body of register micro-ops (dst, src), one at a
-        time, watching the entries it touches: once their values equal those after an earlier
-        repetition, the remaining repetitions are whole cycles of that length and a remainder.
-        Each repetition is compared with the one before (a fixed point) and with the one saved
-        at the last power of two (Brent's cycle finding, which needs no store of past states).
-        MIN and MAX are watched to the end: each entry only moves one way among the values
-        present, so they reach a fixed point. Other ops are watched for `_CYCLE_SEARCH`
-        repetitions; returns how many repetitions are left (0 when done)."""
-        touched = np.unique(np.concatenate((dst, src)))
-        pairs = list(zip(dst.tolist(), src.tolist())) if dst.size <= _STEP_BODY else None
-
-        def body() -> None:
-            if pairs is None:
-                self._alu_in_order(op, dst, src)
-                return
-            for d, s in pairs:
-                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
-
-        search = times if op in (AluOp.MIN, AluOp.MAX) else min(times, _CYCLE_SEARCH)
-        previous = saved = self.acc[touched]
-        saved_at = 0
-        for step in range(1, search + 1):
-            body()
-            state = self.acc[touched]
-            if np.array_equal(state, previous):
-                period = 1
-            elif np.array_equal(state, saved):
-                period = step - saved_at
-            else:
-                if step & (step - 1) == 0:
-                    saved, saved_at = state, step
-                previous = state
-                continue
-            for _ in range((times - step) % period):
-                body()
-            return 0
-        return times - search
-
-    def _alu_grouped(self, op: AluOp, imm: int | None, dst: np.ndarray, src: np.ndarray,
-                     count: np.ndarray) -> bool:
-        """Apply micro-ops whose operands are all read before any of them writes: ``count[t]``
-        micro-ops ``acc[dst[t]] = op(acc[dst[t]], imm or acc[src[t]])``. The ops are commutative
-        and associative modulo 2^acc_width (SHR while its amounts for an entry share a sign), so
-        each entry's micro-ops reduce to one operand in any order. Returns False, having written
-        nothing, for SHR amounts of mixed sign."""
-        width = self.config.acc_width
-        order = np.argsort(dst, kind="stable")
-        dst, src, count = dst[order], src[order], count[order]
-        starts = np.flatnonzero(np.concatenate(([True], dst[1:] != dst[:-1])))
-        targets = dst[starts]
-        a = self.acc[targets]
-        if imm is not None:
-            n = np.add.reduceat(count, starts)[:, None, None]
-            if op in (AluOp.MIN, AluOp.MAX):
-                new = self._alu_op(op, a, np.int64(imm))
-            elif op == AluOp.ADD:
-                new = _wrap_u64(a.view(np.uint64) + n.view(np.uint64) * np.int64(imm).view(np.uint64), width)
-            elif op == AluOp.MUL:
-                new = _wrap_u64(a.view(np.uint64) * _pow_u64(np.full(n.shape, imm, np.int64), n), width)
-            else:   # SHR: shifts by amounts of one sign add up (saturating past the width)
-                new = self._alu_op(op, a, np.clip(np.minimum(n, 64) * imm, -64, 64))
-        else:
-            b = self.acc[src]
-            c = count[:, None, None]
-            if op == AluOp.MIN:
-                new = np.minimum(a, np.minimum.reduceat(b, starts))
-            elif op == AluOp.MAX:
-                new = np.maximum(a, np.maximum.reduceat(b, starts))
-            elif op == AluOp.ADD:
-                terms = b.view(np.uint64) if (count == 1).all() else b.view(np.uint64) * c.view(np.uint64)
-                new = _wrap_u64(a.view(np.uint64) + np.add.reduceat(terms, starts), width)
-            elif op == AluOp.MUL:
-                new = _wrap_u64(a.view(np.uint64) * np.multiply.reduceat(_pow_u64(b, c), starts), width)
-            else:
-                if ((np.minimum.reduceat(b, starts) < 0) & (np.maximum.reduceat(b, starts) > 0)).any():
-                    return False
-                amount = np.add.reduceat(np.clip(b, -64, 64) * np.minimum(c, 64), starts)
-                new = self._alu_op(op, a, np.clip(amount, -64, 64))
-        self._write_acc(targets, new)
-        return True
-
-    def _alu_in_order(self, op: AluOp, dst: np.ndarray, src: np.ndarray) -> None:
-        """Register-operand micro-ops, in order, in blocks: a block ends before the first
-        micro-op whose src entry an earlier micro-op of the block wrote, so every operand of a
-        block can be read before its writes (`_alu_grouped`); a run of one micro-op
-        ``acc[d] = op(acc[d], acc[d])`` repeated is computed in closed form."""
-        m = dst.size
-        pos = np.arange(m, dtype=np.int64)
-        # last_write[k]: the last position before k whose dst is src[k] (-1: none).
-        order = np.argsort(dst, kind="stable")
-        writes = dst[order] * m + order              # ascending: by entry, then position
-        at = np.searchsorted(writes, src * m + pos) - 1
-        hit = writes[at.clip(0)]
-        last_write = np.where((at >= 0) & (hit // m == src), hit % m, -1)
-        # block_end[p]: the first k with last_write[k] >= p (the micro-op a block from p stops at).
-        first = np.full(m + 1, m, np.int64)
-        valid = last_write >= 0
-        values, where = np.unique(last_write[valid], return_index=True)
-        first[values] = pos[valid][where]
-        block_end = np.minimum.accumulate(first[::-1])[::-1].tolist()
-        # run_end[k]: one past the run of micro-ops identical to micro-op k.
-        change = np.r_[True, (dst[1:] != dst[:-1]) | (src[1:] != src[:-1])]
-        run_starts = np.flatnonzero(change)
-        run_end = np.r_[run_starts[1:], m][np.cumsum(change) - 1].tolist()
-        d_list, s_list = dst.tolist(), src.tolist()
-        blocks, p = 0, 0
-        while p < m and blocks * 16 <= m:          # count blocks, up to a sixteenth of the micro-ops
-            p = run_end[p] if d_list[p] == s_list[p] and run_end[p] - p > 1 else block_end[p]
-            blocks += 1
-        if p < m:
-            self._alu_waves(op, d_list, s_list, run_starts.tolist(), run_end)
+    def _observe_loop_reads(self, insn: Gemm | Alu, indices: list[np.ndarray]) -> None:
+        """What a chunk of a loop's micro-ops reads: an ALU its destination and source
+        accumulator entries; a GEMM its input and weight entries (none when it resets) and,
+        when it accumulates, its destinations."""
+        if isinstance(insn, Alu):
+            dst, src = indices
+            self.observer.read("acc", src)
+            self.observer.read("acc", dst)
             return
-        p = 0
-        while p < m:
-            d = d_list[p]
-            if d == s_list[p] and run_end[p] - p > 1:
-                self._write_acc(slice(d, d + 1), self._alu_repeat_self(op, self.acc[d:d + 1], run_end[p] - p))
-                p = run_end[p]
-                continue
-            q = block_end[p]
-            if q - p == 1:
-                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s_list[p]]))
-            elif not self._alu_grouped(op, None, dst[p:q], src[p:q], np.ones(q - p, np.int64)):
-                operands = self.acc[src[p:q]]          # SHR amounts of mixed sign: one by one
-                for k in range(p, q):
-                    self._write_acc(d_list[k], self._alu_op(op, self.acc[d_list[k]], operands[k - p]))
-            p = q
-
-    def _alu_waves(self, op: AluOp, dst: list[int], src: list[int], run_starts: list[int],
-                   run_end: list[int]) -> None:
-        """Register-operand micro-ops with many short dependence chains, in waves: each run of
-        identical micro-ops goes into the first wave after those that wrote its dst or src
-        entry, and no earlier than the micro-ops that read its dst entry's old value; within a
-        wave destinations differ, and every read comes before the wave's writes in program
-        order, so a wave reads all its operands, then writes."""
-        written: dict[int, int] = {}       # entry -> wave of its last write
-        read: dict[int, int] = {}          # entry -> latest wave that read it as a source
-        wave_of = []
-        for start in run_starts:
-            d, s = dst[start], src[start]
-            wave = max(written.get(d, -1), written.get(s, -1)) + 1
-            wave = max(wave, read.get(d, 0))
-            written[d] = wave
-            read[s] = max(read.get(s, 0), wave)
-            wave_of.append(wave)
-        order = np.argsort(np.array(wave_of), kind="stable")
-        firsts = np.array(run_starts, np.int64)[order]
-        d_all, s_all = np.array(dst, np.int64)[firsts], np.array(src, np.int64)[firsts]
-        t_all = np.array(run_end, np.int64)[firsts] - firsts
-        bounds = np.searchsorted(np.array(wave_of)[order], np.arange(max(wave_of) + 2)).tolist()
-        plain = bool((t_all == 1).all())
-        for lo, hi in zip(bounds, bounds[1:]):
-            if plain and hi - lo == 1:      # a chain: one micro-op per wave
-                d, s = int(d_all[lo]), int(s_all[lo])
-                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
-                continue
-            d, s, times = d_all[lo:hi], s_all[lo:hi], t_all[lo:hi]
-            if plain:
-                self._write_acc(d, self._alu_op(op, self.acc[d], self.acc[s]))
-                continue
-            repeated_self = (d == s) & (times > 1)
-            rest = ~repeated_self
-            if rest.any():   # one run per entry here, so a SHR's amounts cannot mix signs
-                assert self._alu_grouped(op, None, d[rest], s[rest], times[rest])
-            # Then the runs of acc[d] = op(acc[d], acc[d]) (rare), which read only their own entry.
-            for k, n in zip(d[repeated_self].tolist(), times[repeated_self].tolist()):
-                self._write_acc(slice(k, k + 1), self._alu_repeat_self(op, self.acc[k:k + 1], n))
-
-    def _alu_repeat_self(self, op: AluOp, a: np.ndarray, times: int) -> np.ndarray:
-        """``a`` after ``times`` micro-ops ``a = op(a, a)``."""
-        width = self.config.acc_width
-        if op in (AluOp.MIN, AluOp.MAX):
-            return a
-        if op == AluOp.ADD:        # doubling: a · 2^times
-            return _wrap(a << min(times, width), width)
-        # MUL squares: after `width` squarings every value is 0 or 1 mod 2^width (odd a:
-        # a^(2^k) = 1 mod 2^(k+2)), which squaring keeps. SHR by itself reaches 0 within a
-        # few steps (a positive amount clears a smaller value; a left shift by s leaves s low
-        # zero bits, so the next amount, if negative, is at least 2^s).
-        for _ in range(times if op == AluOp.SHR else min(times, width)):
-            new = self._alu_op(op, a, a)
-            if np.array_equal(new, a):
-                break
-            a = new
-        return a
-
-
-    @staticmethod
-    def _alu_is_parallel(insn: Alu, dst: np.ndarray, src: np.ndarray) -> bool:
-        """True when executing all micro-ops at once equals executing them in order:
-        every destination is written once, and no operand is read after an earlier write."""
-        uniq, first = np.unique(dst, return_index=True)
-        if uniq.size != dst.size:
-            return False
-        if insn.imm is not None:
-            return True
-        pos = np.searchsorted(uniq, src).clip(0, uniq.size - 1)
-        written_before = (uniq[pos] == src) & (first[pos] < np.arange(src.size))
-        return not written_before.any()
+        if insn.reset:
+            return
+        dst, src, wgt = indices
+        self.observer.read("inp", src)
+        self.observer.read("wgt", wgt)
+        if not insn.overwrite:
+            self.observer.read("acc", dst)
 
     def _alu_op(self, op: AluOp, a: np.ndarray, b: np.ndarray | np.int64) -> np.ndarray:
         width = self.config.acc_width
@@ -1026,12 +736,12 @@ class Fsim:
         if op == AluOp.MAX:
             return np.maximum(a, b)
         if op == AluOp.ADD:
-            return _wrap(a + b, width)
+            return wrap(a + b, width)
         if op == AluOp.MUL:
-            return _wrap(a * b, width)  # |a|, |b| < 2^31: the int64 product is exact
+            return wrap(a * b, width)  # |a|, |b| < 2^31: the int64 product is exact
         if op == AluOp.SHR:
             amount = np.broadcast_to(np.asarray(b, np.int64), a.shape)
             right = a >> np.minimum(amount, width).clip(0)
-            left = _wrap(a << np.minimum(-amount, width).clip(0), width)
+            left = wrap(a << np.minimum(-amount, width).clip(0), width)
             return np.where(amount >= 0, right, left)
         raise AssertionError(op)  # pragma: no cover

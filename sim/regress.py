@@ -56,7 +56,7 @@ from gemforge.hw.regmap import ADDRESS_TOP, ERROR_INFO_WRITE, Fault
 from .cosim import harness
 from .cosim.random_program import random_program
 from .fsim import Fsim, FsimError
-from .trace import Divergence, TracingFsim, find_race, locate_divergence, retire_cycles
+from .trace import Divergence, Tracer, find_race, locate_divergence, retire_cycles
 
 __all__ = ["Case", "CaseResult", "Report", "RegressError", "random_case", "random_fault_case", "regress_case",
            "random_config", "case_from_program", "FAULT_CASES",
@@ -240,15 +240,16 @@ def _image(case: Case, window: int) -> tuple[int, np.ndarray, int, int]:
 
 
 def fsim_reference(case: Case, window: int, tracing: bool = False,
-                   laid_out: tuple[int, np.ndarray, int, int] | None = None) -> tuple[np.ndarray, Fsim]:
-    """Run the case on fsim: the window afterwards, and the simulator (its counters, its trace).
-    ``laid_out`` is the case's `_image` when the caller has it already."""
+                   laid_out: tuple[int, np.ndarray, int, int] | None = None) -> tuple[np.ndarray, Fsim | Tracer]:
+    """Run the case on fsim: the window afterwards, and the simulator (its counters) or, with
+    ``tracing``, its `Tracer`. ``laid_out`` is the case's `_image` when the caller has it already."""
     base, image, insn_addr, count = laid_out or _image(case, window)
     dram = np.zeros(base + window, np.uint8)
     dram[base:] = image
-    sim = (TracingFsim if tracing else Fsim)(case.config, dram)
+    tracer = Tracer(case.config, dram.size) if tracing else None
+    sim = Fsim(case.config, dram, observer=tracer)
     sim.run(insn_addr, count)
-    return dram[base:].copy(), sim
+    return dram[base:].copy(), tracer or sim
 
 
 def _stored_bytes(case: Case) -> int:

@@ -1,9 +1,11 @@
 """Instruction-level tracing of the functional simulator, for locating an RTL mismatch.
 
-`TracingFsim` runs a program exactly as `Fsim` does and records who wrote what:
-for every on-chip buffer entry the instruction that last wrote it, for every
-DRAM byte the STORE that last wrote it, for each STORE the instructions whose
-results it wrote out, and for each instruction the entries it read and wrote.
+`Tracer` observes fsim (`Fsim(..., observer=tracer)`, or `traced_fsim`) and records
+who wrote what: for every on-chip buffer entry the instruction that last wrote it,
+for every DRAM byte the STORE that last wrote it, for each STORE the instructions
+whose results it wrote out, and for each instruction the entries it read and
+wrote. It knows no instruction kind: fsim reports each access where its semantics
+make it.
 `find_race` uses the last with the program's dependency tokens: two instructions
 of different engines that touch the same entry (one writing) must be ordered by
 tokens, or the hardware may run them either way round and legitimately differ
@@ -20,35 +22,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemforge.hw.config import BUFFERS
-from gemforge.hw.isa import (TOKEN_POPS, TOKEN_PUSHES, Alu, Engine, Gemm, Instruction, Load, MemType, Store, engine_of,
-                             mnemonic)
+from gemforge.hw.config import BUFFERS, AccelConfig
+from gemforge.hw.isa import TOKEN_POPS, TOKEN_PUSHES, Engine, Instruction, engine_of, mnemonic
 
-from .fsim import Fsim
+from .fsim import AccessObserver, Fsim
 
-__all__ = ["TracingFsim", "StoreRecord", "Divergence", "locate_divergence", "retire_cycles", "find_race"]
+__all__ = ["Tracer", "traced_fsim", "StoreRecord", "Divergence", "locate_divergence", "retire_cycles", "find_race"]
 
 
 @dataclass
 class StoreRecord:
-    """What one STORE wrote: DRAM bytes ``[start, stop)`` per row and, per stored entry,
-    the instruction that last wrote it on chip (-1: never written, the reset value)."""
+    """What one STORE wrote: per tile row, the DRAM bytes ``[start, stop)`` and the on-chip
+    ``entries`` of ``buffer`` they hold, and per entry the instruction that last wrote it on
+    chip (-1: never written, the reset value)."""
 
     index: int
     buffer: str
-    sram_base: int
     dram_rows: list[tuple[int, int]]
-    entry_writers: np.ndarray
+    entries: np.ndarray            # (rows, entries per row)
+    entry_writers: np.ndarray      # the same shape
 
 
-class TracingFsim(Fsim):
-    """`Fsim` that records, per instruction, the on-chip entries and DRAM bytes it wrote."""
+class Tracer(AccessObserver):
+    """Records, from fsim's accesses (`AccessObserver`), who wrote what: for every on-chip
+    buffer entry and DRAM byte the instruction that last wrote it, for each STORE the entries
+    it wrote out, and for each instruction the entries and bytes it read and wrote."""
 
-    def __init__(self, config, dram: np.ndarray) -> None:
-        super().__init__(config, dram)
-        c = config
-        self.writer = {b: np.full(c.depth(b), -1, np.int64) for b in BUFFERS}
-        self.dram_writer = np.full(dram.size, -1, np.int64)
+    def __init__(self, config: AccelConfig, dram_bytes: int) -> None:
+        self.writer = {b: np.full(config.depth(b), -1, np.int64) for b in BUFFERS}
+        self.dram_writer = np.full(dram_bytes, -1, np.int64)
         self.stores: dict[int, StoreRecord] = {}
         #: Instruction indices in the order fsim executed them.
         self.order: list[int] = []
@@ -56,67 +58,37 @@ class TracingFsim(Fsim):
         self.accesses: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self._current = -1
 
-    def execute(self, insn: Instruction, index: int = 0) -> None:
+    def executing(self, index: int, insn: Instruction) -> None:
         self._current = index
         self.order.append(index)
         self.accesses[index] = {}
-        super().execute(insn, index)
 
-    def _touch(self, where: str, mode: str, indices) -> None:
+    def read(self, where: str, indices: np.ndarray) -> None:
+        self._touch(where, "r", indices)
+
+    def wrote(self, where: str, indices: np.ndarray, sources: tuple[str, np.ndarray] | None = None) -> None:
+        self._touch(where, "w", indices)
+        if where != "dram":
+            self.writer[where][indices] = self._current
+            return
+        if sources is not None:
+            buffer, entries = sources
+            self.stores[self._current] = StoreRecord(
+                self._current, buffer, [(int(row[0]), int(row[-1]) + 1) for row in indices], entries.copy(),
+                self.writer[buffer][entries])
+        self.dram_writer[indices.reshape(-1)] = self._current
+
+    def _touch(self, where: str, mode: str, indices: np.ndarray) -> None:
         key = (where, mode)
         new = np.unique(np.asarray(indices, np.int64).reshape(-1))
         old = self.accesses[self._current].get(key)
         self.accesses[self._current][key] = new if old is None else np.union1d(old, new)
 
-    def _dram_bytes(self, insn: Load | Store) -> np.ndarray:
-        entry = self.config.entry_bytes(insn.dram_buffer)
-        rows = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * entry
-        return (rows[:, None] + np.arange(insn.x_size * entry, dtype=np.int64)[None, :]).reshape(-1)
 
-    def _index_chunks(self, insn, uops, chunk, collapse=False):
-        """Fsim's loop indices (every GEMM and ALU loop takes them from here, chunk by chunk),
-        recording the entries they read."""
-        self._touch("uop", "r", np.arange(insn.uop_bgn, insn.uop_end))
-        # A resetting GEMM only writes its destinations.
-        reads = ("acc",) if isinstance(insn, Alu) else () if insn.reset else ("inp", "wgt")
-        for indices, repeat in super()._index_chunks(insn, uops, chunk, collapse):
-            for buffer, idx in zip(reads, indices[1:]):
-                self._touch(buffer, "r", idx)
-            if isinstance(insn, Alu) or (isinstance(insn, Gemm) and not insn.reset and not insn.overwrite):
-                self._touch("acc", "r", indices[0])    # accumulate / operate in place
-            yield indices, repeat
-
-    def _write_acc(self, indices, values) -> None:
-        super()._write_acc(indices, values)
-        self.writer["acc"][indices] = self._current
-        self.writer["out"][indices] = self._current
-        entries = np.arange(self.config.acc_depth)[indices]
-        self._touch("acc", "w", entries)
-        self._touch("out", "w", entries)
-
-    def _load(self, insn: Load, index: int) -> None:
-        super()._load(insn, index)
-        self._touch("dram", "r", self._dram_bytes(insn))
-        if insn.mem != MemType.ACC:            # accumulator loads go through _write_acc
-            rows = insn.y_pad0 + insn.y_size + insn.y_pad1
-            pitch = insn.x_pad0 + insn.x_size + insn.x_pad1
-            self.writer[insn.mem.buffer][insn.sram_base:insn.sram_base + rows * pitch] = index
-            self._touch(insn.mem.buffer, "w", np.arange(insn.sram_base, insn.sram_base + rows * pitch))
-
-    def _store(self, insn: Store, index: int) -> None:
-        super()._store(insn, index)
-        buffer = insn.mem.buffer
-        entry = self.config.entry_bytes(insn.dram_buffer)
-        count = insn.y_size * insn.x_size
-        rows = []
-        for y in range(insn.y_size):
-            start = (insn.dram_base + y * insn.x_stride) * entry
-            rows.append((start, start + insn.x_size * entry))
-            self.dram_writer[start:start + insn.x_size * entry] = index
-        writers = self.writer[buffer][insn.sram_base:insn.sram_base + count].copy()
-        self.stores[index] = StoreRecord(index, buffer, insn.sram_base, rows, writers)
-        self._touch(buffer, "r", np.arange(insn.sram_base, insn.sram_base + count))
-        self._touch("dram", "w", self._dram_bytes(insn))
+def traced_fsim(config: AccelConfig, dram: np.ndarray) -> tuple[Fsim, Tracer]:
+    """An `Fsim` on ``dram`` with a `Tracer` attached."""
+    tracer = Tracer(config, dram.size)
+    return Fsim(config, dram, observer=tracer), tracer
 
 
 @dataclass
@@ -168,7 +140,7 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
-def locate_divergence(trace: TracingFsim, expected: np.ndarray, got: np.ndarray, offset: int = 0) -> Divergence:
+def locate_divergence(trace: Tracer, expected: np.ndarray, got: np.ndarray, offset: int = 0) -> Divergence:
     """Compare fsim's DRAM (``expected``) with the RTL's (``got``), both starting at byte
     ``offset`` of the traced DRAM, and name the first STORE whose output differs."""
     diff = np.flatnonzero(expected != got)
@@ -183,20 +155,19 @@ def locate_divergence(trace: TracingFsim, expected: np.ndarray, got: np.ndarray,
     first = int(stored.min())
     record = trace.stores[first]
     mine = addresses[writers == first]
-    entry_bytes = trace.config.entry_bytes(record.buffer)
-    row_entries = (record.dram_rows[0][1] - record.dram_rows[0][0]) // entry_bytes
+    row_entries = record.entries.shape[1]
     entries = set()
     for address in mine:
         # Rows may overlap (x_stride < x_size): the last row holding a byte wrote it.
         for row in reversed(range(len(record.dram_rows))):
             start, stop = record.dram_rows[row]
             if start <= address < stop:
-                entries.add(row * row_entries + (int(address) - start) // entry_bytes)
+                entries.add((row, (int(address) - start) * row_entries // (stop - start)))
                 break
     entries = sorted(entries)
     producers = sorted({int(record.entry_writers[e]) for e in entries})
     return Divergence(int(diff.size), int(addresses[0]), first, int(mine.size),
-                      [record.sram_base + e for e in entries], producers, unstored)
+                      sorted({int(record.entries[e]) for e in entries}), producers, unstored)
 
 
 def retire_cycles(instructions: list[Instruction], trace: list[tuple[int, str]]) -> list[int | None]:
@@ -216,7 +187,7 @@ def retire_cycles(instructions: list[Instruction], trace: list[tuple[int, str]])
     return out
 
 
-def find_race(trace: TracingFsim, instructions: list[Instruction]) -> tuple[int, int, str] | None:
+def find_race(trace: Tracer, instructions: list[Instruction]) -> tuple[int, int, str] | None:
     """Two instructions of different engines that touch the same entry (one of them
     writing) without a chain of dependency tokens ordering them: ``(first, second,
     where)``, or None when the program is race-free.

@@ -12,9 +12,9 @@ import pytest
 from gemforge.hw.config import PRESETS, AccelConfig
 from gemforge.hw.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program, encode_uops
 from gemforge.hw.regmap import Fault
-from gemforge.sim import fsim
+from gemforge.sim import alu_batching, fsim
 from gemforge.sim.fsim import DeadlockError, Fsim, FsimError, OutOfBoundsError
-from gemforge.sim.trace import TracingFsim
+from gemforge.sim.trace import traced_fsim
 
 from reference import ADDRESS_TOP, AddressSpaceFault, ReferenceModel, wrap
 
@@ -601,8 +601,8 @@ def test_alu_periodic_loops_without_a_matrix_match_reference(config_name, op, se
     """With no matrix allowed, ADD and MUL bodies repeat one at a time too, skipping whole
     cycles of their values; with a cycle search of three repetitions, most repeated bodies run
     their remaining repetitions as an ordinary loop after the search. Both exact."""
-    monkeypatch.setattr(fsim, "_MATRIX_ENTRIES", 0)
-    monkeypatch.setattr(fsim, "_CYCLE_SEARCH", search)
+    monkeypatch.setattr(alu_batching, "MATRIX_ENTRIES", 0)
+    monkeypatch.setattr(alu_batching, "CYCLE_SEARCH", search)
     _check_periodic_against_reference(CONFIGS[config_name], op, False, seed=40 + int(op),
                                       iters=[2, 3, 5, 17, 40], trials=9)
 
@@ -613,7 +613,7 @@ def test_alu_periodic_loop_skips_whole_cycles(config_name, monkeypatch):
     multiples of 2^(acc_width-3): acc[3] is 0 from the third repetition on, and acc[0] and
     acc[2] return to earlier values every 16 (t·acc[1] and t(t+1)/2·acc[1] modulo 8·acc[1]),
     so repetitions past the first cycle are skipped, by any remainder."""
-    monkeypatch.setattr(fsim, "_MATRIX_ENTRIES", 0)
+    monkeypatch.setattr(alu_batching, "MATRIX_ENTRIES", 0)
     config = CONFIGS[config_name]
     sim, ref, rng = make_pair(config, seed=9)
     set_uops(sim, ref, 0, np.array([[0, 1, 0], [2, 0, 0], [3, 3, 0]]))
@@ -783,14 +783,14 @@ def test_alu_periodic_loop_records_its_accesses_for_the_race_detector(op, iter_i
     as the race detector records them, are the entries the loop addresses; its micro-ops are
     all counted."""
     config = PRESETS["tiny"]
-    sim = TracingFsim(config, np.zeros(4096, np.uint8))
+    sim, trace = traced_fsim(config, np.zeros(4096, np.uint8))
     sim.acc[...] = np.random.default_rng(1).integers(-40, 40, sim.acc.shape)    # before any instruction
     sim.uop[3:6] = [[20, 21, 0], [21, 20, 0], [30, 20, 0]]
     insn = Alu(op=op, uop_bgn=3, uop_end=6, iter_out=5000, iter_in=iter_in, dst_factor_in=1, src_factor_in=2)
     sim.execute(insn, index=7)
     dst = {d + j for d in (20, 21, 30) for j in range(iter_in)}
     src = {s + 2 * j for s in (21, 20, 20) for j in range(iter_in)}
-    accesses = sim.accesses[7]
+    accesses = trace.accesses[7]
     assert accesses[("acc", "w")].tolist() == accesses[("out", "w")].tolist() == sorted(dst)
     assert accesses[("acc", "r")].tolist() == sorted(dst | src)
     assert accesses[("uop", "r")].tolist() == [3, 4, 5]
