@@ -39,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -239,27 +239,36 @@ def _image(case: Case, window: int) -> tuple[int, np.ndarray, int, int]:
     return base, image, base + case.program.constants["data"].size, len(insns)
 
 
+class Reference(NamedTuple):
+    """fsim's run of a case: the window afterwards, its counters, and its `Tracer` when asked for."""
+
+    window: np.ndarray
+    counters: dict[str, int]
+    tracer: Tracer | None
+
+    @property
+    def stored_bytes(self) -> int:
+        """The DRAM bytes the run wrote: what the RTL's ``dma_bytes_written`` must count."""
+        return sum(v for k, v in self.counters.items() if k.startswith("store_bytes_"))
+
+
 def fsim_reference(case: Case, window: int, tracing: bool = False,
-                   laid_out: tuple[int, np.ndarray, int, int] | None = None) -> tuple[np.ndarray, Fsim | Tracer]:
-    """Run the case on fsim: the window afterwards, and the simulator (its counters) or, with
-    ``tracing``, its `Tracer`. ``laid_out`` is the case's `_image` when the caller has it already."""
+                   laid_out: tuple[int, np.ndarray, int, int] | None = None) -> Reference:
+    """Run the case on fsim (with a `Tracer` watching, when ``tracing``). ``laid_out`` is the
+    case's `_image` when the caller has it already."""
     base, image, insn_addr, count = laid_out or _image(case, window)
     dram = np.zeros(base + window, np.uint8)
     dram[base:] = image
     tracer = Tracer(case.config, dram.size) if tracing else None
     sim = Fsim(case.config, dram, observer=tracer)
-    sim.run(insn_addr, count)
-    return dram[base:].copy(), tracer or sim
+    counters = sim.run(insn_addr, count)
+    return Reference(dram[base:].copy(), counters, tracer)
 
 
-def _stored_bytes(case: Case) -> int:
-    return sum(i.y_size * i.x_size * case.config.entry_bytes(i.dram_buffer)
-               for i in case.program.instructions if isinstance(i, Store))
-
-
-def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict, base: int) -> str | None:
+def compare(case: Case, expected: Reference | None, got: np.ndarray, result: dict, base: int) -> str | None:
     """Why the RTL's run differs from fsim's (one sentence), or None when it matches;
-    ``base`` is the DRAM address of the windows' first byte."""
+    ``expected`` is fsim's run (None for a fault case, whose outcome is its fault and not its
+    DRAM) and ``base`` the DRAM address of the windows' first byte."""
     status = result.get("status")
     if case.fault is not None:
         fault, info = case.fault
@@ -275,15 +284,16 @@ def compare(case: Case, expected: np.ndarray, got: np.ndarray, result: dict, bas
         return f"the RTL did not finish ({status}): {detail}"
     if result.get("oob"):
         return "the RTL accessed DRAM outside the program's window"
-    if not np.array_equal(expected, got):
-        diff = np.flatnonzero(expected != got)
+    if not np.array_equal(expected.window, got):
+        diff = np.flatnonzero(expected.window != got)
         return f"{diff.size} DRAM byte(s) differ, the first at {base + diff[0]:#x}"
     counters = result.get("counters", {})
     count = len(case.program.instructions)
     if counters.get("insns_retired") != count:
         return f"the RTL retired {counters.get('insns_retired')} instructions, not {count}"
-    if counters.get("dma_bytes_written") != _stored_bytes(case):
-        return f"the RTL wrote {counters.get('dma_bytes_written')} DRAM bytes, the STOREs write {_stored_bytes(case)}"
+    if counters.get("dma_bytes_written") != expected.stored_bytes:
+        return (f"the RTL wrote {counters.get('dma_bytes_written')} DRAM bytes, fsim's run "
+                f"{expected.stored_bytes}")
     return None
 
 
@@ -312,14 +322,14 @@ def run_cases(built: harness.Build, cases: list[Case], *, progress: Callable[[in
         laid_out = _image(case, window)
         base, image, insn_addr, count = laid_out
         try:
-            expected.append(fsim_reference(case, window, laid_out=laid_out)[0])
+            expected.append(fsim_reference(case, window, laid_out=laid_out))
             if case.fault is not None:
                 raise RegressError(f"{case.label}: fsim runs the program, which should end with "
                                    f"{case.fault[0].name}")
         except FsimError as exc:
             if case.fault is None or exc.fault != case.fault[0]:
                 raise RegressError(f"{case.label}: fsim rejects the program ({exc})") from None
-            expected.append(image)     # not compared: a faulted run's DRAM is not dumped
+            expected.append(None)      # a faulted run's DRAM is not dumped
         programs.append(harness.BatchProgram(image, insn_addr, count))
     base = arena_alignment(built.config)
     # One stall seed for every case: each program starts from reset with the DRAM model's
@@ -590,7 +600,7 @@ def shrink(built: harness.Build, case: Case, *, max_rounds: int = 40, max_second
 def _valid(case: Case) -> bool:
     """fsim runs the case and it has no data race."""
     try:
-        _, trace = fsim_reference(case, _window_bytes([case]), tracing=True)
+        trace = fsim_reference(case, _window_bytes([case]), tracing=True).tracer
     except FsimError:
         return False                  # tokens unbalanced, out of bounds, ...
     return find_race(trace, case.program.instructions) is None
@@ -658,10 +668,7 @@ def describe_failure(built: harness.Build, case: Case, retire_trace: Path,
     ("...", None) when it matches."""
     window = _window_bytes([case])
     base, image, insn_addr, count = _image(case, window)
-    if case.fault is None:
-        expected, trace = fsim_reference(case, window, tracing=True)
-    else:
-        expected, trace = image, None        # a fault case's outcome is its fault, not its DRAM
+    expected = fsim_reference(case, window, tracing=True) if case.fault is None else None
     got, result = harness.run(built, image, base, insn_addr, count, stall=case.stall, seed=STALL_SEED,
                               watchdog_cycles=100_000, retire_trace=retire_trace, waves=waves)
     mismatch = compare(case, expected, got, result, base)
@@ -672,21 +679,22 @@ def describe_failure(built: harness.Build, case: Case, retire_trace: Path,
                 "contents of a faulted run are not compared."), mismatch
     insns = case.program.relocated(base)
     retired = retire_cycles(insns, harness.read_retire_trace(retire_trace)) if retire_trace.exists() else None
-    if np.array_equal(expected, got):
+    if np.array_equal(expected.window, got):
         lines = [mismatch + "."]
         stuck = [i for i, c in enumerate(retired or []) if c is None]
         if stuck:
             lines.append(f"The first instruction the RTL never retired: instruction {stuck[0]} "
                          f"({mnemonic(insns[stuck[0]])}); fsim ran all {count}.")
         return "\n".join(lines), mismatch
-    divergence: Divergence = locate_divergence(trace, expected, got, offset=base)
+    trace = expected.tracer
+    divergence: Divergence = locate_divergence(trace, expected.window, got, offset=base)
     buffer = trace.stores[divergence.store].buffer if divergence.store is not None else None
     return divergence.describe(insns, retired, buffer), mismatch
 
 
 def race_in(case: Case) -> str | None:
     """A sentence naming a data race in the case's program, or None (see `find_race`)."""
-    _, trace = fsim_reference(case, _window_bytes([case]), tracing=True)
+    trace = fsim_reference(case, _window_bytes([case]), tracing=True).tracer
     race = find_race(trace, case.program.instructions)
     if race is None:
         return None

@@ -51,9 +51,11 @@ def test_random_cases_are_valid_and_race_free_on_any_config(config, seed):
     case = regress.random_case(config, seed)
     window = regress._window_bytes([case])
     before = regress._image(case, window)[1]
-    after, trace = regress.fsim_reference(case, window, tracing=True)
-    assert find_race(trace, case.program.instructions) is None
-    assert not np.array_equal(before, after)
+    reference = regress.fsim_reference(case, window, tracing=True)
+    assert find_race(reference.tracer, case.program.instructions) is None
+    assert not np.array_equal(before, reference.window)
+    assert reference.stored_bytes == sum(i.y_size * i.x_size * config.entry_bytes(i.dram_buffer)
+                                         for i in case.program.instructions if isinstance(i, Store))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
