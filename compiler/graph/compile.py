@@ -88,7 +88,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
             report(f"quantize: {len(never_nonzero)} tensor{'s' * many} ({', '.join(never_nonzero[:5])}"
                    f"{', …' * (len(never_nonzero) > 5)}) {'were' if many else 'was'} 0 on every calibration "
                    "sample; int8 gives them the finest scale, so other inputs may saturate there")
-        for row in graph.notes.get("coarser_weights", ()):
+        for row in graph.notes.coarser_weights:
             report(f"quantize: node {row['node']} ({row['op']}) takes its weights at 2^-{row['exponent']}, "
                    f"{row['bits']} bit{'s' * (row['bits'] != 1)} coarser than their range allows, so that its "
                    f"int32 sum cannot overflow (worst case {row['worst_case']:.4g})")
@@ -102,7 +102,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         net.plan = plan_memory(graph, tensors, net.config)
         stage("plan_memory", graph)
         if report:
-            m = graph.notes["memory"]
+            m = graph.notes.memory
             report(f"memory plan: {m['tensors']} packed tensors ({m['handovers']} handed over between "
                    f"accelerator layers in DRAM), peak {m['peak_bytes']:,} bytes vs {m['naive_bytes']:,} "
                    "without reuse")
@@ -116,5 +116,5 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
 
 def _note_batch_mixing(graph: Graph) -> None:
     """Record whether the network may run a multiple of its batch in chunks (`batch.batch_mixing`)."""
-    if graph.notes.get("symbolic_batch"):
-        graph.notes["batch_mixing"] = batch_mixing(graph, graph.notes.get("batched_inputs", []))
+    if graph.notes.symbolic_batch:
+        graph.notes.batch_mixing = batch_mixing(graph, graph.notes.batched_inputs)

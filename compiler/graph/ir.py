@@ -12,14 +12,14 @@ each in `operators` (`OpDef`); `compiler/EXTENDING.md` holds their table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "MAX_DIM", "MAX_ELEMENTS", "MAX_RANK"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "GraphNotes", "MAX_DIM", "MAX_ELEMENTS", "MAX_RANK"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
@@ -66,6 +66,90 @@ class Node:
         return f"{self.output} = {self.op}({', '.join(self.inputs)}{'; ' + attrs if attrs else ''})"
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _list_of(kind) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(isinstance(item, kind) for item in v)
+
+
+#: The memory figures' keys (`memory_plan.MemoryPlan.summary`).
+MEMORY_FIGURES = ("peak_bytes", "naive_bytes", "tensors", "handovers")
+
+
+@dataclass
+class GraphNotes:
+    """What import and the passes find out about a graph, for a run and for the reports: the
+    compile→run contract's facts beside the graph and its memory plan. A `.gfm` keeps them as
+    the graph's ``notes`` object (`to_dict`/`from_dict`)."""
+
+    #: The ONNX file's SHA-256 (None for a graph built in code).
+    model_sha256: str | None = None
+    #: The ONNX model's own operator set (an older one is upgraded on import).
+    opset: int | None = None
+    #: The model's batch dimension was symbolic or −1, bound at import: a run may take a
+    #: multiple of it in chunks of ``batched_inputs``' first dimension.
+    symbolic_batch: bool = False
+    batched_inputs: list[str] = field(default_factory=list)
+    #: Inputs whose values were folded into the graph at import (a run refuses them).
+    frozen_inputs: list[str] = field(default_factory=list)
+    #: Why chunks of a larger batch would mix items (`batch.batch_mixing`), or None.
+    batch_mixing: str | None = None
+    #: "int8" once quantized.
+    quantized: str | None = None
+    #: Weights quantized coarser than their range so that a sum cannot overflow (report rows).
+    coarser_weights: list[dict] = field(default_factory=list)
+    #: The partition report's rows, once nodes are placed on devices.
+    partition: list[dict] | None = None
+    #: The memory plan's figures (`MEMORY_FIGURES`), once planned.
+    memory: dict[str, int] | None = None
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partition is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, notes: dict[str, Any]) -> GraphNotes:
+        """The notes of a saved graph, each checked for the type its readers expect. Keys of
+        no field are ignored: ``partitioned`` and ``handovers`` of earlier files (now derived)
+        and any a newer compiler adds."""
+        known = {}
+        for f in fields(cls):
+            if f.name in notes:
+                what = cls.problem(f.name, notes[f.name])
+                if what:
+                    raise GraphError(f"the graph's note {f.name} must be {what}, not {str(notes[f.name])[:40]}")
+                known[f.name] = notes[f.name]
+        return cls(**known)
+
+    @staticmethod
+    def problem(key: str, value: Any) -> str | None:
+        """What note ``key`` must be, when ``value`` is not that; else None."""
+        what, check = _NOTE_CHECKS[key]
+        return None if check(value) else what
+
+
+#: What each note must be, and a test of it.
+_NOTE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "model_sha256": ("64 hexadecimal digits or null", lambda v: v is None or (
+        isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v))),
+    "opset": ("a whole number or null", lambda v: v is None or _whole(v)),
+    "symbolic_batch": ("true or false", lambda v: isinstance(v, bool)),
+    "batched_inputs": ("a list of input names", _list_of(str)),
+    "frozen_inputs": ("a list of input names", _list_of(str)),
+    "batch_mixing": ("a sentence or null", lambda v: v is None or isinstance(v, str)),
+    "quantized": ("int8 or null", lambda v: v in (None, "int8")),
+    "coarser_weights": ("a list of objects", _list_of(dict)),
+    "partition": ("a list of objects or null", lambda v: v is None or _list_of(dict)(v)),
+    "memory": (f"an object of whole numbers {', '.join(MEMORY_FIGURES)}, or null",
+               lambda v: v is None or (isinstance(v, dict) and all(_whole(v.get(k)) for k in MEMORY_FIGURES))),
+}
+
+
 @dataclass
 class Graph:
     """Nodes in topological order over `values`, some of them `constants`."""
@@ -75,8 +159,8 @@ class Graph:
     nodes: list[Node]
     values: dict[str, Value]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
-    #: Facts the passes record for the report (the partition, the memory plan).
-    notes: dict[str, Any] = field(default_factory=dict)
+    #: What import and the passes found out (the partition, the memory plan's figures, the batch).
+    notes: GraphNotes = field(default_factory=GraphNotes)
 
     def producer(self) -> dict[str, Node]:
         return {n.output: n for n in self.nodes}
@@ -154,11 +238,11 @@ class Graph:
         """The graph as text: inputs, one line per node with its output's type, outputs."""
         lines = [f"inputs: {', '.join(f'{i}: {self.values[i].describe()}' for i in self.inputs)}"]
         for node in self.nodes:
-            where = f"[{node.device}] " if self.notes.get("partitioned") else ""
+            where = f"[{node.device}] " if self.notes.partitioned else ""
             lines.append(f"  {where}{node.describe()}  -> {self.values[node.output].describe()}")
         lines.append(f"outputs: {', '.join(self.outputs)}")
-        if "memory" in self.notes:
-            m = self.notes["memory"]
+        if self.notes.memory is not None:
+            m = self.notes.memory
             lines.append(f"device memory: {m['tensors']} packed tensors, peak {m['peak_bytes']:,} bytes "
                          f"(naive {m['naive_bytes']:,}), {m['handovers']} handed over in DRAM")
         return "\n".join(lines)

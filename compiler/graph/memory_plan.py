@@ -54,6 +54,16 @@ class MemoryPlan:
     alignment: int            # slot offsets are multiples of this (`plan_alignment`)
     arena_alignment: int      # the arena starts at a multiple of this (`hw.program.arena_alignment`)
 
+    @property
+    def handovers(self) -> int:
+        """Slots an accelerator layer writes and a later one reads in place (handed over in DRAM)."""
+        return sum(1 for s in self.slots if s.produced and s.last > s.first)
+
+    def summary(self) -> dict[str, int]:
+        """The figures the reports give (`ir.MEMORY_FIGURES`)."""
+        return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes, "tensors": len(self.slots),
+                "handovers": self.handovers}
+
     def by_key(self) -> dict[tuple, Slot]:
         return {slot.key: slot for slot in self.slots}
 
@@ -101,8 +111,6 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
             layer = layers[node.name]
             touch(node.inputs[0], layer.packed_in, step, "in")
             touch(node.output, layer.packed_out, step, "out")
-    handovers = sum(1 for e in tensors.values() if e["produced"] and e["last"] > e["first"])
-    graph.notes["handovers"] = handovers
     return list(tensors.values())
 
 
@@ -134,6 +142,5 @@ def plan_memory(graph: Graph, tensors: list[dict], config: AccelConfig) -> Memor
     plan = MemoryPlan(tuple(Slot(e["tensor"], tuple(e["shape"]), e["dtype"], e["nbytes"], e["first"], e["last"],
                                  e["produced"], e["offset"], e["size"]) for e in tensors),
                       peak, naive, align, arena_alignment(config))
-    graph.notes["memory"] = {"peak_bytes": peak, "naive_bytes": naive, "tensors": len(placed),
-                             "handovers": graph.notes.get("handovers", 0)}
+    graph.notes.memory = plan.summary()
     return plan

@@ -369,9 +369,9 @@ class _Importer:
                 o = out.name
             outputs.append(o)
         g = Graph(inputs, outputs, self.nodes, self.values, self.constants)
-        g.notes["symbolic_batch"] = self.symbolic_batch
-        g.notes["batched_inputs"] = self.batched_inputs
-        g.notes["frozen_inputs"] = self.frozen_inputs
+        g.notes.symbolic_batch = self.symbolic_batch
+        g.notes.batched_inputs = self.batched_inputs
+        g.notes.frozen_inputs = self.frozen_inputs
         g.prune()
         for node in g.nodes:
             # Every operand an operator reads is a float32 tensor (shapes, axes and bounds
@@ -1868,7 +1868,7 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
         model = _upgrade(model, opset)
     importer = _Importer(model, batch, dict(input_shapes or {}))
     graph = importer.run()
-    if batch != 1 and not graph.notes["symbolic_batch"]:
+    if batch != 1 and not graph.notes.symbolic_batch:
         if importer.fixed_first:
             # The model's first dimension is symbolic, but the shape given fixes it at another size.
             name, shape = next(iter(importer.fixed_first.items()))
@@ -1877,8 +1877,8 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
                              f"first dimension of {batch} there stays the batch")
         raise GraphError(f"batch {batch} applies to a symbolic first input dimension, but the model's inputs have "
                          f"fixed shapes ({', '.join(f'{i}: {list(graph.values[i].shape)}' for i in graph.inputs)})")
-    graph.notes["model_sha256"] = digest
-    graph.notes["opset"] = opset             # the model's own; read as MIN_OPSET when older
+    graph.notes.model_sha256 = digest
+    graph.notes.opset = opset             # the model's own; read as MIN_OPSET when older
     return graph
 
 

@@ -112,7 +112,7 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
 def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, AccelLayer]:
     """Place every node (``node.device``) and compile the accelerator's; returns their layers.
     The split, with the reason for each CPU node the accelerator could have taken, goes to
-    ``graph.notes["partition"]`` (and ``report``, a print function)."""
+    ``graph.notes.partition`` (and ``report``, a print function)."""
     layers: dict[str, AccelLayer] = {}
     rows = []
     blocked = _config_reason(config)
@@ -130,8 +130,7 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
             except OpError as exc:
                 reason = str(exc)
         rows.append({"node": node.name, "op": node.op, "device": node.device, "reason": reason})
-    graph.notes["partition"] = rows
-    graph.notes["partitioned"] = True
+    graph.notes.partition = rows
     if report:
         on_accel = sum(r["device"] == "accel" for r in rows)
         report(f"partition: {on_accel} of {len(rows)} nodes on the accelerator ({config.name}), "

@@ -386,8 +386,8 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     graph.nodes = new_nodes
     for name, e in exponent.items():
         graph.values[name].exponent = e
-    graph.notes["quantized"] = "int8"
+    graph.notes.quantized = "int8"
     if coarser:
-        graph.notes["coarser_weights"] = coarser
+        graph.notes.coarser_weights = coarser
     graph.prune()
     return graph

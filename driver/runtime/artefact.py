@@ -18,7 +18,7 @@ import json
 import math
 import zipfile
 import zlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bi
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import AccelLayer
 from gemforge.compiler.graph.network import CompiledNetwork
-from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
+from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value
 from gemforge.compiler.graph.operators import ATTRIBUTE_TYPES, OPERATORS
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.files import npz_bytes
@@ -53,7 +53,7 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
     manifest = {
         "format": "gemforge-model", "version": FORMAT_VERSION, "gemforge": __version__,
         "dtype": net.dtype, "config": net.config.to_dict() if net.config else None,
-        "model_sha256": g.notes.get("model_sha256"),
+        "model_sha256": g.notes.model_sha256,
         "graph": {
             "inputs": g.inputs, "outputs": g.outputs,
             "values": {k: {"shape": list(v.shape), "dtype": v.dtype, "exponent": v.exponent}
@@ -61,7 +61,7 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
             "nodes": [{"op": n.op, "name": n.name, "inputs": n.inputs, "output": n.output,
                        "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs.items()},
                        "device": n.device} for n in g.nodes],
-            "notes": {k: v for k, v in g.notes.items()},
+            "notes": g.notes.to_dict(),
         },
         "layers": {name: {"kind": layer.kind, "data": layer.data, "data_shape": list(layer.data_shape),
                           "out_shape": list(layer.out_shape), "plan": layer.plan,
@@ -151,7 +151,8 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
                   {k: tuple(v) if k in _TUPLE_ATTRS and isinstance(v, list) else v for k, v in n["attrs"].items()},
                   n["device"]) for n in gj["nodes"]]
     constants = _read_constants(z, values, gj["inputs"], nodes)
-    graph = Graph(list(gj["inputs"]), list(gj["outputs"]), nodes, values, constants, dict(gj["notes"]))
+    graph = Graph(list(gj["inputs"]), list(gj["outputs"]), nodes, values, constants,
+                  _read_notes(gj["notes"], list(gj["inputs"])))
     _check_graph(graph, dtype)
     accel = {node.name: node for node in graph.nodes if node.device == "accel"}
     if not isinstance(manifest["layers"], dict):
@@ -161,8 +162,9 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
     seconds, digest, plan = manifest.get("compile_seconds", 0.0), manifest.get("model_sha256"), manifest["plan"]
     if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < math.inf):
         raise ModelError(f"compile_seconds is {str(seconds)[:40]}; it is a number of seconds ≥ 0")
-    if not _NOTE_CHECKS["model_sha256"][1](digest):
-        raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {_NOTE_CHECKS['model_sha256'][0]}")
+    what = GraphNotes.problem("model_sha256", digest)
+    if what:
+        raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {what}")
     if not isinstance(plan, dict):
         raise ModelError("the memory plan must be an object")
     net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds))
@@ -492,39 +494,20 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _list_of(kind) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(isinstance(item, kind) for item in v)
-
-
-#: The graph's notes, what each must be and a test of it. A run reads the batch notes, a summary
-#: ``model_sha256``, ``memory`` and ``coarser_weights``, a dump ``partitioned`` and ``memory``;
-#: the rest are the compiler's report. A note not listed (one a newer compiler adds) is kept and
-#: never read.
-_NOTE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "symbolic_batch": ("true or false", lambda v: isinstance(v, bool)),
-    "batched_inputs": ("a list of input names", _list_of(str)),
-    "frozen_inputs": ("a list of input names", _list_of(str)),
-    "batch_mixing": ("a sentence or null", lambda v: v is None or isinstance(v, str)),
-    "model_sha256": ("64 hexadecimal digits or null", lambda v: v is None or (
-        isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v))),
-    "opset": ("a whole number", _whole),
-    "quantized": ("int8", lambda v: v == "int8"),
-    "partitioned": ("true or false", lambda v: isinstance(v, bool)),
-    "partition": ("a list of objects", _list_of(dict)),
-    "handovers": ("a whole number", _whole),
-    "memory": ("an object of whole numbers peak_bytes, naive_bytes, tensors and handovers",
-               lambda v: isinstance(v, dict) and all(_whole(v.get(k)) for k in ("peak_bytes", "naive_bytes", "tensors",
-                                                                                 "handovers"))),
-    "coarser_weights": ("a list of objects", _list_of(dict)),
-}
+def _read_notes(notes: dict[str, Any], inputs: list[str]) -> GraphNotes:
+    """The graph's notes, each of the type its readers expect (`GraphNotes.from_dict`)."""
+    try:
+        read = GraphNotes.from_dict(notes)
+    except GraphError as exc:
+        raise ModelError(str(exc)) from None
+    if read.symbolic_batch and "batched_inputs" not in notes:
+        read.batched_inputs = list(inputs)      # files from before the note took every input as batched
+    return read
 
 
 def _check_notes(g: Graph) -> None:
-    for key, (what, check) in _NOTE_CHECKS.items():
-        if key in g.notes and not check(g.notes[key]):
-            raise ModelError(f"the graph's note {key} must be {what}, not {str(g.notes[key])[:40]}")
     # A run cuts the batched inputs into chunks of their first dimension, the compiled batch.
-    batched = g.notes.get("batched_inputs", [])
+    batched = g.notes.batched_inputs
     if not set(batched) <= set(g.inputs) or \
             len({g.values[name].shape[:1] for name in batched}) > 1 or any(g.values[n].shape[:1] in ((), (0,))
                                                                           for n in batched):

@@ -135,15 +135,15 @@ class Model:
         out = {"dtype": self.dtype, "config": self.config.name if self.config else None,
                "inputs": {k: list(v) for k, v in self.inputs.items()}, "outputs": self.outputs,
                "nodes": len(g.nodes), "accelerator_nodes": sum(n.device == "accel" for n in g.nodes),
-               "model_sha256": g.notes.get("model_sha256"), "compile_seconds": round(self.net.compile_seconds, 3)}
-        if "opset" in g.notes:           # the ONNX model's own operator set (older ones are upgraded)
-            out["opset"] = g.notes["opset"]
+               "model_sha256": g.notes.model_sha256, "compile_seconds": round(self.net.compile_seconds, 3)}
+        if g.notes.opset is not None:    # the ONNX model's own operator set (older ones are upgraded)
+            out["opset"] = g.notes.opset
         if self.config is not None:      # leaving the accelerator for the host and back, per inference
             out["host_round_trips"] = host_round_trips(g)
-        if "memory" in g.notes:
-            out["memory"] = g.notes["memory"]
-        if "coarser_weights" in g.notes:
-            out["coarser_weights"] = g.notes["coarser_weights"]
+        if g.notes.memory is not None:
+            out["memory"] = g.notes.memory
+        if g.notes.coarser_weights:
+            out["coarser_weights"] = g.notes.coarser_weights
         return out
 
     # ------------------------------------------------------------------ running
@@ -168,7 +168,7 @@ class Model:
             if own:
                 dev.close()
         # An output computed without the batched inputs is the same in every chunk.
-        batched = batched_values(self.graph, self._batched_inputs()) if len(results) > 1 else set()
+        batched = batched_values(self.graph, self.graph.notes.batched_inputs) if len(results) > 1 else set()
         outputs = {name: np.concatenate([r[name] for r in results]) if name in batched else results[0][name]
                    for name in self.outputs}
         return outputs[self.outputs[0]] if len(outputs) == 1 else outputs
@@ -193,7 +193,7 @@ class Model:
                                  "represent")
             feeds[name] = array
         unknown = set(inputs) - set(self.inputs)
-        frozen = sorted(unknown & set(self.graph.notes.get("frozen_inputs", ())))
+        frozen = sorted(unknown & set(self.graph.notes.frozen_inputs))
         if frozen:
             raise ModelError(f"input(s) {', '.join(frozen)} are initializers the ONNX model also lists as inputs; "
                              f"gemforge compiles them as the constants they hold, so the model takes "
@@ -203,17 +203,12 @@ class Model:
             raise ModelError(f"unknown input(s) {', '.join(sorted(unknown))}; the model takes {', '.join(self.inputs)}")
         return feeds
 
-    def _batched_inputs(self) -> list[str]:
-        notes = self.graph.notes
-        # Files from before the note: every input was taken as batched.
-        return list(notes.get("batched_inputs", self.inputs if notes.get("symbolic_batch") else ()))
-
     def _chunks(self, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """The runs that make up ``feeds``: the inputs with a symbolic batch dimension may hold
         any multiple of the compiled batch, run a batch at a time (the other inputs go whole
         to every run), where the network keeps the items apart (`batch.batch_mixing`)."""
         notes = self.graph.notes
-        batched = set(self._batched_inputs())
+        batched = set(notes.batched_inputs)
         counts = set()
         for name, shape in self.inputs.items():
             array = feeds[name]
@@ -232,10 +227,10 @@ class Model:
                              + ", ".join(f"{name!r} {feeds[name].shape[0]} items" for name in self.inputs
                                          if name in batched))
         n = counts.pop() if counts else 1
-        if n > 1 and notes.get("batch_mixing"):
+        if n > 1 and notes.batch_mixing:
             size = self.inputs[next(name for name in self.inputs if name in batched)][0]
             raise ModelError(f"the model was compiled for batch {size} and cannot run {n * size} items a batch at a "
-                             f"time: {notes['batch_mixing']}; compile it with --batch {n * size}")
+                             f"time: {notes.batch_mixing}; compile it with --batch {n * size}")
         return [{name: feeds[name][i * shape[0]:(i + 1) * shape[0]] if n > 1 and name in batched else feeds[name]
                  for name, shape in self.inputs.items()} for i in range(n)]
 

@@ -82,7 +82,7 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
     row: dict[str, Any] = {"int8_compile_seconds": round(compile_s, 3), "int8_fsim_seconds": round(fsim_s, 3),
                            "nodes": len(model.graph.nodes),
                            "accelerator_nodes": sum(n.device == "accel" for n in model.graph.nodes),
-                           "memory": model.graph.notes["memory"],
+                           "memory": model.graph.notes.memory,
                            "cpu_float32": _cpu_vs_ort(resnet, x, repeats)}
     if device not in (None, "fsim"):
         start = time.perf_counter()

@@ -310,7 +310,7 @@ def _check_runnable_batch(model, batch: int) -> None:
     (`MAX_INPUT_BYTES`): every run of it would be refused. Checked on the compiled model, whose
     input shapes the batch and ``--input-shape`` decide; the message names the largest batch
     that fits."""
-    batched = set(model.graph.notes.get("batched_inputs", ()))
+    batched = set(model.graph.notes.batched_inputs)
     per_item = sum(math.prod(shape[1:]) * 4 for name, shape in model.inputs.items() if name in batched)
     fixed = sum(math.prod(shape) * 4 for name, shape in model.inputs.items() if name not in batched)
     need = fixed + per_item * (batch if batched else 0)

@@ -30,7 +30,7 @@ def tiny_model() -> tuple[bytes, np.ndarray]:
     rng = np.random.default_rng(48)
     samples = rng.normal(size=(3, 1, 3, 4, 4)).astype(np.float32)
     model = compile_model(small_cnn(rng, channels=4, image=4), quantize="int8", calibrate=samples, config="tiny")
-    assert sum(n.device == "accel" for n in model.graph.nodes) == 4 and model.graph.notes["handovers"] >= 1
+    assert sum(n.device == "accel" for n in model.graph.nodes) == 4 and model.net.plan.handovers >= 1
     return model.to_bytes(), rng.normal(size=(1, 3, 4, 4)).astype(np.float32)
 
 
@@ -350,6 +350,25 @@ def test_an_inconsistent_manifest_is_refused_by_name(tiny_model, edit, message):
     lead = "(the stored tensor shapes .*: |the graph's )?"
     with pytest.raises(ModelError, match=f"not a valid gemforge model \\({lead}{message}"):
         Model.from_bytes(_edit_manifest(data, with_edit))
+
+
+def test_notes_are_typed_and_earlier_files_notes_still_load(tiny_model):
+    """The notes a compile records load back as the same `GraphNotes`; the keys earlier files
+    carry and now follow from other facts (``partitioned``, ``handovers``) and keys of no field
+    are ignored, and a file from before ``batched_inputs`` takes every input as batched."""
+    data, x = tiny_model
+    model = Model.from_bytes(data)
+    notes = model.graph.notes
+    assert notes.quantized == "int8" and notes.partitioned and notes.memory == model.net.plan.summary()
+    assert Model.from_bytes(model.to_bytes()).graph.notes == notes
+
+    def as_before(manifest):
+        old = manifest["graph"]["notes"]
+        old.update(partitioned=True, handovers=notes.memory["handovers"], newer_fact={"x": 1}, symbolic_batch=True)
+        del old["batched_inputs"]
+    before = Model.from_bytes(_edit_manifest(data, as_before))
+    assert before.graph.notes.batched_inputs == list(model.inputs) and before.graph.notes.partition == notes.partition
+    np.testing.assert_array_equal(before.run(np.concatenate([x, x]), "fsim")[1], model.run(x, "fsim")[0])
 
 
 def test_loading_and_running_a_model_never_imports_the_onnx_front_end(tmp_path):

@@ -177,7 +177,7 @@ def test_conv_padded_beyond_its_kernel_and_input_checks(tmp_path, capsys):
     x = rng.normal(size=(1, 3, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
     q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")   # the accelerator refuses: CPU
-    assert [r["device"] for r in q.graph.notes["partition"] if r["op"] == "conv2d"] == ["cpu"]
+    assert [r["device"] for r in q.graph.notes.partition if r["op"] == "conv2d"] == ["cpu"]
     np.testing.assert_array_equal(q.run(x, "fsim"), q.run(x, "cpu"))
     with pytest.raises(GraphError, match="non-positive dimension"):
         compile_model(model([N("Relu", ["x"], ["y"])], [("x", [0, 3])], [("y", [0, 3])]))

@@ -47,7 +47,7 @@ def test_int8_bit_identical_on_fsim_cpu_and_numpy(name, seed):
     placed = {n.name: n.device for n in model.graph.nodes}
     assert placed["conv1"] == placed["conv2"] == placed["conv3"] == placed["fc"] == "accel"
     assert placed["pool"] == "cpu"
-    memory = model.graph.notes["memory"]
+    memory = model.graph.notes.memory
     assert memory["peak_bytes"] <= memory["naive_bytes"]
     config = CONFIGS[name]
     # conv1 → conv2 hands over in DRAM exactly when the packed layouts agree.
@@ -242,7 +242,7 @@ def test_layer_the_accelerator_cannot_tile_stays_on_cpu():
     small = dataclasses.replace(tiny, name="small", acc_buffer_bytes=tiny.acc_entry_bytes,
                                 out_buffer_bytes=tiny.out_entry_bytes)
     m, model, rng = _compile(6, small)
-    rows = {r["node"]: r for r in model.graph.notes["partition"]}
+    rows = {r["node"]: r for r in model.graph.notes.partition}
     assert rows["conv1"]["device"] == "cpu" and "cannot be tiled" in rows["conv1"]["reason"]
     x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
@@ -318,7 +318,7 @@ def test_random_configs_and_shapes(config, seed, batch, image):
     m = small_cnn(rng, channels=int(rng.integers(3, 13)), image=image, batch="N", classes=int(rng.integers(2, 12)))
     calib = rng.normal(size=(2, batch, 3, image, image)).astype(np.float32)
     model = compile_model(m, quantize="int8", calibrate=calib, config=config, batch=batch)
-    assert all(r["reason"] for r in model.graph.notes["partition"]
+    assert all(r["reason"] for r in model.graph.notes.partition
                if r["device"] == "cpu" and r["op"] in ("conv2d", "dense"))
     x = rng.normal(size=(batch, 3, image, image)).astype(np.float32)
     np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))

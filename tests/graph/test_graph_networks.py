@@ -34,7 +34,7 @@ def test_resnet18_int8_on_fsim_and_cpu():
     model = compile_model(m, quantize="int8", calibrate=calib, config="default")
     placed = [n for n in model.graph.nodes if n.op == "conv2d"]
     assert len(placed) == 20 and all(n.device == "accel" for n in placed)
-    memory = model.graph.notes["memory"]
+    memory = model.graph.notes.memory
     assert memory["handovers"] >= 8 and memory["peak_bytes"] < memory["naive_bytes"]
     # Between its first and its last accelerator layer, an inference leaves the accelerator for
     # the stem's max pool, 7 residual adds, and the last add with the global pool before the
