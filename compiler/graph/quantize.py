@@ -40,7 +40,7 @@ import numpy as np
 from .evaluate import evaluate
 from .ir import Graph, GraphError, Node, Value
 from .numeric import quantize_array
-from .operators import FLOAT_ONLY, Int8, op_def
+from .operators import FLOAT_ONLY, Int8, OpDef, op_def
 
 __all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
@@ -184,76 +184,139 @@ def _ranges_through_clips(graph: Graph, peaks: dict[str, float]) -> dict[str, fl
 
 def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
     """Rewrite the float graph (after fusion) into its int8 network, using calibration ``peaks``."""
-    peaks = _ranges_through_clips(graph, peaks)
-    new_nodes: list[Node] = []
-    coarser: list[dict] = []     # layers whose weights went coarser than their range, so int32 holds
-    exponent: dict[str, int] = {}          # int8 tensors of the new graph → their exponents
-    rename: dict[str, str] = {}            # float tensor → its int8 version
-    # Tensors of the float graph that the int8 graph still holds in float32 under their own
-    # names: the inputs and what the float path computes (and identity copies of those). An
-    # output among them leaves as it is, exactly, with no second writer.
-    floating: set[str] = set(graph.inputs)
+    return _Int8Rewrite(graph, _ranges_through_clips(graph, peaks)).run()
 
-    def add_value(base: str, shape, dtype: str, e: int | None) -> str:
-        name = graph.fresh_name(base)
-        graph.values[name] = Value(name, shape, dtype, e)
+
+class _Int8Rewrite:
+    """One float graph's rewrite into its int8 network: each node takes its operator's int8
+    form (`Int8`) or stays in float32, its operands quantized or dequantized on first use."""
+
+    def __init__(self, graph: Graph, peaks: dict[str, float]):
+        self.graph, self.peaks = graph, peaks
+        self.new_nodes: list[Node] = []
+        self.coarser: list[dict] = []         # layers whose weights went coarser than their range, so int32 holds
+        self.exponent: dict[str, int] = {}    # int8 tensors of the new graph → their exponents
+        self.rename: dict[str, str] = {}      # float tensor → its int8 version
+        self.dequantized: dict[str, str] = {}  # float tensor → its int8 version dequantized to float32
+        # Tensors of the float graph that the int8 graph still holds in float32 under their own
+        # names: the inputs and what the float path computes (and identity copies of those). An
+        # output among them leaves as it is, exactly, with no second writer.
+        self.floating: set[str] = set(graph.inputs)
+        self.forms = {Int8.PRODUCT: self._product, Int8.SHIFTED: self._shifted, Int8.COARSEST: self._coarsest,
+                      Int8.SAME_SCALE: self._same_scale}
+
+    def run(self) -> Graph:
+        graph = self.graph
+        for node in graph.nodes:
+            definition = op_def(node)
+            if self._stays_float(node, definition):
+                # A softmax, a mean, a division or a float function runs in float32, and so does a pad
+                # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
+                # whose range is narrower than its input's (a global pool's; a clip of a tensor that
+                # other nodes read at a wider range): kept at its input's coarse scale, a 15×15 pool's
+                # int8 output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros;
+                # computed from the dequantized input, it is quantized at its own scale where it is read.
+                self.new_nodes.append(Node(node.op, node.name, [self.float_input(i) for i in node.inputs],
+                                           node.output, dict(node.attrs)))
+                self.floating.add(node.output)
+                continue
+            if node.op == "identity" and node.inputs[0] in self.floating:
+                # A copy of a float32 tensor under an output's name copies it in float32: through
+                # int8 it would come back rounded and saturated at the calibrated range.
+                self.new_nodes.append(Node(node.op, node.name, list(node.inputs), node.output, dict(node.attrs)))
+                self.floating.add(node.output)
+                continue
+            if definition.int8 not in self.forms:
+                raise GraphError(f"node {node.name}: {node.op} has no int8 form")
+            q, e = self.forms[definition.int8](node, definition)
+            self.exponent[q] = e
+            self.rename[node.output] = q
+        # The outputs leave as float32 under their ONNX names: the int8 ones dequantized, the float
+        # ones (an input returned as it is, a softmax's) as they are.
+        for out in graph.outputs:
+            if out in self.rename and out not in self.floating:
+                self.new_nodes.append(Node("dequantize", f"{out}/dequantize", [self.rename[out]], out,
+                                           {"exponent": self.exponent[self.rename[out]]}))
+        graph.nodes = self.new_nodes
+        for name, e in self.exponent.items():
+            graph.values[name].exponent = e
+        graph.notes.quantized = "int8"
+        if self.coarser:
+            graph.notes.coarser_weights = self.coarser
+        graph.prune()
+        return graph
+
+    # ------------------------------------------------------------------ tensors
+
+    def calibrated(self, name: str) -> int:
+        """The exponent tensor ``name``'s calibrated range gives."""
+        return exponent_for(self.peaks.get(name, 0.0), f"tensor {name!r}")
+
+    def add_value(self, base: str, shape, dtype: str, e: int | None) -> str:
+        name = self.graph.fresh_name(base)
+        self.graph.values[name] = Value(name, shape, dtype, e)
         return name
 
-    def int8_input(name: str) -> str:
+    def int8_input(self, name: str) -> str:
         """The int8 version of tensor ``name`` (quantizing a float one on first use)."""
-        if name in rename:
-            return rename[name]
-        if graph.is_constant(name):
-            q, e = _quantized_constant(graph, name)
+        if name in self.rename:
+            return self.rename[name]
+        if self.graph.is_constant(name):
+            q, e = _quantized_constant(self.graph, name)
         else:
-            e = exponent_for(peaks.get(name, 0.0), f"tensor {name!r}")
-            q = add_value(f"{name}/q", graph.values[name].shape, "int8", e)
-            new_nodes.append(Node("quantize", f"{name}/quantize", [name], q, {"exponent": e}))
-        exponent[q] = e
-        rename[name] = q
+            e = self.calibrated(name)
+            q = self.add_value(f"{name}/q", self.graph.values[name].shape, "int8", e)
+            self.new_nodes.append(Node("quantize", f"{name}/quantize", [name], q, {"exponent": e}))
+        self.exponent[q] = e
+        self.rename[name] = q
         return q
 
-    dequantized: dict[str, str] = {}       # int8 tensor → its float32 version
-
-    def float_input(name: str) -> str:
+    def float_input(self, name: str) -> str:
         """Tensor ``name`` in float32: as it is (a graph input, a constant, a float-path result), or
         its int8 version dequantized (once)."""
-        if name not in rename or graph.is_constant(name):
+        if name not in self.rename or self.graph.is_constant(name):
             return name
-        if name not in dequantized:
-            q = rename[name]
-            f = dequantized[name] = add_value(f"{name}/float", graph.values[name].shape, "float32", None)
-            new_nodes.append(Node("dequantize", f"{name}/dequantize", [q], f, {"exponent": exponent[q]}))
-        return dequantized[name]
+        if name not in self.dequantized:
+            q = self.rename[name]
+            f = self.dequantized[name] = self.add_value(f"{name}/float", self.graph.values[name].shape, "float32",
+                                                        None)
+            self.new_nodes.append(Node("dequantize", f"{name}/dequantize", [q], f, {"exponent": self.exponent[q]}))
+        return self.dequantized[name]
 
-    def requantized(p: str, e: int) -> str:
+    def requantized(self, p: str, e: int) -> str:
         """int8 tensor ``p`` at the coarser exponent ``e``."""
-        r = add_value(f"{p}/requant", graph.values[p].shape, "int8", e)
+        r = self.add_value(f"{p}/requant", self.graph.values[p].shape, "int8", e)
         # Any shift from 9 on rounds every int8 value to 0; 15 keeps the int32 kernel exact.
-        new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": min(exponent[p] - e, 15)}))
-        exponent[r] = e
+        self.new_nodes.append(Node("requantize", f"{p}/requantize", [p], r, {"shift": min(self.exponent[p] - e, 15)}))
+        self.exponent[r] = e
         return r
 
-    def output_exponent(name: str, accumulated: int) -> tuple[int, int]:
+    def output_exponent(self, name: str, accumulated: int) -> tuple[int, int]:
         """(shift, exponent) of an output calibrated at ``peaks[name]`` from ``accumulated``."""
-        shift = min(max(accumulated - exponent_for(peaks.get(name, 0.0), f"tensor {name!r}"), 0), 31)
+        shift = min(max(accumulated - self.calibrated(name), 0), 31)
         return shift, accumulated - shift
 
-    for node in graph.nodes:
-        op, out = node.op, node.output
-        definition = op_def(node)
-        shape = graph.values[out].shape
+    def _emit(self, node: Node, inputs: list[str], e: int, attrs: dict) -> tuple[str, int]:
+        """``node`` in int8 on ``inputs``, its output at exponent ``e``."""
+        q = self.add_value(f"{node.output}/q", self.graph.values[node.output].shape, "int8", e)
+        self.new_nodes.append(Node(node.op, node.name, inputs, q, attrs))
+        return q, e
+
+    # ------------------------------------------------------------------ which form
+
+    def _stays_float(self, node: Node, definition: OpDef) -> bool:
+        """Whether ``node`` runs in float32 in the int8 network."""
+        graph, op, out = self.graph, node.op, node.output
         finer = definition.float_when_narrower and (
-            node.inputs[0] not in rename
-            or exponent_for(peaks.get(out, 0.0), f"tensor {out!r}") > exponent[rename[node.inputs[0]]])
+            node.inputs[0] not in self.rename or self.calibrated(out) > self.exponent[self.rename[node.inputs[0]]])
         # A concatenation the model returns, of parts calibrated at different scales, is joined in
         # float32: at its coarsest part's scale a detector's class probabilities beside its box
         # coordinates (up to 128 pixels) all came out 0 or 1.
         mixed_output = op == "concat" and out in graph.outputs and len(
-            {exponent_for(peaks.get(i, 0.0), f"tensor {i!r}") for i in node.inputs if not graph.is_constant(i)}) > 1
+            {self.calibrated(i) for i in node.inputs if not graph.is_constant(i)}) > 1
         # A pad keeps its input's scale where its value lies on that grid (zero always does).
-        off_grid = op == "pad" and (node.inputs[0] not in rename
-                                    or not _on_grid(node.attrs["value"], exponent[rename[node.inputs[0]]]))
+        off_grid = op == "pad" and (node.inputs[0] not in self.rename
+                                    or not _on_grid(node.attrs["value"], self.exponent[self.rename[node.inputs[0]]]))
         # An element-wise or layout operator one of whose variable operands is a float-path result
         # (a mean, a softmax, a float function's) stays in float32, its int8 operands dequantized:
         # the CPU runs it either way, and quantizing the result first only to add to it lost what
@@ -261,133 +324,108 @@ def quantize(graph: Graph, peaks: dict[str, float]) -> Graph:
         # row of equal values came out 0/0 = NaN where ONNX Runtime gives 0; and x − mean, squared
         # in int8, gave a narrow row a variance of 0 and an output tens of times too large).
         variable = [i for i in node.inputs if not graph.is_constant(i)]
-        stays_float = definition.float_propagating and any(i in floating and i not in graph.inputs for i in variable)
-        if definition.int8 == Int8.FLOAT or finer or off_grid or stays_float or mixed_output:
-            # A softmax, a mean, a division or a float function runs in float32, and so does a pad
-            # whose value int8 cannot hold at its input's scale. So does an average pool or a clip
-            # whose range is narrower than its input's (a global pool's; a clip of a tensor that
-            # other nodes read at a wider range): kept at its input's coarse scale, a 15×15 pool's
-            # int8 output was 19 % off and a Clip(0, 0.1) of a tensor reaching 20 was all zeros;
-            # computed from the dequantized input, it is quantized at its own scale where it is read.
-            new_nodes.append(Node(op, node.name, [float_input(i) for i in node.inputs], out, dict(node.attrs)))
-            floating.add(out)
-            continue
-        if op == "identity" and node.inputs[0] in floating:
-            # A copy of a float32 tensor under an output's name copies it in float32: through
-            # int8 it would come back rounded and saturated at the calibrated range.
-            new_nodes.append(Node(op, node.name, list(node.inputs), out, dict(node.attrs)))
-            floating.add(out)
-            continue
-        if definition.int8 == Int8.PRODUCT:
-            x = int8_input(node.inputs[0])
-            channels = graph.values[node.inputs[1]].shape[0 if op == "conv2d" else 1]
-            bias = np.zeros(channels, np.float64)
-            if len(node.inputs) > 2:
-                bias = graph.constants[node.inputs[2]].astype(np.float64)
+        stays_float = definition.float_propagating and any(i in self.floating and i not in graph.inputs
+                                                           for i in variable)
+        return definition.int8 == Int8.FLOAT or finer or off_grid or stays_float or mixed_output
 
-            def at(ew: int, w_q: np.ndarray | None):
-                # (shift, exponent, bias_q, worst |acc + bias|) with weights at 2^-ew (w_q: constant
-                # weights; None: variable ones, anywhere in int8)
-                acc = exponent[x] + ew
-                shift, e = output_exponent(out, acc)
-                bias_q = np.rint(bias * 2.0 ** acc) + (1 << (shift - 1) if shift else 0)
-                return shift, e, bias_q, _accumulator_bound(op, graph.values[node.inputs[1]].shape, w_q, bias_q)
+    # ------------------------------------------------------------------ the int8 forms
 
-            if graph.is_constant(node.inputs[1]):
-                # Weights as fine as their range allows, unless the int32 sum could then overflow
-                # (a long dot product at the top of the range, a bias large next to the weights):
-                # then one exponent coarser at a time until its exact worst case fits.
-                weights = graph.constants[node.inputs[1]]
-                ew = finest = exponent_for(float(np.max(np.abs(weights))) if weights.size else 0.0,
-                                           f"constant {node.inputs[1]!r}")
-                while True:
-                    w_q = quantize_array(weights, ew)
-                    shift, e, bias_q, bound = at(ew, w_q)
-                    if bound <= _INT32_MAX:
-                        break
-                    if weights.any() and not w_q.any():
-                        raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach "
-                                         f"{bound:.4g} (beyond 2^31 − 1) at every scale where its weights do "
-                                         "not all round to zero")
-                    ew -= 1
-                if ew < finest:
-                    # Reported (compile prints it, the summary keeps it): the layer gave up
-                    # weight precision, which its range alone would not have cost.
-                    coarser.append({"node": node.name, "op": op, "bits": finest - ew, "exponent": ew,
-                                    "worst_case": bound})
-                w = graph.add_constant(f"{node.inputs[1]}/q", w_q, ew)
-            else:
-                w = int8_input(node.inputs[1])
-                ew = exponent[w]
-                shift, e, bias_q, bound = at(ew, None)
-                if bound > _INT32_MAX:
-                    raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach {bound:.4g} "
-                                     "(beyond 2^31 − 1) with its variable weights and bias at scale "
-                                     f"2^-{exponent[x] + ew}")
-            acc = exponent[x] + ew
-            exponent[w] = ew
-            b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
-            q = add_value(f"{out}/q", shape, "int8", e)
-            new_nodes.append(Node(op, node.name, [x, w, b], q, dict(node.attrs, shift=shift)))
-        elif definition.int8 == Int8.SHIFTED:
-            constant = [graph.is_constant(i) for i in node.inputs]
-            if op != "mul" and constant.count(True) == 1:
-                # A constant far finer than the tensor it is added to (a bias of 1e-7) is
-                # quantized no finer than the int32 sum can align: what it loses is below the
-                # tensor's own resolution.
-                t = int8_input(node.inputs[constant.index(False)])
-                c, ec = _quantized_constant(graph, node.inputs[constant.index(True)], exponent[t] + MAX_LSHIFT)
-                exponent[c] = ec
-                x, y = (c, t) if constant[0] else (t, c)
-            else:
-                x, y = int8_input(node.inputs[0]), int8_input(node.inputs[1])
-                if op != "mul" and abs(exponent[x] - exponent[y]) > MAX_LSHIFT:
-                    # So is a tensor far finer than the one it is added to (a residual branch
-                    # with a layer scale of 1e-7): requantized first, it loses what lies below
-                    # 2^-MAX_LSHIFT of the other's step.
-                    if exponent[x] > exponent[y]:
-                        x = requantized(x, exponent[y] + MAX_LSHIFT)
-                    else:
-                        y = requantized(y, exponent[x] + MAX_LSHIFT)
-            ex, ey = exponent[x], exponent[y]
-            if op != "mul":
-                acc = max(ex, ey)
-                lshift = (acc - ex, acc - ey)
-                assert max(lshift) <= MAX_LSHIFT, (node.name, lshift)
-            else:
-                acc, lshift = ex + ey, (0, 0)
-            shift, e = output_exponent(out, acc)
-            q = add_value(f"{out}/q", shape, "int8", e)
-            new_nodes.append(Node(op, node.name, [x, y], q, dict(node.attrs, lshift=lshift, shift=shift)))
-        elif definition.int8 == Int8.COARSEST:
-            parts = [int8_input(i) for i in node.inputs]
-            e = min(exponent[p] for p in parts)
-            aligned = [requantized(p, e) if exponent[p] != e else p for p in parts]
-            q = add_value(f"{out}/q", shape, "int8", e)
-            new_nodes.append(Node(op, node.name, aligned, q, dict(node.attrs)))
-        elif definition.int8 == Int8.SAME_SCALE:
-            x = int8_input(node.inputs[0])
-            e = exponent[x]
-            attrs = dict(node.attrs)
-            if definition.on_grid is not None:      # a clip's bounds, a pad's value
-                attrs = definition.on_grid(attrs, e)
-            q = add_value(f"{out}/q", shape, "int8", e)
-            new_nodes.append(Node(op, node.name, [x], q, attrs))
+    def _product(self, node: Node, definition: OpDef) -> tuple[str, int]:
+        """A conv2d or dense layer: int32 sums of int8 products, a bias at their scale, a shift."""
+        graph, op, out = self.graph, node.op, node.output
+        x = self.int8_input(node.inputs[0])
+        channels = graph.values[node.inputs[1]].shape[0 if op == "conv2d" else 1]
+        bias = np.zeros(channels, np.float64)
+        if len(node.inputs) > 2:
+            bias = graph.constants[node.inputs[2]].astype(np.float64)
+
+        def at(ew: int, w_q: np.ndarray | None):
+            # (shift, exponent, bias_q, worst |acc + bias|) with weights at 2^-ew (w_q: constant
+            # weights; None: variable ones, anywhere in int8)
+            acc = self.exponent[x] + ew
+            shift, e = self.output_exponent(out, acc)
+            bias_q = np.rint(bias * 2.0 ** acc) + (1 << (shift - 1) if shift else 0)
+            return shift, e, bias_q, _accumulator_bound(op, graph.values[node.inputs[1]].shape, w_q, bias_q)
+
+        if graph.is_constant(node.inputs[1]):
+            # Weights as fine as their range allows, unless the int32 sum could then overflow
+            # (a long dot product at the top of the range, a bias large next to the weights):
+            # then one exponent coarser at a time until its exact worst case fits.
+            weights = graph.constants[node.inputs[1]]
+            ew = finest = exponent_for(float(np.max(np.abs(weights))) if weights.size else 0.0,
+                                       f"constant {node.inputs[1]!r}")
+            while True:
+                w_q = quantize_array(weights, ew)
+                shift, e, bias_q, bound = at(ew, w_q)
+                if bound <= _INT32_MAX:
+                    break
+                if weights.any() and not w_q.any():
+                    raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach "
+                                     f"{bound:.4g} (beyond 2^31 − 1) at every scale where its weights do "
+                                     "not all round to zero")
+                ew -= 1
+            if ew < finest:
+                # Reported (compile prints it, the summary keeps it): the layer gave up
+                # weight precision, which its range alone would not have cost.
+                self.coarser.append({"node": node.name, "op": op, "bits": finest - ew, "exponent": ew,
+                                     "worst_case": bound})
+            w = graph.add_constant(f"{node.inputs[1]}/q", w_q, ew)
         else:
-            raise GraphError(f"node {node.name}: {op} has no int8 form")
-        exponent[q] = e
-        rename[out] = q
-    # The outputs leave as float32 under their ONNX names: the int8 ones dequantized, the float
-    # ones (an input returned as it is, a softmax's) as they are.
-    for out in graph.outputs:
-        if out in rename and out not in floating:
-            new_nodes.append(Node("dequantize", f"{out}/dequantize", [rename[out]], out,
-                                  {"exponent": exponent[rename[out]]}))
-    graph.nodes = new_nodes
-    for name, e in exponent.items():
-        graph.values[name].exponent = e
-    graph.notes.quantized = "int8"
-    if coarser:
-        graph.notes.coarser_weights = coarser
-    graph.prune()
-    return graph
+            w = self.int8_input(node.inputs[1])
+            ew = self.exponent[w]
+            shift, e, bias_q, bound = at(ew, None)
+            if bound > _INT32_MAX:
+                raise GraphError(f"node {node.name} ({op}): its int32 accumulator could reach {bound:.4g} "
+                                 "(beyond 2^31 − 1) with its variable weights and bias at scale "
+                                 f"2^-{self.exponent[x] + ew}")
+        acc = self.exponent[x] + ew
+        self.exponent[w] = ew
+        b = graph.add_constant(f"{node.name}/bias_q", bias_q.astype(np.int32), acc)
+        return self._emit(node, [x, w, b], e, dict(node.attrs, shift=shift))
+
+    def _shifted(self, node: Node, definition: OpDef) -> tuple[str, int]:
+        """An add or subtraction (operands shifted to the finer scale) or a product (exponents add)."""
+        op = node.op
+        constant = [self.graph.is_constant(i) for i in node.inputs]
+        if op != "mul" and constant.count(True) == 1:
+            # A constant far finer than the tensor it is added to (a bias of 1e-7) is
+            # quantized no finer than the int32 sum can align: what it loses is below the
+            # tensor's own resolution.
+            t = self.int8_input(node.inputs[constant.index(False)])
+            c, ec = _quantized_constant(self.graph, node.inputs[constant.index(True)], self.exponent[t] + MAX_LSHIFT)
+            self.exponent[c] = ec
+            x, y = (c, t) if constant[0] else (t, c)
+        else:
+            x, y = self.int8_input(node.inputs[0]), self.int8_input(node.inputs[1])
+            if op != "mul" and abs(self.exponent[x] - self.exponent[y]) > MAX_LSHIFT:
+                # So is a tensor far finer than the one it is added to (a residual branch
+                # with a layer scale of 1e-7): requantized first, it loses what lies below
+                # 2^-MAX_LSHIFT of the other's step.
+                if self.exponent[x] > self.exponent[y]:
+                    x = self.requantized(x, self.exponent[y] + MAX_LSHIFT)
+                else:
+                    y = self.requantized(y, self.exponent[x] + MAX_LSHIFT)
+        ex, ey = self.exponent[x], self.exponent[y]
+        if op != "mul":
+            acc = max(ex, ey)
+            lshift = (acc - ex, acc - ey)
+            assert max(lshift) <= MAX_LSHIFT, (node.name, lshift)
+        else:
+            acc, lshift = ex + ey, (0, 0)
+        shift, e = self.output_exponent(node.output, acc)
+        return self._emit(node, [x, y], e, dict(node.attrs, lshift=lshift, shift=shift))
+
+    def _coarsest(self, node: Node, definition: OpDef) -> tuple[str, int]:
+        """A concat: every part at the coarsest part's scale."""
+        parts = [self.int8_input(i) for i in node.inputs]
+        e = min(self.exponent[p] for p in parts)
+        aligned = [self.requantized(p, e) if self.exponent[p] != e else p for p in parts]
+        return self._emit(node, aligned, e, dict(node.attrs))
+
+    def _same_scale(self, node: Node, definition: OpDef) -> tuple[str, int]:
+        """Pooling, ReLU, clip, moves: the input's scale (a clip's bounds, a pad's value on its grid)."""
+        x = self.int8_input(node.inputs[0])
+        attrs = dict(node.attrs)
+        if definition.on_grid is not None:
+            attrs = definition.on_grid(attrs, self.exponent[x])
+        return self._emit(node, [x], self.exponent[x], attrs)
