@@ -27,7 +27,7 @@ from .evaluate import evaluate_node
 from .ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, Node, Value
 from .passes import infer_shapes, output_shape
 
-__all__ = ["SUPPORTED_OPS", "MIN_OPSET", "OLDEST_OPSET", "load_onnx", "import_onnx", "model_digest"]
+__all__ = ["SUPPORTED_OPS", "operator_list", "MIN_OPSET", "OLDEST_OPSET", "load_onnx", "import_onnx", "model_digest"]
 
 #: The operator set the importer reads; a model of an older one is upgraded to it on import.
 MIN_OPSET = 13
@@ -171,6 +171,15 @@ def _fixed(dim: onnx.TensorShapeProto.Dimension) -> bool:
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
+
+
+def reads(note: str):
+    """Mark an ``op_<Type>`` handler with how much of its operator it reads, where that is less
+    than all of it; the README's operator list (`operator_list`) gives the note."""
+    def mark(handler):
+        handler.reads = note
+        return handler
+    return mark
 
 class _Importer:
     def __init__(self, model: onnx.ModelProto, batch: int, input_shapes: dict[str, tuple[int, ...]]) -> None:
@@ -524,6 +533,7 @@ class _Importer:
         self.emit("reshape", node, [y], output=out, target=(0, result[1], result[3]), allowzero=False)
         return True
 
+    @reads('groups included')
     def op_Conv(self, node, attrs):
         if self._lifted(node, attrs):
             return
@@ -598,6 +608,7 @@ class _Importer:
         counts = [shape[0], shape[1], -(-shape[2] // steps[2]), -(-shape[3] // steps[3])]
         self._slice(node, full, [0, 0, 0, 0], steps, counts, out)
 
+    @reads('groups, dilations, output_padding; pads given')
     def op_ConvTranspose(self, node, attrs):
         if self._lifted(node, attrs):
             return
@@ -735,6 +746,7 @@ class _Importer:
         self.add_constant(name, array)
         return name
 
+    @reads("numpy's: batched, broadcast, of vectors, of computed operands")
     def op_MatMul(self, node, attrs):
         """numpy's matmul. (…, K) @ constant (K, N) is one dense node (on the accelerator in an
         int8 network); a 1-D operand gains and loses its axis as numpy's rule says; a computed
@@ -820,6 +832,7 @@ class _Importer:
         kind = x.dtype if x is not None and x.dtype.kind in "iu" else np.float32    # an integer constant folds
         self.emit("mul", node, [node.input[0], self._const_like(node, "minus_one", np.array(-1, kind))], relu=False)
 
+    @reads('a constant exponent')
     def op_Pow(self, node, attrs):
         y = self.constant(node, node.input[1], "the exponent Y")
         if y.dtype.kind not in "fiu" or y.size == 0:
@@ -1142,6 +1155,7 @@ class _Importer:
     _NEAREST = {"round_prefer_floor": lambda v: math.ceil(v - 0.5), "round_prefer_ceil": lambda v: math.floor(v + 0.5),
                 "floor": math.floor, "ceil": math.ceil}
 
+    @reads('nearest and linear upsampling by whole factors')
     def op_Resize(self, node, attrs):
         """Upsampling by whole factors, what feature pyramids, detection and segmentation heads
         export. Nearest neighbour where the coordinate and rounding modes repeat each pixel
@@ -1333,6 +1347,7 @@ class _Importer:
         perm = attrs.get("perm")
         self.emit("transpose", node, [node.input[0]], perm=None if perm is None else tuple(int(p) for p in perm))
 
+    @reads('constant mode and pads')
     def op_Pad(self, node, attrs):
         mode = attrs.get("mode", b"constant")
         mode = mode.decode() if isinstance(mode, bytes) else mode
@@ -1373,6 +1388,7 @@ class _Importer:
     def op_Softmax(self, node, attrs):
         self.emit("softmax", node, [node.input[0]], axis=int(attrs.get("axis", -1)))
 
+    @reads('their axes constant')
     def op_ReduceMean(self, node, attrs):
         self.check_flags(node, attrs, "keepdims", "noop_with_empty_axes")
         # The axes: an attribute before opset 18, an input since.
@@ -1402,6 +1418,7 @@ class _Importer:
         mean = self.emit("reduce_mean", node, [x], output=self._fresh(f"{out}/mean"), axes=axes, keepdims=keepdims)
         return self._scaled(node, mean, float(math.prod(shape[a] for a in axes)), out, "count")
 
+    @reads('their axes constant')
     def op_ReduceSum(self, node, attrs):
         reduction = self._reduction(node, attrs)
         if reduction is None:
@@ -1409,6 +1426,7 @@ class _Importer:
         else:
             self._sum(node, node.input[0], *reduction, node.output[0])
 
+    @reads('their axes constant')
     def op_ReduceSumSquare(self, node, attrs):
         reduction = self._reduction(node, attrs)
         square = self.emit("mul", node, [node.input[0], node.input[0]], output=None if reduction is None else
@@ -1416,6 +1434,7 @@ class _Importer:
         if reduction is not None:
             self._sum(node, square, *reduction, node.output[0])
 
+    @reads('their axes constant')
     def op_ReduceL2(self, node, attrs):
         reduction = self._reduction(node, attrs)
         if reduction is None:
@@ -1444,9 +1463,11 @@ class _Importer:
             tuple(shape[a] for a in kept)
         return self.emit("reshape", node, [pooled], output=out, target=target, allowzero=True)
 
+    @reads('their axes constant')
     def op_ReduceMax(self, node, attrs):
         self._extreme(node, attrs, sign=1)
 
+    @reads('their axes constant')
     def op_ReduceMin(self, node, attrs):
         self._extreme(node, attrs, sign=-1)
 
@@ -1501,6 +1522,7 @@ class _Importer:
     def op_Identity(self, node, attrs):
         self.alias[node.output[0]] = self.name(node.input[0])
 
+    @reads('its mask output, which exporters declare, left out where nothing reads it')
     def op_Dropout(self, node, attrs):
         # Exporters declare the mask output whether or not anything reads it: unread, it is
         # left out; read, it would be all ones (inference mode), a bool tensor gemforge has no
@@ -1567,6 +1589,7 @@ class _Importer:
         return self.emit("slice", node, [x], output=out, starts=tuple(starts), steps=tuple(steps),
                          shape=tuple(counts))
 
+    @reads('constant indices, of any tensor')
     def op_Gather(self, node, attrs):
         indices = self.constant(node, node.input[1], "the indices")
         if indices.dtype not in (np.int32, np.int64):
@@ -1612,6 +1635,7 @@ class _Importer:
             target = (0, *final[1:]) if axis > 0 else final
             self.emit("reshape", node, [gathered], output=out, target=target, allowzero=not (axis > 0))
 
+    @reads('constant indices, of any tensor')
     def op_Slice(self, node, attrs):
         data = self.constants.get(self.name(node.input[0]))
         shape = data.shape if data is not None else self._static_shape(self.name(node.input[0]))
@@ -1658,6 +1682,7 @@ class _Importer:
                                   "tensors of at least one element")
         self._slice(node, node.input[0], first, step_of, count, node.output[0])
 
+    @reads('constant indices, of any tensor')
     def op_Split(self, node, attrs):
         """Each output a slice along the axis: sizes from the split input (or attribute, before
         opset 13), or equal parts (num_outputs since opset 18: the last part smaller)."""
@@ -1693,6 +1718,7 @@ class _Importer:
                 self._slice(node, node.input[0], starts, steps, counts, out)
             start += size
 
+    @reads('of any tensor')
     def op_Expand(self, node, attrs):
         """x broadcast against a constant shape (both ways, as ONNX's Expand): a constant folds, a
         computed tensor is multiplied by ones of that shape (exact, in int8 too)."""
@@ -1711,6 +1737,7 @@ class _Importer:
         self.emit("mul", node, [node.input[0], self._const_like(node, "ones", np.ones(tuple(shape), np.float32))],
                   relu=False)
 
+    @reads('of any tensor')
     def op_Tile(self, node, attrs):
         """x repeated along each axis: a constant folds, a computed tensor is concatenated with
         itself (exact, in int8 too)."""
@@ -1832,13 +1859,31 @@ def _constant_only(op_type: str):
                 raise self.fail(node, str(exc)) from None
         self.add_constant(node.output[0], np.asarray(value))
     handler.__name__ = f"op_{op_type}"
-    return handler
+    return reads("of constants and shapes, such as an exporter's floor division of a size; integer division "
+                 "truncates, as in the runtime")(handler)
 
 
 for _op_type in _CONSTANT_ONLY:
     setattr(_Importer, f"op_{_op_type}", _constant_only(_op_type))
 
 SUPPORTED_OPS = tuple(name.removeprefix("op_") for name in vars(_Importer) if name.startswith("op_"))
+
+
+def operator_list() -> str:
+    """The README's list of the operators `import_onnx` reads: every handler in the order they
+    are defined, each with its `reads` note (neighbours with the same note share it)."""
+    groups: list[tuple[list[str], str | None]] = []
+    for op in SUPPORTED_OPS:
+        note = getattr(getattr(_Importer, f"op_{op}"), "reads", None)
+        if groups and note is not None and groups[-1][1] == note:
+            groups[-1][0].append(op)
+        else:
+            groups.append(([op], note))
+    parts = []
+    for names, note in groups:
+        joined = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        parts.append(f"{joined} ({note})" if note else joined)
+    return ", ".join(parts)
 
 
 def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
