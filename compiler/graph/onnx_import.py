@@ -51,10 +51,21 @@ _OTHER_FLOATS = {onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorP
 
 def load_onnx(source) -> onnx.ModelProto:
     """An ONNX model from a path, bytes or a `ModelProto`, checked by onnx's checker."""
-    if isinstance(source, onnx.ModelProto):
-        model, check = source, source
-    elif isinstance(source, (bytes, bytearray)):
-        model = check = _parse(bytes(source), "the model")
+    return _load_checked(source)[0]
+
+
+def _load_checked(source) -> tuple[onnx.ModelProto, str]:
+    """`load_onnx`'s model and its `model_digest`. A model in memory is serialized once, for
+    both the checker and the digest (each took seconds on a VGG's 575 MB of weights)."""
+    if isinstance(source, (onnx.ModelProto, bytes, bytearray)):
+        model = source if isinstance(source, onnx.ModelProto) else _parse(bytes(source), "the model")
+        try:
+            serialized = model.SerializeToString(deterministic=True)
+        except Exception as exc:   # protobuf's EncodeError (a message it cannot encode, or too large)
+            raise GraphError(f"the ONNX model is invalid: it cannot be serialized ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
+        _check(serialized)
+        return model, hashlib.sha256(serialized).hexdigest()
     else:
         # From a path, so that tensors stored as external data next to it resolve.
         path = Path(source)
@@ -73,13 +84,17 @@ def load_onnx(source) -> onnx.ModelProto:
             external = isinstance(exc, onnx.checker.ValidationError) or "external" in str(exc).lower()
             what = "its external data cannot be read" if external else "it is not an ONNX file"
             raise GraphError(f"cannot read model {source}: {what} ({type(exc).__name__}: {exc})") from None
-        check = str(path)
+        _check(str(path))
+        return model, model_digest(model)
+
+
+def _check(model: str | bytes) -> None:
+    """onnx's checker on a model's path or serialized bytes."""
     try:
-        onnx.checker.check_model(check)
+        onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise GraphError(f"the ONNX model is invalid: {first}") from None
-    return model
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -243,7 +258,7 @@ class _Importer:
         if array.dtype.kind not in "fiub":
             raise GraphError(f"constant {name!r} holds {array.dtype} values; gemforge reads float, integer and boolean tensors")
         if array.dtype.kind == "f":
-            array = array.astype(np.float32)
+            array = array.astype(np.float32, copy=False)
         self.constants[name] = array
         self.values[name] = Value(name, tuple(array.shape), array.dtype.name)
 
@@ -701,8 +716,8 @@ class _Importer:
         scale = None                     # alpha, where it cannot be folded into a constant B
         if self.name(b) in self.constants:
             w = self.constants[self.name(b)]
-            w = (w.T if trans_b else w) * np.float32(alpha)
-            b = self._const_like(node, "w", w.astype(np.float32))
+            w = w.T if trans_b else w            # a view (no copy of a large layer's weights)
+            b = self._const_like(node, "w", w * np.float32(alpha) if alpha != 1.0 else w)
         else:
             if trans_b:
                 b = self.emit("transpose", node, [b], output=self._fresh(f"{out}/b_t"), perm=(1, 0))
@@ -1889,7 +1904,7 @@ def operator_list() -> str:
 def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
     """The `Graph` of an ONNX model (path, bytes or `ModelProto`); a symbolic first input
     dimension becomes ``batch``, other symbolic dimensions need ``input_shapes``."""
-    model = load_onnx(source)
+    model, digest = _load_checked(source)       # the digest of the model as given, before any upgrade
     default = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     if len(default) > 1:
         raise GraphError(f"the model imports the ONNX operator set {len(default)} times (opsets "
@@ -1908,7 +1923,6 @@ def import_onnx(source, *, batch: int = 1, input_shapes: dict[str, tuple[int, ..
                          f"{onnx.__version__} knows is {newest}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GraphError(f"batch must be a positive integer, not {batch!r}")
-    digest = model_digest(model)             # of the model as given, before any upgrade
     if opset < MIN_OPSET:
         model = _upgrade(model, opset)
     importer = _Importer(model, batch, dict(input_shapes or {}))

@@ -152,9 +152,11 @@ def _accumulator_bound(op: str, w_shape: tuple[int, ...], w_q: np.ndarray | None
     if w_q is None:
         per_channel = math.prod(w_shape) / w_shape[0 if op == "conv2d" else 1] * 128.0 * 128.0
     else:
-        magnitude = np.abs(w_q.astype(np.float64))
-        per_channel = magnitude.reshape(len(magnitude), -1).sum(axis=1) if op == "conv2d" \
-            else magnitude.sum(axis=0)
+        # Summed as integers (exact) from int16 magnitudes: a float64 copy of a large layer's
+        # weights cost seconds of page faults.
+        magnitude = np.abs(w_q, dtype=np.int16)
+        per_channel = magnitude.reshape(len(magnitude), -1).sum(axis=1, dtype=np.int64) if op == "conv2d" \
+            else magnitude.sum(axis=0, dtype=np.int64)
         per_channel = per_channel * 128.0
     return float(np.max(per_channel + np.abs(bias_q), initial=0.0))
 
