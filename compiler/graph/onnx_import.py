@@ -1170,25 +1170,26 @@ class _Importer:
     _NEAREST = {"round_prefer_floor": lambda v: math.ceil(v - 0.5), "round_prefer_ceil": lambda v: math.floor(v + 0.5),
                 "floor": math.floor, "ceil": math.ceil}
 
-    @reads('nearest and linear upsampling by whole factors')
+    @reads('nearest, linear and cubic; scales or sizes; half_pixel, pytorch_half_pixel, align_corners and '
+           'asymmetric coordinates; without antialias')
     def op_Resize(self, node, attrs):
-        """Upsampling by whole factors, what feature pyramids, detection and segmentation heads
-        export. Nearest neighbour where the coordinate and rounding modes repeat each pixel
-        ``s`` times: the tensor concatenated with itself along a new axis, merged into that one
-        (exact in float32 and int8). Linear where output pixel s·i + p lies a fixed fraction
-        between the same two neighbours of pixel i for every i (half-pixel and asymmetric
-        coordinates): per phase p a weighted sum of the tensor and a copy shifted by one pixel
-        (the edge pixel repeated, as the clamped coordinates give), the phases interleaved the
-        same way, one axis after the other. Cubic, shrinking and other maps are refused by
-        name, never approximated."""
+        """Resizing as feature pyramids, detection and segmentation heads export it, one axis after
+        the other. An upsampling by a whole factor whose every output pixel lies the same way
+        between the same neighbours (nearest repeats, half-pixel and asymmetric linear) is
+        interleaved phases: per phase a weighted sum of the tensor and a copy shifted by one
+        pixel, exact in int8 for nearest. Any other size, coordinate map or cubic is, per axis,
+        Σ_k take(x, indices_k) · weights_k: the neighbours' positions and weights computed here
+        in float32 as ONNX Runtime computes them (nearest takes one neighbour, linear two with
+        the coordinate clamped to the edges, cubic four with its edge pixels repeated). Modes,
+        coordinate maps and options outside these are refused by name, never approximated."""
         def text(name, default):
             value = attrs.get(name, default)
             return value.decode() if isinstance(value, bytes) else str(value)
         mode, coordinates = text("mode", "nearest"), text("coordinate_transformation_mode", "half_pixel")
         rounding = text("nearest_mode", "round_prefer_floor")
-        if mode not in ("nearest", "linear"):
-            raise self.fail(node, f"mode {mode!r} is not supported; gemforge resizes with modes 'nearest' and "
-                                  "'linear'")
+        if mode not in ("nearest", "linear", "cubic"):
+            raise self.fail(node, f"mode {mode!r} is not supported; gemforge resizes with modes 'nearest', 'linear' "
+                                  "and 'cubic'")
         if coordinates not in self._RESIZE_COORDINATES:
             raise self.fail(node, f"coordinate_transformation_mode {coordinates!r} is not supported; supported: "
                                   f"{', '.join(self._RESIZE_COORDINATES)}")
@@ -1196,10 +1197,11 @@ class _Importer:
             raise self.fail(node, f"nearest_mode {rounding!r} is not one of {', '.join(self._NEAREST)}")
         for name in ("antialias", "exclude_outside"):
             if attrs.get(name, 0):
-                raise self.fail(node, f"{name}={attrs[name]} is not supported (upsampling without it)")
+                raise self.fail(node, f"{name}={attrs[name]} is not supported (resizing without it)")
         if text("keep_aspect_ratio_policy", "stretch") != "stretch" or "axes" in attrs:
             raise self.fail(node, "keep_aspect_ratio_policy and axes are not supported; give scales or sizes for "
                                   "every axis")
+        cubic_a = self._finite(node, attrs, "cubic_coeff_a", -0.75)
         x, out = node.input[0], node.output[0]
         shape = self._static_shape(self.name(x))
         scales = self._resize_operand(node, 2, "scales", np.float32, len(shape))
@@ -1209,24 +1211,29 @@ class _Importer:
         if sizes is not None:
             outputs = [int(v) for v in sizes]
             scales = [o / n for o, n in zip(outputs, shape)]
+            scales32 = [np.float32(o) / np.float32(n) for o, n in zip(outputs, shape)]   # ONNX Runtime's scale
         else:
-            scales = [float(s) for s in scales]
-            outputs = [math.floor(n * s) for n, s in zip(shape, scales)]
+            scales32 = [np.float32(v) for v in scales]
+            scales = [float(v) for v in scales]
+            # floor(size · scale) in float32, as ONNX Runtime sizes it (5 · 1.4f is 7 there, 6 in float64).
+            outputs = [int(np.floor(np.float32(n) * s)) for n, s in zip(shape, scales32)]
         where = self._RESIZE_COORDINATES[coordinates]
-        plans = []                     # per axis: None (kept), or its factor and phases
+        plans = []                     # per axis: None (kept), ("phases", factor, phases) or ("taken", terms)
         for axis, (n, m, s) in enumerate(zip(shape, outputs, scales)):
             if m < 1 or not math.isfinite(s) or s <= 0:
                 raise self.fail(node, f"axis {axis} would have {m} pixels (scale {s}); it needs at least one")
             factor = m // n if m % n == 0 else 0
             positions = [where(i, s, n, m) for i in range(m)]
-            phases = factor and (self._nearest_phases(positions, n, factor, rounding) if mode == "nearest" else
-                                 self._linear_phases(positions, n, factor))
-            if not phases:
-                raise self.fail(node, f"axis {axis}: resizing {n} to {m} pixels ({mode}, {coordinates}"
-                                      f"{', ' + rounding if mode == 'nearest' else ''}) is not an upsampling by a "
-                                      "whole factor whose every output pixel lies the same way between the same "
-                                      "neighbours, the resize gemforge supports")
-            plans.append(None if factor == 1 and phases == [((0, 1.0),)] else (factor, phases))
+            phases = factor and mode != "cubic" and (
+                self._nearest_phases(positions, n, factor, rounding) if mode == "nearest" else
+                self._linear_phases(positions, n, factor))
+            if phases:
+                plans.append(None if factor == 1 and phases == [((0, 1.0),)] else ("phases", factor, phases))
+                continue
+            terms = self._resize_terms(mode, rounding, cubic_a,
+                                       self._positions32(coordinates, n, m, scales32[axis]), n)
+            kept = len(terms) == 1 and terms[0][1] is None and terms[0][0] == tuple(range(n))
+            plans.append(None if kept else ("taken", terms))
         if plans[0] is not None:
             raise self.fail(node, f"the batch axis must keep its size, not be resized from {shape[0]} to {outputs[0]}")
         current, dims = self.name(x), list(shape)
@@ -1235,9 +1242,77 @@ class _Importer:
             self.alias[out] = current                # every axis kept: the tensor itself
             return
         for axis, plan in enumerate(plans):
-            if plan is not None:
-                current = self._interleaved(node, current, dims, axis, *plan,
-                                            out if axis == last else self._fresh(f"{out}/axis{axis}_resized"))
+            if plan is None:
+                continue
+            target = out if axis == last else self._fresh(f"{out}/axis{axis}_resized")
+            if plan[0] == "phases":
+                current = self._interleaved(node, current, dims, axis, *plan[1:], target)
+            else:
+                current = self._taken(node, current, dims, axis, plan[1], target)
+
+    @staticmethod
+    def _positions32(coordinates: str, n: int, m: int, scale: np.float32) -> np.ndarray:
+        """Each output pixel's position in the input along one axis, in float32 as ONNX Runtime
+        computes it (its nearest pixel and linear weights then agree at every tie)."""
+        x, half = np.arange(m, dtype=np.float32), np.float32(0.5)
+        if coordinates == "align_corners":
+            return x * np.float32(n - 1) / np.float32(m - 1) if m > 1 else np.zeros(m, np.float32)
+        if coordinates == "asymmetric":
+            return x / scale
+        if coordinates == "pytorch_half_pixel" and m == 1:
+            return np.zeros(m, np.float32)
+        return (x + half) / scale - half
+
+    def _resize_terms(self, mode: str, rounding: str, cubic_a: float, positions: np.ndarray, n: int):
+        """One axis's resize as [(indices, weights or None)]: output pixel i is
+        Σ_k weights_k[i] · x[indices_k[i]] (weights None: 1)."""
+        last = n - 1
+        if mode == "nearest":
+            pick = self._NEAREST[rounding]
+            return [(tuple(min(max(pick(float(v)), 0), last) for v in positions), None)]
+        if mode == "linear":
+            clamped = np.clip(positions, np.float32(0), np.float32(last))
+            low = np.floor(clamped).astype(np.int64)
+            upper = (clamped - low.astype(np.float32)).astype(np.float32)
+            pairs = [(low, np.float32(1) - upper), (np.minimum(low + 1, last), upper)]
+        else:
+            # Cubic convolution (Keys, coefficient a) over the four neighbours floor(x) − 1 … + 2,
+            # the edge pixels repeated beyond the ends (exclude_outside=0), as ONNX Runtime.
+            a = np.float32(cubic_a)
+            low = np.floor(positions).astype(np.int64)
+            t = (positions - low.astype(np.float32)).astype(np.float32)
+            one, two = np.float32(1), np.float32(2)
+            coefficients = [((a * (t + one) - 5 * a) * (t + one) + 8 * a) * (t + one) - 4 * a,
+                            ((a + 2) * t - (a + 3)) * t * t + one,
+                            ((a + 2) * (one - t) - (a + 3)) * (one - t) * (one - t) + one,
+                            ((a * (two - t) - 5 * a) * (two - t) + 8 * a) * (two - t) - 4 * a]
+            pairs = [(np.clip(low + k - 1, 0, last), c.astype(np.float32)) for k, c in enumerate(coefficients)]
+        terms = []
+        for indices, weights in pairs:
+            if not weights.any():
+                continue
+            terms.append((tuple(int(i) for i in indices), None if (weights == 1).all() else weights))
+        return terms or [(tuple(int(i) for i in pairs[0][0]), np.zeros(len(positions), np.float32))]
+
+    def _taken(self, node, x: str, dims: list[int], axis: int, terms, out: str) -> str:
+        """Σ_k take(x, indices_k, axis) · weights_k (broadcast along ``axis``), into ``out``
+        (``dims`` is updated)."""
+        base = self._fresh(f"{out}/axis{axis}")
+        m = len(terms[0][0])
+        total = None
+        for k, (indices, weights) in enumerate(terms):
+            last = k == len(terms) - 1
+            taken = self.emit("take", node, [x], output=out if last and weights is None and total is None
+                              else self._fresh(f"{base}_take{k}"), axis=axis, indices=indices)
+            if weights is not None:
+                shaped = weights.reshape((1,) * axis + (m,) + (1,) * (len(dims) - axis - 1))
+                taken = self.emit("mul", node, [taken, self._const_like(node, f"axis{axis}_weights{k}", shaped)],
+                                  output=out if last and total is None else self._fresh(f"{base}_term{k}"),
+                                  relu=False)
+            total = taken if total is None else self.emit("add", node, [total, taken], relu=False,
+                                                          output=out if last else self._fresh(f"{base}_sum{k}"))
+        dims[axis] = m
+        return total
 
     def _nearest_phases(self, positions, n: int, factor: int, rounding: str):
         """[((0, 1.0),)] · factor where rounding the positions repeats every pixel ``factor`` times."""

@@ -40,7 +40,7 @@ __all__ = ["ModelError", "FORMAT_VERSION", "network_to_bytes", "network_from_byt
 
 FORMAT_VERSION = 1
 _TUPLE_ATTRS = ("kernel", "stride", "dilation", "padding", "shape", "target", "lshift", "perm", "squeeze", "unsqueeze",
-                "axes", "pads", "starts", "steps")
+                "axes", "pads", "starts", "steps", "indices")
 
 
 class ModelError(GraphError):

@@ -1013,23 +1013,79 @@ def test_nearest_resize_keeps_a_symbolic_batch():
     np.testing.assert_allclose(compile_model(m).run(x, "cpu"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("attrs, scales, match", [
-    ({"mode": "cubic"}, [1, 1, 2, 2], r"node r \(Resize\): mode 'cubic' is not supported; gemforge resizes with "
-                                      r"modes 'nearest' and 'linear'"),
-    ({"mode": "nearest"}, [1, 1, 1.5, 2], r"axis 2: resizing 3 to 4 pixels \(nearest, half_pixel, round_prefer_floor\) "
-                                          r"is not an upsampling by a whole factor"),
+@pytest.mark.parametrize("attrs, scales, sizes", [
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2], None),
+    ({"mode": "linear"}, [1, 1, 1.5, 0.6], None),                                # half_pixel, shrinking one axis
+    ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [1, 4, 1, 11]),
+    ({"mode": "nearest"}, [1, 1, 1.5, 2], None),
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, [1, 1, 0.5, 0.7],
+     None),
     ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"},
-     [1, 1, 2, 2], r"axis 2: resizing 3 to 6 pixels \(nearest, asymmetric, round_prefer_ceil\) is not"),
-    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2],
-     r"axis 2: resizing 3 to 6 pixels \(linear, align_corners\) is not an upsampling"),
-    ({"mode": "nearest"}, [1, 1, 0.5, 1], r"axis 2: resizing 3 to 1 pixels"),
+     [1, 1, 2, 2], None),
+    ({"mode": "cubic"}, [1, 1, 2, 2], None),
+    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5}, None, [1, 4, 7, 4]),
+    ({"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 0.5, 1.7], None),
+    ({"mode": "cubic"}, [1, 1, 1.5, 1.4], None),               # 5 · 1.4f is 7 in float32 (6 in float64)
+])
+def test_any_resize_is_taken_neighbours_weighted_as_onnx_runtime(attrs, scales, sizes):
+    """Sizes that are no whole multiple, shrinking, align_corners and cubic: per axis the
+    neighbours taken and weighted as ONNX Runtime computes them. float32 as ONNX Runtime, int8
+    alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(attrs) + len(str(scales or sizes)))
+    m = _resize_model(attrs, scales, sizes)
+    graph = compile_model(m).graph
+    assert any(n.op == "take" for n in graph.nodes)
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 3, 5))}, rng, int8_tol=0.12)
+
+
+def test_onnx_resize_node_cases_with_constant_scales_equal_onnx_runtime():
+    """ONNX's own Resize node cases (`onnx.backend.test.case`), their scales, sizes and ROI made
+    initializers as exporters write them: each equals ONNX Runtime (which for two downsampling
+    align_corners cases differs from the cases' own expected outputs, computed from the
+    fractional output length) or is refused by name — antialias, exclude_outside, axes,
+    keep_aspect_ratio_policy, tf_crop_and_resize and half_pixel_symmetric."""
+    import warnings
+
+    import onnx
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in collect_testcases(None)
+                 if c.data_sets and {n.op_type for n in c.model.graph.node} == {"Resize"}]
+    passed, refused = [], []
+    for case in cases:
+        inputs, expected = case.data_sets[0]
+        m = onnx.ModelProto()
+        m.CopyFrom(case.model)
+        names = [i.name for i in m.graph.input]
+        m.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names[1:], inputs[1:]))
+        del m.graph.input[1:]
+        try:
+            compiled = compile_model(m)
+        except GraphError as exc:
+            assert "\n" not in str(exc) and "Resize" in str(exc), (case.name, str(exc))
+            refused.append(case.name)
+            continue
+        got, reference = compiled.run(inputs[0], "cpu"), ort_run(m, {names[0]: inputs[0]})[0]
+        assert got.shape == reference.shape, case.name
+        np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=case.name)
+        passed.append(case.name)
+    assert len(passed) >= 19 and len(cases) >= 39, (passed, refused)
+
+
+@pytest.mark.parametrize("attrs, scales, match", [
+    ({"mode": "area"}, [1, 1, 2, 2], r"node r \(Resize\): mode 'area' is not supported; gemforge resizes with "
+                                     r"modes 'nearest', 'linear' and 'cubic'"),
+    ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 2, 2], r"exclude_outside=1 is not supported"),
+    ({"mode": "linear", "antialias": 1}, [1, 1, 0.5, 0.5], r"antialias=1 is not supported"),     # opset 18
+    ({"mode": "nearest"}, [1, 1, 0.1, 1], r"axis 2: 3 would have 0 pixels|axis 2 would have 0 pixels"),
     ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
      r"coordinate_transformation_mode 'tf_crop_and_resize' is not supported"),
     ({"mode": "nearest"}, [2, 1, 1, 1], r"the batch axis must keep its size"),
 ])
-def test_resizes_other_than_whole_repeats_are_refused_by_name(attrs, scales, match):
+def test_resizes_outside_the_supported_modes_are_refused_by_name(attrs, scales, match):
     with pytest.raises(GraphError, match=match):
-        compile_model(_resize_model(attrs, scales))
+        compile_model(_resize_model(attrs, scales, opset=18 if "antialias" in attrs else 13))
 
 
 # ------------------------------------------------------------------------ LayerNormalization, reductions

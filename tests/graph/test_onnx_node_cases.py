@@ -4,7 +4,8 @@ with a one-line `GraphError` — never a wrong result, never another exception.
 
 A case runs where every node of its model is of an operator in `SUPPORTED_OPS`. Most refusals are
 cases that feed what gemforge takes as constants (weights, shapes, axes, indices) as graph inputs,
-or non-float32 inputs; 3-D windows and linear or cubic resizes are refused by name. The pass count
+or non-float32 inputs; 3-D windows are refused by name (the Resize cases, which feed their scales
+and sizes as inputs, run with them as initializers in `test_graph_ops.py`). The pass count
 is held at its present floor, so a change that loses cases shows here.
 """
 

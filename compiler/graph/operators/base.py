@@ -151,6 +151,7 @@ ATTRIBUTE_TYPES: dict[str, Callable[[Any], bool]] = {
     **{k: lambda v: integers(v, 1) for k in ("stride", "kernel", "groups", "dilation")},
     **{k: lambda v: integers(v, 0) for k in ("padding", "perm", "squeeze", "unsqueeze", "axes", "pads", "starts")},
     "steps": lambda v: isinstance(v, tuple) and integers(v) and 0 not in v,
+    "indices": lambda v: isinstance(v, tuple) and len(v) > 0 and integers(v, 0),
     **{k: integers for k in ("axis", "flatten_axis", "shape")},
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
     **{k: lambda v: integers(v, 0, 62) for k in ("shift", "lshift")},

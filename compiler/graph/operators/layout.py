@@ -178,6 +178,30 @@ def _concat_batch(graph, node, shape, out, carried):
     return None if len(carried) == len(node.inputs) else "it joins batched and unbatched tensors"
 
 
+# --- take --------------------------------------------------------------------------------
+
+def _take_shape(graph, node, shapes):
+    x, a = shapes[0], node.attrs
+    if not x:
+        raise fail(node, "it takes along an axis of a tensor of at least one")
+    axis = a["axis"] + (len(x) if a["axis"] < 0 else 0)
+    if not 0 <= axis < len(x):
+        raise fail(node, f"axis {a['axis']} is out of range for rank {len(x)}")
+    a["axis"] = axis
+    indices = tuple(a["indices"])
+    if not indices or min(indices) < 0 or max(indices) >= x[axis]:
+        raise fail(node, f"indices must name at least one position of axis {axis}, each from 0 to {x[axis] - 1}")
+    return tuple(x[:axis]) + (len(indices),) + tuple(x[axis + 1:])
+
+
+def _take_evaluate(node, args):
+    return np.take(args[0], np.asarray(node.attrs["indices"], np.int64), axis=node.attrs["axis"])
+
+
+def _take_batch(graph, node, shape, out, carried):
+    return "it gathers along the batch axis" if node.attrs["axis"] == 0 else None
+
+
 def _reshape_move(node, args):
     return args[0].reshape(node.attrs["shape"])
 
@@ -211,6 +235,9 @@ register(
     OpDef("identity", "— (a copy under a model output's ONNX name)", (1, 1),
           lambda graph, node, shapes: tuple(shapes[0]), _copy, int8=Int8.SAME_SCALE, saturation_safe=True,
           batch=per_item, move=_copy),
+    OpDef("take", "axis, indices (positions along it, constant): numpy's take, out = x[..., indices, ...]",
+          (1, 1), _take_shape, _take_evaluate, attrs=("axis", "indices"), int8=Int8.SAME_SCALE,
+          float_propagating=True, saturation_safe=True, batch=_take_batch, move=_take_evaluate),
     OpDef("concat", "axis", (1, None), _concat_shape, _concat_evaluate, attrs=("axis",), same_dtype=None,
           int8=Int8.COARSEST, batch=_concat_batch, move=_concat_evaluate),
 )
