@@ -1,4 +1,5 @@
-"""Networks as exporters write them (`gemforge.models.exported`, `gemforge.models.transformers`):
+"""Networks as exporters write them (`gemforge.models.exported`, `gemforge.models.transformers`,
+`gemforge.models.mobilenet`):
 per network its size, the ONNX operators it uses, its float32 error against ONNX Runtime, the
 int8 network's cosine to the float32 one, the share of its multiply-accumulates the accelerator
 runs, the compile times, and how long a new process takes to load the float32 network's `.gfm`
@@ -20,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from gemforge.models import (build_alexnet_style, build_bert_tiny, build_crnn_style, build_unet_style,
-                             build_vit_tiny, build_yolo_style)
+from gemforge.models import (build_alexnet_style, build_bert_tiny, build_crnn_style, build_mobilenet_v2,
+                             build_unet_style, build_vit_tiny, build_yolo_style)
 
 from ..runtime.model import compile_model
 
@@ -35,6 +36,7 @@ MODELS: tuple[tuple[str, Callable[[], onnx.ModelProto]], ...] = (
     ("AlexNet-style, opset 11", build_alexnet_style),
     ("ViT-tiny-style encoder", build_vit_tiny),
     ("BERT-tiny-style encoder", build_bert_tiny),
+    ("MobileNetV2 (torchvision, 224×224)", build_mobilenet_v2),
 )
 #: Calibration samples of each int8 compile.
 SAMPLES = 4

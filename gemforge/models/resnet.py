@@ -34,7 +34,7 @@ RESNET18_CONVS = [
 RESNET18_LAYERS = [row[:5] for row in RESNET18_CONVS]
 
 
-class _Builder:
+class LayerBuilder:
     """Collects nodes and initializers; each layer returns its output's name."""
 
     def __init__(self, rng: np.random.Generator) -> None:
@@ -46,12 +46,13 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(value.astype(np.float32), name))
         return name
 
-    def conv_bn(self, x: str, name: str, cin: int, cout: int, k: int, stride: int) -> str:
+    def conv_bn(self, x: str, name: str, cin: int, cout: int, k: int, stride: int, groups: int = 1) -> str:
         # He-normal keeps the activations' scale steady through the ReLUs.
-        w = self.rng.normal(0.0, np.sqrt(2.0 / (cin * k * k)), (cout, cin, k, k))
+        w = self.rng.normal(0.0, np.sqrt(2.0 / (cin // groups * k * k)), (cout, cin // groups, k, k))
         self.nodes.append(helper.make_node(
             "Conv", [x, self.param(f"{name}.weight", w)], [f"{name}.conv"], name=name,
-            kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4))
+            kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4,
+            **({"group": groups} if groups != 1 else {})))
         bn = [self.param(f"{name}.bn.{p}", v) for p, v in (
             ("scale", self.rng.uniform(0.5, 1.5, cout)), ("bias", self.rng.normal(0.0, 0.1, cout)),
             ("mean", self.rng.normal(0.0, 0.1, cout)), ("var", self.rng.uniform(0.5, 1.5, cout)))]
@@ -74,7 +75,7 @@ def build_resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width:
                    seed: int = 0) -> onnx.ModelProto:
     """ResNet-18 for ``[batch, 3, image, image]`` float32 ``input``, giving ``[batch, classes]``
     ``logits``; ``width`` is the first stage's channel count (64 in the paper)."""
-    b = _Builder(np.random.default_rng(seed))
+    b = LayerBuilder(np.random.default_rng(seed))
     x = b.op("Relu", [b.conv_bn("input", "conv1", 3, width, 7, 2)], "relu")
     x = b.op("MaxPool", [x], "maxpool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = width

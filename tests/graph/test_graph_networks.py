@@ -12,7 +12,8 @@ from gemforge.compiler.graph.partition import round_trips
 from gemforge.driver.tools.cli import main
 from gemforge.driver.runtime.model import Model, compile_model
 from gemforge.driver.runtime.profile import profile_totals
-from gemforge.models import build_resnet18, digits
+from gemforge.models import build_mobilenet_v2, build_resnet18, digits
+from onnx_models import ort_run
 
 
 def test_digits_int8_accuracy_within_one_point_of_float():
@@ -44,6 +45,32 @@ def test_resnet18_int8_on_fsim_and_cpu():
     on_fsim = model.run(x, "fsim")
     assert profile_totals(model.last_profile)["host_round_trips"] == 9
     np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
+
+
+def test_mobilenet_v2_float32_as_onnx_runtime_and_int8_on_fsim_and_cpu():
+    """torchvision's MobileNetV2 topology (17 depthwise convolutions, 35 ReLU6 clips, 10 residual
+    adds): float32 as ONNX Runtime; int8 alike on fsim and the cpu, close to float32, its
+    one-group convolutions and the classifier on the accelerator and the depthwise ones on the
+    host (until issue 51 brings them over)."""
+    rng = np.random.default_rng(5)
+    m = build_mobilenet_v2(image=32, width=0.5, classes=10)
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("Clip") == 35 and ops.count("Add") == 10 and sum(
+        any(a.name == "group" for a in n.attribute) for n in m.graph.node) == 17
+    x = rng.normal(size=(1, 3, 32, 32)).astype(np.float32)
+    expected = ort_run(m, {"input": x})[0]
+    np.testing.assert_allclose(compile_model(m).run(x, "cpu"), expected, rtol=1e-4,
+                               atol=1e-4 * np.abs(expected).max())
+    model = compile_model(m, quantize="int8", calibrate=rng.normal(size=(3, 1, 3, 32, 32)).astype(np.float32),
+                          config="default")
+    convs = [n for n in model.graph.nodes if n.op == "conv2d"]
+    depthwise = [n for n in convs if n.attrs.get("groups", 1) > 1]
+    assert len(convs) == 52 and len(depthwise) == 17
+    assert all(n.device == "cpu" for n in depthwise) and all(n.device == "accel" for n in convs if n not in depthwise)
+    on_fsim = model.run(x, "fsim")
+    np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
+    cosine = float(on_fsim.ravel() @ expected.ravel() / np.linalg.norm(on_fsim) / np.linalg.norm(expected))
+    assert cosine > 0.95, cosine
 
 
 @pytest.mark.parametrize("placement, trips", [([], 0), ([False, False], 0), ([True], 0), ([True, True], 0),
