@@ -1167,6 +1167,11 @@ class _Importer:
         "align_corners": lambda x, s, n, m: x * (n - 1) / (m - 1) if m > 1 else 0.0,
         "asymmetric": lambda x, s, n, m: x / s,
     }
+    #: The most pixels Resize gives an axis it changes (each output pixel's neighbours and weights
+    #: are worked out at compile time and kept with the graph).
+    _MAX_RESIZED = 1 << 16
+    #: The largest whole factor upsampled as interleaved phases.
+    _MAX_PHASES = 8
     _NEAREST = {"round_prefer_floor": lambda v: math.ceil(v - 0.5), "round_prefer_ceil": lambda v: math.floor(v + 0.5),
                 "floor": math.floor, "ceil": math.ceil}
 
@@ -1218,11 +1223,19 @@ class _Importer:
             # floor(size · scale) in float32, as ONNX Runtime sizes it (5 · 1.4f is 7 there, 6 in float64).
             outputs = [int(np.floor(np.float32(n) * s)) for n, s in zip(shape, scales32)]
         where = self._RESIZE_COORDINATES[coordinates]
-        plans = []                     # per axis: None (kept), ("phases", factor, phases) or ("taken", terms)
         for axis, (n, m, s) in enumerate(zip(shape, outputs, scales)):
             if m < 1 or not math.isfinite(s) or s <= 0:
                 raise self.fail(node, f"axis {axis} would have {m} pixels (scale {s}); it needs at least one")
-            factor = m // n if m % n == 0 else 0
+            if m != n and m > self._MAX_RESIZED:
+                raise self.fail(node, f"axis {axis} would be resized to {m:,} pixels; gemforge resizes an axis to at "
+                                      f"most {self._MAX_RESIZED:,}")
+        if math.prod(outputs) > MAX_ELEMENTS:
+            raise self.fail(node, f"its output {outputs} would hold more than the {MAX_ELEMENTS:,} elements gemforge "
+                                  "compiles")
+        plans = []                     # per axis: None (kept), ("phases", factor, phases) or ("taken", terms)
+        for axis, (n, m, s) in enumerate(zip(shape, outputs, scales)):
+            # Phases for small whole factors (a node or three each); larger ones take neighbours.
+            factor = m // n if m % n == 0 and m // n <= self._MAX_PHASES else 0
             positions = [where(i, s, n, m) for i in range(m)]
             phases = factor and mode != "cubic" and (
                 self._nearest_phases(positions, n, factor, rounding) if mode == "nearest" else

@@ -1082,6 +1082,8 @@ def test_onnx_resize_node_cases_with_constant_scales_equal_onnx_runtime():
     ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
      r"coordinate_transformation_mode 'tf_crop_and_resize' is not supported"),
     ({"mode": "nearest"}, [2, 1, 1, 1], r"the batch axis must keep its size"),
+    ({"mode": "linear"}, [1, 1, 1e5, 1], r"axis 2 would be resized to 300,000 pixels; gemforge resizes an axis to "
+                                          r"at most 65,536"),
 ])
 def test_resizes_outside_the_supported_modes_are_refused_by_name(attrs, scales, match):
     with pytest.raises(GraphError, match=match):
