@@ -268,7 +268,7 @@ def _models_section(models: dict[str, Any]) -> list[str]:
     origin = f" — merged from `{models['merged_from']}`" if models.get("merged_from") else ""
     out = [
         f"## Networks as exporters write them{origin}", "",
-        "Built in code with exporters' habits (`gemforge/models/exported.py`, `transformers.py`, random",
+        "Built in code with exporters' habits (`gemforge/models/exported.py`, `transformers.py`, `mobilenet.py`, random",
         "weights). float32: every layer on the CPU back end, its largest error against ONNX Runtime as a",
         f"share of the output's range; int8 on `{models['config']}` ({models['samples']} calibration samples): "
         "cosine of",
