@@ -1589,6 +1589,23 @@ class _Importer:
         largest = self._maximum(node, negated, *reduction, self._fresh(f"{out}/max"))
         self.emit("mul", node, [largest, minus_one], relu=False)
 
+    def op_ArgMax(self, node, attrs):
+        self._index_of_extreme(node, attrs, sign=1)
+
+    def op_ArgMin(self, node, attrs):
+        self._index_of_extreme(node, attrs, sign=-1)
+
+    def _index_of_extreme(self, node, attrs, sign: int) -> None:
+        """ArgMax, or ArgMin as the argmax of −x (exact): int64 indices along ``axis``, the first
+        of equal extremes or with select_last_index the last."""
+        self.check_flags(node, attrs, "keepdims", "select_last_index")
+        x = node.input[0]
+        if sign < 0:
+            minus_one = self._const_like(node, "minus_one", np.array(-1, np.float32))
+            x = self.emit("mul", node, [x, minus_one], output=self._fresh(f"{node.output[0]}/negated"), relu=False)
+        self.emit("argmax", node, [x], axis=int(attrs.get("axis", 0)), keepdims=bool(attrs.get("keepdims", 1)),
+                  last=bool(attrs.get("select_last_index", 0)))
+
     def op_LayerNormalization(self, node, attrs):
         """(x − mean) / sqrt(var + epsilon) · scale + B over the axes from ``axis`` on, composed of
         reduce_mean, sub, mul, add, sqrt and div (float32, as ONNX Runtime computes it); the
@@ -1868,10 +1885,14 @@ class _Importer:
                  onnx.TensorProto.INT32: np.int32, onnx.TensorProto.BOOL: np.bool_}
         name = self.name(node.input[0])
         if name not in self.constants:
-            if to != onnx.TensorProto.FLOAT:
-                raise self.fail(node, "a computed tensor can only be cast to float32 (every tensor gemforge "
-                                      "computes is float32); constants cast to float32, int64, int32 and bool")
-            self.alias[node.output[0]] = name        # float32 to float32: the tensor itself
+            self._static_shape(name)                 # its type inferred: float32, or int64 (an ArgMax's indices)
+            kind = self._inferred[name][1] if name in self._inferred else self.values[name].dtype
+            if to != {"float32": onnx.TensorProto.FLOAT, "int64": onnx.TensorProto.INT64}.get(kind):
+                raise self.fail(node, f"a computed {kind} tensor can only be cast to {kind}: gemforge computes "
+                                      "float32 tensors, and int64 ones only as ArgMax's and ArgMin's indices, "
+                                      "which only the model's outputs read; constants cast to float32, int64, "
+                                      "int32 and bool")
+            self.alias[node.output[0]] = name        # to its own type: the tensor itself
             return
         if to not in kinds:
             raise self.fail(node, "constants cast to float32, int64, int32 and bool, not "

@@ -38,10 +38,16 @@ def output_shape(graph: Graph, node: Node) -> tuple[int, ...]:
 def infer_shapes(graph: Graph) -> Graph:
     """Every tensor's shape and type, checked node by node; shape-dependent attributes
     (reshape targets, global pooling windows, negative axes) resolved."""
+    indices: set[str] = set()        # int64 results of an index operator (argmax) and copies of them
     for node in graph.nodes:
         for i in node.inputs:
             if graph.values[i].shape is None:
                 raise fail(node, f"input {i!r} has no known shape")
+        if op_def(node).out_dtype == "int64" or (node.op == "identity" and node.inputs[0] in indices):
+            indices.add(node.output)
+        elif indices.intersection(node.inputs):
+            raise fail(node, "it reads int64 indices (an ArgMax's or ArgMin's), which gemforge computes for the "
+                             "model's outputs only")
         value = graph.values[node.output]
         value.shape = output_shape(graph, node)
         if value.shape and (max(value.shape) > MAX_DIM or math.prod(value.shape) > MAX_ELEMENTS):

@@ -176,7 +176,7 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
 
 
 #: The types of a graph's tensors: float32, and the int8 network's int8 tensors and int32 biases.
-_VALUE_DTYPES = ("float32", "int8", "int32")
+_VALUE_DTYPES = ("float32", "int8", "int32", "int64")
 
 
 def _read_value(name: str, v) -> Value:
@@ -285,8 +285,12 @@ def _check_graph(g: Graph, dtype: str) -> None:
     floats = [name for name in g.inputs if g.values[name].dtype != "float32"]
     if floats:   # a run feeds float32 (an int8 network quantizes its inputs itself)
         raise ModelError(f"input {floats[0]!r} is {g.values[floats[0]].dtype}; a network's inputs are float32")
-    if dtype == "float32" and any(v.dtype != "float32" for v in g.values.values()):
-        raise ModelError("a float32 network has an integer tensor")
+    producer = g.producer()
+    indices = {name for name, node in producer.items() if OPERATORS[node.op].out_dtype == "int64"}
+    if any(v.dtype == "int64" and v.name not in indices for v in g.values.values()):
+        raise ModelError("an int64 tensor is not the output of an index operator (argmax)")
+    if dtype == "float32" and any(v.dtype not in ("float32", "int64") for v in g.values.values()):
+        raise ModelError("a float32 network has an int8 or int32 tensor")
     _check_notes(g)
     infer_shapes(g)
     changed = sorted(k for k, v in g.values.items() if (v.shape, v.dtype) != stored[k])

@@ -812,7 +812,7 @@ def test_shape_slice_gather_cast_and_constant_of_shape_fold_as_onnx_runtime_comp
     (N("Slice", ["x", "i", "i"], ["y"], name="s"), {"i": np.int64([0])},
      r"node s \(Slice\): the slice of the computed tensor is empty"),
     (N("Cast", ["x"], ["y"], to=TensorProto.INT64, name="c"), {},
-     r"node c \(Cast\): a computed tensor can only be cast to float32"),
+     r"node c \(Cast\): a computed float32 tensor can only be cast to float32"),
 ])
 def test_shape_computation_refusals(node, init, match):
     g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
@@ -1394,3 +1394,40 @@ def test_a_returned_concatenation_of_parts_at_different_scales_keeps_each_part()
     got, expected = q.run(x, "cpu"), ort_run(m, {"x": x})[0]
     np.testing.assert_allclose(got[:, 4:], expected[:, 4:], atol=0.02)
     np.testing.assert_array_equal(got, q.run(x, "fsim"))
+
+
+# ------------------------------------------------------------------------ ArgMax, ArgMin
+
+@pytest.mark.parametrize("op, attrs", [("ArgMax", {"axis": 1}), ("ArgMin", {"axis": -1, "keepdims": 0}),
+                                       ("ArgMax", {"axis": 2, "select_last_index": 1}), ("ArgMin", {})])
+def test_argmax_and_argmin_give_int64_indices_as_onnx_runtime(op, attrs):
+    """A segmentation or classification head's ArgMax/ArgMin: int64 indices equal to ONNX
+    Runtime's in float32 (ties included: the first, or the last with select_last_index), saved and
+    loaded; in an int8 network alike on fsim and the cpu."""
+    rng = np.random.default_rng(len(attrs) + len(op))
+    w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Relu", ["c"], ["r"]), N(op, ["r"], ["y"], **attrs)],
+              [("x", ["N", 3, 6, 5])], [("y", None)], {"w": w})
+    m.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64
+    x = rng.normal(size=(2, 3, 6, 5)).astype(np.float32)          # ReLU's zeros tie
+    expected = ort_run(m, {"x": x})[0]
+    got = Model.from_bytes(compile_model(m, batch=2).to_bytes()).run(x, "cpu")     # ArgMin's axis 0: the batch
+    assert got.dtype == np.int64 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    q = compile_model(m, quantize="int8", calibrate=rng.normal(size=(3, 2, 3, 6, 5)).astype(np.float32), config="tiny",
+                      batch=2)
+    on_fsim = Model.from_bytes(q.to_bytes()).run(x, "fsim")
+    np.testing.assert_array_equal(on_fsim, q.run(x, "cpu"))
+    assert on_fsim.dtype == np.int64 and (on_fsim == expected).mean() > 0.7
+
+
+def test_int64_indices_feed_only_the_outputs():
+    m = model([N("ArgMax", ["x"], ["i"], axis=1), N("Add", ["i", "i"], ["y"], name="a")], [("x", [2, 3])],
+              [("y", None)])
+    with pytest.raises(GraphError, match=r"node a \(add\): it reads int64 indices \(an ArgMax's or ArgMin's\), "
+                                         "which gemforge computes for the model's outputs only"):
+        compile_model(m)
+    m = model([N("ArgMax", ["x"], ["i"], axis=1), N("Cast", ["i"], ["y"], to=TensorProto.FLOAT, name="c")],
+              [("x", [2, 3])], [("y", None)])
+    with pytest.raises(GraphError, match=r"node c \(Cast\): a computed int64 tensor can only be cast to int64"):
+        compile_model(m)

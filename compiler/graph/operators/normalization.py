@@ -1,4 +1,5 @@
-"""Reductions and normalizations: ``reduce_mean``, ``softmax`` and ``batch_norm`` (float32 only)."""
+"""Reductions and normalizations: ``reduce_mean``, ``softmax`` and ``batch_norm`` (float32 only),
+and ``argmax``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,29 @@ def _resolved_axis(node, x) -> int:
         raise fail(node, f"axis {a['axis']} is out of range for rank {len(x)}")
     a["axis"] = axis
     return axis
+
+
+# --- argmax ------------------------------------------------------------------------------
+
+def _argmax_shape(graph, node, shapes):
+    x = shapes[0]
+    if not x:
+        raise fail(node, "it takes the index of the largest element along an axis of a tensor of at least one")
+    axis = _resolved_axis(node, x)
+    if x[axis] == 0:
+        raise fail(node, f"axis {axis} is empty: there is no largest element to index")
+    return tuple(1 if i == axis else d for i, d in enumerate(x) if node.attrs["keepdims"] or i != axis)
+
+
+def _argmax_evaluate(node, args):
+    a = node.attrs
+    x = args[0]
+    if a["last"]:         # the last of equal largest elements: the first one of the reversed axis
+        index = x.shape[a["axis"]] - 1 - np.argmax(np.flip(x, axis=a["axis"]), axis=a["axis"])
+    else:
+        index = np.argmax(x, axis=a["axis"])
+    index = index.astype(np.int64)
+    return np.expand_dims(index, a["axis"]) if a["keepdims"] else index
 
 
 # --- reduce_mean -------------------------------------------------------------------------
@@ -96,6 +120,14 @@ register(
           batch=lambda graph, node, shape, out, carried:
           "it normalizes over the batch axis" if node.attrs["axis"] % len(out) == 0 else None,
           host=_softmax_host, gpu=False),
+    # int64 indices, from the float32 input (an int8 network dequantizes it: its order is the same,
+    # but elements one int8 step apart may tie there, and the first of them is taken).
+    OpDef("argmax", "axis (resolved), keepdims, last (the last of equal largest elements, else the first): "
+                    "numpy's argmax, int64", (1, 1), _argmax_shape, _argmax_evaluate,
+          attrs=("axis", "keepdims", "last"), out_dtype="int64",
+          batch=lambda graph, node, shape, out, carried:
+          "it compares the items of the batch" if node.attrs["axis"] == 0 else None,
+          move=_argmax_evaluate),
     OpDef("reduce_mean", "axes (None: all; resolved), keepdims (float32 only)", (1, 1), _mean_shape, _mean_evaluate,
           attrs=("axes", "keepdims"),
           batch=lambda graph, node, shape, out, carried:
