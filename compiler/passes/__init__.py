@@ -4,6 +4,6 @@
   extents (so they unroll and vectorize), the last tile keeps the general code.
 """
 
-from .partition import partition_tiles
+from .tile_partition import partition_tiles
 
 __all__ = ["partition_tiles"]
