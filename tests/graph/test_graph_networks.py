@@ -35,6 +35,10 @@ def test_resnet18_int8_on_fsim_and_cpu():
     model = compile_model(m, quantize="int8", calibrate=calib, config="default")
     placed = [n for n in model.graph.nodes if n.op == "conv2d"]
     assert len(placed) == 20 and all(n.device == "accel" for n in placed)
+    # The 7×7 stem of 3 channels is a 1×1 convolution over its 147-channel patches, unfolded on
+    # the host beside the input's quantize (`unfold.py`): same integers, so the same results.
+    assert [n.op for n in model.graph.nodes[:3]] == ["quantize", "unfold", "conv2d"]
+    assert model.graph.values[model.graph.nodes[2].inputs[1]].shape == (16, 147, 1, 1)
     memory = model.graph.notes.memory
     assert memory["handovers"] >= 8 and memory["peak_bytes"] < memory["naive_bytes"]
     # Between its first and its last accelerator layer, an inference leaves the accelerator for
@@ -45,6 +49,9 @@ def test_resnet18_int8_on_fsim_and_cpu():
     on_fsim = model.run(x, "fsim")
     assert profile_totals(model.last_profile)["host_round_trips"] == 9
     np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
+    as_convolution = compile_model(m, quantize="int8", calibrate=calib)       # no accelerator: nothing unfolded
+    assert "unfold" not in {n.op for n in as_convolution.graph.nodes}
+    np.testing.assert_array_equal(on_fsim, as_convolution.run(x, "cpu"))
 
 
 def test_mobilenet_v2_float32_as_onnx_runtime_and_int8_on_fsim_and_cpu():

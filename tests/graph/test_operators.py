@@ -49,7 +49,7 @@ def _graph(node: Node, shapes: dict[str, tuple[int, ...]]) -> Graph:
     (Node("add", "a", ["x"], "out", {"relu": False}), r"node a \(add\): it has 1 input; add takes 2"),
     (Node("conv2d", "c", ["x"], "out", {"stride": 1, "padding": 0, "groups": 1, "relu": False}),
      r"node c \(conv2d\): it has 1 input; conv2d takes 2 to 3"),
-    (Node("gelu", "g", ["x"], "out"), r"node g: unknown graph operator 'gelu'; known: conv2d, dense, add"),
+    (Node("gelu", "g", ["x"], "out"), r"node g: unknown graph operator 'gelu'; known: conv2d, unfold, dense, add"),
 ])
 def test_shape_inference_checks_the_arity_and_the_operator(node, message):
     with pytest.raises(GraphError, match=message):
@@ -70,3 +70,26 @@ def test_the_semantics_are_the_definitions():
     x = np.float32([-2, -0.5, 0, 0.5, 2])
     node = Node("thresholded_relu", "t", ["x"], "y", {"alpha": 0.5})
     np.testing.assert_array_equal(op_def(node).evaluate(node, [x]), np.float32([0, 0, 0, 0, 2]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unfold_then_a_1x1_convolution_is_the_convolution(seed):
+    """`unfold`'s patches, in the weights' (I, H, W) order, make any convolution (strides, uneven
+    padding, rectangular kernels) a 1×1 convolution of the reshaped weights: equal in float64 sums
+    and exactly equal in int8 arithmetic."""
+    from gemforge.compiler.graph.operators.linear import _unfold_evaluate
+    rng = np.random.default_rng(seed)
+    c, o, kh, kw, stride = (int(v) for v in (rng.integers(1, 4), rng.integers(1, 5), rng.integers(1, 6),
+                                              rng.integers(1, 6), rng.integers(1, 4)))
+    pads = tuple(int(v) for v in rng.integers(0, 3, 4))
+    x = rng.integers(-128, 128, (2, c, int(rng.integers(kh, 12)), int(rng.integers(kw, 12)))).astype(np.int8)
+    w = rng.integers(-128, 128, (o, c, kh, kw)).astype(np.int8)
+    conv = Node("conv2d", "c", ["x", "w"], "y", {"stride": stride, "padding": pads, "groups": 1, "relu": False})
+    unfold = Node("unfold", "u", ["x"], "p", {"kernel": (kh, kw), "stride": stride, "padding": pads})
+    patches = _unfold_evaluate(unfold, [x])
+    expected = OPERATORS["conv2d"].evaluate(conv, [x.astype(np.float64), w.astype(np.float64)])
+    one_by_one = Node("conv2d", "c1", ["p", "w1"], "y", {"stride": 1, "padding": 0, "groups": 1, "relu": False})
+    got = OPERATORS["conv2d"].evaluate(one_by_one, [patches.astype(np.float64),
+                                                    w.reshape(o, -1, 1, 1).astype(np.float64)])
+    assert patches.shape == (2, c * kh * kw, *expected.shape[2:])
+    np.testing.assert_array_equal(got, expected)

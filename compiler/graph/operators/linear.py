@@ -102,6 +102,35 @@ def _dense_host(graph, node, target):
                         lambda out: out.reshape(out_shape))
 
 
+
+# --- unfold ------------------------------------------------------------------------------
+
+def _unfold_shape(graph, node, shapes):
+    x, a = shapes[0], node.attrs
+    if len(x) != 4:
+        raise fail(node, f"the input must be NCHW (4-D), not {list(x)}")
+    (kh, kw), stride, pads = tuple(a["kernel"]), a["stride"], padding(node)
+    oh, ow = window_count(x[2], kh, stride, pads[0], pads[2]), window_count(x[3], kw, stride, pads[1], pads[3])
+    if oh < 1 or ow < 1:
+        raise fail(node, f"a {kh}x{kw} window does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
+    return (x[0], x[1] * kh * kw, oh, ow)
+
+
+def _unfold_evaluate(node, args):
+    """Channel c·kh·kw + i·kw + j of output pixel (y, x) is input channel c at (y·stride + i − top,
+    x·stride + j − left), zero outside: a convolution's patches, in its weights' (I, H, W) order."""
+    a, x = node.attrs, args[0]
+    (kh, kw), stride = tuple(a["kernel"]), a["stride"]
+    top, left, bottom, right = padding(node)
+    padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    n, c = x.shape[:2]
+    oh = (padded.shape[2] - kh) // stride + 1
+    ow = (padded.shape[3] - kw) // stride + 1
+    taps = [padded[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            for i in range(kh) for j in range(kw)]
+    return np.stack(taps, axis=2).reshape(n, c * kh * kw, oh, ow)
+
+
 register(
     OpDef("conv2d",
           "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
@@ -109,6 +138,12 @@ register(
           "(requantization into the output's scale)",
           (2, 3), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
           int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
+    # The patches of a convolution with few input channels, so that a 1×1 convolution over them
+    # fills the accelerator's reduction (`unfold.unfold_small_channel_convs`).
+    OpDef("unfold", "kernel (kh, kw), stride, padding (every side, or (top, left, bottom, right)): out channel "
+                    "c·kh·kw + i·kw + j at (y, x) = x[c, y·stride + i − top, x·stride + j − left], 0 outside",
+          (1, 1), _unfold_shape, _unfold_evaluate, attrs=("kernel", "stride", "padding"), int8=Int8.SAME_SCALE,
+          batch=per_item, move=_unfold_evaluate),
     OpDef("dense", "inputs a (M, K), w (K, N), [bias]; relu; int8: shift",
           (2, 3), _dense_shape, _dense_evaluate, attrs=("relu",), int8_attrs=("shift",), same_dtype=2,
           int8=Int8.PRODUCT, batch=_dense_batch, host=_dense_host),
