@@ -29,31 +29,35 @@ def _lanes_used(channels: int, block: int) -> float:
     return channels / (-(-channels // block) * block)
 
 
+def _unfolds(graph: Graph, node: Node, producer: dict[str, Node], config: AccelConfig) -> bool:
+    """Whether ``node`` is a one-group int8 convolution of constant weights and a window larger
+    than 1×1, fed by a host ``quantize``, whose patches use the reduction lanes `MIN_GAIN` times
+    better than its channels."""
+    if node.op != "conv2d" or node.attrs.get("groups", 1) != 1 or not graph.is_constant(node.inputs[1]):
+        return False
+    _, channels, kh, kw = graph.values[node.inputs[1]].shape
+    feeder = producer.get(node.inputs[0])
+    return kh * kw > 1 and feeder is not None and feeder.op == "quantize" and \
+        _lanes_used(channels * kh * kw, config.block_in) >= MIN_GAIN * _lanes_used(channels, config.block_in)
+
+
 def unfold_small_channel_convs(graph: Graph, config: AccelConfig) -> Graph:
-    """Each int8 one-group convolution of a window larger than 1×1, whose input a host
-    ``quantize`` writes and whose patches use ``config``'s reduction lanes at least `MIN_GAIN`
-    times better than its channels, becomes ``unfold`` → 1×1 conv2d (weights reshaped)."""
+    """Each convolution `_unfolds` picks becomes ``unfold`` → 1×1 conv2d of its weights reshaped."""
     producer = graph.producer()
     nodes: list[Node] = []
     for node in graph.nodes:
-        x = node.inputs[0] if node.op == "conv2d" else None
-        w = graph.values[node.inputs[1]].shape if x is not None else None
-        if x is None or node.attrs.get("groups", 1) != 1 or w[2] * w[3] == 1 or \
-                not graph.is_constant(node.inputs[1]) or getattr(producer.get(x), "op", None) != "quantize" or \
-                _lanes_used(w[1] * w[2] * w[3], config.block_in) < MIN_GAIN * _lanes_used(w[1], config.block_in):
+        if not _unfolds(graph, node, producer, config):
             nodes.append(node)
             continue
-        source = graph.values[x]
+        x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
         patches = graph.fresh_name(f"{node.name}/patches")
-        unfold = Node("unfold", f"{node.name}/unfold", [x], patches,
-                      {"kernel": (w[2], w[3]), "stride": node.attrs["stride"], "padding": padding(node)})
-        graph.values[patches] = Value(patches, None, source.dtype, source.exponent)
-        weights = graph.constants[node.inputs[1]]
-        flat = graph.add_constant(f"{node.inputs[1]}/unfolded", weights.reshape(w[0], -1, 1, 1),
-                                  graph.values[node.inputs[1]].exponent)
-        conv = Node("conv2d", node.name, [patches, flat, *node.inputs[2:]], node.output,
-                    {**{k: v for k, v in node.attrs.items() if k != "auto_pad"}, "stride": 1, "padding": 0})
-        nodes += [unfold, conv]
+        graph.values[patches] = Value(patches, None, x.dtype, x.exponent)
+        flat = graph.add_constant(f"{w.name}/unfolded", graph.constants[w.name].reshape(w.shape[0], -1, 1, 1),
+                                  w.exponent)
+        nodes.append(Node("unfold", f"{node.name}/unfold", [x.name], patches,
+                          {"kernel": tuple(w.shape[2:]), "stride": node.attrs["stride"], "padding": padding(node)}))
+        nodes.append(Node("conv2d", node.name, [patches, flat, *node.inputs[2:]], node.output,
+                          {**{k: v for k, v in node.attrs.items() if k != "auto_pad"}, "stride": 1, "padding": 0}))
     graph.nodes = nodes
     graph.prune()
     return graph

@@ -102,7 +102,6 @@ def _dense_host(graph, node, target):
                         lambda out: out.reshape(out_shape))
 
 
-
 # --- unfold ------------------------------------------------------------------------------
 
 def _unfold_shape(graph, node, shapes):
