@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
 from .resnet import LayerBuilder
 
@@ -58,16 +57,5 @@ def build_mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, wi
             cin, index = cout, index + 1
     last = _divisible(1280 * max(1.0, width))
     x = b.relu6(b.conv_bn(x, f"features.{index}", cin, last, 1, 1), f"features.{index}.relu6")
-    x = b.op("Flatten", [b.op("GlobalAveragePool", [x], "avgpool")], "flatten", axis=1)
     # Random BN statistics do not normalize (see resnet.py): a small classifier keeps the logits O(1).
-    fc_w = b.param("classifier.weight", b.rng.normal(0.0, 0.05 / np.sqrt(last), (classes, last)))
-    fc_b = b.param("classifier.bias", b.rng.normal(0.0, 0.01, classes))
-    b.nodes.append(helper.make_node("Gemm", [x, fc_w, fc_b], ["logits"], name="classifier", transB=1))
-    graph = helper.make_graph(
-        b.nodes, "mobilenet_v2",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, image, image])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
-                              producer_name="gemforge.models")
-    onnx.checker.check_model(model)
-    return model
+    return b.classified(x, last, classes, "classifier", 0.05, "mobilenet_v2", batch, image)

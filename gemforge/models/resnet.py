@@ -64,6 +64,25 @@ class LayerBuilder:
         self.nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
         return name
 
+    def classified(self, x: str, features: int, classes: int, classifier: str, scale: float, name: str,
+                   batch: int, image: int) -> onnx.ModelProto:
+        """The model of the layers so far, closed by global average pooling and a dense
+        ``classifier`` to ``logits`` (weights ``scale``/sqrt(features)), for
+        ``[batch, 3, image, image]`` float32 ``input``."""
+        x = self.op("Flatten", [self.op("GlobalAveragePool", [x], "avgpool")], "flatten", axis=1)
+        weight = self.param(f"{classifier}.weight", self.rng.normal(0.0, scale / np.sqrt(features),
+                                                                    (classes, features)))
+        bias = self.param(f"{classifier}.bias", self.rng.normal(0.0, 0.01, classes))
+        self.nodes.append(helper.make_node("Gemm", [x, weight, bias], ["logits"], name=classifier, transB=1))
+        graph = helper.make_graph(
+            self.nodes, name,
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, image, image])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
+                                  producer_name="gemforge.models")
+        onnx.checker.check_model(model)
+        return model
+
     def basic_block(self, x: str, name: str, cin: int, cout: int, stride: int) -> str:
         y = self.op("Relu", [self.conv_bn(x, f"{name}.conv1", cin, cout, 3, stride)], f"{name}.relu1")
         y = self.conv_bn(y, f"{name}.conv2", cout, cout, 3, 1)
@@ -85,18 +104,7 @@ def build_resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width:
             stride = 2 if stage > 0 and block == 0 else 1
             x = b.basic_block(x, f"layer{stage + 1}.{block}", cin, cout, stride)
             cin = cout
-    x = b.op("Flatten", [b.op("GlobalAveragePool", [x], "avgpool")], "flatten", axis=1)
     # Random BN statistics do not normalize, so each residual block grows the activations:
     # the pooled features come out at an RMS of roughly 15-120 (more for larger images).
     # Classifier weights 50 times smaller than the usual 1/sqrt(fan-in) bring the logits back to O(1).
-    fc_w = b.param("fc.weight", b.rng.normal(0.0, 0.02 / np.sqrt(cin), (classes, cin)))
-    fc_b = b.param("fc.bias", b.rng.normal(0.0, 0.01, classes))
-    b.nodes.append(helper.make_node("Gemm", [x, fc_w, fc_b], ["logits"], name="fc", transB=1))
-    graph = helper.make_graph(
-        b.nodes, "resnet18",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, image, image])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
-                              producer_name="gemforge.models")
-    onnx.checker.check_model(model)
-    return model
+    return b.classified(x, cin, classes, "fc", 0.02, "resnet18", batch, image)
