@@ -199,6 +199,25 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
     total.vectorize(tx)
 
 
+def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
+    """A depthwise convolution (`nn.depthwise_conv2d_te`): (batch, channel) fused and parallel,
+    one output row at a time, its sums kept in a local row and accumulated tap by tap with the
+    output columns vectorized; the padded input computed inline."""
+    if tensors["xp"] is not tensors["x"]:
+        s[tensors["xp"]].compute_inline()
+    so = s[tensors["out"]]
+    n, k, y, x = so.leaf
+    nk = so.fuse(n, k)
+    so.parallel(nk)
+    so.vectorize(x)
+    total = s[tensors["sum"]]
+    total.set_scope("local")
+    total.compute_at(so, y)
+    tn, tk, ty, tx, ri, rj = total.leaf
+    total.reorder(tn, tk, ty, ri, rj, tx)
+    total.vectorize(tx)
+
+
 #: Softmax keeps a row of exponentials in a local array up to this length (on the
 #: stack); longer rows use a main-memory workspace.
 SOFTMAX_LOCAL_ROW = 16384

@@ -23,6 +23,7 @@ from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_win
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_te, conv2d_vnni_te, dense_te,
+    depthwise_conv2d_te,
     dense_vnni_te, elementwise_te, mean_te, pack_conv_weights_vnni, pack_dense_weights_vnni, pad_te, pool2d_te,
     slice_te, softmax_te, transpose_te,
 )
@@ -186,6 +187,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     n, c, h, w = shape
     o, cg, kh, kw = weight
     pixels = oh * ow
+    if target.kind == "cpu" and groups == c and cg == 1 and kh * kw > 1:
+        return _compile_depthwise(target, shape, weight, stride, padding, dtype, epi, bias, oh, ow)
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
@@ -247,6 +250,30 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
 
     return CompiledOp("conv2d", kernel, names, "out", pack, unpack,
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
+
+
+def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int, dtype: str, epi: Epilogue,
+                       bias: bool, oh: int, ow: int) -> CompiledOp:
+    """`compile_conv2d` of a depthwise convolution on the CPU: window sums per channel
+    (`nn.depthwise_conv2d_te`, `cpu.schedule_depthwise`) instead of a 1 × KH·KW product per group."""
+    n, c, h, w = shape
+    o, _, kh, kw = weight
+    t = depthwise_conv2d_te(shape, weight, stride, padding, dtype, epi)
+    s = create_schedule(t["out"])
+    cpu_schedules.schedule_depthwise(s, t)
+    names = ["x", "w"] + (["bias"] if bias else [])
+    kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="depthwise_conv2d")
+
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) or tuple(x.shape) != shape \
+                or tuple(w.shape) != weight:
+            raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
+                          f"{list(np.shape(x))} and {list(np.shape(w))}")
+        return {"x": _array(x, "input", dtype, shape), "w": _array(w, "weight", dtype, weight).reshape(o, kh * kw),
+                **_bias(bias, epi, dtype, o, o, "conv2d")}
+
+    return CompiledOp("conv2d", kernel, names, "out", pack, lambda out: out,
+                      plan={"method": "depthwise", "dtype": dtype, "groups": c, "oh": oh, "ow": ow})
 
 
 #: Element-wise operators that need ``exp``, ``log`` or ``tanh``, which the GPU back end lacks

@@ -192,6 +192,37 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
     return tensors
 
 
+def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
+                        padding: int, dtype: str, epilogue: Epilogue) -> dict[str, Tensor]:
+    """A depthwise convolution (one group per input channel, ``O/C`` output channels each) as its
+    window sums: ``out[b, k, y, x] = epilogue(Σ_ij xp[b, k // m, y·s + i, x·s + j] · w[k, i·KW + j])``
+    for ``m = O/C``. Unlike `conv2d_te`'s product per group, each output row is a few vector
+    multiply-adds per tap, so the CPU keeps its lanes full (a group's product here is 1 × KH·KW).
+
+    Tensors: ``x`` (N, C, H, W), ``w`` (O, KH·KW), ``bias`` (O,), ``xp`` (the padded input),
+    ``sum`` and ``out`` (N, O, OH, OW)."""
+    n, c, h, wd = shape
+    o, _, kh, kw = weight
+    multiplier = o // c
+    acc = accumulator_dtype(dtype)
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    x = placeholder(shape, dtype, "x")
+    w = placeholder((o, kh * kw), dtype, "w")
+    tensors: dict[str, Tensor] = {"x": x, "w": w}
+    xp = tensors["xp"] = pad(x, (0, 0, padding, padding), (0, 0, padding, padding), "xp") if padding else x
+    ri, rj = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
+    total = tensors["sum"] = compute((n, o, oh, ow), lambda b, k, y, xx: sum_(
+        xp[b, k // multiplier, y * stride + ri, xx * stride + rj].astype(acc)
+        * w[k, ri * kw + rj].astype(acc), [ri, rj]), name="sum")
+    bias = None
+    if epilogue.bias:
+        bias = tensors["bias"] = placeholder((o,), acc, "bias")
+    tensors["out"] = compute((n, o, oh, ow), lambda b, k, y, xx: epilogue.apply(total[b, k, y, xx],
+                                                                                 bias[k] if bias else None),
+                             name="out", dtype=epilogue.out_dtype(acc))
+    return tensors
+
+
 def window_pixel(q, r, ow: int, kh: int, kw: int, stride: int) -> tuple[Expr, Expr]:
     """(row, column) of the padded image that im2col entry (``r``, ``q``) reads: reduction
     index ``r`` runs over (channel, kernel row, kernel column), output pixel ``q`` row-major

@@ -124,7 +124,10 @@ def test_float32_dense(m, k, n, cpu):
     ((1, 8, 16, 16), (16, 8, 3, 3), 1, 1, 1),      # shifted-window product
     ((2, 6, 11, 9), (4, 6, 3, 3), 2, 1, 1),        # im2col
     ((1, 16, 7, 7), (32, 16, 1, 1), 1, 0, 1),      # direct 1x1
-    ((1, 8, 10, 10), (8, 1, 3, 3), 1, 1, 8),       # depthwise
+    ((1, 8, 10, 10), (8, 1, 3, 3), 1, 1, 8),       # depthwise (window sums, `depthwise_conv2d_te`)
+    ((2, 12, 11, 9), (12, 1, 3, 3), 2, 1, 12),     # depthwise, strided, odd sizes
+    ((1, 5, 9, 13), (10, 1, 5, 5), 1, 2, 5),       # depthwise, channel multiplier 2, 5x5
+    ((1, 7, 6, 6), (7, 1, 3, 3), 2, 0, 7),         # depthwise, unpadded
     ((1, 12, 9, 9), (6, 4, 3, 3), 2, 1, 3),        # grouped, strided
     ((1, 3, 20, 20), (5, 3, 7, 7), 2, 3, 1),       # a stem-like 7x7
 ])
