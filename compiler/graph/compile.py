@@ -29,7 +29,7 @@ from .unfold import unfold_small_channel_convs
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
-from .passes import fold_batch_norm, fold_constants, fuse, infer_shapes, pad_convolutions
+from .passes import fold_batch_norm, fold_constants, fuse, fuse_clips, infer_shapes, pad_convolutions
 from .quantize import calibrate, quantize
 
 __all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
@@ -75,6 +75,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         graph = graph_pass(graph)
         stage(graph_pass.__name__, graph)
     if quantize_to is None:
+        graph = fuse_clips(graph)
+        stage("fuse_clips", graph)
         for node in graph.nodes:
             node.device = "cpu"
         _note_batch_mixing(graph)

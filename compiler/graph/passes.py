@@ -17,7 +17,8 @@ from .evaluate import evaluate_node
 from .ir import MAX_DIM, MAX_ELEMENTS, Graph, GraphError, Node, Value
 from .operators import fail, op_def
 
-__all__ = ["infer_shapes", "output_shape", "pad_convolutions", "fold_constants", "fold_batch_norm", "fuse", "run_passes", "GraphPass"]
+__all__ = ["infer_shapes", "output_shape", "pad_convolutions", "fold_constants", "fold_batch_norm", "fuse", "fuse_clips",
+           "run_passes", "GraphPass"]
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -160,6 +161,27 @@ def fuse(graph: Graph) -> Graph:
         if is_relu and prev is not None and prev.op in ("conv2d", "dense", "add") and not prev.attrs["relu"] \
                 and len(consumers[prev.output]) == 1 and prev.output not in graph.outputs:
             prev.attrs["relu"] = True
+            _take_output(graph, prev, node.output, producer)
+            continue
+        kept.append(node)
+    graph.nodes = kept
+    graph.prune()
+    return graph
+
+
+def fuse_clips(graph: Graph) -> Graph:
+    """In a float32 network, a ``Clip`` (ReLU6 among them) after a convolution whose output
+    nothing else reads joins the convolution's epilogue (``lo``, ``hi``): one pass over the
+    output instead of two, the same values. An int8 network keeps its clips apart, at their
+    input's scale, where the accelerator's requantizing store (ReLU only) leaves them."""
+    producer, consumers = graph.producer(), graph.consumers()
+    kept = []
+    for node in graph.nodes:
+        prev = producer.get(node.inputs[0])
+        if node.op == "clip" and prev is not None and prev.op == "conv2d" and "lo" not in prev.attrs \
+                and graph.values[prev.output].dtype == "float32" and len(consumers[prev.output]) == 1 \
+                and prev.output not in graph.outputs:
+            prev.attrs.update(lo=node.attrs["lo"], hi=node.attrs["hi"])
             _take_output(graph, prev, node.output, producer)
             continue
         kept.append(node)

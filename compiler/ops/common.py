@@ -94,16 +94,21 @@ class Epilogue:
     under ReLU and −128 otherwise, as int8 (the accelerator's requantization;
     the shift is arithmetic); without ``shift`` the int32 ``acc + bias``
     (ReLU'd if asked) is the output. Floats: ``acc + bias``, ReLU'd if asked
-    (no shift)."""
+    (no shift), then clipped to ``[lo, hi]`` where those are given (a float network's
+    convolution followed by a Clip, ReLU6 among them)."""
 
     bias: bool = False
     shift: int | None = None
     relu: bool = False
+    lo: float | None = None
+    hi: float | None = None
 
     def __post_init__(self) -> None:
         if self.shift is not None and (isinstance(self.shift, bool) or not isinstance(self.shift, int)
                                        or not 0 <= self.shift <= 31):
             raise OpError(f"shift must be an integer between 0 and 31, not {self.shift!r}")
+        if (self.lo is None) != (self.hi is None) or (self.lo is not None and self.shift is not None):
+            raise OpError("an epilogue's clip takes both bounds, and only without a shift (a float result)")
 
     def out_dtype(self, acc_dtype: str = "int32") -> str:
         """int8 after the shift and clip; otherwise the accumulator type."""
@@ -121,6 +126,8 @@ class Epilogue:
             value = Cast("int8", clip(value, 0 if self.relu else -128, 127))
         elif self.relu:
             value = Max(value, Const(0, value.dtype))
+        if self.lo is not None:
+            value = clip(value, self.lo, self.hi)         # as the Clip kernel computes it
         return value
 
 

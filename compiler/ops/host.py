@@ -47,10 +47,12 @@ def _check_dtype(op: str, dtype: str, allowed=HOST_DTYPES) -> str:
     return dtype
 
 
-def _epilogue(dtype: str, bias: bool, shift: int | None, relu: bool) -> Epilogue:
+def _epilogue(dtype: str, bias: bool, shift: int | None, relu: bool, clip: tuple[float, float] | None = None) -> Epilogue:
     if shift is not None and dtype != "int8":
         raise OpError("--shift (requantization) applies to int8 operands; float32 results are not shifted")
-    return Epilogue(bias, shift, relu)
+    if clip is not None and dtype != "float32":
+        raise OpError("a fused clip applies to float32 results")
+    return Epilogue(bias, shift, relu, *(clip or (None, None)))
 
 
 def _array(value: Any, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -177,13 +179,14 @@ def _conv_args(shape, weight, stride, padding, groups):
 
 def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
                    dtype: str = "int8", bias: bool = False, shift: int | None = None,
-                   relu: bool = False) -> CompiledOp:
+                   relu: bool = False, clip: tuple[float, float] | None = None) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
-    zero padding, with the fused epilogue. Output NCHW."""
+    zero padding, with the fused epilogue (float32: ``clip``, finite (lo, hi) bounds, after
+    the ReLU). Output NCHW."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
     dtype = _check_dtype("conv2d", dtype)
-    epi = _epilogue(dtype, bias, shift, relu)
+    epi = _epilogue(dtype, bias, shift, relu, clip)
     n, c, h, w = shape
     o, cg, kh, kw = weight
     pixels = oh * ow

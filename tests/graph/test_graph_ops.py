@@ -1431,3 +1431,21 @@ def test_int64_indices_feed_only_the_outputs():
               [("x", [2, 3])], [("y", None)])
     with pytest.raises(GraphError, match=r"node c \(Cast\): a computed int64 tensor can only be cast to int64"):
         compile_model(m)
+
+
+@pytest.mark.parametrize("lo, hi", [(0.0, 6.0), (-0.5, 0.25), (-np.inf, 1.0)])
+def test_a_float_clip_joins_the_convolution_before_it(lo, hi):
+    """ReLU6 and any Clip after a float32 convolution run in its epilogue (`fuse_clips`), giving
+    ONNX Runtime's values; an int8 network keeps the clip apart (the accelerator's store clamps
+    at ReLU only), alike on fsim and the cpu."""
+    rng = np.random.default_rng(int(hi * 4))
+    w = rng.normal(0, 0.5, (6, 3, 3, 3)).astype(np.float32)
+    bounds = {k: np.float32(v) for k, v in (("lo", lo), ("hi", hi)) if np.isfinite(v)}
+    operands = ["c", "lo" if "lo" in bounds else "", "hi"]
+    m = model([N("Conv", ["x", "w"], ["c"], pads=[1] * 4), N("Clip", operands, ["y"])], [("x", [1, 3, 7, 7])],
+              [("y", None)], {"w": w, **bounds})
+    compiled = compile_model(m)
+    assert [n.op for n in compiled.graph.nodes] == ["conv2d"] and compiled.graph.nodes[0].attrs["hi"] == hi
+    assert "clip" in {n.op for n in compile_model(m, quantize="int8", calibrate=_normal(rng, (3, 1, 3, 7, 7)),
+                                                    config="tiny").graph.nodes}
+    _same_as_onnx_runtime(m, {"x": _normal(rng, (1, 3, 7, 7))}, rng, int8_tol=0.15)   # 0.75 wide: coarse int8

@@ -10,6 +10,9 @@ from ...ops.reference import conv2d_reference
 from ..kernels import with_weights
 from .base import Int8, OpDef, fail, padding, per_item, register, same_padding
 
+#: The largest float32: the kernels take finite bounds, and ±FLT_MAX clips nothing a float32 holds.
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+
 
 # --- conv2d ------------------------------------------------------------------------------
 
@@ -39,7 +42,8 @@ def _conv2d_evaluate(node, args):
     a, x = node.attrs, args[0]
     bias = args[2] if len(args) > 2 else None
     if x.dtype.kind == "f":
-        return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
+        out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
+        return np.clip(out, a["lo"], a["hi"]).astype(out.dtype) if "lo" in a else out
     return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
                             groups=a["groups"])
 
@@ -50,7 +54,8 @@ def _conv2d_host(graph, node, target):
     dtype = graph.values[node.inputs[0]].dtype
     op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
                              groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
-                             shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"])
+                             shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
+                             clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None)
     return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs], lambda out: out)
 
 
@@ -133,8 +138,8 @@ def _unfold_evaluate(node, args):
 register(
     OpDef("conv2d",
           "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
-          "`pad_convolutions` also (top, left, bottom, right) or auto_pad), groups, relu; int8: shift "
-          "(requantization into the output's scale)",
+          "`pad_convolutions` also (top, left, bottom, right) or auto_pad), groups, relu; float32: lo, hi (a "
+          "fused Clip, `fuse_clips`); int8: shift (requantization into the output's scale)",
           (2, 3), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
           int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
     # The patches of a convolution with few input channels, so that a 1×1 convolution over them
