@@ -44,7 +44,7 @@ def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
 
 
 def bench_networks(config: AccelConfig, device: str | None = None, quick: bool = False) -> dict[str, Any]:
-    from gemforge.models import build_resnet18, digits
+    from gemforge.models import build_mobilenet_v2, build_resnet18, digits
     results: dict[str, Any] = {}
     repeats = 3 if quick else 10
 
@@ -96,4 +96,6 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
                       "cycles": totals["cycles"], "gemm_utilization": totals["gemm_utilization"],
                       "layers": layers}
     results["resnet18"] = row
+    # MobileNetV2 (torchvision's topology, random weights): depthwise convolutions and ReLU6.
+    results["mobilenet_v2"] = {"cpu_float32": _cpu_vs_ort(build_mobilenet_v2(), x, repeats)}
     return results

@@ -234,6 +234,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
     r = net.get("resnet18")
     if r:
         out.append(_ratio_row("ResNet-18, batch 1, 224×224", r["cpu_float32"]))
+        if net.get("mobilenet_v2"):
+            out.append(_ratio_row("MobileNetV2, batch 1, 224×224", net["mobilenet_v2"]["cpu_float32"]))
         m = r["memory"]
         out += [
             "",
