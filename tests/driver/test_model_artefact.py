@@ -317,6 +317,8 @@ def _value(name: str, **fields):
     (_set("graph/notes/memory", "small"), "note memory must be an object of whole numbers"),
     (_set("graph/notes/model_sha256", 42), "note model_sha256 must be 64 hexadecimal digits or null"),
     (_set("graph/notes/batch_mixing", ["x"]), "note batch_mixing must be a sentence or null"),
+    (_set("graph/nodes/1/attrs/lo", 0.0),
+     r"GraphError: node conv1 \(conv2d\): a fused clip takes bounds lo ≤ hi, both, on a float32 convolution"),
     (_set("compile_seconds", "soon"), "compile_seconds is soon; it is a number of seconds"),
     (_set("model_sha256", "abc"), "model_sha256 is 'abc'; it is 64 hexadecimal digits or null"),
     (_set("dtype", "float32"), "a float32 network has no accelerator config"),

@@ -35,6 +35,10 @@ def _conv2d_shape(graph, node, shapes):
     oh, ow = window_count(x[2], w[2], stride, pads[0], pads[2]), window_count(x[3], w[3], stride, pads[1], pads[3])
     if oh < 1 or ow < 1:
         raise fail(node, f"a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
+    if ("lo" in a or "hi" in a) and not (graph.values[node.inputs[0]].dtype == "float32" and "lo" in a and "hi" in a
+                                         and a["lo"] <= a["hi"]):
+        raise fail(node, f"a fused clip takes bounds lo ≤ hi, both, on a float32 convolution, not lo={a.get('lo')}, "
+                         f"hi={a.get('hi')} on {graph.values[node.inputs[0]].dtype}")
     return (x[0], w[0], oh, ow)
 
 
