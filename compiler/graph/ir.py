@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CompileError
 
-__all__ = ["GraphError", "Value", "Node", "Graph", "GraphNotes", "MAX_DIM", "MAX_ELEMENTS", "MAX_RANK"]
+__all__ = ["GraphError", "Value", "Node", "Graph", "GraphNotes", "whole_number", "MAX_DIM", "MAX_ELEMENTS", "MAX_RANK"]
 
 #: The largest dimension and element count of any tensor gemforge compiles: the generated
 #: code indexes with 64-bit integers, and nothing larger fits a machine's memory anyway.
@@ -66,7 +66,8 @@ class Node:
         return f"{self.output} = {self.op}({', '.join(self.inputs)}{'; ' + attrs if attrs else ''})"
 
 
-def _whole(value) -> bool:
+def whole_number(value) -> bool:
+    """An int (not a bool) ≥ 0: the type of counts and sizes in saved models."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -137,7 +138,7 @@ class GraphNotes:
 _NOTE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "model_sha256": ("64 hexadecimal digits or null", lambda v: v is None or (
         isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v))),
-    "opset": ("a whole number or null", lambda v: v is None or _whole(v)),
+    "opset": ("a whole number or null", lambda v: v is None or whole_number(v)),
     "symbolic_batch": ("true or false", lambda v: isinstance(v, bool)),
     "batched_inputs": ("a list of input names", _list_of(str)),
     "frozen_inputs": ("a list of input names", _list_of(str)),
@@ -146,7 +147,7 @@ _NOTE_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "coarser_weights": ("a list of objects", _list_of(dict)),
     "partition": ("a list of objects or null", lambda v: v is None or _list_of(dict)(v)),
     "memory": (f"an object of whole numbers {', '.join(MEMORY_FIGURES)}, or null",
-               lambda v: v is None or (isinstance(v, dict) and all(_whole(v.get(k)) for k in MEMORY_FIGURES))),
+               lambda v: v is None or (isinstance(v, dict) and all(whole_number(v.get(k)) for k in MEMORY_FIGURES))),
 }
 
 

@@ -66,26 +66,25 @@ def _load_checked(source) -> tuple[onnx.ModelProto, str]:
                              f"{str(exc)[:200]})") from None
         _check(serialized)
         return model, hashlib.sha256(serialized).hexdigest()
-    else:
-        # From a path, so that tensors stored as external data next to it resolve.
-        path = Path(source)
-        if not path.exists():
-            raise GraphError(f"cannot read model {source}: no such file")
-        if not path.is_file():
-            raise GraphError(f"cannot read model {source}: it is a directory or device, not a file")
-        if path.stat().st_size == 0:
-            raise GraphError(f"model {source} is an empty file, not an ONNX model")
-        try:
-            model = onnx.load(str(path))
-        except OSError as exc:
-            raise GraphError(f"cannot read model {source}: {exc.strerror or exc}") from None
-        except Exception as exc:  # protobuf's DecodeError, onnx's own (external data among them)
-            # onnx.load checks external-data locations (and only those) with the checker's error.
-            external = isinstance(exc, onnx.checker.ValidationError) or "external" in str(exc).lower()
-            what = "its external data cannot be read" if external else "it is not an ONNX file"
-            raise GraphError(f"cannot read model {source}: {what} ({type(exc).__name__}: {exc})") from None
-        _check(str(path))
-        return model, model_digest(model)
+    # From a path, so that tensors stored as external data next to it resolve.
+    path = Path(source)
+    if not path.exists():
+        raise GraphError(f"cannot read model {source}: no such file")
+    if not path.is_file():
+        raise GraphError(f"cannot read model {source}: it is a directory or device, not a file")
+    if path.stat().st_size == 0:
+        raise GraphError(f"model {source} is an empty file, not an ONNX model")
+    try:
+        model = onnx.load(str(path))
+    except OSError as exc:
+        raise GraphError(f"cannot read model {source}: {exc.strerror or exc}") from None
+    except Exception as exc:  # protobuf's DecodeError, onnx's own (external data among them)
+        # onnx.load checks external-data locations (and only those) with the checker's error.
+        external = isinstance(exc, onnx.checker.ValidationError) or "external" in str(exc).lower()
+        what = "its external data cannot be read" if external else "it is not an ONNX file"
+        raise GraphError(f"cannot read model {source}: {what} ({type(exc).__name__}: {exc})") from None
+    _check(str(path))
+    return model, model_digest(model)
 
 
 def _check(model: str | bytes) -> None:

@@ -153,20 +153,13 @@ def fuse(graph: Graph) -> Graph:
     whose output nothing else reads joins it as the operator's fused ReLU: conv + bias +
     ReLU, dense + bias + ReLU and the residual add + ReLU each run as one pass (on the
     accelerator, with the requantization the int8 pipeline adds)."""
-    producer, consumers = graph.producer(), graph.consumers()
-    kept = []
-    for node in graph.nodes:
+    def relu(node: Node, prev: Node) -> bool:
         is_relu = node.op == "relu" or (node.op == "clip" and node.attrs["lo"] == 0 and node.attrs["hi"] == np.inf)
-        prev = producer.get(node.inputs[0])
-        if is_relu and prev is not None and prev.op in ("conv2d", "dense", "add") and not prev.attrs["relu"] \
-                and len(consumers[prev.output]) == 1 and prev.output not in graph.outputs:
+        if is_relu and prev.op in ("conv2d", "dense", "add") and not prev.attrs["relu"]:
             prev.attrs["relu"] = True
-            _take_output(graph, prev, node.output, producer)
-            continue
-        kept.append(node)
-    graph.nodes = kept
-    graph.prune()
-    return graph
+            return True
+        return False
+    return _fold_into_producer(graph, relu)
 
 
 def fuse_clips(graph: Graph) -> Graph:
@@ -174,14 +167,25 @@ def fuse_clips(graph: Graph) -> Graph:
     nothing else reads joins the convolution's epilogue (``lo``, ``hi``): one pass over the
     output instead of two, the same values. An int8 network keeps its clips apart, at their
     input's scale, where the accelerator's requantizing store (ReLU only) leaves them."""
+    def clip(node: Node, prev: Node) -> bool:
+        if node.op == "clip" and prev.op == "conv2d" and "lo" not in prev.attrs \
+                and graph.values[prev.output].dtype == "float32":
+            prev.attrs.update(lo=node.attrs["lo"], hi=node.attrs["hi"])
+            return True
+        return False
+    return _fold_into_producer(graph, clip)
+
+
+def _fold_into_producer(graph: Graph, folds: Callable[[Node, Node], bool]) -> Graph:
+    """Each node that ``folds(node, producer of its first input)`` takes into that producer
+    (updating its attributes), where nothing else reads the producer's output and the model
+    does not return it, is removed: the producer writes the node's output instead."""
     producer, consumers = graph.producer(), graph.consumers()
     kept = []
     for node in graph.nodes:
         prev = producer.get(node.inputs[0])
-        if node.op == "clip" and prev is not None and prev.op == "conv2d" and "lo" not in prev.attrs \
-                and graph.values[prev.output].dtype == "float32" and len(consumers[prev.output]) == 1 \
-                and prev.output not in graph.outputs:
-            prev.attrs.update(lo=node.attrs["lo"], hi=node.attrs["hi"])
+        if prev is not None and len(consumers[prev.output]) == 1 and prev.output not in graph.outputs \
+                and folds(node, prev):
             _take_output(graph, prev, node.output, producer)
             continue
         kept.append(node)

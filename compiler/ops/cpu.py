@@ -187,34 +187,31 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
         so.parallel(nc)
         so.vectorize(x)
         return
+    _row_sums(s, out, tensors["sum"])
+
+
+def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
+    """A depthwise convolution (`nn.depthwise_conv2d_te`): window sums row by row (`_row_sums`),
+    the padded input computed inline."""
+    if tensors["xp"] is not tensors["x"]:
+        s[tensors["xp"]].compute_inline()
+    _row_sums(s, tensors["out"], tensors["sum"])
+
+
+def _row_sums(s: Schedule, out: Tensor, sums: Tensor) -> None:
+    """An (N, C, OH, OW) output of window sums (average pooling, a depthwise convolution):
+    (batch, channel) fused and parallel, one output row at a time, the row's sums kept in a
+    local row and accumulated tap by tap with the columns vectorized."""
+    so = s[out]
     n, c, y, x = so.leaf
     nc = so.fuse(n, c)
     so.parallel(nc)
     so.vectorize(x)
-    total = s[tensors["sum"]]
+    total = s[sums]
     total.set_scope("local")
     total.compute_at(so, y)
     tn, tc, ty, tx, rh, rw = total.leaf
     total.reorder(tn, tc, ty, rh, rw, tx)
-    total.vectorize(tx)
-
-
-def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
-    """A depthwise convolution (`nn.depthwise_conv2d_te`): (batch, channel) fused and parallel,
-    one output row at a time, its sums kept in a local row and accumulated tap by tap with the
-    output columns vectorized; the padded input computed inline."""
-    if tensors["xp"] is not tensors["x"]:
-        s[tensors["xp"]].compute_inline()
-    so = s[tensors["out"]]
-    n, k, y, x = so.leaf
-    nk = so.fuse(n, k)
-    so.parallel(nk)
-    so.vectorize(x)
-    total = s[tensors["sum"]]
-    total.set_scope("local")
-    total.compute_at(so, y)
-    tn, tk, ty, tx, ri, rj = total.leaf
-    total.reorder(tn, tk, ty, ri, rj, tx)
     total.vectorize(tx)
 
 

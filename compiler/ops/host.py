@@ -232,10 +232,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
 
     def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        if not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) or tuple(x.shape) != shape \
-                or tuple(w.shape) != weight:
-            raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
-                          f"{list(np.shape(x))} and {list(np.shape(w))}")
+        _check_conv_operands(x, w, shape, weight)
         weights = _array(w, "weight", dtype, weight)
         if vnni:
             w4, corr = pack_conv_weights_vnni(weights, groups)
@@ -255,6 +252,14 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
 
 
+def _check_conv_operands(x, w, shape: tuple[int, ...], weight: tuple[int, ...]) -> None:
+    """Refuse a conv2d's input or weight of another shape than compiled for (or no array)."""
+    if not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) or tuple(x.shape) != shape \
+            or tuple(w.shape) != weight:
+        raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
+                      f"{list(np.shape(x))} and {list(np.shape(w))}")
+
+
 def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int, dtype: str, epi: Epilogue,
                        bias: bool, oh: int, ow: int) -> CompiledOp:
     """`compile_conv2d` of a depthwise convolution on the CPU: window sums per channel
@@ -268,10 +273,7 @@ def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int,
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="depthwise_conv2d")
 
     def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        if not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) or tuple(x.shape) != shape \
-                or tuple(w.shape) != weight:
-            raise OpError(f"conv2d was compiled for input {list(shape)} and weight {list(weight)}, not "
-                          f"{list(np.shape(x))} and {list(np.shape(w))}")
+        _check_conv_operands(x, w, shape, weight)
         return {"x": _array(x, "input", dtype, shape), "w": _array(w, "weight", dtype, weight).reshape(o, kh * kw),
                 **_bias(bias, epi, dtype, o, o, "conv2d")}
 

@@ -27,7 +27,8 @@ from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bi
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import AccelLayer
 from gemforge.compiler.graph.network import CompiledNetwork
-from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value
+from gemforge.compiler.graph.ir import (MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value,
+                                        whole_number)
 from gemforge.compiler.graph.operators import ATTRIBUTE_TYPES, OPERATORS
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.files import npz_bytes
@@ -183,7 +184,7 @@ def _read_value(name: str, v) -> Value:
     """A tensor of the manifest: whole dimensions within the compiler's bounds, a type of
     `_VALUE_DTYPES`, and a scale exponent within the ``exponent`` attribute's bounds, or none."""
     shape = v.get("shape") if isinstance(v, dict) else None
-    if not (isinstance(shape, list) and len(shape) <= MAX_RANK and all(_whole(d) and d <= MAX_DIM for d in shape)
+    if not (isinstance(shape, list) and len(shape) <= MAX_RANK and all(whole_number(d) and d <= MAX_DIM for d in shape)
             and math.prod(shape) <= MAX_ELEMENTS):
         raise ModelError(f"tensor {name!r} has shape {str(shape)[:60]}; a shape is a list of at most {MAX_RANK} "
                          f"whole numbers up to {MAX_DIM:,}, with {MAX_ELEMENTS:,} elements at most")
@@ -325,7 +326,7 @@ def _read_layer(z: zipfile.ZipFile, name: str, lj, node: Node | None, graph: Gra
         raise ModelError(f"accelerator node {name!r} has no program for the model's config")
     shapes = (lj.get("data_shape"), lj.get("out_shape"))
     if not (isinstance(lj.get("data"), str) and isinstance(lj.get("plan"), dict) and isinstance(lj.get("program"), str)
-            and all(isinstance(shape, list) and all(_whole(d) for d in shape) for shape in shapes)):
+            and all(isinstance(shape, list) and all(whole_number(d) for d in shape) for shape in shapes)):
         raise ModelError(f"layer {name!r}: its data, data_shape, out_shape, plan or program is malformed")
     info = z.getinfo(lj["program"])
     bound = _program_bytes(config, graph, node)
@@ -494,10 +495,6 @@ def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
                           f"which lie outside {where}")
 
 
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _read_notes(notes: dict[str, Any], inputs: list[str]) -> GraphNotes:
     """The graph's notes, each of the type its readers expect (`GraphNotes.from_dict`)."""
     try:
@@ -531,14 +528,14 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
             raise ModelError("a network without an accelerator config has a memory plan")
         return
     peak, alignment, tensors = plan.get("peak_bytes", 0), plan.get("alignment", 1), plan.get("tensors", [])
-    if not (_whole(peak) and _whole(alignment) and alignment > 0 and isinstance(tensors, list)
-            and _whole(plan.get("naive_bytes", 0))):
+    if not (whole_number(peak) and whole_number(alignment) and alignment > 0 and isinstance(tensors, list)
+            and whole_number(plan.get("naive_bytes", 0))):
         raise ModelError("the memory plan's peak_bytes, naive_bytes, alignment or tensors are malformed")
     slots = {}
     for t in tensors:
         if not (isinstance(t, dict) and isinstance(t.get("tensor"), str) and t.get("dtype") in TENSOR_DTYPES
-                and isinstance(t.get("shape"), list) and all(_whole(d) for d in t["shape"])
-                and all(_whole(t.get(k)) for k in ("offset", "nbytes", "first", "last", "size"))
+                and isinstance(t.get("shape"), list) and all(whole_number(d) for d in t["shape"])
+                and all(whole_number(t.get(k)) for k in ("offset", "nbytes", "first", "last", "size"))
                 and isinstance(t.get("produced", False), bool)):
             raise ModelError(f"the memory plan has a malformed entry {str(t)[:120]}")
         if not t["offset"] + t["nbytes"] <= peak:
