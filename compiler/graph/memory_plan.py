@@ -91,7 +91,7 @@ def slot_key(tensor: str, layout) -> tuple:
 
 
 def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
-    """The device-resident tensors: each accelerator node's packed input and output,
+    """The device-resident tensors: each accelerator node's packed inputs and output,
     one entry per (tensor, packed layout); an input whose packed layout is its
     producer's output layout is the same entry (handed over in DRAM). Returns them in
     first-use order with their lifetimes (indices into ``graph.nodes``)."""
@@ -109,7 +109,8 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
     for step, node in enumerate(graph.nodes):
         if node.device == "accel":
             layer = layers[node.name]
-            touch(node.inputs[0], layer.packed_in, step, "in")
+            for tensor, name in layer.bound_inputs(node):
+                touch(tensor, layer.packed(name), step, "in")
             touch(node.output, layer.packed_out, step, "out")
     return list(tensors.values())
 

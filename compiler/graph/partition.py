@@ -6,17 +6,20 @@ The device memory the packed tensors take is planned in `memory_plan`.
 it exactly in int8 and its operator compiles for the config: convolutions with one
 group and dense layers, with constant weights, each with its bias, ReLU and
 requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
-bit for bit the CPU back end's). Everything else runs on the CPU back end: the
-accelerator's element-wise and pooling operators work on int32 accumulator
-tensors, so the int8 network's adds, pools, reshapes and softmax would need a
-widening copy it has no instruction for. A node the accelerator could take but
-cannot tile (buffers too small, padding above the DMA's pad field) stays on the
-CPU with the reason recorded. `partition` prints the split.
+bit for bit the CPU back end's), and the adds and subtractions of two int8 tensors of
+one NCHW shape (residual adds), their operands widened into the accumulator by the GEMM
+core (`ops.accel.widened`). Everything else runs on the CPU back end: the
+accelerator's other element-wise and pooling operators work on int32 accumulator
+tensors, so the int8 network's pools, reshapes and softmax would need a widening
+copy it has no instruction for. A node the accelerator could take but cannot tile
+(buffers too small, padding above the DMA's pad field, an operand shift beyond the
+scaled identity's int8 weight) stays on the CPU with the reason recorded. `partition`
+prints the split.
 
 **Layouts.** An accelerator node reads its data input packed into the config's
 blocks (NCHW{B}n{BI}c for convolutions, (M/B, K/BI, B, BI) tiles for dense
-layers, channels zero-padded to a whole block) and writes its output packed the
-same way with BO-wide blocks. When a consumer's packed input is the producer's
+layers, channels zero-padded to a whole block; an add's two operands both so) and
+writes its output packed the same way with BO-wide blocks. When a consumer's packed input is the producer's
 packed output — same shape and type, so BI = BO — the tensor is handed over in
 device DRAM as it is; any other edge goes through the host (unpacked, then packed
 for the consumer).
@@ -33,27 +36,47 @@ from gemforge.hw.program import Program
 
 from ..backends.accel.layout import pack_matrix_a, pack_nchw, unpack_matrix, unpack_nchw
 from ..ops import accel as accel_ops
+from ..ops.accel.widened import compile_scaled_add
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "partition", "host_reads", "host_round_trips", "round_trips"]
+__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "host_reads", "host_round_trips", "round_trips"]
+
+#: The program tensors an accelerator layer binds its node's data inputs to, in the node's
+#: input order (a convolution's and a dense layer's weights and bias travel in the program).
+DATA_INPUTS = {"conv2d": ("x",), "dense": ("a",), "add": ("x", "y"), "sub": ("x", "y")}
+#: The graph operators a node may run on the accelerator as.
+ACCEL_OPS = tuple(DATA_INPUTS)
 
 
 @dataclass
 class AccelLayer:
     """One accelerator node: its program (weights and bias as constants) and its data's layouts."""
 
-    kind: str                        # "conv2d" or "dense"
+    kind: str                        # the node's operator (`ACCEL_OPS`)
     program: Program
-    data: str                        # the program's data-input tensor ("x" or "a")
-    data_shape: tuple[int, ...]      # host layout of the data (NCHW, or (M, K))
+    data: str                        # the program's first data-input tensor ("x" or "a")
+    data_shape: tuple[int, ...]      # host layout of the data (NCHW, or (M, K)), each operand's of an add
     out_shape: tuple[int, ...]       # host layout of the output (NCHW, or (M, N))
     plan: dict
 
     @property
-    def packed_in(self) -> tuple[tuple[int, ...], str]:
-        region = self.program.tensors[self.data]
+    def inputs(self) -> tuple[str, ...]:
+        """The program tensors the node's data inputs bind to, in the node's input order."""
+        return DATA_INPUTS[self.kind]
+
+    def bound_inputs(self, node: Node) -> list[tuple[str, str]]:
+        """(graph tensor, program tensor) of each data input of ``node``, this layer's node."""
+        return list(zip(node.inputs, self.inputs))
+
+    def packed(self, name: str) -> tuple[tuple[int, ...], str]:
+        """The packed layout (shape, dtype) of the program's tensor ``name``."""
+        region = self.program.tensors[name]
         return region.shape, region.dtype
+
+    @property
+    def packed_in(self) -> tuple[tuple[int, ...], str]:
+        return self.packed(self.data)
 
     @property
     def packed_out(self) -> tuple[tuple[int, ...], str]:
@@ -63,13 +86,13 @@ class AccelLayer:
     def pack(self, array: np.ndarray) -> np.ndarray:
         """The host array of the data input → its packed device layout."""
         config = self.program.config
-        if self.kind == "conv2d":
+        if self.kind != "dense":
             return pack_nchw(config, array)
         return pack_matrix_a(config, array.reshape(self.data_shape))
 
     def unpack(self, tiles: np.ndarray) -> np.ndarray:
         """The packed output → the host layout."""
-        if self.kind == "conv2d":
+        if self.kind != "dense":
             return unpack_nchw(tiles, self.out_shape[0], self.out_shape[1])
         return unpack_matrix(tiles, self.out_shape[0], self.out_shape[1])
 
@@ -83,9 +106,26 @@ def _config_reason(config: AccelConfig) -> str | None:
     return None
 
 
-def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
-    """Compile an int8 conv2d/dense node for the accelerator (raises `OpError` if it cannot)."""
+def _compile_elementwise(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
+    """Compile an int8 add/sub of two tensors of one NCHW shape (raises `OpError` if it cannot)."""
     a = node.attrs
+    shapes = [tuple(graph.values[name].shape) for name in (*node.inputs, node.output)]
+    if len(shapes[0]) != 4 or len(set(shapes)) != 1:
+        raise OpError("the accelerator adds two tensors of one NCHW shape, without broadcasting")
+    op = compile_scaled_add(config, shapes[0], lshift=tuple(a["lshift"]), shift=a["shift"], relu=a["relu"],
+                            negate_y=node.op == "sub")
+    packed = op.pack_inputs(x=np.zeros(shapes[0], np.int8), y=np.zeros(shapes[0], np.int8))
+    program = op.program
+    program.constants = {**program.constants, **{k: packed[k] for k in ("w", "bias") if k in packed}}
+    program.check()
+    return AccelLayer(node.op, program, "x", shapes[0], shapes[0], dict(op.plan))
+
+
+def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
+    """Compile an int8 node for the accelerator (raises `OpError` if it cannot)."""
+    a = node.attrs
+    if node.op in ("add", "sub"):
+        return _compile_elementwise(graph, node, config)
     x_shape = tuple(graph.values[node.inputs[0]].shape)
     w, bias = graph.constants[node.inputs[1]], graph.constants[node.inputs[2]]
     if node.op == "conv2d":
@@ -118,9 +158,13 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
     blocked = _config_reason(config)
     for node in graph.nodes:
         node.device, reason = "cpu", ""
-        candidate = node.op in ("conv2d", "dense") and graph.values[node.inputs[0]].dtype == "int8"
-        if candidate and not graph.is_constant(node.inputs[1]):
+        candidate = node.op in ACCEL_OPS and graph.values[node.inputs[0]].dtype == "int8"
+        if candidate and node.op in ("conv2d", "dense") and not graph.is_constant(node.inputs[1]):
             candidate, reason = False, "a product of two activations (the accelerator's weights are constants)"
+        if candidate and node.op in ("add", "sub") and any(map(graph.is_constant, node.inputs)):
+            # A constant operand is a bias the producing layer's epilogue could take; alone,
+            # it would need its own packed copy in every program.
+            candidate, reason = False, "an operand is a constant (the accelerator adds two computed tensors)"
         if candidate and blocked:
             candidate, reason = False, blocked
         if candidate:
@@ -149,8 +193,11 @@ def host_reads(graph: Graph, layers: dict[str, AccelLayer]) -> set[str]:
     for node in graph.nodes:
         if node.device != "accel":
             readers.update(node.inputs)
-        elif node.inputs[0] in produced and produced[node.inputs[0]] != layers[node.name].packed_in:
-            readers.add(node.inputs[0])
+            continue
+        layer = layers[node.name]
+        for tensor, name in layer.bound_inputs(node):
+            if tensor in produced and produced[tensor] != layer.packed(name):
+                readers.add(tensor)
     return readers
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
-from gemforge.compiler.graph.partition import AccelLayer
+from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer
+from gemforge.compiler.ops.accel.widened import MAX_OPERAND_SHIFT, scaled_add_bias, scaled_add_weights
 from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.ir import (MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value,
                                         whole_number)
@@ -320,8 +321,8 @@ def _read_layer(z: zipfile.ZipFile, name: str, lj, node: Node | None, graph: Gra
                 source: str) -> AccelLayer:
     """The layer of accelerator node ``node``, its program's member checked against what the
     node's shapes let a program hold (`_program_bytes`) before it is read."""
-    if node is None or not isinstance(lj, dict) or lj.get("kind") != node.op or node.op not in ("conv2d", "dense"):
-        raise ModelError(f"layer {name[:80]!r} belongs to no accelerator node of its kind (conv2d or dense)")
+    if node is None or not isinstance(lj, dict) or lj.get("kind") != node.op or node.op not in ACCEL_OPS:
+        raise ModelError(f"layer {name[:80]!r} belongs to no accelerator node of its kind ({', '.join(ACCEL_OPS)})")
     if config is None:
         raise ModelError(f"accelerator node {name!r} has no program for the model's config")
     shapes = (lj.get("data_shape"), lj.get("out_shape"))
@@ -340,9 +341,19 @@ def _read_layer(z: zipfile.ZipFile, name: str, lj, node: Node | None, graph: Gra
 def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, tuple[tuple[int, ...], str]]:
     """The tensor regions an accelerator node's program has, by name, with the shapes and types
     its tensors pack to (`backends.accel.layout`'s table): its data first (``x`` of a
-    convolution, ``a`` of a dense layer), then its weights, bias and output."""
+    convolution, ``a`` of a dense layer, ``x`` and ``y`` of an add), then its weights, bias
+    and output (an add's weights are its operands' scaled identities, its bias the rounding
+    of its shift, absent without one)."""
     b, bi, bo = config.batch, config.block_in, config.block_out
     x, w, y = (graph.values[name].shape for name in (node.inputs[0], node.inputs[1], node.output))
+    if node.op in ("add", "sub"):
+        (n, c, h, wd) = x
+        data = (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi)
+        regions = {"x": (data, "inp"), "y": (data, "inp"), "w": ((2, bo, bi), "wgt")}
+        if node.attrs["shift"]:
+            regions["bias"] = ((ceil_div(c, bo), b, bo), "acc")
+        regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), h, wd, b, bo), "out")
+        return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
     if node.op == "conv2d":
         (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = x, w, y
         shapes = {"x": (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi),
@@ -365,7 +376,7 @@ def _program_bytes(config: AccelConfig, graph: Graph, node: Node) -> int:
     out_entries = math.prod(packed["out"][0][:-2])
     reduction = math.prod(packed["w"][0][1:-2])        # input-channel blocks × kernel taps
     steps = _STEPS_PER_WORK * out_entries * (reduction + 1) + _FIXED_STEPS
-    weights = sum(math.prod(packed[k][0]) * np.dtype(packed[k][1]).itemsize for k in ("w", "bias"))
+    weights = sum(math.prod(packed[k][0]) * np.dtype(packed[k][1]).itemsize for k in ("w", "bias") if k in packed)
     zeros = config.inp_buffer_bytes + config.wgt_buffer_bytes + config.acc_buffer_bytes
     return _PROGRAM_HEADER_BYTES + steps * (insn_bytes(config) + config.uop_entry_bytes) + weights + zeros
 
@@ -381,13 +392,15 @@ def _check_layers(net: CompiledNetwork) -> None:
         layer = net.layers.get(node.name)
         if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
             raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
-        if g.values[node.inputs[0]].dtype != "int8" or (node.op == "conv2d" and node.attrs["groups"] != 1):
+        if any(g.values[name].dtype != "int8" for name, _ in layer.bound_inputs(node)) or \
+                (node.op == "conv2d" and node.attrs["groups"] != 1):
             raise ModelError(f"accelerator node {node.name!r} is not an int8 {node.op} the accelerator runs (one "
                              "group, int8 data)")
         x, y = g.values[node.inputs[0]].shape, g.values[node.output].shape
         if node.op == "dense":      # its layer takes the data as a matrix (…, K) → (M, K)
             x, y = (math.prod(x[:-1]), x[-1]), (math.prod(y[:-1]), y[-1])
-        if layer.data_shape != x or layer.out_shape != y:
+        if layer.data_shape != x or layer.out_shape != y or \
+                any(g.values[name].shape != x for name, _ in layer.bound_inputs(node)):
             raise ModelError(f"accelerator node {node.name!r}'s layer shapes disagree with its tensors")
         _check_layer_matches_node(g, node, layer)
         _check_layer_program(g, node, layer)
@@ -406,17 +419,33 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
     CPU back end the node, so a file edited in one place only would give each a different
     network without a word; it is refused, naming the node and what differs."""
     config, program = layer.program.config, layer.program
-    w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
-    if w is None or bias is None:
-        raise ModelError(f"accelerator node {node.name!r} has no constant weights and bias")
-    expected = {"w": (pack_oihw if node.op == "conv2d" else pack_matrix_b)(config, w), "bias": pack_bias(config, bias)}
+    if node.op in ("add", "sub"):
+        # Its weights and bias follow from its attributes: the operands' scaled identities and
+        # the rounding of its shift.
+        _check_attrs_present(node, ("lshift", "shift", "relu"))
+        lshift, shift = tuple(node.attrs["lshift"]), node.attrs["shift"]
+        if not (len(lshift) == 2 and all(whole_number(v) and v <= MAX_OPERAND_SHIFT for v in lshift)
+                and whole_number(shift) and shift <= 31):
+            raise ModelError(f"accelerator node {node.name!r}: its lshift {lshift} or shift {shift} is beyond what "
+                             f"the accelerator's {node.op} takes (operand shifts up to {MAX_OPERAND_SHIFT}, a shift "
+                             "up to 31)")
+        expected = {"w": scaled_add_weights(config, lshift, node.op == "sub")}
+        if shift:
+            expected["bias"] = scaled_add_bias(config, graph.values[node.output].shape[1], shift)
+        sources = {"w": "its attribute lshift", "bias": "its attribute shift"}
+    else:
+        w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
+        if w is None or bias is None:
+            raise ModelError(f"accelerator node {node.name!r} has no constant weights and bias")
+        expected = {"w": (pack_oihw if node.op == "conv2d" else pack_matrix_b)(config, w),
+                    "bias": pack_bias(config, bias)}
+        sources = {"w": f"the manifest's {node.inputs[1]!r}", "bias": f"the manifest's {node.inputs[2]!r}"}
     for name, packed in expected.items():
         stored = program.constants.get(name)
         if stored is None or stored.shape != packed.shape or not np.array_equal(stored, packed):
             what = "weights" if name == "w" else "bias"
             raise ModelError(f"accelerator node {node.name!r}: the {what} packed in its program differ from "
-                             f"the manifest's {node.inputs[1 if name == 'w' else 2]!r}; the file was changed "
-                             "after compiling (compile the model again)")
+                             f"{sources[name]}; the file was changed after compiling (compile the model again)")
     stores = [insn for insn in program.instructions if isinstance(insn, Store) and insn.requant]
     for attr in ("shift", "relu"):
         found = sorted({getattr(insn, attr) for insn in stores})
@@ -449,9 +478,9 @@ def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
         return ModelError(f"accelerator node {node.name!r}: {what}; the file was changed after compiling (compile "
                           "the model again)")
     expected = _packed_regions(config, graph, node)
-    data = next(iter(expected))
-    if layer.data != data:
-        raise changed(f"its layer's data tensor is {layer.data[:40]!r}, not the {node.op}'s {data!r}")
+    data = layer.inputs
+    if layer.data != data[0]:
+        raise changed(f"its layer's data tensor is {layer.data[:40]!r}, not the {node.op}'s {data[0]!r}")
     for name, (shape, dtype) in expected.items():
         region = program.tensors.get(name)
         if region is None or (region.shape, region.dtype) != (shape, dtype):
@@ -463,8 +492,15 @@ def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
     if other:
         raise changed(f"its program has tensor {other[0][:40]!r}, which the compiler never makes")
     align = arena_alignment(config)
+    stacked = {}      # an add's operands: one stacked tensor, ``y`` where ``x`` ends (`ops.accel.widened`)
+    if len(data) == 2:
+        first, second = (program.tensors[name] for name in data)
+        if second.offset != first.offset + first.nbytes:
+            raise changed(f"its program's tensor {second.name} does not follow {first.name}, as its stacked "
+                          "operands do")
+        stacked = {second.name}
     for region in program.tensors.values():
-        if region.offset % align:
+        if region.offset % align and region.name not in stacked:
             raise changed(f"its program's tensor {region.name} starts at byte {region.offset}, not at a multiple of "
                           f"the {align} bytes the compiler aligns tensors to")
     carried = set(program.constants)
@@ -478,7 +514,7 @@ def _check_layer_program(graph: Graph, node: Node, layer: AccelLayer) -> None:
         program.check_loadable()
     except ProgramError as exc:
         raise changed(str(exc)) from None
-    roles = {mem: (name, block) for (mem, block), name in zip(_ZERO_BLOCKS.items(), (data, "w", "bias"))}
+    roles = {mem: (*names, block) for (mem, block), names in zip(_ZERO_BLOCKS.items(), (data, ("w",), ("bias",)))}
     uops = (program.uop_offset, program.uop_offset + len(program.uops) * config.uop_entry_bytes)
     for index, insn in enumerate(program.instructions):
         if not isinstance(insn, (Load, Store)) or not (insn.y_size and insn.x_size):
@@ -549,7 +585,8 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
         if node.device != "accel":
             continue
         layer = net.layers[node.name]
-        for tensor, (shape, dtype) in ((node.inputs[0], layer.packed_in), (node.output, layer.packed_out)):
+        used = [(tensor, layer.packed(name)) for tensor, name in layer.bound_inputs(node)]
+        for tensor, (shape, dtype) in (*used, (node.output, layer.packed_out)):
             key = slot_key(tensor, (shape, dtype))
             slot = slots.get(key)
             if slot is None or slot["nbytes"] < math.prod(shape) * np.dtype(dtype).itemsize:

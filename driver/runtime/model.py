@@ -350,19 +350,22 @@ class Model:
     def _run_accel(self, step, node, dev, env, arena, slots, resident) -> LayerProfile:
         layer = self.net.layers[node.name]
         out_shape, out_dtype = layer.packed_out
-        in_key = slot_key(node.inputs[0], layer.packed_in)
         out_key = slot_key(node.output, layer.packed_out)
 
         def buffer(key) -> Buffer:
             slot = slots[key]
             return Buffer(arena.address + slot.offset, slot.nbytes)
-        if in_key not in resident:
-            host = env[node.inputs[0]]     # on the host: `_host_readers` copied it out if a layer made it
-            buf = buffer(in_key)
-            dev.write(buf, layer.pack(host))
-            resident[in_key] = buf
+        bindings = {}
+        for tensor, name in layer.bound_inputs(node):
+            in_key = slot_key(tensor, layer.packed(name))
+            if in_key not in resident:
+                host = env[tensor]     # on the host: `_host_readers` copied it out if a layer made it
+                buf = buffer(in_key)
+                dev.write(buf, layer.pack(host))
+                resident[in_key] = buf
+            bindings[name] = resident[in_key]
         out_buf = buffer(out_key)
-        loaded = dev.load_program(layer.program, {layer.data: resident[in_key], "out": out_buf})
+        loaded = dev.load_program(layer.program, {**bindings, "out": out_buf})
         try:
             result = dev.run(loaded)
         finally:

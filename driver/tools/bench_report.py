@@ -249,13 +249,15 @@ def _network_section(net: dict[str, Any]) -> list[str]:
         if rtl:
             layers = rtl["layers"]
             after_first = sum(x["cycles"] for x in layers if x["op"] == "conv2d") - layers[0]["cycles"]
+            adds = [x["cycles"] for x in layers if x["op"] in ("add", "sub")]
+            adds_part = f"; its {len(adds)} residual adds take {sum(adds):,}" if adds else ""
             out += [
                 "",
                 f"On {rtl['device']} (`{rtl['config']}`): **{rtl['cycles']:,} cycles** for the whole network, GEMM-core "
                 f"utilization **{_pct(rtl['gemm_utilization'])}**; the convolutions after the first take "
                 f"{after_first:,} (anchors: VTA ≈ 31 M cycles for ResNet-18; the ideal for these convolutions at 256 "
-                f"MACs/cycle is 6.6 M). Each layer is one accelerator run reading its input where the previous one "
-                f"wrote it, so the network costs the sum of its layers' cycles exactly. Wall time "
+                f"MACs/cycle is 6.6 M){adds_part}. Each layer is one accelerator run reading its input where the "
+                f"previous one wrote it, so the network costs the sum of its layers' cycles exactly. Wall time "
                 f"{rtl['wall_seconds']} s (aim < 60 s on 2 cores; one simulator process serves every layer).", "",
                 "| layer | op | cycles | GEMM utilization | MACs |", "| --- | --- | --- | --- | --- |",
             ]

@@ -1,6 +1,10 @@
-"""Element-wise add/relu/clip and max pooling on the tensor ALU, against numpy."""
+"""Element-wise add/relu/clip and max pooling on the tensor ALU, and the int8 add widened on the
+GEMM core, against numpy."""
 
 from __future__ import annotations
+
+import dataclasses
+import zlib
 
 import numpy as np
 import pytest
@@ -9,7 +13,11 @@ from compiler_helpers import CONFIGS, device_for
 from gemforge.compiler.ops import (
     OpError, compile_add, compile_clip, compile_max_pool2d, compile_relu, max_pool2d_reference,
 )
+from gemforge.compiler.graph.numeric import int8_clipped, rounding_shift
+from gemforge.compiler.ops.accel.widened import MAX_OPERAND_SHIFT, compile_scaled_add
 from gemforge.compiler.ops.common import reference_epilogue
+from gemforge.driver.runtime.device import open_device
+from gemforge.hw.isa import Load, MemType
 
 SHAPES = [(1, 3, 5, 7), (2, 20, 9, 9), (1, 17, 1, 1)]
 
@@ -69,3 +77,60 @@ def test_bad_arguments_are_refused():
         compile_max_pool2d(c, (1, 4, 8, 8), 2, padding=2)
     with pytest.raises(OpError, match="was compiled for shape"):
         compile_relu(c, (1, 4, 2, 2)).pack_inputs(x=np.zeros((1, 4, 2, 3), np.int32))
+
+
+# ---------------------------------------------------------------- int8 add and subtraction on the GEMM core
+
+#: The configs whose core blocks are square (the int8 add's identity weights need them), with a
+#: batched one: the identity maps each image's lanes alike.
+SQUARE_CONFIGS = [c for c in CONFIGS.values() if c.block_in == c.block_out] + [
+    dataclasses.replace(CONFIGS["batched"], name="batched-square", block_out=4)]
+
+
+@pytest.mark.parametrize("config", SQUARE_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("latency_hiding", [True, False], ids=["lh", "no-lh"])
+def test_int8_add_and_sub_widened_on_the_gemm_core_equal_the_graph_definition(config, latency_hiding):
+    """``clip(((x << lx) ± (y << ly) + round) >> s, lo, 127)``, bit for bit as the int8 graph
+    defines it (`rounding_shift`, `int8_clipped`), for random shapes, operand shifts, shifts,
+    ReLU and either sign, on every config with square core blocks."""
+    rng = np.random.default_rng([zlib.crc32(config.name.encode()), latency_hiding])
+    dev = open_device("fsim", config, dram_bytes=1 << 22) if config.name == "batched-square" else device_for(config)
+    for _ in range(3):
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(rng.integers(1, 9)))
+        lshift = tuple(int(v) for v in rng.integers(0, MAX_OPERAND_SHIFT + 1, 2))
+        shift, relu, negate = int(rng.integers(0, 10)), bool(rng.integers(2)), bool(rng.integers(2))
+        x, y = (rng.integers(-128, 128, shape, dtype=np.int8) for _ in range(2))
+        op = compile_scaled_add(config, shape, lshift=lshift, shift=shift, relu=relu, negate_y=negate,
+                                latency_hiding=latency_hiding)
+        out, _ = op.run(dev, x=x, y=y)
+        sign = -1 if negate else 1
+        value = (x.astype(np.int64) << lshift[0]) + sign * (y.astype(np.int64) << lshift[1])
+        np.testing.assert_array_equal(out, int8_clipped(rounding_shift(value, shift), 0 if relu else -128))
+
+
+def test_int8_add_operands_are_two_regions_one_after_the_other():
+    """A network binds each operand where its producer wrote it: no transfer may span both."""
+    config = CONFIGS["default"]
+    program = compile_scaled_add(config, (1, 64, 14, 14), shift=1).program
+    x, y = program.tensors["x"], program.tensors["y"]
+    assert y.offset == x.offset + x.nbytes and x.shape == y.shape == (1, 4, 14, 14, 1, 16)
+    for insn in program.instructions:
+        if isinstance(insn, Load) and insn.mem == MemType.INP:
+            start, end = program.dram_span(insn)
+            assert end <= y.offset or start >= y.offset, insn
+
+
+@pytest.mark.parametrize("config, kwargs, message", [
+    ("default", {"lshift": (7, 0)}, "shifts its operands left by 0 to 6 bits"),
+    ("default", {"shift": 40}, "shift must be an integer between 0 and 31"),
+    ("cramped", {"shape": (1, 4, 3)}, "takes a positive NCHW shape"),
+])
+def test_int8_add_refuses_what_it_cannot_compute(config, kwargs, message):
+    kwargs = {"shape": (1, 4, 3, 3), **kwargs}
+    with pytest.raises(OpError, match=message):
+        compile_scaled_add(CONFIGS[config], kwargs.pop("shape"), **kwargs)
+
+
+def test_int8_add_needs_square_core_blocks():
+    with pytest.raises(OpError, match="needs block_in = block_out; config 'batched' has 4 and 8"):
+        compile_scaled_add(CONFIGS["batched"], (1, 4, 3, 3))

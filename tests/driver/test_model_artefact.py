@@ -25,12 +25,13 @@ CHANGED = "the file was changed after compiling"
 
 @pytest.fixture(scope="module")
 def tiny_model() -> tuple[bytes, np.ndarray]:
-    """A small int8 CNN for the tiny config (four accelerator layers, a tensor handed over in
-    device DRAM), as .gfm bytes, and an input."""
+    """A small int8 CNN for the tiny config (four convolution and dense layers and a residual
+    add on the accelerator, tensors handed over in device DRAM), as .gfm bytes, and an input."""
     rng = np.random.default_rng(48)
     samples = rng.normal(size=(3, 1, 3, 4, 4)).astype(np.float32)
     model = compile_model(small_cnn(rng, channels=4, image=4), quantize="int8", calibrate=samples, config="tiny")
-    assert sum(n.device == "accel" for n in model.graph.nodes) == 4 and model.net.plan.handovers >= 1
+    assert [n.op for n in model.graph.nodes if n.device == "accel"].count("add") == 1
+    assert sum(n.device == "accel" for n in model.graph.nodes) == 5 and model.net.plan.handovers >= 1
     return model.to_bytes(), rng.normal(size=(1, 3, 4, 4)).astype(np.float32)
 
 
@@ -61,6 +62,11 @@ def _edit_program(data: bytes, edit, node: str = "conv1") -> bytes:
     member = json.loads(files["manifest.json"])["layers"][node]["program"]
     files[member] = edit(files[member])
     return _zip(files)
+
+
+def _edit_program_of(node: str, edit):
+    """An edit of a model's bytes: ``node``'s program rewritten by ``edit``."""
+    return lambda data: _edit_program(data, edit, node)
 
 
 def _header(edit):
@@ -162,6 +168,37 @@ def test_a_layer_program_changed_after_compiling_is_refused(tiny_model, edit, me
     refusal = rf"not a valid gemforge model \(accelerator node 'conv1': (its instruction \d+ )?{message}.*{CHANGED}"
     with pytest.raises(ModelError, match=rf"{refusal} \(compile the model again\)\)$"):
         Model.from_bytes(_edit_program(data, edit), source="m.gfm")
+
+
+def _scale_weights(program):
+    program.constants["w"] = program.constants["w"] * 2
+
+
+def _residual_attrs(**attrs):
+    def edit(manifest):
+        _accel(manifest, "residual")["attrs"].update(attrs)
+    return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_edit_program_of("residual", _program(_scale_weights)),
+     "the weights packed in its program differ from its attribute lshift"),
+    (_edit_program_of("residual", _header(_shift_region("y", 16))),
+     "its program's tensor y does not follow x, as its stacked operands do"),
+    (_edit_program_of("residual", _header(_move_to_arena_end("y"))),
+     "its program's tensor y does not follow x"),
+    (_edit_program_of("residual", _program(_nudge(Load, MemType.INP))),
+     r"\(load.inp\) moves bytes \d+..\d+ of its arena, which lie outside x or y or zeros.inp"),
+    (lambda data: _edit_manifest(data, _residual_attrs(lshift=[7, 0])), "its lshift \\(7, 0\\) or shift"),
+    (lambda data: _edit_manifest(data, _residual_attrs(relu=False)), "its program's relu is True but the manifest's"),
+])
+def test_a_changed_residual_add_layer_is_refused(tiny_model, edit, message):
+    """The add's weights and bias are not the manifest's constants but follow from its
+    attributes (its operands' scaled identities, its shift's rounding), and its two operands
+    are one stacked tensor: each is checked as the compiler makes it."""
+    data, _ = tiny_model
+    with pytest.raises(ModelError, match=rf"accelerator node 'residual': .*{message}"):
+        Model.from_bytes(edit(data), source="m.gfm")
 
 
 def test_a_tampered_program_is_one_line_on_the_command_line(tiny_model, tmp_path, capsys):
@@ -330,7 +367,7 @@ def _value(name: str, **fields):
     (_set("plan/tensors/0/produced", "yes"), "the memory plan has a malformed entry"),
     (_set("plan/tensors/0/dtype", "object"), "the memory plan has a malformed entry"),
     (_set("plan/tensors/1/last", 1), r"the memory plan keeps 'r1/q' from node 1 to 1, but accelerator nodes use "
-                                     "it from 1 to 2"),
+                                     "it from 1 to 3"),
     (_set("plan/tensors/1/size", 4096), r"the memory plan's slot for 'r1/q' \(64 bytes in 4096 at offset 64\) is "
                                         r"not the 16-byte-aligned block of its 64 bytes"),
     (_set("plan/tensors/1/offset", 56), r"the memory plan's slot for 'r1/q' \(64 bytes in 64 at offset 56\)"),
