@@ -6,14 +6,16 @@ The device memory the packed tensors take is planned in `memory_plan`.
 it exactly in int8 and its operator compiles for the config: convolutions with one
 group and dense layers, with constant weights, each with its bias, ReLU and
 requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
-bit for bit the CPU back end's), and the adds and subtractions of two int8 tensors of
-one NCHW shape (residual adds), their operands widened into the accumulator by the GEMM
-core (`ops.accel.widened`). Everything else runs on the CPU back end: the
-accelerator's other element-wise and pooling operators work on int32 accumulator
-tensors, so the int8 network's pools, reshapes and softmax would need a widening
-copy it has no instruction for. A node the accelerator could take but cannot tile
+bit for bit the CPU back end's); the adds and subtractions of two int8 tensors of
+one NCHW shape (residual adds); and max and average pools (global ones included) whose
+windows all lie inside the padded input, a padded max pool only of a non-negative
+tensor (a ReLU's: the DMA pads with zeros), a padded average pool only with
+``count_include_pad`` (one divisor). The adds' operands and the pools' windows are
+widened into the accumulator by the GEMM core (`ops.accel.widened`). Everything else
+runs on the CPU back end (reshapes, softmax, the float path). A node the accelerator could take but cannot tile
 (buffers too small, padding above the DMA's pad field, an operand shift beyond the
-scaled identity's int8 weight) stays on the CPU with the reason recorded. `partition`
+scaled identity's int8 weight, an average whose divisor has no exact multiply within
+the ALU's immediate) stays on the CPU with the reason recorded. `partition`
 prints the split.
 
 **Layouts.** An accelerator node reads its data input packed into the config's
@@ -36,15 +38,17 @@ from gemforge.hw.program import Program
 
 from ..backends.accel.layout import pack_matrix_a, pack_nchw, unpack_matrix, unpack_nchw
 from ..ops import accel as accel_ops
-from ..ops.accel.widened import compile_scaled_add
+from ..ops.accel.widened import compile_int8_pool2d, compile_scaled_add
+from ..errors import CompileError
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "host_reads", "host_round_trips", "round_trips"]
+__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "host_reads", "host_round_trips", "round_trips"]
 
 #: The program tensors an accelerator layer binds its node's data inputs to, in the node's
 #: input order (a convolution's and a dense layer's weights and bias travel in the program).
-DATA_INPUTS = {"conv2d": ("x",), "dense": ("a",), "add": ("x", "y"), "sub": ("x", "y")}
+DATA_INPUTS = {"conv2d": ("x",), "dense": ("a",), "add": ("x", "y"), "sub": ("x", "y"), "max_pool": ("x",),
+               "avg_pool": ("x",)}
 #: The graph operators a node may run on the accelerator as.
 ACCEL_OPS = tuple(DATA_INPUTS)
 
@@ -121,11 +125,48 @@ def _compile_elementwise(graph: Graph, node: Node, config: AccelConfig) -> Accel
     return AccelLayer(node.op, program, "x", shapes[0], shapes[0], dict(op.plan))
 
 
+def nonnegative(graph: Graph, tensor: str) -> bool:
+    """Whether ``tensor`` is known to hold no negative value: a ReLU's output (a layer's fused
+    one included), or a pool of such a tensor."""
+    producer = next((n for n in graph.nodes if n.output == tensor), None)
+    if producer is None:
+        return False
+    if producer.op == "relu" or bool(producer.attrs.get("relu")):
+        return True
+    return producer.op in ("max_pool", "avg_pool") and nonnegative(graph, producer.inputs[0])
+
+
+def compile_pool(graph: Graph, node: Node, config: AccelConfig):
+    """The accelerator operator of an int8 max or average pool node (raises `OpError` if it cannot)."""
+    a = node.attrs
+    x_shape, y_shape = (tuple(graph.values[name].shape) for name in (node.inputs[0], node.output))
+    op = compile_int8_pool2d(config, x_shape, node.op.split("_")[0], tuple(a["kernel"]), stride=tuple(a["stride"]),
+                             padding=tuple(a["padding"]), dilation=tuple(a.get("dilation", (1, 1))),
+                             count_include_pad=bool(a.get("count_include_pad")), lshift=a.get("lshift", 0),
+                             nonnegative=nonnegative(graph, node.inputs[0]))
+    if (op.plan["oh"], op.plan["ow"]) != y_shape[2:]:
+        raise OpError(f"its ceil_mode keeps partial windows ({list(y_shape[2:])} outputs where whole windows give "
+                      f"{[op.plan['oh'], op.plan['ow']]}); the accelerator pools whole windows")
+    return op
+
+
+def _compile_pool_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
+    op = compile_pool(graph, node, config)
+    x_shape = tuple(graph.values[node.inputs[0]].shape)
+    packed = op.pack_inputs(x=np.zeros(x_shape, np.int8))
+    program = op.program
+    program.constants = {**program.constants, **{k: packed[k] for k in ("w", "bias") if k in packed}}
+    program.check()
+    return AccelLayer(node.op, program, "x", x_shape, tuple(graph.values[node.output].shape), dict(op.plan))
+
+
 def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
     """Compile an int8 node for the accelerator (raises `OpError` if it cannot)."""
     a = node.attrs
     if node.op in ("add", "sub"):
         return _compile_elementwise(graph, node, config)
+    if node.op in ("max_pool", "avg_pool"):
+        return _compile_pool_layer(graph, node, config)
     x_shape = tuple(graph.values[node.inputs[0]].shape)
     w, bias = graph.constants[node.inputs[1]], graph.constants[node.inputs[2]]
     if node.op == "conv2d":
@@ -171,7 +212,9 @@ def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, Accel
             try:
                 layers[node.name] = _compile_layer(graph, node, config)
                 node.device = "accel"
-            except OpError as exc:
+            except (OpError, CompileError) as exc:
+                # A schedule the back end cannot encode (a DMA frame past its pad field when a
+                # window's rows merge into one transfer) runs on the CPU too, with the reason.
                 reason = str(exc)
         rows.append({"node": node.name, "op": node.op, "device": node.device, "reason": reason})
     graph.notes.partition = rows

@@ -18,12 +18,14 @@ accelerator's ``>>`` in its epilogue — and nothing needs a multiplier:
   is one pass); an operand more than 2^MAX_LSHIFT finer than the other is first requantized
   (a constant: quantized) to 2^MAX_LSHIFT finer; a multiply's product has exponent ``e_x + e_y``;
 - pooling, ReLU, clip, reshapes, transposes, slices and pads keep their input's scale (a pad whose
-  value is off that grid runs in float32); a concat takes the coarsest of its inputs' scales
+  value is off that grid runs in float32), except an average pool whose output range is narrower
+  (a global pool's): it comes out up to 6 bits finer (``lshift``, the mean of the shifted input,
+  exact in int32); a concat takes the coarsest of its inputs' scales
   (the others are requantized to it); a tensor only clips read is calibrated on what the
   clips let through (a ReLU6's 6, not the 900 its producer reaches);
 - the operators of `FLOAT_ONLY` (softmax, a mean, division, an element-wise max or min,
   sigmoid, tanh and the other float functions) run in float32 on their dequantized inputs, and so does an average pool whose
-  output range is narrower than its input's (a global pool's); so do the adds, products, ReLUs
+  output range is more than 6 bits narrower than its input's; so do the adds, products, ReLUs
   and moves of their results (``OpDef.float_propagating``: a layer norm stays float32 to its end).
   The nodes reading float32 results where an int8 tensor is needed quantize them. The network quantizes its inputs at entry and dequantizes its
   outputs at exit, so it takes and returns float32 like the ONNX model (an output already
@@ -41,6 +43,7 @@ from .evaluate import evaluate
 from .ir import Graph, GraphError, Node, Value
 from .numeric import quantize_array
 from .operators import FLOAT_ONLY, Int8, OpDef, op_def
+from .operators.pooling import MAX_AVERAGE_LSHIFT
 
 __all__ = ["calibrate", "quantize", "exponent_for", "MAX_LSHIFT", "FLOAT_ONLY"]
 
@@ -310,7 +313,8 @@ class _Int8Rewrite:
         """Whether ``node`` runs in float32 in the int8 network."""
         graph, op, out = self.graph, node.op, node.output
         finer = definition.float_when_narrower and (
-            node.inputs[0] not in self.rename or self.calibrated(out) > self.exponent[self.rename[node.inputs[0]]])
+            node.inputs[0] not in self.rename or self.calibrated(out) > self.exponent[self.rename[node.inputs[0]]]
+            + (MAX_AVERAGE_LSHIFT if op == "avg_pool" else 0))
         # A concatenation the model returns, of parts calibrated at different scales, is joined in
         # float32: at its coarsest part's scale a detector's class probabilities beside its box
         # coordinates (up to 128 pixels) all came out 0 or 1.
@@ -425,9 +429,16 @@ class _Int8Rewrite:
         return self._emit(node, aligned, e, dict(node.attrs))
 
     def _same_scale(self, node: Node, definition: OpDef) -> tuple[str, int]:
-        """Pooling, ReLU, clip, moves: the input's scale (a clip's bounds, a pad's value on its grid)."""
+        """Pooling, ReLU, clip, moves: the input's scale (a clip's bounds, a pad's value on its grid).
+        An average whose range is narrower than its input's (a global pool's) comes out at its
+        own finer scale, up to `MAX_AVERAGE_LSHIFT` bits (``lshift``: the mean of ``x << lshift``,
+        exact in int32); beyond that it ran in float32 (`_stays_float`)."""
         x = self.int8_input(node.inputs[0])
         attrs = dict(node.attrs)
         if definition.on_grid is not None:
             attrs = definition.on_grid(attrs, self.exponent[x])
-        return self._emit(node, [x], self.exponent[x], attrs)
+        e = self.exponent[x]
+        if node.op == "avg_pool" and self.calibrated(node.output) > e:
+            attrs["lshift"] = self.calibrated(node.output) - e
+            e += attrs["lshift"]
+        return self._emit(node, [x], e, attrs)

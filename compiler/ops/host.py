@@ -440,11 +440,13 @@ def _pair(value, name: str, minimum: int) -> tuple[int, int]:
 
 
 def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, padding=0, dilation=1,
-                   ceil_mode: bool = False, dtype: str = "int8", count_include_pad: bool = False) -> CompiledOp:
+                   ceil_mode: bool = False, dtype: str = "int8", count_include_pad: bool = False,
+                   lshift: int = 0) -> CompiledOp:
     """Max or average pooling of an NCHW tensor over ``kernel`` windows (an int or (kh, kw),
     as ``stride`` and ``dilation``; ``padding`` also (top, left, bottom, right)); a kernel
     of the whole image is global pooling. ``ceil_mode`` keeps a partial last window, as
-    ONNX Runtime does (`window_count`)."""
+    ONNX Runtime does (`window_count`). An int8 average with ``lshift`` averages its input
+    shifted left that far, saturating (an output at a finer scale than its input's)."""
     _host(target)
     if kind not in ("max", "avg"):
         raise OpError(f"pooling is max or avg, not {kind!r}")
@@ -463,7 +465,7 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     dtype = _check_dtype(f"{kind} pooling", dtype, ("int8", "int32", "float32"))
     pool_windows(shape[2:], kernel, stride, padding, dilation, bool(ceil_mode))
     t = pool2d_te(kind, shape, kernel, stride, padding, dtype, dilation=dilation, ceil_mode=bool(ceil_mode),
-                  count_include_pad=count_include_pad)
+                  count_include_pad=count_include_pad, lshift=lshift)
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
@@ -474,7 +476,7 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     return CompiledOp(f"{kind}_pool2d", kernel_fn, ["x"], "out",
                       lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
                       plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding,
-                            "dilation": dilation, "ceil_mode": bool(ceil_mode)})
+                            "dilation": dilation, "ceil_mode": bool(ceil_mode), "lshift": lshift})
 
 
 def compile_mean(target: Target, rows: int, length: int, *, dtype: str = "float32") -> CompiledOp:

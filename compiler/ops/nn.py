@@ -431,7 +431,7 @@ def pad_te(shape: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ..
 
 def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
               padding: tuple[int, ...], dtype: str, *, dilation: tuple[int, int] = (1, 1), ceil_mode: bool = False,
-              count_include_pad: bool = False) -> dict[str, Tensor]:
+              count_include_pad: bool = False, lshift: int = 0) -> dict[str, Tensor]:
     """Max or average pooling of NCHW ``x`` over ``kernel`` windows whose taps lie
     ``dilation`` apart, ``padding`` a (height, width) pair or (top, left, bottom, right),
     ``ceil_mode`` as ONNX Runtime's (`window_count`).
@@ -441,7 +441,10 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     far as ONNX Runtime's MaxPool has a rule). Average: the mean over the window's taps
     inside the input (with ``count_include_pad``, inside the input and its padding, never
     a partial window's taps past it); integers sum exactly (int32 inputs in 64 bits) and
-    round to nearest, halves up."""
+    round to nearest, halves up. An int8 average with ``lshift`` averages ``x << lshift`` (its
+    output at a scale that much finer than its input's) and saturates to int8."""
+    if lshift and (kind != "avg" or dtype != "int8"):
+        raise OpError(f"a left shift applies to an int8 average, not a {dtype} {kind} pool")
     n, c, h, w = shape
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     top, left, bottom, right = four_pads(padding)
@@ -474,6 +477,7 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     xp = tensors["xp"] = pad(x, (0, 0, top, left), (0, 0, below, beside), "xp") if framed else x
     total = tensors["sum"] = compute((n, c, oh, ow), lambda b, ch, y, xx: sum_(
         xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw].astype(acc), [rh, rw]), name="sum")
+    gain = Const(1 << lshift, acc)
 
     def taps(start: Expr, k: int, d: int, lo: int, hi: int) -> Expr:
         """How many of the taps ``start + i·d`` (0 ≤ i < k) lie in [lo, hi): from the first
@@ -494,6 +498,8 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         s, k = total[b, ch, y, xx], count(y, xx).astype(acc)
         if is_float(dtype):
             return Div(s, k)
+        if lshift:
+            return Cast(dtype, clip(FloorDiv(s * gain + FloorDiv(k, Const(2, acc)), k), -128, 127))
         return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2, acc)), k))
     tensors["out"] = compute((n, c, oh, ow), mean, name="out", dtype=dtype)
     return tensors

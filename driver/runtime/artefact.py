@@ -26,7 +26,8 @@ from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer
-from gemforge.compiler.ops.accel.widened import MAX_OPERAND_SHIFT, scaled_add_bias, scaled_add_weights
+from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pool_bias, pool_weights,
+                                                 scaled_add_bias, scaled_add_weights)
 from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.ir import (MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value,
                                         whole_number)
@@ -345,7 +346,7 @@ def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, 
     and output (an add's weights are its operands' scaled identities, its bias the rounding
     of its shift, absent without one)."""
     b, bi, bo = config.batch, config.block_in, config.block_out
-    x, w, y = (graph.values[name].shape for name in (node.inputs[0], node.inputs[1], node.output))
+    x, y = graph.values[node.inputs[0]].shape, graph.values[node.output].shape
     if node.op in ("add", "sub"):
         (n, c, h, wd) = x
         data = (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi)
@@ -354,6 +355,14 @@ def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, 
             regions["bias"] = ((ceil_div(c, bo), b, bo), "acc")
         regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), h, wd, b, bo), "out")
         return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
+    if node.op in ("max_pool", "avg_pool"):
+        (n, c, h, wd), (_, _, oh, ow) = x, y
+        regions = {"x": ((ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi), "inp"), "w": ((1, bo, bi), "wgt")}
+        if node.op == "avg_pool":
+            regions["bias"] = ((ceil_div(c, bo), b, bo), "acc")
+        regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), oh, ow, b, bo), "out")
+        return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
+    w = graph.values[node.inputs[1]].shape
     if node.op == "conv2d":
         (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = x, w, y
         shapes = {"x": (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi),
@@ -375,6 +384,8 @@ def _program_bytes(config: AccelConfig, graph: Graph, node: Node) -> int:
     packed = _packed_regions(config, graph, node)
     out_entries = math.prod(packed["out"][0][:-2])
     reduction = math.prod(packed["w"][0][1:-2])        # input-channel blocks × kernel taps
+    if node.op in ("max_pool", "avg_pool"):
+        reduction = math.prod(node.attrs["kernel"])     # a window's taps, widened and summed or compared
     steps = _STEPS_PER_WORK * out_entries * (reduction + 1) + _FIXED_STEPS
     weights = sum(math.prod(packed[k][0]) * np.dtype(packed[k][1]).itemsize for k in ("w", "bias") if k in packed)
     zeros = config.inp_buffer_bytes + config.wgt_buffer_bytes + config.acc_buffer_bytes
@@ -433,6 +444,20 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
         if shift:
             expected["bias"] = scaled_add_bias(config, graph.values[node.output].shape[1], shift)
         sources = {"w": "its attribute lshift", "bias": "its attribute shift"}
+        store = {"shift": shift, "relu": node.attrs["relu"]}
+    elif node.op in ("max_pool", "avg_pool"):
+        # The identity that widens the window, and an average's divisor as a multiply and shift.
+        lshift = node.attrs.get("lshift", 0)
+        expected, store = {"w": pool_weights(config, lshift)}, {"shift": 0, "relu": False}
+        if node.op == "avg_pool":
+            count = math.prod(node.attrs["kernel"])
+            division = division_by_multiply(count, config.alu_imm_range[1], lshift)
+            if division is None:
+                raise ModelError(f"accelerator node {node.name!r} averages over {count} taps, which the accelerator "
+                                 "cannot divide by exactly")
+            expected["bias"] = pool_bias(config, graph.values[node.output].shape[1], count, *division)
+            store["shift"] = division[1]
+        sources = {"w": "the identity a pool widens by", "bias": "its window's divisor"}
     else:
         w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
         if w is None or bias is None:
@@ -440,6 +465,7 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
         expected = {"w": (pack_oihw if node.op == "conv2d" else pack_matrix_b)(config, w),
                     "bias": pack_bias(config, bias)}
         sources = {"w": f"the manifest's {node.inputs[1]!r}", "bias": f"the manifest's {node.inputs[2]!r}"}
+        store = {"shift": node.attrs["shift"], "relu": node.attrs["relu"]}
     for name, packed in expected.items():
         stored = program.constants.get(name)
         if stored is None or stored.shape != packed.shape or not np.array_equal(stored, packed):
@@ -447,11 +473,11 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
             raise ModelError(f"accelerator node {node.name!r}: the {what} packed in its program differ from "
                              f"{sources[name]}; the file was changed after compiling (compile the model again)")
     stores = [insn for insn in program.instructions if isinstance(insn, Store) and insn.requant]
-    for attr in ("shift", "relu"):
+    for attr, value in store.items():
         found = sorted({getattr(insn, attr) for insn in stores})
-        if found != [node.attrs[attr]]:
+        if found != [value]:
             raise ModelError(f"accelerator node {node.name!r}: its program's {attr} is "
-                             f"{', '.join(map(str, found)) or 'absent'} but the manifest's is {node.attrs[attr]}; "
+                             f"{', '.join(map(str, found)) or 'absent'} but the manifest's node makes it {value}; "
                              "the file was changed after compiling (compile the model again)")
 
 

@@ -838,8 +838,13 @@ def _plot_roofline(path: Path, chosen: list[dict[str, Any]]) -> None:
     for k, p in enumerate(chosen):
         color = f"C{k}"
         peak, bus = p["macs_per_cycle"], p["bus_bytes"]
-        xs = [layer["macs"] / max(1, layer["dram_bytes"]) for layer in p["layers"]]
-        ys = [layer["macs"] / layer["cycles"] for layer in p["layers"]]
+        # The roofline of multiply-accumulates: layers without any (a network's adds and pools,
+        # which the GEMM core widens) count in the point's cycles, not here.
+        products = [layer for layer in p["layers"] if layer["macs"]]
+        if not products:
+            continue
+        xs = [layer["macs"] / max(1, layer["dram_bytes"]) for layer in products]
+        ys = [layer["macs"] / layer["cycles"] for layer in products]
         ax.scatter(xs, ys, c=color, s=20, label=f"point {p['index']} ({_label(p)})")
         lo, hi = min(xs) / 2, max(xs) * 2
         grid = [lo * (hi / lo) ** (j / 50) for j in range(51)]

@@ -11,15 +11,19 @@ import pytest
 
 from compiler_helpers import CONFIGS, device_for
 from gemforge.compiler.ops import (
-    OpError, compile_add, compile_clip, compile_max_pool2d, compile_relu, max_pool2d_reference,
+    OpError, avg_pool2d_reference, compile_add, compile_clip, compile_max_pool2d, compile_pool2d, compile_relu,
+    max_pool2d_reference,
 )
 from gemforge.compiler.graph.numeric import int8_clipped, rounding_shift
-from gemforge.compiler.ops.accel.widened import MAX_OPERAND_SHIFT, compile_scaled_add
+from gemforge.compiler.ops.accel.widened import (
+    MAX_OPERAND_SHIFT, compile_int8_pool2d, compile_scaled_add, division_by_multiply,
+)
 from gemforge.compiler.ops.common import reference_epilogue
 from gemforge.driver.runtime.device import open_device
 from gemforge.hw.isa import Load, MemType
 
 SHAPES = [(1, 3, 5, 7), (2, 20, 9, 9), (1, 17, 1, 1)]
+CPU = open_device("cpu")
 
 
 def int32(rng, shape, bits=20):
@@ -134,3 +138,82 @@ def test_int8_add_refuses_what_it_cannot_compute(config, kwargs, message):
 def test_int8_add_needs_square_core_blocks():
     with pytest.raises(OpError, match="needs block_in = block_out; config 'batched' has 4 and 8"):
         compile_scaled_add(CONFIGS["batched"], (1, 4, 3, 3))
+
+
+# ---------------------------------------------------------------- int8 pools on the GEMM core
+
+@pytest.mark.parametrize("config", SQUARE_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_int8_pools_widened_on_the_gemm_core_equal_the_reference(config, kind):
+    """Random shapes, windows, strides, dilations and padding: max pools of non-negative inputs
+    (zero padding) and of any input unpadded, average pools with count_include_pad, all bit for
+    bit the reference's (the average rounded half up, `avg_pool2d_reference`)."""
+    rng = np.random.default_rng([zlib.crc32(config.name.encode()), kind == "max"])
+    dev = open_device("fsim", config, dram_bytes=1 << 22) if config.name == "batched-square" else device_for(config)
+    for case in range(4):
+        kernel = tuple(int(v) for v in rng.integers(1, 4, 2))
+        stride = tuple(int(v) for v in rng.integers(1, 3, 2))
+        dilation = (1, 1) if case < 3 else tuple(int(v) for v in rng.integers(1, 3, 2))
+        # Padded windows (cases 0 and 2) keep an input element each: pads below the kernel.
+        pads = (0, 0, 0, 0) if case % 2 else tuple(int(rng.integers(0, min(k, 2))) for k in kernel + kernel)
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 24)), int(rng.integers(6, 11)), int(rng.integers(6, 11)))
+        nonnegative = any(pads) or bool(rng.integers(2))
+        x = rng.integers(0 if nonnegative and kind == "max" else -128, 128, shape, dtype=np.int8)
+        lshift = int(rng.integers(0, 4)) if kind == "avg" else 0
+        op = compile_int8_pool2d(config, shape, kind, kernel, stride=stride, padding=pads, dilation=dilation,
+                                 count_include_pad=True, nonnegative=nonnegative, lshift=lshift)
+        out, _ = op.run(dev, x=x)
+        if kind == "max":
+            expect = max_pool2d_reference(x, kernel, stride, pads, dilation=dilation)
+        else:       # an output lshift bits finer: the mean of the shifted input, saturated
+            expect = int8_clipped(avg_pool2d_reference(x.astype(np.int64) << lshift, kernel, stride, pads,
+                                                       dilation=dilation, count_include_pad=True))
+        np.testing.assert_array_equal(out, expect)
+        if kind == "avg":       # the CPU back end's kernel of the same definition
+            cpu = compile_pool2d("cpu", "avg", shape, kernel, stride=stride, padding=pads, dilation=dilation,
+                                 count_include_pad=True, lshift=lshift)
+            np.testing.assert_array_equal(cpu.run(CPU, x=x)[0], expect)
+
+
+@pytest.mark.parametrize("shape, kernel", [((1, 64, 7, 7), (7, 7)), ((1, 40, 10, 10), (10, 10)),
+                                           ((1, 16, 8, 8), (8, 8))])
+def test_int8_global_average_pool_divides_exactly(shape, kernel):
+    """A network's global pool: 49 and 100 taps by a multiply and shift, 64 by a shift alone,
+    at the extremes of the int8 range too (every sum, by `division_by_multiply`'s check)."""
+    config = CONFIGS["default"]
+    rng = np.random.default_rng(3)
+    op = compile_int8_pool2d(config, shape, "avg", kernel)
+    for x in (rng.integers(-128, 128, shape, dtype=np.int8), np.full(shape, -128, np.int8),
+              np.full(shape, 127, np.int8)):
+        out, _ = op.run(device_for(config), x=x)
+        np.testing.assert_array_equal(out, avg_pool2d_reference(x, kernel, kernel, 0))
+    assert (op.plan.get("multiplier"), op.plan.get("shift")) == division_by_multiply(kernel[0] * kernel[1], 32767)
+
+
+def test_division_by_multiply_is_exact_or_refused():
+    """Every window up to 92 taps (9×9) divides exactly; some larger ones (93, 13×13 = 169,
+    14×14 = 196) need a multiplier beyond the ALU's 16-bit immediate and stay on the CPU."""
+    for count in range(1, 200):
+        found = division_by_multiply(count, 32767)
+        if found is None:
+            assert count >= 93
+            continue
+        m, t = found
+        n = np.arange(count // 2, 256 * count, dtype=np.int64)
+        assert np.array_equal((n * m) >> t, n // count) and m <= 32767 and n[-1] * m < 2 ** 31
+    assert division_by_multiply(49, 32767) == (2675, 17) and division_by_multiply(64, 32767) == (1, 6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kind": "max", "padding": (1, 1, 1, 1)}, "a padded max pool of inputs that may be negative"),
+    ({"kind": "avg", "padding": (1, 1, 1, 1)}, "without count_include_pad divides its border windows"),
+    ({"kind": "avg", "kernel": (13, 13), "shape": (1, 4, 13, 13)}, "an average over 169 taps has no exact multiply"),
+    ({"kind": "max", "kernel": (5, 5), "shape": (1, 4, 3, 3)}, "a 5x5 window does not fit the 3x3 input"),
+    ({"kind": "max", "kernel": (1, 1), "padding": (1, 0, 0, 0), "nonnegative": True},
+     "a window of the max pool lies wholly in the padding"),
+    ({"kind": "sum"}, "pooling is max or avg"),
+])
+def test_int8_pools_refuse_what_they_cannot_compute_exactly(kwargs, message):
+    kwargs = {"shape": (1, 4, 6, 6), "kernel": (3, 3), **kwargs}
+    with pytest.raises(OpError, match=message):
+        compile_int8_pool2d(CONFIGS["default"], kwargs.pop("shape"), kwargs.pop("kind"), kwargs.pop("kernel"), **kwargs)

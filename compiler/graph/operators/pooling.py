@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...ops import host
 from ...ops.reference import avg_pool2d_reference, max_pool2d_reference
 from ..kernels import unary
+from ..numeric import int8_clipped
 from .base import Int8, OpDef, fail, per_item, register, window_out
+
+#: The most bits an int8 average's output may be finer than its input (`quantize`): the
+#: accelerator widens the window by 2^lshift in an int8 weight.
+MAX_AVERAGE_LSHIFT = 6
 
 
 def _pool_shape(graph, node, shapes):
@@ -14,6 +21,10 @@ def _pool_shape(graph, node, shapes):
         raise fail(node, f"the input must be NCHW (4-D), not {list(x)}")
     if a.get("global_pool"):
         a["kernel"] = (x[2], x[3])
+    shift = a.get("lshift", 0)
+    if node.op == "max_pool" and shift or not (isinstance(shift, int) and 0 <= shift <= MAX_AVERAGE_LSHIFT):
+        raise fail(node, f"an average's lshift is a whole number from 0 to {MAX_AVERAGE_LSHIFT} (a max pool has "
+                         f"none), not {shift!r}")
     oh, ow = window_out(node, x[2:])
     return (x[0], x[1], oh, ow)
 
@@ -23,6 +34,12 @@ def _pool_evaluate(node, args):
     if node.op == "max_pool":
         return max_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
                                     ceil_mode=bool(a.get("ceil_mode")))
+    if a.get("lshift"):
+        # An output at a finer scale than the input: the mean of x << lshift, saturated.
+        mean = avg_pool2d_reference(x.astype(np.int64) << a["lshift"], a["kernel"], a["stride"], a["padding"],
+                                    dilation=a.get("dilation", 1), ceil_mode=bool(a.get("ceil_mode")),
+                                    count_include_pad=a["count_include_pad"])
+        return int8_clipped(mean)
     return avg_pool2d_reference(x, a["kernel"], a["stride"], a["padding"], dilation=a.get("dilation", 1),
                                 ceil_mode=bool(a.get("ceil_mode")), count_include_pad=a["count_include_pad"])
 
@@ -33,7 +50,8 @@ def _pool_host(graph, node, target):
     return unary(node, host.compile_pool2d(target, node.op.split("_")[0], tuple(x.shape), a["kernel"],
                                            stride=a["stride"], padding=a["padding"], dilation=a.get("dilation", 1),
                                            ceil_mode=bool(a.get("ceil_mode")), dtype=x.dtype,
-                                           count_include_pad=a.get("count_include_pad", False)))
+                                           count_include_pad=a.get("count_include_pad", False),
+                                           lshift=a.get("lshift", 0)))
 
 
 _WINDOW_ATTRS = ("kernel", "stride", "padding")
@@ -42,6 +60,7 @@ register(
                       "`infer_shapes`), ceil_mode",
           (1, 1), _pool_shape, _pool_evaluate, attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_propagating=True,
           saturation_safe=True, batch=per_item, host=_pool_host),
-    OpDef("avg_pool", "as max_pool, and count_include_pad, global", (1, 1), _pool_shape, _pool_evaluate,
+    OpDef("avg_pool", "as max_pool, and count_include_pad, global; int8: lshift (its output that many bits finer "
+                      "than its input)", (1, 1), _pool_shape, _pool_evaluate,
           attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_when_narrower=True, batch=per_item, host=_pool_host),
 )

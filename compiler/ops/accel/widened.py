@@ -1,4 +1,5 @@
-"""int8 element-wise operators on the GEMM core: the residual add (and subtraction) of an int8 network.
+"""int8 element-wise and pooling operators on the GEMM core: an int8 network's residual adds
+(and subtractions), max pools and average pools.
 
 The tensor ALU works on accumulator (int32) entries, and an int8 tensor in DRAM has no way
 into the accumulator but through the GEMM core. So the add widens its operands there: with
@@ -17,6 +18,21 @@ tile costs one entry of the weight buffer; the gateware, its timing and its reso
 they are. The price is that the add occupies the GEMM core (two micro-ops an output entry)
 where a widening LOAD would leave it to the next layer.
 
+Pools widen their windows the same way with ``I`` (``2^0``):
+
+- **average pool**: the window sum is a reduction over the taps on the GEMM core (as a
+  convolution's, with the identity for weights); the division by the window's ``d`` taps,
+  rounded as the graph defines it (``floor((sum + d // 2) / d)``), is one ALU multiply by
+  ``M = ceil(2^t / d)`` and the STORE's ``(· + bias) >> t``, where ``t`` is the smallest
+  for which that equals the division for every sum ``d`` int8 values can have (checked
+  exhaustively when the operator compiles: `division_by_multiply`). Windows that hold
+  padding or reach past it count other divisors: only pools whose every window counts ``d``
+  (no padding, or ``count_include_pad``) compile.
+- **max pool**: each window element is widened into its own accumulator entry, and one ALU
+  MAX a tap keeps the largest; the STORE writes it back as an int8. The DMA frames the
+  input with zeros, which is exact for non-negative inputs (a ReLU's output, where pools sit)
+  and wrong for others: a padded max pool compiles only when told its input is non-negative.
+
 The operands are one stacked placeholder ``xy`` (the reduction runs over its first axis, one
 operand per reduction chunk, so no transfer spans both); the built program then names its two
 halves ``x`` and ``y``, which a network binds to wherever their producers wrote them.
@@ -33,11 +49,13 @@ from ...backends.accel.intrin import gemm_intrin
 from ...backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_nchw, unpack_nchw
 from ...pipeline import build
 from ...schedule import create_schedule
-from ...te import compute, placeholder, reduce_axis, sum_
+from ...ir import Cast, Const, Max, Shr
+from ...te import clip, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
 from .common import TilingCost, check_footprint, divisors, plan_with_fallback, schedule_output_tile
 
-__all__ = ["compile_scaled_add", "MAX_OPERAND_SHIFT", "scaled_add_weights", "scaled_add_bias"]
+__all__ = ["compile_scaled_add", "compile_int8_pool2d", "division_by_multiply", "MAX_OPERAND_SHIFT",
+           "scaled_add_weights", "scaled_add_bias", "pool_weights", "pool_bias"]
 
 #: The largest left shift of an operand: its weight 2^l must be an int8.
 MAX_OPERAND_SHIFT = 6
@@ -182,3 +200,231 @@ def compile_scaled_add(config: AccelConfig, shape, *, lshift: tuple[int, int] = 
 
     return CompiledOp("sub" if negate_y else "add", program, ["x", "y"], "out", pack, lambda t: unpack_nchw(t, n, ch),
                       plan=dict(plan, lshift=list(lshift)))
+
+
+# ---------------------------------------------------------------------------- pools
+
+def division_by_multiply(count: int, imm_max: int, lshift: int = 0) -> tuple[int, int] | None:
+    """``(M, t)`` such that ``floor(n · M / 2^t) = floor(n / count)`` for every ``n`` in
+    ``[0, 256 · count]``, with ``M`` an ALU immediate (≤ ``imm_max``) and ``n · M ± 128 · 2^t``
+    inside int32 for every ``n`` a window sum gives; None when no ``t`` gives one.
+
+    ``n = (sum << lshift) + count // 2 + 128 · count``: the rounded quotient plus 128, so ``n``
+    in that range gives every int8 result exactly (checked exhaustively here), and ``n``
+    outside it, since ``n · M >> t`` grows with ``n``, a result beyond the int8 range that the
+    STORE saturates as the graph does."""
+    n = np.arange(0, 256 * count + 1, dtype=np.int64)
+    want = n // count
+    offset = count // 2 + 128 * count
+    extremes = (offset - (128 * count << lshift), offset + (127 * count << lshift))
+    for t in range(0, 31):
+        m = -(-(1 << t) // count)
+        if m > imm_max or max(abs(v) * m for v in extremes) + (128 << t) >= 1 << 31:
+            return None
+        if np.array_equal((n * m) >> t, want):
+            return m, t
+    return None
+
+
+def pool_weights(config: AccelConfig, lshift: int = 0) -> np.ndarray:
+    """The weight tile ``(1, BO, BI)`` that widens a window's entries: the identity, scaled by
+    ``2^lshift`` for an average at a finer scale than its input."""
+    eye = np.eye(config.block_out, config.block_in, dtype=np.int64) << lshift
+    return eye.astype(int_dtype(config.wgt_width))[None]
+
+
+def pool_bias(config: AccelConfig, channels: int, count: int, multiplier: int, shift: int) -> np.ndarray:
+    """The packed bias of an average pool over ``count`` taps: the rounding ``count // 2``,
+    and the ``128 · count`` that makes the sum non-negative for the multiply, both scaled by
+    the multiplier, less the ``128 · 2^shift`` that takes the offset back out after the shift."""
+    value = (count // 2 + 128 * count) * multiplier - (128 << shift)
+    return pack_bias(config, np.full(channels, value, np.int32))
+
+
+def _windows_reach_input(out: int, size: int, kernel: int, stride: int, dilation: int, before: int) -> bool:
+    """Whether every window along an axis holds at least one input element (not only padding)."""
+    taps = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :] * dilation - before
+    return bool(((taps >= 0) & (taps < size)).any(axis=1).all())
+
+
+def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dilation, threads: int,
+               multiply: bool) -> dict:
+    """Output tiles of ``toc`` channel blocks × ``toh`` rows × ``tow`` columns, their input
+    windows loaded once, ranked by the pipeline cost model."""
+    c = config
+    nb, cb = data[:2]
+    oh, ow = out_hw
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    taps = kh * kw
+    ranked = []
+    for tow in reversed(divisors(ow)):
+        win_w = (tow - 1) * sw + (kw - 1) * dw + 1
+        for toh in divisors(oh):
+            win_h = (toh - 1) * sh + (kh - 1) * dh + 1
+            for toc in divisors(cb):
+                window, pixels = toc * win_h * win_w, toc * toh * tow
+                acc = pixels + (window if kind == "max" else toc)
+                if threads * window > c.inp_depth or threads * acc > c.acc_depth or threads > c.wgt_depth:
+                    break
+                if max(toc, toh, tow) > c.max_loop_iterations:
+                    continue
+                work = TilingCost(
+                    tiles=nb * (cb // toc) * (oh // toh) * (ow // tow), chunks=1,
+                    chunk_read_bytes=window * c.inp_entry_bytes + c.wgt_entry_bytes,
+                    chunk_loads=toc + 1,
+                    chunk_uops=window if kind == "max" else pixels * taps,
+                    tile_uops=pixels * (taps - 1 if kind == "max" else int(multiply)),
+                    tile_read_bytes=0 if kind == "max" else toc * c.acc_entry_bytes,
+                    tile_store_bytes=pixels * c.out_entry_bytes, tile_stores=1 if tow == ow else toc * toh)
+                cost, order = work.best_order(c, threads)
+                ranked.append((cost, -pixels, toc, toh, tow, order))
+    if not ranked:
+        raise OpError(f"a {kh}x{kw} {kind} pool's window of one channel block does not fit the input and "
+                      f"accumulator buffers of config {c.name!r} ({c.inp_depth} and {c.acc_depth} entries)")
+    _, _, toc, toh, tow, order = min(ranked)
+    return {"toc": toc, "toh": toh, "tow": tow, "threads": threads, "order": order}
+
+
+def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int, int], *,
+                        stride: tuple[int, int] | None = None, padding=(0, 0, 0, 0),
+                        dilation: tuple[int, int] = (1, 1), count_include_pad: bool = False,
+                        nonnegative: bool = False, lshift: int = 0, latency_hiding: bool = True) -> CompiledOp:
+    """int8 max or average pooling (``kind``) of an NCHW tensor on the GEMM core, as the int8
+    graph defines it (`ops.reference`: the average rounds half up), output at the input's
+    scale (an average's ``lshift`` bits finer: the mean of ``x << lshift``, saturated). ``padding`` is (top, left, bottom, right); every window must lie inside the padded
+    input (no partial windows). A padded max pool needs ``nonnegative`` inputs (zero padding),
+    a padded average pool ``count_include_pad`` (one divisor for every window). Input ``x``,
+    output NCHW int8, both in the convolutions' packed layouts."""
+    c = config
+    if kind not in ("max", "avg"):
+        raise OpError(f"pooling is max or avg, not {kind!r}")
+    n, ch, h, w = _check(c, shape, (lshift, 0), 0, False)
+    if lshift and kind != "avg":
+        raise OpError("only an average pool takes a left shift")
+    pairs = {"kernel": kernel, "stride": kernel if stride is None else stride, "dilation": dilation}
+    for label, v in pairs.items():
+        if len(tuple(v)) != 2 or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 1 for i in v):
+            raise OpError(f"the pool's {label} must be a pair of integers ≥ 1, not {v!r}")
+    (kh, kw), (sh, sw), (dh, dw) = (tuple(int(i) for i in pairs[k]) for k in ("kernel", "stride", "dilation"))
+    if len(tuple(padding)) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+                                       for v in padding):
+        raise OpError(f"the pool's padding must be four integers ≥ 0 (top, left, bottom, right), not {padding!r}")
+    top, left, bottom, right = (int(v) for v in padding)
+    if max(padding) > c.max_dma_pad:
+        raise OpError(f"the pool's padding {list(padding)} exceeds the DMA's pad field ({c.max_dma_pad})")
+    padded = any(padding)
+    if padded and kind == "max" and not nonnegative:
+        raise OpError("a padded max pool of inputs that may be negative: the DMA pads with zeros, which only a "
+                      "non-negative input (after a ReLU) leaves without effect")
+    if padded and kind == "avg" and not count_include_pad:
+        raise OpError("a padded average pool without count_include_pad divides its border windows by fewer taps; "
+                      "the accelerator divides every window by one count")
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if h + top + bottom < span_h or w + left + right < span_w:
+        raise OpError(f"a {kh}x{kw} window does not fit the {h}x{w} input with padding {list(padding)}")
+    oh, ow = (h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1
+    if kind == "max" and not all(_windows_reach_input(*axis) for axis in ((oh, h, kh, sh, dh, top),
+                                                                          (ow, w, kw, sw, dw, left))):
+        # The graph's max of no input is −128; the zero frame would give 0.
+        raise OpError("a window of the max pool lies wholly in the padding")
+    count = kh * kw
+    division = None
+    if kind == "avg":
+        division = division_by_multiply(count, c.alu_imm_range[1], lshift)
+        if division is None:
+            raise OpError(f"an average over {count} taps{f' shifted by {lshift}' if lshift else ''} has no exact "
+                          f"multiply-and-shift within the ALU's {c.alu_imm_range[1]} immediate and int32")
+    data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
+    nb, cb = data[:2]
+    epi = Epilogue(kind == "avg", division[1] if division else 0, False)
+    check_footprint(c, f"{kind} pool", {"inp": nb * cb * h * w, "wgt": 1, "out": nb * cb * oh * ow}, epi)
+    acc = f"int{c.acc_width}"
+    x = placeholder((nb, cb, h, w, c.batch, c.block_in), f"int{c.inp_width}", "x", tile_dims=2)
+    # One weight entry, with an outer axis of 1 as every DMA'd tensor has.
+    ident = placeholder((1, c.block_out, c.block_in), f"int{c.wgt_width}", "w", tile_dims=2)
+    xp = pad(x, (0, 0, top, left, 0, 0), (0, 0, bottom, right, 0, 0), "xp") if padded else x
+    k = reduce_axis(c.block_in, "k")
+    out_shape = (nb, cb, oh, ow, c.batch, c.block_out)
+    params = [x, ident]
+    if kind == "avg":
+        m, t = division
+        ri, rj = reduce_axis(kh, "ri"), reduce_axis(kw, "rj")
+        total = compute(out_shape, lambda n_, oc, y, xx, b, o: sum_(
+            xp[n_, oc, y * sh + ri * dh, xx * sw + rj * dw, b, k].astype(acc) * ident[0, o, k].astype(acc), [ri, rj, k]),
+            name="c", dtype=acc, tile_dims=2)
+        bias = placeholder((cb, c.batch, c.block_out), acc, "bias", tile_dims=2)
+        params.append(bias)
+
+        def average(n_, oc, y, xx, b, o):
+            value = total[n_, oc, y, xx, b, o]
+            if m != 1:
+                value = value * Const(m)
+            return Cast("int8", clip(Shr(value + bias[oc, b, o], Const(t)) if t else value + bias[oc, b, o],
+                                     -128, 127))
+        out = compute(out_shape, average, name="out", dtype="int8", tile_dims=2)
+        widened = total
+    else:
+        # A reduction over the one weight entry too, so that the first reduction loop lies
+        # outside the GEMM intrinsic's three (the accumulator's initialization goes there).
+        r = reduce_axis(1, "r")
+        wide = compute((nb, cb, h + top + bottom, w + left + right, c.batch, c.block_out),
+                       lambda n_, oc, y, xx, b, o: sum_(xp[n_, oc, y, xx, b, k].astype(acc) * ident[r, o, k].astype(acc),
+                                                        [r, k]),
+                       name="wide", dtype=acc, tile_dims=2)
+
+        def window_max(n_, oc, y, xx, b, o):
+            value = wide[n_, oc, y * sh, xx * sw, b, o]
+            for i in range(kh):
+                for j in range(kw):
+                    if i or j:
+                        value = Max(value, wide[n_, oc, y * sh + i * dh, xx * sw + j * dw, b, o])
+            return Cast("int8", clip(value, -128, 127))
+        out = compute(out_shape, window_max, name="out", dtype="int8", tile_dims=2)
+        widened = wide
+    plan = plan_with_fallback(lambda threads: _pool_plan(c, kind, data, (oh, ow), (kh, kw), (sh, sw), (dh, dw),
+                                                         threads, kind == "avg" and division[0] != 1),
+                              latency_hiding)
+
+    s = create_schedule(out)
+    s[widened].set_scope("acc")
+    out_acc = s.cache_write(out, "acc")
+    x_inp = s.cache_read(xp, "inp", [widened])
+    if padded:
+        s[xp].compute_inline()      # the padding becomes the DMA's zero frame
+    w_wgt = s.cache_read(ident, "wgt", [widened])
+    readers = [s.cache_read(params[2], "acc", [out_acc])] if kind == "avg" else []
+    so = s[out]
+    sn, soc, sy, sx, _, _ = so.leaf
+    oco, oci = so.split(soc, plan["toc"])
+    yo, yi = so.split(sy, plan["toh"])
+    xo, xi = so.split(sx, plan["tow"])
+    so.reorder(sn, oco, yo, xo, oci, yi, xi)
+    tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
+    schedule_output_tile(s, out, tile, oci, plan["threads"], [widened, out_acc], readers, plan["order"])
+    sw_ = s[widened]
+    if kind == "avg":
+        wn, woc, wy, wx, wb, wo, wri, wrj, wk = sw_.leaf
+        chunk, wrii = sw_.split(wri, kh)      # one chunk: the whole window loaded once
+        sw_.reorder(chunk, wn, woc, wy, wx, wrii, wrj, wb, wo, wk)
+    else:
+        wn, woc, wy, wx, wb, wo, chunk, wk = sw_.leaf
+        sw_.reorder(chunk, wn, woc, wy, wx, wb, wo, wk)
+    sw_.tensorize(wb, gemm_intrin(c))
+    for t_ in (x_inp, w_wgt):
+        s[t_].compute_at(sw_, chunk)
+        s[t_].pragma(s[t_].leaf[0], "dma_copy")
+    program = build(s, c, params + [out])
+    weights = pool_weights(c, lshift)
+    bias_packed = pool_bias(c, ch, count, *division) if kind == "avg" else None
+
+    def pack(x: np.ndarray) -> dict[str, np.ndarray]:
+        if tuple(x.shape) != (n, ch, h, w):
+            raise OpError(f"the {kind} pool was compiled for {[n, ch, h, w]}, not {list(x.shape)}")
+        packed = {"x": pack_nchw(c, x), "w": weights}
+        if bias_packed is not None:
+            packed["bias"] = bias_packed
+        return packed
+
+    return CompiledOp(f"{kind}_pool", program, ["x"], "out", pack, lambda t_: unpack_nchw(t_, n, ch),
+                      plan=dict(plan, oh=oh, ow=ow, **({"multiplier": division[0], "shift": division[1]}
+                                                       if division else {})))
