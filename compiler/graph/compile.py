@@ -25,7 +25,7 @@ from gemforge.hw.config import load_config
 from .memory_plan import pack_layouts, plan_memory
 from .network import CompiledNetwork
 from .partition import partition
-from .pixel_dense import dense_of_pixels_as_conv
+from .image_dense import dense_of_image_as_conv
 from .unfold import unfold_small_channel_convs
 from .batch import batch_mixing
 from .ir import Graph, GraphError
@@ -101,8 +101,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         net.config = load_config(config)
         graph = infer_shapes(unfold_small_channel_convs(graph, net.config))
         stage("unfold_small_channel_convs", graph)
-        graph = infer_shapes(dense_of_pixels_as_conv(graph))
-        stage("dense_of_pixels_as_conv", graph)
+        graph = infer_shapes(dense_of_image_as_conv(graph))
+        stage("dense_of_image_as_conv", graph)
         net.layers = partition(graph, net.config, report)
         stage("partition", graph)
         tensors = pack_layouts(graph, net.layers)

@@ -259,7 +259,7 @@ def test_int8_network_on_verilator_equals_fsim():
     accel = [r for r in model.last_profile if r.cycles is not None]
     np.testing.assert_array_equal(on_rtl, model.run(x, "fsim"))
     # Three convolutions, the residual add and the pools (widened on the GEMM core) and the dense
-    # layer, a 1×1 convolution of the global pool's image (`pixel_dense`).
+    # layer, a 1×1 convolution of the global pool's image (`image_dense`).
     assert [r.op for r in accel] == ["conv2d", "conv2d", "add", "max_pool", "conv2d", "avg_pool", "avg_pool",
                                      "conv2d"]
     assert all(0 < r.gemm_utilization <= 1 for r in accel)

@@ -34,7 +34,7 @@ def test_resnet18_int8_on_fsim_and_cpu():
     calib = rng.normal(size=(2, 1, 3, 64, 64)).astype(np.float32)
     model = compile_model(m, quantize="int8", calibrate=calib, config="default")
     placed = [n for n in model.graph.nodes if n.op == "conv2d"]
-    # 20 convolutions and the classifier, a 1×1 convolution of the global pool's image (`pixel_dense`).
+    # 20 convolutions and the classifier, a 1×1 convolution of the global pool's image (`image_dense`).
     assert len(placed) == 21 and all(n.device == "accel" for n in placed) and placed[-1].name == "fc"
     # The 7×7 stem of 3 channels is a 1×1 convolution over its 147-channel patches, unfolded on
     # the host beside the input's quantize (`unfold.py`): same integers, so the same results.
@@ -126,7 +126,7 @@ def test_compile_and_run_commands(tmp_path, capsys):
                      "--device", device, "--profile"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert (tmp_path / f"{device}.profile.png").read_bytes()[:4] == b"\x89PNG"
-        assert [r["device"] for r in report["profile"] if r["op"] == "conv2d"] == [device] * 2
+        assert [r["device"] for r in report["profile"] if r["op"] in ("conv2d", "max_pool")] == [device] * 5
     np.testing.assert_array_equal(np.load(tmp_path / "fsim.npy"), np.load(tmp_path / "cpu.npy"))
     assert np.load(tmp_path / "cpu.npy").shape == (20, 10)
     # The float32 artefact, and the errors a user gets.

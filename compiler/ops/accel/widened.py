@@ -54,7 +54,8 @@ from ...te import clip, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
 from .common import TilingCost, check_footprint, divisors, plan_with_fallback, schedule_output_tile
 
-__all__ = ["compile_scaled_add", "compile_int8_pool2d", "division_by_multiply", "MAX_OPERAND_SHIFT",
+__all__ = ["compile_scaled_add", "compile_int8_pool2d", "compile_int8_depthwise_conv2d", "pack_depthwise",
+           "division_by_multiply", "MAX_OPERAND_SHIFT",
            "scaled_add_weights", "scaled_add_bias", "pool_weights", "pool_bias"]
 
 #: The largest left shift of an operand: its weight 2^l must be an int8.
@@ -250,7 +251,8 @@ def _windows_reach_input(out: int, size: int, kernel: int, stride: int, dilation
 def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dilation, threads: int,
                multiply: bool) -> dict:
     """Output tiles of ``toc`` channel blocks × ``toh`` rows × ``tow`` columns, their input
-    windows loaded once, ranked by the pipeline cost model."""
+    windows loaded once, ranked by the pipeline cost model. ``kind`` is ``max``, ``avg`` or
+    ``depthwise`` (a weight entry per channel block and tap, and a bias)."""
     c = config
     nb, cb = data[:2]
     oh, ow = out_hw
@@ -264,13 +266,14 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
             for toc in divisors(cb):
                 window, pixels = toc * win_h * win_w, toc * toh * tow
                 acc = pixels + (window if kind == "max" else toc)
-                if threads * window > c.inp_depth or threads * acc > c.acc_depth or threads > c.wgt_depth:
+                weights = toc * taps if kind == "depthwise" else 1
+                if threads * window > c.inp_depth or threads * acc > c.acc_depth or threads * weights > c.wgt_depth:
                     break
                 if max(toc, toh, tow) > c.max_loop_iterations:
                     continue
                 work = TilingCost(
                     tiles=nb * (cb // toc) * (oh // toh) * (ow // tow), chunks=1,
-                    chunk_read_bytes=window * c.inp_entry_bytes + c.wgt_entry_bytes,
+                    chunk_read_bytes=window * c.inp_entry_bytes + weights * c.wgt_entry_bytes,
                     chunk_loads=toc + 1,
                     chunk_uops=window if kind == "max" else pixels * taps,
                     tile_uops=pixels * (taps - 1 if kind == "max" else int(multiply)),
@@ -428,3 +431,109 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
     return CompiledOp(f"{kind}_pool", program, ["x"], "out", pack, lambda t_: unpack_nchw(t_, n, ch),
                       plan=dict(plan, oh=oh, ow=ow, **({"multiplier": division[0], "shift": division[1]}
                                                        if division else {})))
+
+
+# ---------------------------------------------------------------------------- depthwise convolutions
+
+def pack_depthwise(config: AccelConfig, w: np.ndarray) -> np.ndarray:
+    """Depthwise weights (C, 1, KH, KW) → ``(C/BO, KH, KW, BO, BI)``: per channel block and
+    tap, the diagonal matrix of the block's weights (BI = BO)."""
+    c, _, kh, kw = w.shape
+    bo = config.block_out
+    cb = ceil_div(c, bo)
+    full = np.zeros((cb * bo, kh, kw), np.int64)
+    full[:c] = w[:, 0]
+    taps = full.reshape(cb, bo, kh, kw).transpose(0, 2, 3, 1)          # (cb, kh, kw, bo)
+    diagonal = np.zeros((cb, kh, kw, bo, bo), np.int64)
+    lanes = np.arange(bo)
+    diagonal[..., lanes, lanes] = taps
+    return diagonal.astype(int_dtype(config.wgt_width))
+
+
+def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tuple[int, int], *,
+                                  stride: tuple[int, int] = (1, 1), padding=(0, 0, 0, 0),
+                                  dilation: tuple[int, int] = (1, 1), shift: int = 0, relu: bool = False,
+                                  latency_hiding: bool = True) -> CompiledOp:
+    """int8 depthwise convolution (one input channel per output channel, groups = channels) of an
+    NCHW tensor with (C, 1, KH, KW) weights and an int32 bias, requantized by ``shift`` (and
+    ReLU) as the int8 graph's convolutions are, on the GEMM core.
+
+    Each tap is one micro-op per output entry against the diagonal matrix of its channel block's
+    weights (`pack_depthwise`): exact, and ``block_out`` useful products a micro-op where a
+    one-group convolution has ``block_in · block_out`` — a depthwise layer's products are one
+    per output and tap, so a dense core cannot fill its rows with them. Such a layer is about
+    as quick as its DMA here (it reads each input once and computes 9 products of each at
+    ``block_out`` a cycle), and the host round trip it replaces costs more. Inputs ``x``,
+    ``w``, ``bias``; output NCHW int8 in the convolutions' packed layout."""
+    c = config
+    n, ch, h, w = _check(c, input_shape, (0, 0), shift, relu)
+    pairs = {"kernel": kernel, "stride": stride, "dilation": dilation}
+    for label, v in pairs.items():
+        if len(tuple(v)) != 2 or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 1 for i in v):
+            raise OpError(f"the depthwise convolution's {label} must be a pair of integers ≥ 1, not {v!r}")
+    (kh, kw), (sh, sw), (dh, dw) = (tuple(int(i) for i in pairs[k]) for k in ("kernel", "stride", "dilation"))
+    if len(tuple(padding)) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+                                       for v in padding):
+        raise OpError(f"the padding must be four integers ≥ 0 (top, left, bottom, right), not {padding!r}")
+    top, left, bottom, right = (int(v) for v in padding)
+    if max(padding) > c.max_dma_pad:
+        raise OpError(f"the depthwise convolution's padding {list(padding)} exceeds the DMA's pad field "
+                      f"({c.max_dma_pad})")
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if h + top + bottom < span_h or w + left + right < span_w:
+        raise OpError(f"a {kh}x{kw} kernel does not fit the {h}x{w} input with padding {list(padding)}")
+    oh, ow = (h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1
+    data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
+    nb, cb = data[:2]
+    epi = Epilogue(True, shift, relu)
+    check_footprint(c, "depthwise conv2d", {"inp": nb * cb * h * w, "wgt": cb * kh * kw, "out": nb * cb * oh * ow},
+                    epi)
+    acc = f"int{c.acc_width}"
+    x = placeholder((nb, cb, h, w, c.batch, c.block_in), f"int{c.inp_width}", "x", tile_dims=2)
+    wt = placeholder((cb, kh, kw, c.block_out, c.block_in), f"int{c.wgt_width}", "w", tile_dims=2)
+    bias = placeholder((cb, c.batch, c.block_out), acc, "bias", tile_dims=2)
+    padded = any(padding)
+    xp = pad(x, (0, 0, top, left, 0, 0), (0, 0, bottom, right, 0, 0), "xp") if padded else x
+    ri, rj, k = reduce_axis(kh, "ri"), reduce_axis(kw, "rj"), reduce_axis(c.block_in, "k")
+    out_shape = (nb, cb, oh, ow, c.batch, c.block_out)
+    total = compute(out_shape, lambda n_, oc, y, xx, b, o: sum_(
+        xp[n_, oc, y * sh + ri * dh, xx * sw + rj * dw, b, k].astype(acc) * wt[oc, ri, rj, o, k].astype(acc),
+        [ri, rj, k]), name="c", dtype=acc, tile_dims=2)
+    out = compute(out_shape, lambda n_, oc, y, xx, b, o: epi.apply(total[n_, oc, y, xx, b, o], bias[oc, b, o]),
+                  name="out", dtype="int8", tile_dims=2)
+    plan = plan_with_fallback(lambda threads: _pool_plan(c, "depthwise", data, (oh, ow), (kh, kw), (sh, sw),
+                                                         (dh, dw), threads, False), latency_hiding)
+    s = create_schedule(out)
+    s[total].set_scope("acc")
+    out_acc = s.cache_write(out, "acc")
+    x_inp = s.cache_read(xp, "inp", [total])
+    if padded:
+        s[xp].compute_inline()      # the padding becomes the DMA's zero frame
+    w_wgt = s.cache_read(wt, "wgt", [total])
+    readers = [s.cache_read(bias, "acc", [out_acc])]
+    so = s[out]
+    sn, soc, sy, sx, _, _ = so.leaf
+    oco, oci = so.split(soc, plan["toc"])
+    yo, yi = so.split(sy, plan["toh"])
+    xo, xi = so.split(sx, plan["tow"])
+    so.reorder(sn, oco, yo, xo, oci, yi, xi)
+    tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
+    schedule_output_tile(s, out, tile, oci, plan["threads"], [total, out_acc], readers, plan["order"])
+    st = s[total]
+    tn, toc_, ty, tx, tb, to, tri, trj, tk = st.leaf
+    chunk, trii = st.split(tri, kh)      # one chunk: the window and the block's taps loaded once
+    st.reorder(chunk, tn, toc_, ty, tx, trii, trj, tb, to, tk)
+    st.tensorize(tb, gemm_intrin(c))
+    for t_ in (x_inp, w_wgt):
+        s[t_].compute_at(st, chunk)
+        s[t_].pragma(s[t_].leaf[0], "dma_copy")
+    program = build(s, c, [x, wt, bias, out])
+
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
+        if tuple(x.shape) != (n, ch, h, w_) or tuple(w.shape) != (ch, 1, kh, kw):
+            raise OpError(f"the depthwise convolution was compiled for input {[n, ch, h, w_]} and weight "
+                          f"{[ch, 1, kh, kw]}, not {list(x.shape)} and {list(w.shape)}")
+        return {"x": pack_nchw(c, x), "w": pack_depthwise(c, w), "bias": pack_bias(c, bias)}
+    w_ = w
+    return CompiledOp("depthwise_conv2d", program, ["x", "w", "bias"], "out", pack,
+                      lambda t_: unpack_nchw(t_, n, ch), plan=dict(plan, oh=oh, ow=ow))
