@@ -4,7 +4,8 @@ The device memory the packed tensors take is planned in `memory_plan`.
 
 **Partitioning rule.** A node runs on the accelerator when the accelerator computes
 it exactly in int8 and its operator compiles for the config: convolutions with one
-group and dense layers, with constant weights, each with its bias, ReLU and
+group or depthwise (a group per channel: diagonal weights on the GEMM core, `block_out`
+useful products a cycle) and dense layers, with constant weights, each with its bias, ReLU and
 requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
 bit for bit the CPU back end's); the adds and subtractions of two int8 tensors of
 one NCHW shape (residual adds); and max and average pools (global ones included) whose
@@ -38,12 +39,12 @@ from gemforge.hw.program import Program
 
 from ..backends.accel.layout import pack_matrix_a, pack_nchw, unpack_matrix, unpack_nchw
 from ..ops import accel as accel_ops
-from ..ops.accel.widened import compile_int8_pool2d, compile_scaled_add
+from ..ops.accel.widened import compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add
 from ..errors import CompileError
 from ..ops.common import OpError
 from .ir import Graph, Node
 
-__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "host_reads", "host_round_trips", "round_trips"]
+__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "is_depthwise", "host_reads", "host_round_trips", "round_trips"]
 
 #: The program tensors an accelerator layer binds its node's data inputs to, in the node's
 #: input order (a convolution's and a dense layer's weights and bias travel in the program).
@@ -125,6 +126,12 @@ def _compile_elementwise(graph: Graph, node: Node, config: AccelConfig) -> Accel
     return AccelLayer(node.op, program, "x", shapes[0], shapes[0], dict(op.plan))
 
 
+def is_depthwise(graph: Graph, node: Node) -> bool:
+    """Whether the conv2d ``node`` is depthwise: a group per input channel, one output channel each."""
+    channels = graph.values[node.inputs[0]].shape[1]
+    return node.attrs["groups"] == channels > 1 and graph.values[node.inputs[1]].shape[:2] == (channels, 1)
+
+
 def nonnegative(graph: Graph, tensor: str) -> bool:
     """Whether ``tensor`` is known to hold no negative value: a ReLU's output (a layer's fused
     one included), or a pool of such a tensor."""
@@ -170,11 +177,16 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
     x_shape = tuple(graph.values[node.inputs[0]].shape)
     w, bias = graph.constants[node.inputs[1]], graph.constants[node.inputs[2]]
     if node.op == "conv2d":
+        if a["groups"] != 1 and not is_depthwise(graph, node):
+            raise OpError(f"the accelerator runs convolutions with one group or depthwise ones (a group per channel, "
+                          f"one output each), not {a['groups']} groups of {x_shape[1]} channels into {w.shape[0]}")
         if a["groups"] != 1:
-            raise OpError(f"the accelerator runs convolutions with one group, not {a['groups']}")
-        # Untuned: a network's twenty-odd layers compile in seconds (tuning costs ~2 s a shape).
-        op = accel_ops.compile_conv2d(config, x_shape, w.shape, stride=a["stride"], padding=a["padding"],
-                                      bias=True, shift=a["shift"], relu=a["relu"], tune=False)
+            op = compile_int8_depthwise_conv2d(config, x_shape, tuple(w.shape[2:]), stride=(a["stride"],) * 2,
+                                               padding=(a["padding"],) * 4, shift=a["shift"], relu=a["relu"])
+        else:
+            # Untuned: a network's twenty-odd layers compile in seconds (tuning costs ~2 s a shape).
+            op = accel_ops.compile_conv2d(config, x_shape, w.shape, stride=a["stride"], padding=a["padding"],
+                                          bias=True, shift=a["shift"], relu=a["relu"], tune=False)
         packed = op.pack_inputs(x=np.zeros(x_shape, np.int8), w=w, bias=bias)
         data, data_shape = "x", x_shape
         out_shape = tuple(graph.values[node.output].shape)

@@ -25,9 +25,9 @@ import numpy as np
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
-from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer
-from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pool_bias, pool_weights,
-                                                 scaled_add_bias, scaled_add_weights)
+from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
+from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pack_depthwise, pool_bias,
+                                                 pool_weights, scaled_add_bias, scaled_add_weights)
 from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.ir import (MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, GraphError, GraphNotes, Node, Value,
                                         whole_number)
@@ -363,7 +363,11 @@ def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, 
         regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), oh, ow, b, bo), "out")
         return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
     w = graph.values[node.inputs[1]].shape
-    if node.op == "conv2d":
+    if node.op == "conv2d" and node.attrs["groups"] != 1:      # depthwise: a diagonal tile per block and tap
+        (n, c, h, wd), (_, _, kh, kw), (_, _, oh, ow) = x, w, y
+        shapes = {"x": (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi), "w": (ceil_div(c, bo), kh, kw, bo, bi),
+                  "bias": (ceil_div(c, bo), b, bo), "out": (ceil_div(n, b), ceil_div(c, bo), oh, ow, b, bo)}
+    elif node.op == "conv2d":
         (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = x, w, y
         shapes = {"x": (ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi),
                   "w": (ceil_div(o, bo), ceil_div(c, bi), kh, kw, bo, bi),
@@ -404,9 +408,9 @@ def _check_layers(net: CompiledNetwork) -> None:
         if net.config is None or layer is None or layer.kind != node.op or layer.program.config != net.config:
             raise ModelError(f"accelerator node {node.name!r} has no program for the model's config")
         if any(g.values[name].dtype != "int8" for name, _ in layer.bound_inputs(node)) or \
-                (node.op == "conv2d" and node.attrs["groups"] != 1):
+                (node.op == "conv2d" and node.attrs["groups"] != 1 and not is_depthwise(g, node)):
             raise ModelError(f"accelerator node {node.name!r} is not an int8 {node.op} the accelerator runs (one "
-                             "group, int8 data)")
+                             "group or depthwise, int8 data)")
         x, y = g.values[node.inputs[0]].shape, g.values[node.output].shape
         if node.op == "dense":      # its layer takes the data as a matrix (…, K) → (M, K)
             x, y = (math.prod(x[:-1]), x[-1]), (math.prod(y[:-1]), y[-1])
@@ -462,8 +466,8 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
         w, bias = (graph.constants.get(name) for name in node.inputs[1:3])
         if w is None or bias is None:
             raise ModelError(f"accelerator node {node.name!r} has no constant weights and bias")
-        expected = {"w": (pack_oihw if node.op == "conv2d" else pack_matrix_b)(config, w),
-                    "bias": pack_bias(config, bias)}
+        pack = pack_matrix_b if node.op == "dense" else pack_oihw if node.attrs["groups"] == 1 else pack_depthwise
+        expected = {"w": pack(config, w), "bias": pack_bias(config, bias)}
         sources = {"w": f"the manifest's {node.inputs[1]!r}", "bias": f"the manifest's {node.inputs[2]!r}"}
         store = {"shift": node.attrs["shift"], "relu": node.attrs["relu"]}
     for name, packed in expected.items():

@@ -16,8 +16,9 @@ from gemforge.compiler.ops import (
 )
 from gemforge.compiler.graph.numeric import int8_clipped, rounding_shift
 from gemforge.compiler.ops.accel.widened import (
-    MAX_OPERAND_SHIFT, compile_int8_pool2d, compile_scaled_add, division_by_multiply,
+    MAX_OPERAND_SHIFT, compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add, division_by_multiply,
 )
+from gemforge.compiler.ops.reference import conv2d_sums
 from gemforge.compiler.ops.common import reference_epilogue
 from gemforge.driver.runtime.device import open_device
 from gemforge.hw.isa import Load, MemType
@@ -217,3 +218,31 @@ def test_int8_pools_refuse_what_they_cannot_compute_exactly(kwargs, message):
     kwargs = {"shape": (1, 4, 6, 6), "kernel": (3, 3), **kwargs}
     with pytest.raises(OpError, match=message):
         compile_int8_pool2d(CONFIGS["default"], kwargs.pop("shape"), kwargs.pop("kind"), kwargs.pop("kernel"), **kwargs)
+
+
+# ---------------------------------------------------------------- int8 depthwise convolutions on the GEMM core
+
+@pytest.mark.parametrize("config", SQUARE_CONFIGS, ids=lambda c: c.name)
+def test_int8_depthwise_conv2d_with_diagonal_weights_equals_the_reference(config):
+    """Random channels, kernels, strides, dilations, padding, shifts and ReLU: bit for bit the
+    int8 convolution of one group per channel (`conv2d_reference` with groups, requantized)."""
+    rng = np.random.default_rng([zlib.crc32(config.name.encode()), 7])
+    dev = open_device("fsim", config, dram_bytes=1 << 22) if config.name == "batched-square" else device_for(config)
+    for case in range(3):
+        kernel = tuple(int(v) for v in rng.integers(1, 4, 2))
+        stride = (int(rng.integers(1, 3)),) * 2
+        dilation = (1, 1) if case < 2 else (2, 1)
+        pads = tuple(int(rng.integers(0, min(k, 2))) for k in kernel + kernel)
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(5, 10)), int(rng.integers(5, 10)))
+        shift, relu = int(rng.integers(0, 9)), bool(rng.integers(2))
+        x = rng.integers(-128, 128, shape, dtype=np.int8)
+        w = rng.integers(-128, 128, (shape[1], 1, *kernel), dtype=np.int8)
+        bias = rng.integers(-3000, 3000, shape[1]).astype(np.int32)
+        op = compile_int8_depthwise_conv2d(config, shape, kernel, stride=stride, padding=pads, dilation=dilation,
+                                           shift=shift, relu=relu)
+        out, _ = op.run(dev, x=x, w=w, bias=bias)
+        padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+        spread = np.zeros((shape[1], 1, (kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1), np.int8)
+        spread[:, :, ::dilation[0], ::dilation[1]] = w           # the dilated kernel, zeros between its taps
+        sums = conv2d_sums(padded, spread, stride[0], 0, groups=shape[1]) + bias[None, :, None, None]
+        np.testing.assert_array_equal(out, int8_clipped(sums >> shift, 0 if relu else -128))

@@ -5,6 +5,9 @@ artefact's round trip; runs in batch chunks; refusals of the runtime."""
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
+import zipfile
 import re
 
 import numpy as np
@@ -389,3 +392,42 @@ def test_pools_on_the_accelerator_or_on_the_cpu_with_the_reason(pool, relu, reas
         assert re.search(reason, row["reason"]), row
     x = rng.normal(size=(1, 3, 9, 9)).astype(np.float32)
     np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
+
+
+def test_a_depthwise_convolution_runs_on_the_accelerator_and_its_file_is_checked():
+    """A depthwise convolution (a group per channel) runs on the accelerator with diagonal weights,
+    as the CPU computes it, through a saved .gfm; its program's weights edited are refused."""
+    from onnx import helper
+    from onnx_models import model as onnx_model
+    from gemforge.hw.program import Program
+    rng = np.random.default_rng(12)
+    c = 24
+    init = {"w1": rng.normal(0, 0.4, (c, 3, 3, 3)).astype(np.float32),
+            "dw": rng.normal(0, 0.4, (c, 1, 3, 3)).astype(np.float32),
+            "w2": rng.normal(0, 0.2, (8, c, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "dw"], ["d"], pads=[1, 1, 1, 1], strides=[2, 2], group=c, name="dw"),
+             helper.make_node("Conv", ["d", "w2"], ["out"], name="conv2")]
+    m = onnx_model(nodes, [("input", [1, 3, 10, 10])], [("out", None)], init)
+    compiled = compile_model(m, quantize="int8", calibrate=rng.normal(size=(4, 1, 3, 10, 10)).astype(np.float32),
+                             config="tiny")
+    assert {n.name: n.device for n in compiled.graph.nodes}["dw"] == "accel"
+    data = compiled.to_bytes()
+    x = rng.normal(size=(1, 3, 10, 10)).astype(np.float32)
+    loaded = Model.from_bytes(data)
+    np.testing.assert_array_equal(loaded.run(x, "fsim"), loaded.run(x, "cpu"))
+    files = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        files = {name: z.read(name) for name in z.namelist()}
+    member = json.loads(files["manifest.json"])["layers"]["dw"]["program"]
+    program = Program.from_bytes(files[member])
+    program.constants["w"] = program.constants["w"].copy()
+    program.constants["w"][0, 0, 0, 0, 1] = 5          # off the diagonal
+    files[member] = program.to_bytes()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, raw in files.items():
+            z.writestr(name, raw)
+    with pytest.raises(ModelError, match="accelerator node 'dw': the weights packed in its program differ"):
+        Model.from_bytes(buffer.getvalue())

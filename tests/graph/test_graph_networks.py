@@ -61,8 +61,8 @@ def test_resnet18_int8_on_fsim_and_cpu():
 def test_mobilenet_v2_float32_as_onnx_runtime_and_int8_on_fsim_and_cpu():
     """torchvision's MobileNetV2 topology (17 depthwise convolutions, 35 ReLU6 clips, 10 residual
     adds): float32 as ONNX Runtime; int8 alike on fsim and the cpu, close to float32, its
-    one-group convolutions, the residual adds and the classifier on the accelerator and the
-    depthwise ones on the host (until issue 51 brings them over)."""
+    convolutions (depthwise ones included), the residual adds and the classifier on the
+    accelerator."""
     rng = np.random.default_rng(5)
     m = build_mobilenet_v2(image=32, width=0.5, classes=10)
     ops = [n.op_type for n in m.graph.node]
@@ -77,7 +77,7 @@ def test_mobilenet_v2_float32_as_onnx_runtime_and_int8_on_fsim_and_cpu():
     convs = [n for n in model.graph.nodes if n.op == "conv2d"]
     depthwise = [n for n in convs if n.attrs.get("groups", 1) > 1]
     assert len(convs) == 53 and len(depthwise) == 17      # the classifier as a 1×1 convolution too
-    assert all(n.device == "cpu" for n in depthwise) and all(n.device == "accel" for n in convs if n not in depthwise)
+    assert all(n.device == "accel" for n in convs)       # the depthwise ones with diagonal weights
     assert [n.device for n in model.graph.nodes if n.op == "add"] == ["accel"] * 10
     on_fsim = model.run(x, "fsim")
     np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
