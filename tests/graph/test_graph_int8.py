@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import zipfile
 import re
+import zipfile
 
 import numpy as np
 import pytest
