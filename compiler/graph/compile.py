@@ -86,6 +86,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     never_nonzero = sorted(name for name, peak in peaks.items() if peak == 0.0)
     graph = quantize(graph, peaks)
     stage("quantize", graph)
+    graph = fuse_clips(graph)           # the int8 clips, at their integer bounds
+    stage("fuse_clips", graph)
     if report:
         if never_nonzero:
             many = len(never_nonzero) != 1

@@ -182,11 +182,12 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
                           f"one output each), not {a['groups']} groups of {x_shape[1]} channels into {w.shape[0]}")
         if a["groups"] != 1:
             op = compile_int8_depthwise_conv2d(config, x_shape, tuple(w.shape[2:]), stride=(a["stride"],) * 2,
-                                               padding=(a["padding"],) * 4, shift=a["shift"], relu=a["relu"])
+                                               padding=(a["padding"],) * 4, shift=a["shift"], relu=a["relu"],
+                                               hi=a.get("hi"))
         else:
             # Untuned: a network's twenty-odd layers compile in seconds (tuning costs ~2 s a shape).
             op = accel_ops.compile_conv2d(config, x_shape, w.shape, stride=a["stride"], padding=a["padding"],
-                                          bias=True, shift=a["shift"], relu=a["relu"], tune=False)
+                                          bias=True, shift=a["shift"], relu=a["relu"], hi=a.get("hi"), tune=False)
         packed = op.pack_inputs(x=np.zeros(x_shape, np.int8), w=w, bias=bias)
         data, data_shape = "x", x_shape
         out_shape = tuple(graph.values[node.output].shape)

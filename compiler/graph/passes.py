@@ -163,16 +163,27 @@ def fuse(graph: Graph) -> Graph:
 
 
 def fuse_clips(graph: Graph) -> Graph:
-    """In a float32 network, a ``Clip`` (ReLU6 among them) after a convolution whose output
-    nothing else reads joins the convolution's epilogue (``lo``, ``hi``): one pass over the
-    output instead of two, the same values. An int8 network keeps its clips apart, at their
-    input's scale, where the accelerator's requantizing store (ReLU only) leaves them."""
+    """A ``Clip`` (ReLU6 among them) after a convolution whose output nothing else reads joins
+    the convolution's epilogue: one pass over the output instead of two, the same values. In a
+    float32 network as ``lo``, ``hi``; in an int8 one (after quantization: the clip's integer
+    bounds at the convolution's output scale) as ``relu`` for a lower bound of 0 and ``hi``
+    (`Epilogue`, whose ``min`` the accelerator runs on its ALU before the requantizing
+    STORE's shift), for a lower bound of 0 or the int8 minimum only."""
     def clip(node: Node, prev: Node) -> bool:
-        if node.op == "clip" and prev.op == "conv2d" and "lo" not in prev.attrs \
-                and graph.values[prev.output].dtype == "float32":
+        if node.op != "clip" or prev.op != "conv2d" or "lo" in prev.attrs or "hi" in prev.attrs:
+            return False
+        dtype = graph.values[prev.output].dtype
+        if dtype == "float32":
             prev.attrs.update(lo=node.attrs["lo"], hi=node.attrs["hi"])
             return True
-        return False
+        lo, hi = node.attrs["lo"], node.attrs["hi"]
+        if dtype != "int8" or lo not in (-128, 0) or not lo <= hi or \
+                graph.values[node.output].exponent != graph.values[prev.output].exponent:
+            return False
+        prev.attrs["relu"] = prev.attrs["relu"] or lo == 0
+        if hi < 127:
+            prev.attrs["hi"] = int(hi)
+        return True
     return _fold_into_producer(graph, clip)
 
 

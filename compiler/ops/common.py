@@ -9,11 +9,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import CompileError
-from ..ir import Cast, Const, Expr, Max, Shr, is_float
+from ..ir import Cast, Const, Expr, Max, Min, Shr, is_float
 from ..te import clip
 
-__all__ = ["OpError", "Epilogue", "CompiledOp", "reference_epilogue", "out_size", "window_count", "four_pads",
-           "pool_windows"]
+__all__ = ["OpError", "Epilogue", "CompiledOp", "reference_epilogue", "int8_clamp_steps", "out_size", "window_count",
+           "four_pads", "pool_windows"]
 
 
 def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -90,8 +90,9 @@ class OpError(CompileError):
 class Epilogue:
     """What follows a reduction (dense, conv2d) in one fused pass.
 
-    Integers: ``out = clip((acc + bias) >> shift, lo, 127)`` with ``lo = 0``
-    under ReLU and −128 otherwise, as int8 (the accelerator's requantization;
+    Integers: ``out = clip((acc + bias) >> shift, lo, hi)`` with ``lo = 0``
+    under ReLU and −128 otherwise and ``hi`` 127 unless given (an int8 network's
+    convolution followed by a Clip: ReLU6), as int8 (the accelerator's requantization;
     the shift is arithmetic); without ``shift`` the int32 ``acc + bias``
     (ReLU'd if asked) is the output. Floats: ``acc + bias``, ReLU'd if asked
     (no shift), then clipped to ``[lo, hi]`` where those are given (a float network's
@@ -107,8 +108,14 @@ class Epilogue:
         if self.shift is not None and (isinstance(self.shift, bool) or not isinstance(self.shift, int)
                                        or not 0 <= self.shift <= 31):
             raise OpError(f"shift must be an integer between 0 and 31, not {self.shift!r}")
-        if (self.lo is None) != (self.hi is None) or (self.lo is not None and self.shift is not None):
-            raise OpError("an epilogue's clip takes both bounds, and only without a shift (a float result)")
+        if self.shift is not None and self.lo is None and self.hi is not None:
+            if isinstance(self.hi, bool) or not isinstance(self.hi, int) or \
+                    not (0 if self.relu else -128) <= self.hi <= 127:
+                raise OpError(f"an int8 epilogue's upper bound is an integer from {0 if self.relu else -128} to 127, "
+                              f"not {self.hi!r}")
+        elif (self.lo is None) != (self.hi is None) or (self.lo is not None and self.shift is not None):
+            raise OpError("an epilogue's clip takes both bounds, and only without a shift (a float result); an "
+                          "int8 one its upper bound alone")
 
     def out_dtype(self, acc_dtype: str = "int32") -> str:
         """int8 after the shift and clip; otherwise the accumulator type."""
@@ -121,14 +128,40 @@ class Epilogue:
         if self.bias:
             value = value + bias
         if self.shift is not None:
-            if self.shift:
-                value = Shr(value, Const(self.shift))
+            first, cap, rest = int8_clamp_steps(self.shift, 127 if self.hi is None else self.hi)
+            if first:
+                value = Shr(value, Const(first))
+            if cap is not None:
+                value = Min(value, Const(cap, value.dtype))
+            if rest:
+                value = Shr(value, Const(rest))
             value = Cast("int8", clip(value, 0 if self.relu else -128, 127))
         elif self.relu:
             value = Max(value, Const(0, value.dtype))
         if self.lo is not None:
             value = clip(value, self.lo, self.hi)         # as the Clip kernel computes it
         return value
+
+
+#: The accelerator's ALU immediate (16 bits, signed), which an int8 epilogue's upper bound
+#: becomes before the requantizing shift (`int8_clamp_steps`).
+_IMM_MAX = (1 << 15) - 1
+
+
+def int8_clamp_steps(shift: int, hi: int) -> tuple[int, int | None, int]:
+    """``min(v >> shift, hi)`` as ``min(v >> first, cap) >> rest`` (``first + rest = shift``,
+    floor shifts), or ``(0, None, shift)`` for ``hi = 127`` (the int8 clamp does it).
+
+    Exact: ``v >> shift ≤ hi`` exactly when ``v >> first < (hi + 1) · 2^rest``. ``rest`` is the
+    largest part of the shift for which ``cap`` fits the accelerator's 16-bit ALU immediate, so
+    the accelerator runs ``>> first`` and ``min cap`` on its ALU and its requantizing STORE
+    shifts by ``rest`` and clamps (`backends.accel.fusion`); the CPU computes the same steps."""
+    if hi >= 127:
+        return 0, None, shift
+    rest = shift
+    while rest and not -_IMM_MAX - 1 <= ((hi + 1) << rest) - 1 <= _IMM_MAX:
+        rest -= 1
+    return shift - rest, ((hi + 1) << rest) - 1, rest
 
 
 def reference_epilogue(acc: np.ndarray, bias: np.ndarray | None, shift: int | None, relu: bool,

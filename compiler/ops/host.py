@@ -47,12 +47,15 @@ def _check_dtype(op: str, dtype: str, allowed=HOST_DTYPES) -> str:
     return dtype
 
 
-def _epilogue(dtype: str, bias: bool, shift: int | None, relu: bool, clip: tuple[float, float] | None = None) -> Epilogue:
+def _epilogue(dtype: str, bias: bool, shift: int | None, relu: bool, clip: tuple[float, float] | None = None,
+              hi: int | None = None) -> Epilogue:
     if shift is not None and dtype != "int8":
         raise OpError("--shift (requantization) applies to int8 operands; float32 results are not shifted")
     if clip is not None and dtype != "float32":
         raise OpError("a fused clip applies to float32 results")
-    return Epilogue(bias, shift, relu, *(clip or (None, None)))
+    if hi is not None and shift is None:
+        raise OpError("an upper bound alone applies to requantized (int8) results")
+    return Epilogue(bias, shift, relu, *(clip or (None, hi)))
 
 
 def _array(value: Any, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -179,14 +182,14 @@ def _conv_args(shape, weight, stride, padding, groups):
 
 def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
                    dtype: str = "int8", bias: bool = False, shift: int | None = None,
-                   relu: bool = False, clip: tuple[float, float] | None = None) -> CompiledOp:
+                   relu: bool = False, clip: tuple[float, float] | None = None, hi: int | None = None) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
     zero padding, with the fused epilogue (float32: ``clip``, finite (lo, hi) bounds, after
-    the ReLU). Output NCHW."""
+    the ReLU; int8: ``hi``, an upper bound below 127). Output NCHW."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
     dtype = _check_dtype("conv2d", dtype)
-    epi = _epilogue(dtype, bias, shift, relu, clip)
+    epi = _epilogue(dtype, bias, shift, relu, clip, hi)
     n, c, h, w = shape
     o, cg, kh, kw = weight
     pixels = oh * ow

@@ -26,6 +26,7 @@ from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
 from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
+from gemforge.compiler.ops.common import int8_clamp_steps
 from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pack_depthwise, pool_bias,
                                                  pool_weights, scaled_add_bias, scaled_add_weights)
 from gemforge.compiler.graph.network import CompiledNetwork
@@ -469,7 +470,9 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
         pack = pack_matrix_b if node.op == "dense" else pack_oihw if node.attrs["groups"] == 1 else pack_depthwise
         expected = {"w": pack(config, w), "bias": pack_bias(config, bias)}
         sources = {"w": f"the manifest's {node.inputs[1]!r}", "bias": f"the manifest's {node.inputs[2]!r}"}
-        store = {"shift": node.attrs["shift"], "relu": node.attrs["relu"]}
+        # Below an upper bound the ALU takes the part of the shift its immediate needs first.
+        rest = int8_clamp_steps(node.attrs["shift"], node.attrs.get("hi", 127))[2]
+        store = {"shift": rest, "relu": node.attrs["relu"]}
     for name, packed in expected.items():
         stored = program.constants.get(name)
         if stored is None or stored.shape != packed.shape or not np.array_equal(stored, packed):

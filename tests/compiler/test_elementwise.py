@@ -18,6 +18,9 @@ from gemforge.compiler.graph.numeric import int8_clipped, rounding_shift
 from gemforge.compiler.ops.accel.widened import (
     MAX_OPERAND_SHIFT, compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add, division_by_multiply,
 )
+from gemforge.compiler.ops.accel import compile_conv2d
+from gemforge.compiler.ops.host import compile_conv2d as compile_host_conv2d
+from gemforge.compiler.target import target_of
 from gemforge.compiler.ops.reference import conv2d_sums
 from gemforge.compiler.ops.common import reference_epilogue
 from gemforge.driver.runtime.device import open_device
@@ -246,3 +249,31 @@ def test_int8_depthwise_conv2d_with_diagonal_weights_equals_the_reference(config
         spread[:, :, ::dilation[0], ::dilation[1]] = w           # the dilated kernel, zeros between its taps
         sums = conv2d_sums(padded, spread, stride[0], 0, groups=shape[1]) + bias[None, :, None, None]
         np.testing.assert_array_equal(out, int8_clipped(sums >> shift, 0 if relu else -128))
+
+
+@pytest.mark.parametrize("config", SQUARE_CONFIGS[:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("shift, hi", [(3, 96), (12, 96), (15, 5), (10, -100), (0, 127)])
+def test_an_int8_upper_bound_is_exact_on_the_accelerator_and_the_cpu(config, shift, hi):
+    """A convolution clamped below 127 (a fused ReLU6): ``min(v >> s, hi)`` runs as
+    ``min(v >> first, cap) >> rest`` (`int8_clamp_steps`: the cap an ALU immediate), bit for bit
+    on fsim (one-group and depthwise) and the CPU, for shifts whose cap needs a first shift."""
+    rng = np.random.default_rng(shift * 1000 + hi + 200)
+    relu = hi >= 0
+    shape, weight = (1, 20, 6, 6), (12, 20, 3, 3)
+    x = rng.integers(-128, 128, shape, dtype=np.int8)
+    w = rng.integers(-128, 128, weight, dtype=np.int8)
+    bias = rng.integers(-40000, 40000, 12).astype(np.int32)
+    expect = np.minimum(int8_clipped((conv2d_sums(x, w, 1, 1) + bias[None, :, None, None]) >> shift,
+                                     0 if relu else -128), hi)
+    on_accel, _ = compile_conv2d(config, shape, weight, padding=1, bias=True, shift=shift, relu=relu,
+                                 hi=hi).run(device_for(config), x=x, w=w, bias=bias)
+    on_cpu, _ = compile_host_conv2d(target_of("cpu"), shape, weight, padding=1, bias=True, shift=shift, relu=relu,
+                                    hi=hi).run(CPU, x=x, w=w, bias=bias)
+    np.testing.assert_array_equal(on_accel, expect)
+    np.testing.assert_array_equal(on_cpu, expect)
+    dw = rng.integers(-128, 128, (20, 1, 3, 3), dtype=np.int8)
+    dw_bias = rng.integers(-40000, 40000, 20).astype(np.int32)
+    out, _ = compile_int8_depthwise_conv2d(config, shape, (3, 3), padding=(1, 1, 1, 1), shift=shift, relu=relu,
+                                           hi=hi).run(device_for(config), x=x, w=dw, bias=dw_bias)
+    sums = conv2d_sums(x, dw, 1, 1, groups=20) + dw_bias[None, :, None, None]
+    np.testing.assert_array_equal(out, np.minimum(int8_clipped(sums >> shift, 0 if relu else -128), hi))

@@ -35,10 +35,14 @@ def _conv2d_shape(graph, node, shapes):
     oh, ow = window_count(x[2], w[2], stride, pads[0], pads[2]), window_count(x[3], w[3], stride, pads[1], pads[3])
     if oh < 1 or ow < 1:
         raise fail(node, f"a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
-    if ("lo" in a or "hi" in a) and not (graph.values[node.inputs[0]].dtype == "float32" and "lo" in a and "hi" in a
-                                         and a["lo"] <= a["hi"]):
-        raise fail(node, f"a fused clip takes bounds lo ≤ hi, both, on a float32 convolution, not lo={a.get('lo')}, "
-                         f"hi={a.get('hi')} on {graph.values[node.inputs[0]].dtype}")
+    dtype = graph.values[node.inputs[0]].dtype
+    if dtype == "int8" and "hi" in a and "lo" not in a:
+        if isinstance(a["hi"], bool) or not isinstance(a["hi"], int) or not (0 if a["relu"] else -128) <= a["hi"] <= 127:
+            raise fail(node, f"a fused int8 clip's upper bound hi is an integer from {0 if a['relu'] else -128} to 127, "
+                             f"not {a['hi']!r}")
+    elif ("lo" in a or "hi" in a) and not (dtype == "float32" and "lo" in a and "hi" in a and a["lo"] <= a["hi"]):
+        raise fail(node, f"a fused clip takes bounds lo ≤ hi, both, on a float32 convolution (an int8 one hi alone), "
+                         f"not lo={a.get('lo')}, hi={a.get('hi')} on {dtype}")
     return (x[0], w[0], oh, ow)
 
 
@@ -48,8 +52,9 @@ def _conv2d_evaluate(node, args):
     if x.dtype.kind == "f":
         out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
         return np.clip(out, a["lo"], a["hi"]).astype(out.dtype) if "lo" in a else out
-    return conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
-                            groups=a["groups"])
+    out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
+                           groups=a["groups"])
+    return np.minimum(out, a["hi"]).astype(out.dtype) if "hi" in a else out
 
 
 def _conv2d_host(graph, node, target):
@@ -59,7 +64,8 @@ def _conv2d_host(graph, node, target):
     op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
                              groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
                              shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
-                             clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None)
+                             clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None,
+                             hi=a.get("hi") if dtype == "int8" else None)
     return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs], lambda out: out)
 
 
@@ -143,7 +149,8 @@ register(
     OpDef("conv2d",
           "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
           "`pad_convolutions` also (top, left, bottom, right) or auto_pad), groups, relu; float32: lo, hi (a "
-          "fused Clip, `fuse_clips`); int8: shift (requantization into the output's scale)",
+          "fused Clip, `fuse_clips`); int8: shift (requantization into the output's scale), hi (a fused Clip's "
+          "upper bound, `fuse_clips`)",
           (2, 3), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
           int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
     # The patches of a convolution with few input channels, so that a 1×1 convolution over them

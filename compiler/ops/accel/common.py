@@ -14,17 +14,17 @@ from gemforge.sim.cycle_model import run_cycle_model
 from ...backends.accel.layout import pack_bias
 from ...schedule import VTHREAD_ORDERS
 from ...errors import CompileError
-from ..common import Epilogue, OpError
+from ..common import Epilogue, OpError, int8_clamp_steps
 
 __all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors",
            "plan_with_fallback", "schedule_output_tile", "bias_input",
            "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes", "accel_epilogue"]
 
 
-def accel_epilogue(config, op: str, bias: bool, shift: int | None, relu: bool) -> Epilogue:
+def accel_epilogue(config, op: str, bias: bool, shift: int | None, relu: bool, hi: int | None = None) -> Epilogue:
     """The epilogue of an accelerator operator: a shift requantizes to int8 outputs, which the
-    store engine writes only where the config's out_width is 8."""
-    epilogue = Epilogue(bias, shift, relu)
+    store engine writes only where the config's out_width is 8 (clamped to ``hi`` if given)."""
+    epilogue = Epilogue(bias, shift, relu, None, hi)
     if shift is not None and config.out_width != 8:
         raise OpError(f"{op} with a shift writes int8 outputs, but config {config.name!r} has {config.out_width}-bit "
                       f"outputs; use a config with out_width = 8, or leave out the shift for the "
@@ -36,8 +36,13 @@ def epilogue_alu_ops(epilogue: Epilogue) -> int:
     """Micro-ops per output entry that a tile spends outside its reduction: the bias
     addition and ReLU of int32 outputs. The accumulator reset and a requantized (int8)
     output's whole epilogue cost none: the first reduction step overwrites and the STORE
-    adds the bias, shifts and clamps (`gemforge.compiler.backends.accel.fusion`)."""
-    return 0 if epilogue.shift is not None else int(epilogue.bias) + int(epilogue.relu)
+    adds the bias, shifts and clamps (`gemforge.compiler.backends.accel.fusion`) — except below
+    an upper bound (``hi``), which the ALU applies before the shift, with the bias and the part
+    of the shift its immediate needs (`int8_clamp_steps`)."""
+    if epilogue.shift is not None:
+        first, cap, _ = int8_clamp_steps(epilogue.shift, 127 if epilogue.hi is None else epilogue.hi)
+        return 0 if cap is None else int(epilogue.bias) + int(first > 0) + 1
+    return int(epilogue.bias) + int(epilogue.relu)
 
 
 def store_entry_bytes(epilogue: Epilogue, config) -> int:

@@ -225,7 +225,7 @@ def _tuned_build(config: AccelConfig, data, kernel, stride: int, padding: int, e
 
 def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
                    weight_shape: tuple[int, int, int, int], *, stride: int = 1, padding: int = 0,
-                   bias: bool = False, shift: int | None = None, relu: bool = False,
+                   bias: bool = False, shift: int | None = None, relu: bool = False, hi: int | None = None,
                    latency_hiding: bool = True, tune: bool = True) -> CompiledOp:
     """Compile a 2-D convolution of NCHW ``input_shape`` with OIHW ``weight_shape``.
 
@@ -234,7 +234,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     closed-form choice is built directly (what whole networks use, to compile in seconds).
 
     Inputs of the result: ``x`` (NCHW int8), ``w`` (OIHW int8), with ``bias`` a
-    (O,) int32 ``bias``. The output is NCHW, int8 with ``shift``, else int32."""
+    (O,) int32 ``bias``. The output is NCHW, int8 with ``shift`` (at most ``hi``), else int32."""
     if len(input_shape) != 4 or len(weight_shape) != 4:
         raise OpError(f"conv2d needs an NCHW input and an OIHW weight shape, not {input_shape} and {weight_shape}")
     n, ch, h, w = (int(v) for v in input_shape)
@@ -258,7 +258,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
     c = config
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     kernel = (ceil_div(o, c.block_out), data[1], kh, kw)
-    epi = accel_epilogue(config, "conv2d", bias, shift, relu)
+    epi = accel_epilogue(config, "conv2d", bias, shift, relu, hi)
     check_footprint(c, "conv2d", {"inp": data[0] * data[1] * h * w, "wgt": kernel[0] * kernel[1] * kh * kw,
                                   "out": data[0] * kernel[0] * oh * ow}, epi)
     tensors = conv2d_te(c, data, kernel, stride, padding, epi)

@@ -52,7 +52,9 @@ from ...schedule import create_schedule
 from ...ir import Cast, Const, Max, Shr
 from ...te import clip, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
-from .common import TilingCost, check_footprint, divisors, plan_with_fallback, schedule_output_tile
+from .common import (
+    TilingCost, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+)
 
 __all__ = ["compile_scaled_add", "compile_int8_pool2d", "compile_int8_depthwise_conv2d", "pack_depthwise",
            "division_by_multiply", "MAX_OPERAND_SHIFT",
@@ -249,10 +251,11 @@ def _windows_reach_input(out: int, size: int, kernel: int, stride: int, dilation
 
 
 def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dilation, threads: int,
-               multiply: bool) -> dict:
+               alu_ops: int) -> dict:
     """Output tiles of ``toc`` channel blocks × ``toh`` rows × ``tow`` columns, their input
     windows loaded once, ranked by the pipeline cost model. ``kind`` is ``max``, ``avg`` or
-    ``depthwise`` (a weight entry per channel block and tap, and a bias)."""
+    ``depthwise`` (a weight entry per channel block and tap, and a bias); ``alu_ops`` the ALU
+    micro-ops per output entry."""
     c = config
     nb, cb = data[:2]
     oh, ow = out_hw
@@ -276,7 +279,7 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
                     chunk_read_bytes=window * c.inp_entry_bytes + weights * c.wgt_entry_bytes,
                     chunk_loads=toc + 1,
                     chunk_uops=window if kind == "max" else pixels * taps,
-                    tile_uops=pixels * (taps - 1 if kind == "max" else int(multiply)),
+                    tile_uops=pixels * alu_ops,
                     tile_read_bytes=0 if kind == "max" else toc * c.acc_entry_bytes,
                     tile_store_bytes=pixels * c.out_entry_bytes, tile_stores=1 if tow == ow else toc * toh)
                 cost, order = work.best_order(c, threads)
@@ -385,7 +388,8 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
         out = compute(out_shape, window_max, name="out", dtype="int8", tile_dims=2)
         widened = wide
     plan = plan_with_fallback(lambda threads: _pool_plan(c, kind, data, (oh, ow), (kh, kw), (sh, sw), (dh, dw),
-                                                         threads, kind == "avg" and division[0] != 1),
+                                                         threads, count - 1 if kind == "max"
+                                                         else int(division[0] != 1)),
                               latency_hiding)
 
     s = create_schedule(out)
@@ -453,10 +457,10 @@ def pack_depthwise(config: AccelConfig, w: np.ndarray) -> np.ndarray:
 def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tuple[int, int], *,
                                   stride: tuple[int, int] = (1, 1), padding=(0, 0, 0, 0),
                                   dilation: tuple[int, int] = (1, 1), shift: int = 0, relu: bool = False,
-                                  latency_hiding: bool = True) -> CompiledOp:
+                                  hi: int | None = None, latency_hiding: bool = True) -> CompiledOp:
     """int8 depthwise convolution (one input channel per output channel, groups = channels) of an
     NCHW tensor with (C, 1, KH, KW) weights and an int32 bias, requantized by ``shift`` (and
-    ReLU) as the int8 graph's convolutions are, on the GEMM core.
+    ReLU, and clamped to ``hi``) as the int8 graph's convolutions are, on the GEMM core.
 
     Each tap is one micro-op per output entry against the diagonal matrix of its channel block's
     weights (`pack_depthwise`): exact, and ``block_out`` useful products a micro-op where a
@@ -485,7 +489,7 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     oh, ow = (h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     nb, cb = data[:2]
-    epi = Epilogue(True, shift, relu)
+    epi = Epilogue(True, shift, relu, None, hi)
     check_footprint(c, "depthwise conv2d", {"inp": nb * cb * h * w, "wgt": cb * kh * kw, "out": nb * cb * oh * ow},
                     epi)
     acc = f"int{c.acc_width}"
@@ -502,7 +506,8 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     out = compute(out_shape, lambda n_, oc, y, xx, b, o: epi.apply(total[n_, oc, y, xx, b, o], bias[oc, b, o]),
                   name="out", dtype="int8", tile_dims=2)
     plan = plan_with_fallback(lambda threads: _pool_plan(c, "depthwise", data, (oh, ow), (kh, kw), (sh, sw),
-                                                         (dh, dw), threads, False), latency_hiding)
+                                                         (dh, dw), threads, epilogue_alu_ops(epi)),
+                              latency_hiding)
     s = create_schedule(out)
     s[total].set_scope("acc")
     out_acc = s.cache_write(out, "acc")
