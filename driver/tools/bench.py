@@ -74,7 +74,8 @@ def roofline(program) -> dict[str, Any]:
     busy all the time, reads and writes each at one beat per cycle on their own AXI
     channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
     the shared compute pipeline (an ALU MUL's, or an SHR's by a register operand, one per
-    `Timing.half_rate_interval` cycles)."""
+    `Timing.half_rate_interval` cycles). ``cycles`` is that machine's time: the larger of
+    the compute pipeline's, the reads' and the writes'."""
     from gemforge.hw.isa import Alu, Gemm, Load, Store
     from gemforge.hw.timing import compute_cycles, timing_of
     c = program.config
@@ -94,9 +95,9 @@ def roofline(program) -> dict[str, Any]:
         elif isinstance(insn, Store):
             write += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
     beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
+    bound = max(gemm + alu_cycles, beats_read, beats_written)
     return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
-            "beats_written": beats_written,
-            "roofline": round((gemm - resets) / max(gemm + alu_cycles, beats_read, beats_written), 4)}
+            "beats_written": beats_written, "cycles": bound, "roofline": round((gemm - resets) / bound, 4)}
 
 
 def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:

@@ -80,22 +80,51 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
     on_fsim = model.run(x, "fsim")
     fsim_s = time.perf_counter() - start
     row: dict[str, Any] = {"int8_compile_seconds": round(compile_s, 3), "int8_fsim_seconds": round(fsim_s, 3),
-                           "nodes": len(model.graph.nodes),
-                           "accelerator_nodes": sum(n.device == "accel" for n in model.graph.nodes),
-                           "memory": model.graph.notes.memory,
+                           **_placement(model), "memory": model.graph.notes.memory,
                            "cpu_float32": _cpu_vs_ort(resnet, x, repeats)}
     if device not in (None, "fsim"):
-        start = time.perf_counter()
-        on_rtl = model.run(x, device)
-        wall = time.perf_counter() - start
-        if not np.array_equal(on_rtl, on_fsim):
-            raise AssertionError(f"ResNet-18 differs between {device} and fsim; the benchmark is void")
-        layers = [r.as_dict() for r in model.last_profile if r.cycles is not None]
-        totals = profile_totals(model.last_profile)
-        row["rtl"] = {"device": device, "config": config.name, "wall_seconds": round(wall, 1),
-                      "cycles": totals["cycles"], "gemm_utilization": totals["gemm_utilization"],
-                      "layers": layers}
+        row["rtl"] = _on_rtl("ResNet-18", model, x, on_fsim, device, config)
     results["resnet18"] = row
     # MobileNetV2 (torchvision's topology, random weights): depthwise convolutions and ReLU6.
-    results["mobilenet_v2"] = {"cpu_float32": _cpu_vs_ort(build_mobilenet_v2(), x, repeats)}
+    mobilenet = build_mobilenet_v2()
+    start = time.perf_counter()
+    model = compile_model(mobilenet, quantize="int8", calibrate=x[None], config=config)
+    compile_s = time.perf_counter() - start
+    on_fsim = model.run(x, "fsim")
+    if not np.array_equal(on_fsim, model.run(x, "cpu")):
+        raise AssertionError("MobileNetV2 int8 differs between fsim and the CPU; the benchmark is void")
+    row = {"int8_compile_seconds": round(compile_s, 3), **_placement(model),
+           "cpu_float32": _cpu_vs_ort(mobilenet, x, repeats)}
+    if device not in (None, "fsim"):
+        row["rtl"] = _on_rtl("MobileNetV2", model, x, on_fsim, device, config)
+    results["mobilenet_v2"] = row
     return results
+
+
+def _placement(model) -> dict[str, Any]:
+    """Where an int8 network's nodes run: how many, on the accelerator, and the host round trips."""
+    nodes = model.graph.nodes
+    return {"nodes": len(nodes), "accelerator_nodes": sum(n.device == "accel" for n in nodes),
+            "host_round_trips": model.summary()["host_round_trips"]}
+
+
+def _on_rtl(name: str, model, x: np.ndarray, on_fsim: np.ndarray, device: str, config: AccelConfig) -> dict[str, Any]:
+    """An int8 network's run on an RTL device, checked against fsim: its cycles, GEMM-core and
+    useful-MAC utilization, and the sum of its layers' rooflines (`bench.roofline`: each
+    program's time on an ideal machine, its compute at the rate its micro-ops give — a
+    depthwise layer's ``block_out`` useful products a cycle — or its DRAM traffic)."""
+    from .bench import roofline
+    start = time.perf_counter()
+    on_rtl = model.run(x, device)
+    wall = time.perf_counter() - start
+    if not np.array_equal(on_rtl, on_fsim):
+        raise AssertionError(f"{name} differs between {device} and fsim; the benchmark is void")
+    layers = [r.as_dict() for r in model.last_profile if r.cycles is not None]
+    totals = profile_totals(model.last_profile)
+    macs = sum(r.macs or 0 for r in model.last_profile)
+    bound = sum(roofline(model.net.layers[node.name].program)["cycles"]
+                for node in model.graph.nodes if node.device == "accel")
+    return {"device": device, "config": config.name, "wall_seconds": round(wall, 1), "cycles": totals["cycles"],
+            "gemm_utilization": totals["gemm_utilization"], "macs": macs,
+            "useful_mac_utilization": round(macs / (totals["cycles"] * config.macs_per_uop), 4),
+            "roofline_cycles": bound, "layers": layers}

@@ -240,7 +240,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
         out += [
             "",
             f"ResNet-18 int8 (random weights, batch 1, 224×224): {r['nodes']} nodes, {r['accelerator_nodes']} on the "
-            f"accelerator; compile **{r['int8_compile_seconds']} s** (aim ≤ 10 s, calibration included), fsim run "
+            f"accelerator, **{r.get('host_round_trips', '?')} host round trips** per inference (aim 0); compile "
+            f"**{r['int8_compile_seconds']} s** (aim ≤ 10 s, calibration included), fsim run "
             f"**{r['int8_fsim_seconds']} s** (aim ≤ 5 s); device memory plan {m['peak_bytes']:,} bytes peak vs "
             f"{m['naive_bytes']:,} without reuse, {m['handovers']} tensors handed over between accelerator layers "
             "in DRAM.",
@@ -250,11 +251,15 @@ def _network_section(net: dict[str, Any]) -> list[str]:
             layers = rtl["layers"]
             after_first = sum(x["cycles"] for x in layers if x["op"] == "conv2d") - layers[0]["cycles"]
             adds = [x["cycles"] for x in layers if x["op"] in ("add", "sub")]
-            adds_part = f"; its {len(adds)} residual adds take {sum(adds):,}" if adds else ""
+            pools = [x["cycles"] for x in layers if x["op"] in ("max_pool", "avg_pool")]
+            adds_part = (f"; its {len(adds)} residual adds take {sum(adds):,} and its {len(pools)} pools "
+                         f"{sum(pools):,}") if adds else ""
+            useful = (f", useful-MAC utilization **{_pct(rtl['useful_mac_utilization'])}** (aim: ≤ 8.0 M cycles)"
+                      if "useful_mac_utilization" in rtl else "")
             out += [
                 "",
                 f"On {rtl['device']} (`{rtl['config']}`): **{rtl['cycles']:,} cycles** for the whole network, GEMM-core "
-                f"utilization **{_pct(rtl['gemm_utilization'])}**; the convolutions after the first take "
+                f"utilization **{_pct(rtl['gemm_utilization'])}**{useful}; the convolutions after the first take "
                 f"{after_first:,} (anchors: VTA ≈ 31 M cycles for ResNet-18; the ideal for these convolutions at 256 "
                 f"MACs/cycle is 6.6 M){adds_part}. Each layer is one accelerator run reading its input where the "
                 f"previous one wrote it, so the network costs the sum of its layers' cycles exactly. Wall time "
@@ -263,6 +268,21 @@ def _network_section(net: dict[str, Any]) -> list[str]:
             ]
             out += [f"| {x['node']} | {x['op']} | {x['cycles']:,} | {_pct(x['gemm_utilization'])} | {x['macs']:,} |"
                     for x in layers]
+    mobile = net.get("mobilenet_v2", {})
+    if "accelerator_nodes" in mobile:
+        out += ["", f"MobileNetV2 int8 (torchvision's topology, random weights, batch 1, 224×224): {mobile['nodes']} "
+                    f"nodes, {mobile['accelerator_nodes']} on the accelerator (its depthwise convolutions with "
+                    f"diagonal weights, its ReLU6 clips in their convolutions' epilogues), "
+                    f"**{mobile['host_round_trips']} host round trips** per inference; compile "
+                    f"{mobile['int8_compile_seconds']} s."]
+        rtl = mobile.get("rtl")
+        if rtl:
+            out[-1] += (f" On {rtl['device']} (`{rtl['config']}`): **{rtl['cycles']:,} cycles**, "
+                        f"{rtl['cycles'] / rtl['roofline_cycles']:.2f}× the sum of its layers' rooflines "
+                        f"({rtl['roofline_cycles']:,}; aim ≤ 1.25×: each layer's compute at the rate its micro-ops "
+                        f"give, a depthwise one's block_out products a cycle, or its DRAM traffic), useful-MAC "
+                        f"utilization **{_pct(rtl['useful_mac_utilization'])}** ({rtl['macs']:,} MACs), GEMM-core "
+                        f"utilization {_pct(rtl['gemm_utilization'])}; wall time {rtl['wall_seconds']} s.")
     out.append("")
     return out
 
