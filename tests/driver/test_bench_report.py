@@ -104,20 +104,32 @@ def test_cpu_section_says_why_the_convolutions_were_not_measured():
 def test_network_section_renders_every_figure():
     cpu = {"gemforge_seconds": 0.05, "onnxruntime_seconds": 0.055, "time_ratio": 1.1, "threads": 2}
     layers = [{"node": "conv1", "op": "conv2d", "cycles": 3_000_000, "gemm_utilization": 0.7, "macs": 118_013_952},
+              {"node": "maxpool", "op": "max_pool", "cycles": 220_000, "gemm_utilization": 0.2, "macs": 0},
+              {"node": "add", "op": "add", "cycles": 60_000, "gemm_utilization": 0.4, "macs": 0},
               {"node": "fc", "op": "dense", "cycles": 60_000, "gemm_utilization": 0.03, "macs": 512_000}]
     network = {
         "digits": {"test_images": 450, "float32_accuracy": 0.9889, "int8_accuracy": 0.9844,
                    "int8_compile_seconds": 0.5, "int8_fsim_seconds": 2.0, "cpu_float32": cpu},
         "resnet18": {"int8_compile_seconds": 3.5, "int8_fsim_seconds": 5.0, "nodes": 34, "accelerator_nodes": 21,
+                     "host_round_trips": 0,
                      "memory": {"peak_bytes": 1_605_632, "naive_bytes": 4_216_320, "tensors": 31, "handovers": 8},
                      "cpu_float32": cpu,
                      "rtl": {"device": "verilator", "config": "default", "wall_seconds": 80.0, "cycles": 3_060_000,
-                             "gemm_utilization": 0.69, "layers": layers}},
+                             "gemm_utilization": 0.69, "useful_mac_utilization": 0.91, "layers": layers}},
+        "mobilenet_v2": {"int8_compile_seconds": 2.5, "nodes": 70, "accelerator_nodes": 66, "host_round_trips": 0,
+                         "cpu_float32": cpu,
+                         "rtl": {"device": "verilator", "config": "default", "wall_seconds": 50.0, "cycles": 2_000_000,
+                                 "roofline_cycles": 1_600_000, "macs": 300_000_000, "gemm_utilization": 0.6,
+                                 "useful_mac_utilization": 0.5859, "layers": []}},
     }
     text = render_markdown({"network": network}, "gemforge bench")
     for figure in ("## Whole networks from ONNX", "int8 accuracy **98.4%** vs float32 98.9%", "**1.1**",
-                   "compile **3.5 s**", "1,605,632 bytes peak vs 4,216,320", "**3,060,000 cycles**", "| fc | dense |"):
-        assert figure in text
+                   "compile **3.5 s**", "1,605,632 bytes peak vs 4,216,320", "**3,060,000 cycles**", "| fc | dense |",
+                   "**0 host round trips** per inference", "useful-MAC utilization **91.0%**",
+                   "its 1 residual adds take 60,000 and its 1 pools 220,000", "MobileNetV2 int8",
+                   "**2,000,000 cycles**, 1.25× the sum of its layers' rooflines (1,600,000",
+                   "useful-MAC utilization **58.6%**"):
+        assert figure in text, figure
 
 
 def test_models_section_measures_and_renders_a_network():
