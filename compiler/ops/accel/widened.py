@@ -1,24 +1,27 @@
-"""int8 element-wise and pooling operators on the GEMM core: an int8 network's residual adds
-(and subtractions), max pools and average pools.
+"""int8 operators on the GEMM core beyond one-group convolutions: an int8 network's residual adds
+(and subtractions), max and average pools, and depthwise convolutions.
 
 The tensor ALU works on accumulator (int32) entries, and an int8 tensor in DRAM has no way
 into the accumulator but through the GEMM core. So the add widens its operands there: with
 the weight tile ``2^l · I`` (a scaled identity, ``l`` ≤ 6 so that it is an int8), one
 micro-op ``acc[e] += inp[e] · (2^l · I)ᵀ`` adds an entry of int8 values, shifted left by
 ``l``, to the accumulator exactly. Two such steps per output entry (one per operand) give
-``(x << lx) + (y << ly)`` (a subtraction weighs ``y`` by ``−2^ly · I``), and the requantizing STORE's bias, shift and clamp finish the add
-bit for bit as the int8 graph defines it (`graph.operators.elementwise`)::
+``(x << lx) + (y << ly)`` (a subtraction weighs ``y`` by ``−2^ly · I``), and the requantizing
+STORE's bias, shift and clamp finish the add bit for bit as the int8 graph defines it
+(`graph.operators.elementwise`)::
 
     c[n, cb, y, x, b, o] = Σ_{r, k} xy[r, n, cb, y, x, b, k] · w[r, o, k]      (w[r] = 2^l_r · I)
     out                  = clip((c + 2^(s−1)) >> s, 0 if relu else −128, 127)   (no bias when s = 0)
 
-Why not a new instruction (a LOAD that widens int8 entries into the accumulator): the GEMM
-core widens one entry a cycle, the rate such a LOAD would reach on this bus, and the weight
-tile costs one entry of the weight buffer; the gateware, its timing and its resources stay as
-they are. The price is that the add occupies the GEMM core (two micro-ops an output entry)
-where a widening LOAD would leave it to the next layer.
+Why not a new instruction (a LOAD that widens int8 entries into the accumulator): the data
+comes over the DMA either way, at half an input entry a cycle on `default`'s 8-byte bus,
+and the GEMM core widens an entry a cycle, so the layer runs at its DMA's rate; the weight
+tile costs one entry of the weight buffer, and the gateware, its timing and its resources
+stay as they are. The price is that the add occupies the GEMM core (two micro-ops an output
+entry) where a widening LOAD would leave it to the next layer.
 
-Pools widen their windows the same way with ``I`` (``2^0``):
+Pools widen their windows the same way with ``I`` (``2^lshift · I`` for an average whose
+output is finer than its input):
 
 - **average pool**: the window sum is a reduction over the taps on the GEMM core (as a
   convolution's, with the identity for weights); the division by the window's ``d`` taps,
@@ -33,9 +36,16 @@ Pools widen their windows the same way with ``I`` (``2^0``):
   input with zeros, which is exact for non-negative inputs (a ReLU's output, where pools sit)
   and wrong for others: a padded max pool compiles only when told its input is non-negative.
 
-The operands are one stacked placeholder ``xy`` (the reduction runs over its first axis, one
-operand per reduction chunk, so no transfer spans both); the built program then names its two
-halves ``x`` and ``y``, which a network binds to wherever their producers wrote them.
+A **depthwise convolution** multiplies each channel block by the diagonal matrix of its
+weights, a micro-op per tap (`compile_int8_depthwise_conv2d`): ``block_out`` useful products
+a micro-op, not ``block_in · block_out`` — a dense core has no more to give a layer that
+reduces over no channels; a depthwise mode of the core (each lane its own weight, the taps
+as the reduction) would need new gateware.
+
+The add's operands are one stacked placeholder ``xy`` (the reduction runs over its first
+axis, one operand per reduction chunk, so no transfer spans both); the built program then
+names its two halves ``x`` and ``y``, which a network binds to wherever their producers wrote
+them.
 """
 
 from __future__ import annotations
