@@ -5,25 +5,26 @@ The device memory the packed tensors take is planned in `memory_plan`.
 **Partitioning rule.** A node runs on the accelerator when the accelerator computes
 it exactly in int8 and its operator compiles for the config: convolutions with one
 group or depthwise (a group per channel: diagonal weights on the GEMM core, `block_out`
-useful products a cycle) and dense layers, with constant weights, each with its bias, ReLU and
-requantizing shift fused into the epilogue (``clip((acc + bias) >> s, lo, 127)``,
-bit for bit the CPU back end's); the adds and subtractions of two int8 tensors of
-one NCHW shape (residual adds); and max and average pools (global ones included) whose
-windows all lie inside the padded input, a padded max pool only of a non-negative
-tensor (a ReLU's: the DMA pads with zeros), a padded average pool only with
-``count_include_pad`` (one divisor). The adds' operands and the pools' windows are
-widened into the accumulator by the GEMM core (`ops.accel.widened`). Everything else
-runs on the CPU back end (reshapes, softmax, the float path). A node the accelerator could take but cannot tile
-(buffers too small, padding above the DMA's pad field, an operand shift beyond the
-scaled identity's int8 weight, an average whose divisor has no exact multiply within
-the ALU's immediate) stays on the CPU with the reason recorded. `partition`
+useful products a cycle) and dense layers, with constant weights, each with its bias,
+ReLU, requantizing shift and upper bound fused into the epilogue
+(``clip((acc + bias) >> s, lo, hi)``, bit for bit the CPU back end's); the adds and
+subtractions of two int8 tensors of one NCHW shape (residual adds); and max and average
+pools (global ones included) whose windows all lie inside the padded input, a padded max
+pool only of a non-negative tensor (a ReLU's: the DMA pads with zeros), a padded average
+pool only with ``count_include_pad`` (one divisor). The adds' operands and the pools'
+windows are widened into the accumulator by the GEMM core (`ops.accel.widened`).
+Everything else runs on the CPU back end (concatenations, reshapes, the float path). A
+node the accelerator could take but cannot tile (buffers too small, padding above the
+DMA's pad field, an operand shift beyond the scaled identity's int8 weight, an average
+whose divisor has no exact multiply within the ALU's immediate, core blocks that are not
+square for the widened operators) stays on the CPU with the reason recorded. `partition`
 prints the split.
 
 **Layouts.** An accelerator node reads its data input packed into the config's
 blocks (NCHW{B}n{BI}c for convolutions, (M/B, K/BI, B, BI) tiles for dense
 layers, channels zero-padded to a whole block; an add's two operands both so) and
-writes its output packed the same way with BO-wide blocks. When a consumer's packed input is the producer's
-packed output — same shape and type, so BI = BO — the tensor is handed over in
+writes its output packed the same way with BO-wide blocks. When a consumer's packed
+input is the producer's packed output — same shape and type, so BI = BO — the tensor is handed over in
 device DRAM as it is; any other edge goes through the host (unpacked, then packed
 for the consumer).
 """
@@ -39,12 +40,14 @@ from gemforge.hw.program import Program
 
 from ..backends.accel.layout import pack_matrix_a, pack_nchw, unpack_matrix, unpack_nchw
 from ..ops import accel as accel_ops
-from ..ops.accel.widened import compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add
 from ..errors import CompileError
+from ..ops.accel.widened import compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add
 from ..ops.common import OpError
 from .ir import Graph, Node
+from .operators.base import padding
 
-__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "is_depthwise", "host_reads", "host_round_trips", "round_trips"]
+__all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "is_depthwise",
+           "host_reads", "host_round_trips", "round_trips"]
 
 #: The program tensors an accelerator layer binds its node's data inputs to, in the node's
 #: input order (a convolution's and a dense layer's weights and bias travel in the program).
@@ -134,11 +137,12 @@ def is_depthwise(graph: Graph, node: Node) -> bool:
 
 def nonnegative(graph: Graph, tensor: str) -> bool:
     """Whether ``tensor`` is known to hold no negative value: a ReLU's output (a layer's fused
-    one included), or a pool of such a tensor."""
+    one included), a clip's from 0 or above, or a pool of such a tensor."""
     producer = next((n for n in graph.nodes if n.output == tensor), None)
     if producer is None:
         return False
-    if producer.op == "relu" or bool(producer.attrs.get("relu")):
+    if producer.op == "relu" or bool(producer.attrs.get("relu")) or \
+            (producer.op == "clip" and producer.attrs["lo"] >= 0):
         return True
     return producer.op in ("max_pool", "avg_pool") and nonnegative(graph, producer.inputs[0])
 
@@ -182,7 +186,7 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
                           f"one output each), not {a['groups']} groups of {x_shape[1]} channels into {w.shape[0]}")
         if a["groups"] != 1:
             op = compile_int8_depthwise_conv2d(config, x_shape, tuple(w.shape[2:]), stride=(a["stride"],) * 2,
-                                               padding=(a["padding"],) * 4, shift=a["shift"], relu=a["relu"],
+                                               padding=padding(node), shift=a["shift"], relu=a["relu"],
                                                hi=a.get("hi"))
         else:
             # Untuned: a network's twenty-odd layers compile in seconds (tuning costs ~2 s a shape).

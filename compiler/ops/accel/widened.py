@@ -72,6 +72,10 @@ __all__ = ["compile_scaled_add", "compile_int8_pool2d", "compile_int8_depthwise_
 
 #: The largest left shift of an operand: its weight 2^l must be an int8.
 MAX_OPERAND_SHIFT = 6
+#: The most taps, other than a power of two (a shift alone), whose divisor
+#: `division_by_multiply` searches for: its exhaustive check grows with the count (and every
+#: count up to 92 divides exactly; above, only some do within the ALU's 16-bit immediate).
+MAX_DIVISOR = 1024
 
 
 def scaled_add_weights(config: AccelConfig, lshift: tuple[int, int], negate_y: bool = False) -> np.ndarray:
@@ -226,6 +230,13 @@ def division_by_multiply(count: int, imm_max: int, lshift: int = 0) -> tuple[int
     in that range gives every int8 result exactly (checked exhaustively here), and ``n``
     outside it, since ``n · M >> t`` grows with ``n``, a result beyond the int8 range that the
     STORE saturates as the graph does."""
+    if count & (count - 1) == 0:        # a power of two: a shift alone, exact for every n
+        t = count.bit_length() - 1
+        offset = count // 2 + 128 * count
+        top = max(abs(offset - (128 * count << lshift)), offset + (127 * count << lshift))
+        return (1, t) if top + (128 << t) < 1 << 31 else None
+    if count > MAX_DIVISOR:
+        return None
     n = np.arange(0, 256 * count + 1, dtype=np.int64)
     want = n // count
     offset = count // 2 + 128 * count
