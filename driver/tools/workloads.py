@@ -10,7 +10,10 @@ spec                what it compiles
                     network runs them (int8 out: bias, shift, ReLU fused), each counted as often
                     as the network runs it (`gemforge.models.resnet.RESNET18_CONVS`)
 ``resnet18``        the whole ResNet-18 (built in code, seeded weights) quantized to int8: every
-                    layer the partitioner puts on the accelerator
+                    layer the partitioner puts on the accelerator (all between the input's
+                    quantize and the output's dequantize: residual adds and pools included)
+``mobilenet_v2``    the whole MobileNetV2 (torchvision's topology, seeded weights), quantized
+                    the same way: depthwise convolutions and ReLU6 included
 ``digits``          the bundled digits CNN (`gemforge.models.digits`), quantized the same way
 ``PATH.onnx``       any ONNX model, quantized with seeded random calibration inputs (a layer's
                     program, hence its cycles, depends on shapes, not on values)
@@ -29,7 +32,7 @@ from gemforge.hw.program import Program
 
 __all__ = ["WORKLOADS", "Workload", "WorkloadLayer", "WorkloadError", "build_workload"]
 
-WORKLOADS = ("resnet18-convs", "resnet18", "digits")
+WORKLOADS = ("resnet18-convs", "resnet18", "mobilenet_v2", "digits")
 
 
 class WorkloadError(ValueError):
@@ -91,6 +94,9 @@ def build_workload(spec: str, config: AccelConfig) -> Workload:
     if spec == "resnet18":
         from gemforge.models import build_resnet18
         return Workload(spec, _network(config, build_resnet18()))
+    if spec == "mobilenet_v2":
+        from gemforge.models import build_mobilenet_v2
+        return Workload(spec, _network(config, build_mobilenet_v2()))
     if spec == "digits":
         from gemforge.models import MODEL_PATH
         return Workload(spec, _network(config, str(MODEL_PATH)))
