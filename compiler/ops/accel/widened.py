@@ -289,9 +289,11 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
             win_h = (toh - 1) * sh + (kh - 1) * dh + 1
             for toc in divisors(cb):
                 window, pixels = toc * win_h * win_w, toc * toh * tow
-                acc = pixels + (window if kind == "max" else toc)
+                acc = threads * (pixels + (window if kind == "max" else toc if kind == "avg" else 0))
+                if kind == "depthwise":
+                    acc += cb           # every block's bias, loaded once
                 weights = toc * taps if kind == "depthwise" else 1
-                if threads * window > c.inp_depth or threads * acc > c.acc_depth or threads * weights > c.wgt_depth:
+                if threads * window > c.inp_depth or acc > c.acc_depth or threads * weights > c.wgt_depth:
                     break
                 if max(toc, toh, tow) > c.max_loop_iterations:
                     continue
@@ -301,7 +303,7 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
                     chunk_loads=toc + 1,
                     chunk_uops=window if kind == "max" else pixels * taps,
                     tile_uops=pixels * alu_ops,
-                    tile_read_bytes=0 if kind == "max" else toc * c.acc_entry_bytes,
+                    tile_read_bytes=toc * c.acc_entry_bytes if kind == "avg" else 0,
                     tile_store_bytes=pixels * c.out_entry_bytes, tile_stores=1 if tow == ow else toc * toh)
                 cost, order = work.best_order(c, threads)
                 ranked.append((cost, -pixels, toc, toh, tow, order))
@@ -536,7 +538,11 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     if padded:
         s[xp].compute_inline()      # the padding becomes the DMA's zero frame
     w_wgt = s.cache_read(wt, "wgt", [total])
-    readers = [s.cache_read(bias, "acc", [out_acc])]
+    # Every channel block's bias loaded once, before the first tile: a bias the ALU adds (below
+    # an upper bound) loaded per tile held the compute engine until the read channel, busy with
+    # the next tile's window, got to it (MobileNetV2's 112×112 layer took twice its time).
+    bias_acc = s.cache_read(bias, "acc", [out_acc])
+    s[bias_acc].pragma(s[bias_acc].leaf[0], "dma_copy")
     so = s[out]
     sn, soc, sy, sx, _, _ = so.leaf
     oco, oci = so.split(soc, plan["toc"])
@@ -544,7 +550,7 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     xo, xi = so.split(sx, plan["tow"])
     so.reorder(sn, oco, yo, xo, oci, yi, xi)
     tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [total, out_acc], readers, plan["order"])
+    schedule_output_tile(s, out, tile, oci, plan["threads"], [total, out_acc], [], plan["order"])
     st = s[total]
     tn, toc_, ty, tx, tb, to, tri, trj, tk = st.leaf
     chunk, trii = st.split(tri, kh)      # one chunk: the window and the block's taps loaded once
