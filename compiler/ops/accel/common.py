@@ -17,7 +17,7 @@ from ...errors import CompileError
 from ..common import Epilogue, OpError, int8_clamp_steps
 
 __all__ = ["check_footprint", "TilingCost", "CANDIDATE_PLANS", "CANDIDATE_SLACK", "best_by_cycle_model", "divisors",
-           "plan_with_fallback", "schedule_output_tile", "bias_input",
+           "plan_with_fallback", "schedule_output_tile", "schedule_image_tiles", "bias_input",
            "DMA_OVERHEAD", "COMPUTE_OVERHEAD", "epilogue_alu_ops", "store_entry_bytes", "accel_epilogue"]
 
 
@@ -177,6 +177,20 @@ def plan_with_fallback(plan: Callable[[int], Any], latency_hiding: bool) -> Any:
         except OpError:
             pass
     return plan(1)
+
+
+def schedule_image_tiles(s, out, plan: dict, acc_stages: list, readers: list) -> None:
+    """An NCHW-blocked output ``(N/B, C/BO, H, W, B, BO)`` cut into tiles of ``plan``'s ``toc``
+    channel blocks × ``toh`` rows × ``tow`` columns, the tile loops fused, then
+    `schedule_output_tile` with ``plan``'s threads and order."""
+    so = s[out]
+    n, oc, y, xx, _, _ = so.leaf
+    oco, oci = so.split(oc, plan["toc"])
+    yo, yi = so.split(y, plan["toh"])
+    xo, xi = so.split(xx, plan["tow"])
+    so.reorder(n, oco, yo, xo, oci, yi, xi)
+    tile = so.fuse(so.fuse(so.fuse(n, oco), yo), xo)
+    schedule_output_tile(s, out, tile, oci, plan["threads"], acc_stages, readers, plan.get("order", "interleaved"))
 
 
 def schedule_output_tile(s, out, tile, inner, threads: int, acc_stages: list, readers: list,

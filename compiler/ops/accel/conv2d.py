@@ -33,7 +33,7 @@ from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
     CANDIDATE_PLANS, CANDIDATE_SLACK, TilingCost, accel_epilogue, best_by_cycle_model, bias_input, check_footprint, divisors,
-    epilogue_alu_ops, plan_with_fallback, schedule_output_tile, store_entry_bytes,
+    epilogue_alu_ops, plan_with_fallback, schedule_image_tiles, store_entry_bytes,
 )
 
 __all__ = ["conv2d_te", "conv2d_schedule", "plan_conv2d", "rank_conv2d", "compile_conv2d"]
@@ -187,15 +187,7 @@ def conv2d_schedule(config: AccelConfig, tensors: dict[str, Tensor], plan: dict[
         else:
             readers.append(bias_acc)
 
-    so = s[out]
-    n, oc, y, xx, _, _ = so.leaf
-    oco, oci = so.split(oc, plan["toc"])
-    yo, yi = so.split(y, plan["toh"])
-    xo, xi = so.split(xx, plan["tow"])
-    so.reorder(n, oco, yo, xo, oci, yi, xi)
-    tile = so.fuse(so.fuse(so.fuse(n, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [c, out_acc], readers,
-                         plan.get("order", "interleaved"))
+    schedule_image_tiles(s, out, plan, [c, out_acc], readers)
 
     sc = s[c]
     cn, coc, cy, cx, cb, co, ic, kh, kw, ki = sc.leaf

@@ -63,7 +63,7 @@ from ...ir import Cast, Const, Max, Shr
 from ...te import clip, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError
 from .common import (
-    TilingCost, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_output_tile,
+    TilingCost, check_footprint, divisors, epilogue_alu_ops, plan_with_fallback, schedule_image_tiles,
 )
 
 __all__ = ["compile_scaled_add", "compile_int8_pool2d", "compile_int8_depthwise_conv2d", "pack_depthwise",
@@ -178,14 +178,7 @@ def compile_scaled_add(config: AccelConfig, shape, *, lshift: tuple[int, int] = 
     xy_inp = s.cache_read(xy, "inp", [total])
     w_wgt = s.cache_read(wt, "wgt", [total])
     readers = [s.cache_read(b_t, "acc", [out_acc])] if bias else []
-    so = s[out]
-    sn, soc, sy, sx, _, _ = so.leaf
-    oco, oci = so.split(soc, plan["toc"])
-    yo, yi = so.split(sy, plan["toh"])
-    xo, xi = so.split(sx, plan["tow"])
-    so.reorder(sn, oco, yo, xo, oci, yi, xi)
-    tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [total, out_acc], readers, plan["order"])
+    schedule_image_tiles(s, out, plan, [total, out_acc], readers)
     st = s[total]
     tn, toc_, ty, tx, tb, to, tr, tk = st.leaf
     ro, ri = st.split(tr, 1)          # one operand per chunk: no transfer spans both
@@ -423,14 +416,7 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
         s[xp].compute_inline()      # the padding becomes the DMA's zero frame
     w_wgt = s.cache_read(ident, "wgt", [widened])
     readers = [s.cache_read(params[2], "acc", [out_acc])] if kind == "avg" else []
-    so = s[out]
-    sn, soc, sy, sx, _, _ = so.leaf
-    oco, oci = so.split(soc, plan["toc"])
-    yo, yi = so.split(sy, plan["toh"])
-    xo, xi = so.split(sx, plan["tow"])
-    so.reorder(sn, oco, yo, xo, oci, yi, xi)
-    tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [widened, out_acc], readers, plan["order"])
+    schedule_image_tiles(s, out, plan, [widened, out_acc], readers)
     sw_ = s[widened]
     if kind == "avg":
         wn, woc, wy, wx, wb, wo, wri, wrj, wk = sw_.leaf
@@ -543,14 +529,7 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     # the next tile's window, got to it (MobileNetV2's 112×112 layer took twice its time).
     bias_acc = s.cache_read(bias, "acc", [out_acc])
     s[bias_acc].pragma(s[bias_acc].leaf[0], "dma_copy")
-    so = s[out]
-    sn, soc, sy, sx, _, _ = so.leaf
-    oco, oci = so.split(soc, plan["toc"])
-    yo, yi = so.split(sy, plan["toh"])
-    xo, xi = so.split(sx, plan["tow"])
-    so.reorder(sn, oco, yo, xo, oci, yi, xi)
-    tile = so.fuse(so.fuse(so.fuse(sn, oco), yo), xo)
-    schedule_output_tile(s, out, tile, oci, plan["threads"], [total, out_acc], [], plan["order"])
+    schedule_image_tiles(s, out, plan, [total, out_acc], [])
     st = s[total]
     tn, toc_, ty, tx, tb, to, tri, trj, tk = st.leaf
     chunk, trii = st.split(tri, kh)      # one chunk: the window and the block's taps loaded once
