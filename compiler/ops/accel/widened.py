@@ -258,6 +258,28 @@ def pool_bias(config: AccelConfig, channels: int, count: int, multiplier: int, s
     return pack_bias(config, np.full(channels, value, np.int32))
 
 
+def _window(config: AccelConfig, what: str, size: tuple[int, int], kernel, stride, dilation, padding) -> tuple:
+    """A window operator's kernel, stride and dilation (pairs of integers ≥ 1) and padding (four
+    integers ≥ 0 within the DMA's pad field, top, left, bottom, right), checked, and its output
+    size (every window inside the padded input)."""
+    pairs = {"kernel": kernel, "stride": stride, "dilation": dilation}
+    for label, v in pairs.items():
+        if len(tuple(v)) != 2 or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 1 for i in v):
+            raise OpError(f"the {what}'s {label} must be a pair of integers ≥ 1, not {v!r}")
+    (kh, kw), (sh, sw), (dh, dw) = (tuple(int(i) for i in pairs[k]) for k in ("kernel", "stride", "dilation"))
+    if len(tuple(padding)) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+                                       for v in padding):
+        raise OpError(f"the {what}'s padding must be four integers ≥ 0 (top, left, bottom, right), not {padding!r}")
+    top, left, bottom, right = (int(v) for v in padding)
+    if max(padding) > config.max_dma_pad:
+        raise OpError(f"the {what}'s padding {list(padding)} exceeds the DMA's pad field ({config.max_dma_pad})")
+    (h, w), span_h, span_w = size, (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if h + top + bottom < span_h or w + left + right < span_w:
+        raise OpError(f"a {kh}x{kw} window does not fit the {h}x{w} input with padding {list(padding)}")
+    out = ((h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1)
+    return (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right), out
+
+
 def _windows_reach_input(out: int, size: int, kernel: int, stride: int, dilation: int, before: int) -> bool:
     """Whether every window along an axis holds at least one input element (not only padding)."""
     taps = np.arange(out)[:, None] * stride + np.arange(kernel)[None, :] * dilation - before
@@ -323,17 +345,8 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
     n, ch, h, w = _check(c, shape, (lshift, 0), 0, False)
     if lshift and kind != "avg":
         raise OpError("only an average pool takes a left shift")
-    pairs = {"kernel": kernel, "stride": kernel if stride is None else stride, "dilation": dilation}
-    for label, v in pairs.items():
-        if len(tuple(v)) != 2 or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 1 for i in v):
-            raise OpError(f"the pool's {label} must be a pair of integers ≥ 1, not {v!r}")
-    (kh, kw), (sh, sw), (dh, dw) = (tuple(int(i) for i in pairs[k]) for k in ("kernel", "stride", "dilation"))
-    if len(tuple(padding)) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
-                                       for v in padding):
-        raise OpError(f"the pool's padding must be four integers ≥ 0 (top, left, bottom, right), not {padding!r}")
-    top, left, bottom, right = (int(v) for v in padding)
-    if max(padding) > c.max_dma_pad:
-        raise OpError(f"the pool's padding {list(padding)} exceeds the DMA's pad field ({c.max_dma_pad})")
+    (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = _window(
+        c, "pool", (h, w), kernel, kernel if stride is None else stride, dilation, padding)
     padded = any(padding)
     if padded and kind == "max" and not nonnegative:
         raise OpError("a padded max pool of inputs that may be negative: the DMA pads with zeros, which only a "
@@ -341,10 +354,6 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
     if padded and kind == "avg" and not count_include_pad:
         raise OpError("a padded average pool without count_include_pad divides its border windows by fewer taps; "
                       "the accelerator divides every window by one count")
-    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    if h + top + bottom < span_h or w + left + right < span_w:
-        raise OpError(f"a {kh}x{kw} window does not fit the {h}x{w} input with padding {list(padding)}")
-    oh, ow = (h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1
     if kind == "max" and not all(_windows_reach_input(*axis) for axis in ((oh, h, kh, sh, dh, top),
                                                                           (ow, w, kw, sw, dw, left))):
         # The graph's max of no input is −128; the zero frame would give 0.
@@ -480,22 +489,8 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     ``w``, ``bias``; output NCHW int8 in the convolutions' packed layout."""
     c = config
     n, ch, h, w = _check(c, input_shape, (0, 0), shift, relu)
-    pairs = {"kernel": kernel, "stride": stride, "dilation": dilation}
-    for label, v in pairs.items():
-        if len(tuple(v)) != 2 or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 1 for i in v):
-            raise OpError(f"the depthwise convolution's {label} must be a pair of integers ≥ 1, not {v!r}")
-    (kh, kw), (sh, sw), (dh, dw) = (tuple(int(i) for i in pairs[k]) for k in ("kernel", "stride", "dilation"))
-    if len(tuple(padding)) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
-                                       for v in padding):
-        raise OpError(f"the padding must be four integers ≥ 0 (top, left, bottom, right), not {padding!r}")
-    top, left, bottom, right = (int(v) for v in padding)
-    if max(padding) > c.max_dma_pad:
-        raise OpError(f"the depthwise convolution's padding {list(padding)} exceeds the DMA's pad field "
-                      f"({c.max_dma_pad})")
-    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    if h + top + bottom < span_h or w + left + right < span_w:
-        raise OpError(f"a {kh}x{kw} kernel does not fit the {h}x{w} input with padding {list(padding)}")
-    oh, ow = (h + top + bottom - span_h) // sh + 1, (w + left + right - span_w) // sw + 1
+    (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = _window(
+        c, "depthwise convolution", (h, w), kernel, stride, dilation, padding)
     data = (ceil_div(n, c.batch), ceil_div(ch, c.block_in), h, w)
     nb, cb = data[:2]
     epi = Epilogue(True, shift, relu, None, hi)
