@@ -150,7 +150,7 @@ def _out_shape(header):
     (_header(_move_to_arena_end("w")), r"\(load.wgt\) moves bytes 4096..4240 of its arena, which lie outside w or "
                                        "zeros.wgt"),
     (_header(_swap_regions("x", "out")), r"\(load.inp\) moves bytes 0..64 of its arena, which lie outside x"),
-    (_header(_swap_regions("w", "bias")), r"\(load.acc\) moves bytes 8192..8208 .* outside bias or zeros.acc"),
+    (_header(_swap_regions("w", "bias")), r"\(load.wgt\) moves bytes 4096..4240 .* outside w or zeros.wgt"),
     (_header(_out_shape), r"its program's tensor out is int8\[1, 1, 3, 4, 1, 4\], but the node's tensors pack to "
                           r"int8\[1, 1, 4, 4, 1, 4\]"),
     (_program(_nudge(Load, MemType.INP)), r"\(load.inp\) moves bytes 4..68 of its arena, which lie outside x"),
