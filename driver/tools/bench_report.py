@@ -221,8 +221,10 @@ def _network_section(net: dict[str, Any]) -> list[str]:
     out = [
         "## Whole networks from ONNX", "",
         "Each network is compiled whole by `gemforge compile`'s pipeline. int8: power-of-two scales",
-        "calibrated on sample inputs, convolutions and dense layers on the accelerator, the rest on the",
-        "LLVM CPU back end; its outputs are checked bit-identical across fsim, the CPU (and the RTL).",
+        "calibrated on sample inputs; on the accelerator every layer it computes exactly (convolutions,",
+        "depthwise ones and dense layers with their ReLU6, residual adds, max and average pools), the",
+        "rest on the LLVM CPU back end; its outputs are checked bit-identical across fsim, the CPU (and",
+        "the RTL).",
         "float32: every layer on the CPU back end, checked against ONNX Runtime (1e-4 relative) and timed",
         "against it in alternating rounds with the same threads (ratio = ORT time / gemforge time).", "",
         f"Digits CNN (`gemforge/models/digits_cnn.onnx`, {d['test_images']} test images in one batch): int8 "
