@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gemforge.hw.config import ALU_IMM_BITS
+
 from ..errors import CompileError
 from ..ir import Cast, Const, Expr, Max, Min, Shr, is_float
 from ..te import clip
@@ -143,9 +145,9 @@ class Epilogue:
         return value
 
 
-#: The accelerator's ALU immediate (16 bits, signed), which an int8 epilogue's upper bound
+#: The largest ALU immediate (signed, `ALU_IMM_BITS`), which an int8 epilogue's upper bound
 #: becomes before the requantizing shift (`int8_clamp_steps`).
-_IMM_MAX = (1 << 15) - 1
+_IMM_MAX = (1 << (ALU_IMM_BITS - 1)) - 1
 
 
 def int8_clamp_steps(shift: int, hi: int) -> tuple[int, int | None, int]:
