@@ -18,7 +18,7 @@ import numpy as np
 from gemforge.hw.config import AccelConfig
 from gemforge.models.resnet import RESNET18_CONVS, RESNET18_LAYERS
 
-from .measure import best_of
+from .measure import best_of, roofline
 
 __all__ = ["bench_fsim_gemm", "run_benchmarks"]
 
@@ -67,37 +67,6 @@ RESNET18_VARIANTS = [
     ("int8_epilogue", True, True),
     ("int8_epilogue_alu", True, True),
 ]
-
-
-def roofline(program) -> dict[str, Any]:
-    """The best utilization a program's work allows on an ideal machine: every engine
-    busy all the time, reads and writes each at one beat per cycle on their own AXI
-    channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
-    the shared compute pipeline (an ALU MUL's, or an SHR's by a register operand, one per
-    `Timing.half_rate_interval` cycles). ``cycles`` is that machine's time: the larger of
-    the compute pipeline's, the reads' and the writes'."""
-    from gemforge.hw.isa import Alu, Gemm, Load, Store
-    from gemforge.hw.timing import compute_cycles, timing_of
-    c = program.config
-    timing = timing_of(c)
-    gemm = resets = alu = alu_cycles = read = write = 0
-    for insn in program.instructions:
-        if isinstance(insn, (Gemm, Alu)):
-            uops = insn.uop_count
-            if isinstance(insn, Alu):
-                alu += uops
-                alu_cycles += compute_cycles(insn, timing)
-            else:
-                gemm += uops
-                resets += uops if insn.reset else 0
-        elif isinstance(insn, Load):
-            read += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
-        elif isinstance(insn, Store):
-            write += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
-    beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
-    bound = max(gemm + alu_cycles, beats_read, beats_written)
-    return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
-            "beats_written": beats_written, "cycles": bound, "roofline": round((gemm - resets) / bound, 4)}
 
 
 def _utilization_run(device, op, inputs: dict[str, np.ndarray], expected: np.ndarray) -> dict[str, Any]:

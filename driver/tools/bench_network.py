@@ -13,7 +13,7 @@ import onnx
 
 from gemforge.hw.config import AccelConfig
 
-from .measure import best_interleaved, best_of, cores, ort_session
+from .measure import best_interleaved, best_of, cores, ort_session, roofline
 from ..runtime.model import compile_model
 from ..runtime.profile import profile_totals
 
@@ -110,10 +110,9 @@ def _placement(model) -> dict[str, Any]:
 
 def _on_rtl(name: str, model, x: np.ndarray, on_fsim: np.ndarray, device: str, config: AccelConfig) -> dict[str, Any]:
     """An int8 network's run on an RTL device, checked against fsim: its cycles, GEMM-core and
-    useful-MAC utilization, and the sum of its layers' rooflines (`bench.roofline`: each
+    useful-MAC utilization, and the sum of its layers' rooflines (`measure.roofline`: each
     program's time on an ideal machine, its compute at the rate its micro-ops give — a
     depthwise layer's ``block_out`` useful products a cycle — or its DRAM traffic)."""
-    from .bench import roofline
     start = time.perf_counter()
     on_rtl = model.run(x, device)
     wall = time.perf_counter() - start

@@ -4,7 +4,9 @@
 - `best_interleaved`: candidate and baseline in alternating rounds, each round after
   `WARM_UP_SECONDS` of untimed calls, so a slow moment of a shared machine hits both;
 - `ort_session`: ONNX Runtime, the host baseline, on the same threads as gemforge's
-  CPU kernels and without spinning idle threads.
+  CPU kernels and without spinning idle threads;
+- `roofline`: the best an accelerator program's work allows, the bound its cycles are
+  compared with.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Callable
 
 from gemforge.compiler.backends.cpu.runtime import cores
 
-__all__ = ["WARM_UP_SECONDS", "best_of", "best_interleaved", "ort_session", "cores"]
+__all__ = ["WARM_UP_SECONDS", "best_of", "best_interleaved", "ort_session", "cores", "roofline"]
 
 #: Each block of timed calls starts with this much untimed running of the same call:
 #: the other side's library threads (OpenBLAS, ONNX Runtime) stop spinning and the
@@ -59,3 +61,34 @@ def ort_session(model) -> Any:
     # cores from whatever is measured next (the interleaved candidate).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def roofline(program) -> dict[str, Any]:
+    """The best utilization a program's work allows on an ideal machine: every engine
+    busy all the time, reads and writes each at one beat per cycle on their own AXI
+    channel, GEMM (multiply-accumulate and reset) and ALU micro-ops one per cycle on
+    the shared compute pipeline (an ALU MUL's, or an SHR's by a register operand, one per
+    `Timing.half_rate_interval` cycles). ``cycles`` is that machine's time: the larger of
+    the compute pipeline's, the reads' and the writes'."""
+    from gemforge.hw.isa import Alu, Gemm, Load, Store
+    from gemforge.hw.timing import compute_cycles, timing_of
+    c = program.config
+    timing = timing_of(c)
+    gemm = resets = alu = alu_cycles = read = write = 0
+    for insn in program.instructions:
+        if isinstance(insn, (Gemm, Alu)):
+            uops = insn.uop_count
+            if isinstance(insn, Alu):
+                alu += uops
+                alu_cycles += compute_cycles(insn, timing)
+            else:
+                gemm += uops
+                resets += uops if insn.reset else 0
+        elif isinstance(insn, Load):
+            read += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
+        elif isinstance(insn, Store):
+            write += insn.y_size * insn.x_size * c.entry_bytes(insn.dram_buffer)
+    beats_read, beats_written = -(-read // c.bus_bytes), -(-write // c.bus_bytes)
+    bound = max(gemm + alu_cycles, beats_read, beats_written)
+    return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
+            "beats_written": beats_written, "cycles": bound, "roofline": round((gemm - resets) / bound, 4)}

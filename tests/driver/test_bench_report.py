@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from gemforge.compiler import compile_conv2d, compile_dense
-from gemforge.driver.tools.bench import RESNET18_VARIANTS, roofline
+from gemforge.driver.tools.bench import RESNET18_VARIANTS
+from gemforge.driver.tools.measure import roofline
 from gemforge.models.resnet import RESNET18_LAYERS
 from gemforge.driver.tools.bench_report import render_markdown
 from gemforge.driver.tools.cli import main
