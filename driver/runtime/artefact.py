@@ -36,7 +36,7 @@ from gemforge.compiler.graph.operators import ATTRIBUTE_TYPES, OPERATORS
 from gemforge.compiler.graph.passes import infer_shapes
 from gemforge.files import npz_bytes
 from gemforge.hw.config import AccelConfig
-from gemforge.hw.isa import Load, MemType, Store, insn_bytes, mnemonic
+from gemforge.hw.isa import Alu, AluOp, Load, MemType, Store, insn_bytes, mnemonic
 from gemforge.hw.program import TENSOR_DTYPES, Program, ProgramError, arena_alignment
 
 
@@ -470,9 +470,16 @@ def _check_layer_matches_node(graph: Graph, node: Node, layer: AccelLayer) -> No
         pack = pack_matrix_b if node.op == "dense" else pack_oihw if node.attrs["groups"] == 1 else pack_depthwise
         expected = {"w": pack(config, w), "bias": pack_bias(config, bias)}
         sources = {"w": f"the manifest's {node.inputs[1]!r}", "bias": f"the manifest's {node.inputs[2]!r}"}
-        # Below an upper bound the ALU takes the part of the shift its immediate needs first.
-        rest = int8_clamp_steps(node.attrs["shift"], node.attrs.get("hi", 127))[2]
+        # Below an upper bound the ALU takes the part of the shift its immediate needs first,
+        # then the bound as its MIN's immediate.
+        _, cap, rest = int8_clamp_steps(node.attrs["shift"], node.attrs.get("hi", 127))
         store = {"shift": rest, "relu": node.attrs["relu"]}
+        caps = {insn.imm for insn in program.instructions if isinstance(insn, Alu) and insn.op == AluOp.MIN} - {127}
+        if caps != ({cap} if cap is not None else set()):
+            raise ModelError(f"accelerator node {node.name!r}: its program clamps below {sorted(caps) or 'nothing'} but "
+                             f"the manifest's node makes it {cap if cap is not None else 'nothing'} (its hi "
+                             f"{node.attrs.get('hi', 127)}); the file was changed after compiling (compile the model "
+                             "again)")
     for name, packed in expected.items():
         stored = program.constants.get(name)
         if stored is None or stored.shape != packed.shape or not np.array_equal(stored, packed):

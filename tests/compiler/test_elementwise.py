@@ -277,3 +277,20 @@ def test_an_int8_upper_bound_is_exact_on_the_accelerator_and_the_cpu(config, shi
                                            hi=hi).run(device_for(config), x=x, w=dw, bias=dw_bias)
     sums = conv2d_sums(x, dw, 1, 1, groups=20) + dw_bias[None, :, None, None]
     np.testing.assert_array_equal(out, np.minimum(int8_clipped(sums >> shift, 0 if relu else -128), hi))
+
+
+@pytest.mark.parametrize("channels", [12, 80])
+def test_int8_depthwise_loads_its_bias_once_where_the_accumulator_has_room(channels):
+    """12 channels' bias (3 blocks) is loaded once for all tiles; 80 channels' (20 blocks, more than a
+    quarter of `cramped`'s 64 accumulator entries) per tile — both exact."""
+    config = CONFIGS["cramped"]
+    rng = np.random.default_rng(channels)
+    shape = (1, channels, 6, 6)
+    x = rng.integers(-128, 128, shape, dtype=np.int8)
+    w = rng.integers(-128, 128, (channels, 1, 3, 3), dtype=np.int8)
+    bias = rng.integers(-3000, 3000, channels).astype(np.int32)
+    op = compile_int8_depthwise_conv2d(config, shape, (3, 3), padding=(1, 1, 1, 1), shift=6, relu=True, hi=90)
+    assert bool(op.plan.get("bias_once")) == (channels == 12)
+    out, _ = op.run(device_for(config), x=x, w=w, bias=bias)
+    sums = conv2d_sums(x, w, 1, 1, groups=channels) + bias[None, :, None, None]
+    np.testing.assert_array_equal(out, np.minimum(int8_clipped(sums >> 6, 0), 90))

@@ -157,6 +157,10 @@ def _accel_node(manifest):
     return next(n for n in manifest["graph"]["nodes"] if n["device"] == "accel")
 
 
+def _named(manifest, name: str):
+    return next(n for n in manifest["graph"]["nodes"] if n["name"] == name)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m["plan"]["tensors"][0].update(tensor="bogus"), "memory plan has no slot"),
     (lambda m: m["plan"]["tensors"][0].update(last="x"), "memory plan has a malformed entry"),
@@ -169,6 +173,17 @@ def _accel_node(manifest):
     (lambda m: m["layers"][_accel_node(m)["name"]].update(out_shape=[1, 0]), "layer shapes disagree"),
     (lambda m: m["graph"]["nodes"][-1].update(output=m["graph"]["inputs"][0]), "writes tensor 'input', which"),
     (lambda m: m["graph"]["nodes"][-1].update(output=m["graph"]["nodes"][-2]["output"]), "already defines"),
+    # The int8 attributes this issue added: a convolution's fused upper bound, an average's
+    # finer output, a max pool's that it has none, and the programs that follow from them.
+    (lambda m: _accel_node(m)["attrs"].update(hi=300), "a fused int8 clip's upper bound hi is an integer"),
+    (lambda m: _accel_node(m)["attrs"].update(hi=5), r"accelerator node 'conv1': its program clamps below nothing but "
+                                                     r"the manifest's node makes it \d+ \(its hi 5\)"),
+    (lambda m: _named(m, "avg")["attrs"].update(lshift=9), "an average's lshift is a whole number from 0 to 6"),
+    (lambda m: _named(m, "pool")["attrs"].update(lshift=1), "a max pool has none"),
+    (lambda m: _named(m, "avg")["attrs"].update(lshift=_named(m, "avg")["attrs"].get("lshift", 0) + 1),
+     "accelerator node 'avg': the (weights|bias) packed in its program differ from"),
+    (lambda m: _named(m, "residual")["attrs"].update(lshift=[0, 3]),
+     "accelerator node 'residual': the weights packed in its program differ from its attribute lshift"),
 ])
 def test_an_edited_manifest_is_refused_when_loaded_not_when_run(edit, message):
     _, model, _ = _compile(3, "tiny", channels=8)

@@ -112,11 +112,11 @@ def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, t
     store_bytes = store_entry_bytes(epilogue, c)
     # The bias is loaded once for every output block, before the first tile (`conv2d_schedule`),
     # where the ALU adds it (below an upper bound: `int8_clamp_steps`) or the layer is large
-    # enough to have many tiles; a small layer, whose first tile is most of its time, loads it
-    # per tile (its start, where the compute engine's first accumulator LOAD meets the load
+    # enough to have many tiles, and the accumulator has room for a quarter of it; a small
+    # layer, whose first tile is most of its time, loads it per tile (its start, where the compute engine's first accumulator LOAD meets the load
     # engine's, is what the cycle model has not learnt: it erred by 11% on a 4×4 output).
     bias_once = epilogue.bias and (epilogue.shift is not None and epilogue.hi is not None
-                                   or oh * ow >= BIAS_ONCE_PIXELS)
+                                   or oh * ow >= BIAS_ONCE_PIXELS) and ob <= c.acc_depth // 4
     ranked = []
     for tkh in reversed(divisors(kh)):
         rows_strided = stride > 1 and padding == 0 and tkh == 1

@@ -297,6 +297,7 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
     oh, ow = out_hw
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     taps = kh * kw
+    bias_once = cb <= c.acc_depth // 4
     ranked = []
     for tow in reversed(divisors(ow)):
         win_w = (tow - 1) * sw + (kw - 1) * dw + 1
@@ -306,7 +307,8 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
                 window, pixels = toc * win_h * win_w, toc * toh * tow
                 acc = threads * (pixels + (window if kind == "max" else toc if kind == "avg" else 0))
                 if kind == "depthwise":
-                    acc += cb           # every block's bias, loaded once
+                    # Every block's bias loaded once, where the accumulator has room for it.
+                    acc += cb if bias_once else threads * toc
                 weights = toc * taps if kind == "depthwise" else 1
                 if threads * window > c.inp_depth or acc > c.acc_depth or threads * weights > c.wgt_depth:
                     break
@@ -318,15 +320,17 @@ def _pool_plan(config: AccelConfig, kind: str, data, out_hw, kernel, stride, dil
                     chunk_loads=toc + 1,
                     chunk_uops=window if kind == "max" else pixels * taps,
                     tile_uops=pixels * alu_ops,
-                    tile_read_bytes=toc * c.acc_entry_bytes if kind == "avg" else 0,
+                    tile_read_bytes=toc * c.acc_entry_bytes if kind == "avg" or kind == "depthwise" and not bias_once
+                    else 0,
                     tile_store_bytes=pixels * c.out_entry_bytes, tile_stores=1 if tow == ow else toc * toh)
                 cost, order = work.best_order(c, threads)
                 ranked.append((cost, -pixels, toc, toh, tow, order))
+    once = {"bias_once": True} if kind == "depthwise" and bias_once else {}
     if not ranked:
         raise OpError(f"a {kh}x{kw} {kind} pool's window of one channel block does not fit the input and "
                       f"accumulator buffers of config {c.name!r} ({c.inp_depth} and {c.acc_depth} entries)")
     _, _, toc, toh, tow, order = min(ranked)
-    return {"toc": toc, "toh": toh, "tow": tow, "threads": threads, "order": order}
+    return {"toc": toc, "toh": toh, "tow": tow, "threads": threads, "order": order, **once}
 
 
 def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int, int], *,
@@ -519,12 +523,14 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     if padded:
         s[xp].compute_inline()      # the padding becomes the DMA's zero frame
     w_wgt = s.cache_read(wt, "wgt", [total])
-    # Every channel block's bias loaded once, before the first tile: a bias the ALU adds (below
-    # an upper bound) loaded per tile held the compute engine until the read channel, busy with
-    # the next tile's window, got to it (MobileNetV2's 112×112 layer took twice its time).
+    # Every channel block's bias loaded once, before the first tile, where the accumulator has
+    # room: a bias the ALU adds (below an upper bound) loaded per tile held the compute engine
+    # until the read channel, busy with the next tile's window, got to it (MobileNetV2's
+    # 112×112 layer took twice its time).
     bias_acc = s.cache_read(bias, "acc", [out_acc])
-    s[bias_acc].pragma(s[bias_acc].leaf[0], "dma_copy")
-    schedule_image_tiles(s, out, plan, [total, out_acc], [])
+    if plan.get("bias_once"):
+        s[bias_acc].pragma(s[bias_acc].leaf[0], "dma_copy")
+    schedule_image_tiles(s, out, plan, [total, out_acc], [] if plan.get("bias_once") else [bias_acc])
     st = s[total]
     tn, toc_, ty, tx, tb, to, tri, trj, tk = st.leaf
     chunk, trii = st.split(tri, kh)      # one chunk: the window and the block's taps loaded once
