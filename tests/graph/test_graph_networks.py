@@ -26,6 +26,16 @@ def test_digits_int8_accuracy_within_one_point_of_float():
     assert float_acc > 0.95
     assert abs(int8_acc - float_acc) <= 0.01
     np.testing.assert_array_equal(model.run(x_test, "cpu"), logits)
+    # Every layer on the accelerator: the classifier's dense layer over the flattened 2×2 pooled
+    # image is the 2×2 convolution it equals (`image_dense`), bit-identical to the dense layer the
+    # network compiled without a config keeps.
+    assert [n.op for n in model.graph.nodes if n.device == "cpu"] == ["quantize", "unfold", "reshape", "dequantize"]
+    classifier = next(n for n in model.graph.nodes if n.name == "fc")
+    assert classifier.op == "conv2d" and model.graph.values[classifier.inputs[1]].shape[2:] != (1, 1)
+    plain = compile_model(digits.MODEL_PATH, quantize="int8", calibrate=x_train[:150].reshape(10, 15, 1, 8, 8),
+                          batch=15)
+    assert next(n for n in plain.graph.nodes if n.name == "fc").op == "dense"
+    np.testing.assert_array_equal(plain.run(x_test, "cpu"), logits)
 
 
 def test_resnet18_int8_on_fsim_and_cpu():
