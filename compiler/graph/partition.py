@@ -83,10 +83,6 @@ class AccelLayer:
         return region.shape, region.dtype
 
     @property
-    def packed_in(self) -> tuple[tuple[int, ...], str]:
-        return self.packed(self.data)
-
-    @property
     def packed_out(self) -> tuple[tuple[int, ...], str]:
         region = self.program.tensors["out"]
         return region.shape, region.dtype
@@ -123,10 +119,7 @@ def _compile_elementwise(graph: Graph, node: Node, config: AccelConfig) -> Accel
     op = compile_scaled_add(config, shapes[0], lshift=tuple(a["lshift"]), shift=a["shift"], relu=a["relu"],
                             negate_y=node.op == "sub")
     packed = op.pack_inputs(x=np.zeros(shapes[0], np.int8), y=np.zeros(shapes[0], np.int8))
-    program = op.program
-    program.constants = {**program.constants, **{k: packed[k] for k in ("w", "bias") if k in packed}}
-    program.check()
-    return AccelLayer(node.op, program, "x", shapes[0], shapes[0], dict(op.plan))
+    return _layer(node, op, packed, "x", shapes[0], shapes[0])
 
 
 def is_depthwise(graph: Graph, node: Node) -> bool:
@@ -165,10 +158,7 @@ def _compile_pool_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelL
     op = compile_pool(graph, node, config)
     x_shape = tuple(graph.values[node.inputs[0]].shape)
     packed = op.pack_inputs(x=np.zeros(x_shape, np.int8))
-    program = op.program
-    program.constants = {**program.constants, **{k: packed[k] for k in ("w", "bias") if k in packed}}
-    program.check()
-    return AccelLayer(node.op, program, "x", x_shape, tuple(graph.values[node.output].shape), dict(op.plan))
+    return _layer(node, op, packed, "x", x_shape, tuple(graph.values[node.output].shape))
 
 
 def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
@@ -200,11 +190,16 @@ def _compile_layer(graph: Graph, node: Node, config: AccelConfig) -> AccelLayer:
         op = accel_ops.compile_dense(config, m, k, w.shape[1], bias=True, shift=a["shift"], relu=a["relu"])
         packed = op.pack_inputs(a=np.zeros((m, k), np.int8), b=w, bias=bias)
         data, data_shape, out_shape = "a", (m, k), (m, w.shape[1])
+    return _layer(node, op, packed, data, data_shape, out_shape)
+
+
+def _layer(node: Node, op, packed: dict[str, np.ndarray], data: str, data_shape, out_shape) -> AccelLayer:
+    """``node``'s layer: ``op``'s program with its packed weights and bias (where it has them)
+    joining the compiler's own constants (e.g. zero rows the DMA reads for padding)."""
     program = op.program
-    # The weights join the compiler's own constants (e.g. zero rows the DMA reads for padding).
-    program.constants = {**program.constants, "w": packed["w"], "bias": packed["bias"]}
+    program.constants = {**program.constants, **{k: packed[k] for k in ("w", "bias") if k in packed}}
     program.check()
-    return AccelLayer(node.op, program, data, data_shape, out_shape, dict(op.plan))
+    return AccelLayer(node.op, program, data, tuple(data_shape), tuple(out_shape), dict(op.plan))
 
 
 def partition(graph: Graph, config: AccelConfig, report=None) -> dict[str, AccelLayer]:

@@ -355,14 +355,14 @@ def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, 
         if node.attrs["shift"]:
             regions["bias"] = ((ceil_div(c, bo), b, bo), "acc")
         regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), h, wd, b, bo), "out")
-        return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
+        return _typed(config, regions)
     if node.op in ("max_pool", "avg_pool"):
         (n, c, h, wd), (_, _, oh, ow) = x, y
         regions = {"x": ((ceil_div(n, b), ceil_div(c, bi), h, wd, b, bi), "inp"), "w": ((1, bo, bi), "wgt")}
         if node.op == "avg_pool":
             regions["bias"] = ((ceil_div(c, bo), b, bo), "acc")
         regions["out"] = ((ceil_div(n, b), ceil_div(c, bo), oh, ow, b, bo), "out")
-        return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
+        return _typed(config, regions)
     w = graph.values[node.inputs[1]].shape
     if node.op == "conv2d" and node.attrs["groups"] != 1:      # depthwise: a diagonal tile per block and tap
         (n, c, h, wd), (_, _, kh, kw), (_, _, oh, ow) = x, w, y
@@ -377,8 +377,17 @@ def _packed_regions(config: AccelConfig, graph: Graph, node: Node) -> dict[str, 
         m, (k, n) = math.prod(x[:-1]), w        # the data as a matrix: (…, K) → (M, K)
         shapes = {"a": (ceil_div(m, b), ceil_div(k, bi), b, bi), "w": (ceil_div(n, bo), ceil_div(k, bi), bo, bi),
                   "bias": (ceil_div(n, bo), b, bo), "out": (ceil_div(m, b), ceil_div(n, bo), b, bo)}
-    widths = (config.inp_width, config.wgt_width, config.acc_width, config.out_width)
-    return {name: (shape, int_dtype(bits).name) for (name, shape), bits in zip(shapes.items(), widths)}
+    return _typed(config, {name: (shape, buffer) for (name, shape), buffer in zip(shapes.items(), BUFFER_ROLES)})
+
+
+#: The buffers a convolution's or dense layer's regions are entries of, in their order: data,
+#: weights, bias (accumulator entries) and output.
+BUFFER_ROLES = ("inp", "wgt", "acc", "out")
+
+
+def _typed(config: AccelConfig, regions: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, tuple]:
+    """Regions given by (shape, buffer) as (shape, the type of that buffer's elements)."""
+    return {name: (shape, int_dtype(config.entry_layout(buffer)[2]).name) for name, (shape, buffer) in regions.items()}
 
 
 def _program_bytes(config: AccelConfig, graph: Graph, node: Node) -> int:

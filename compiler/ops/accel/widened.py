@@ -138,6 +138,19 @@ def _plan(config: AccelConfig, data: tuple[int, int, int, int], threads: int, bi
     return {"toc": toc, "toh": toh, "tow": tow, "threads": threads, "order": order}
 
 
+def _gemm_stages(out, reduction, data, weights):
+    """The schedule of ``out`` whose accumulator stage ``reduction`` runs on the GEMM core:
+    ``(schedule, out's accumulator stage, data's input-buffer copy, weights' weight-buffer
+    copy)``; a padded ``data`` (`te.pad`) is inlined, its padding the DMA's zero frame."""
+    s = create_schedule(out)
+    s[reduction].set_scope("acc")
+    out_acc = s.cache_write(out, "acc")
+    data_inp = s.cache_read(data, "inp", [reduction])
+    if getattr(data.op, "tag", "") == "pad":
+        s[data].compute_inline()
+    return s, out_acc, data_inp, s.cache_read(weights, "wgt", [reduction])
+
+
 def compile_scaled_add(config: AccelConfig, shape, *, lshift: tuple[int, int] = (0, 0), shift: int = 0,
                        relu: bool = False, negate_y: bool = False, latency_hiding: bool = True) -> CompiledOp:
     """int8 ``clip(((x << lx) ± (y << ly) + round) >> shift, 0 if relu else −128, 127)`` of two
@@ -172,11 +185,7 @@ def compile_scaled_add(config: AccelConfig, shape, *, lshift: tuple[int, int] = 
                   name="out", dtype="int8", tile_dims=2)
     plan = plan_with_fallback(lambda threads: _plan(c, data, threads, bias), latency_hiding)
 
-    s = create_schedule(out)
-    s[total].set_scope("acc")
-    out_acc = s.cache_write(out, "acc")
-    xy_inp = s.cache_read(xy, "inp", [total])
-    w_wgt = s.cache_read(wt, "wgt", [total])
+    s, out_acc, xy_inp, w_wgt = _gemm_stages(out, total, xy, wt)
     readers = [s.cache_read(b_t, "acc", [out_acc])] if bias else []
     schedule_image_tiles(s, out, plan, [total, out_acc], readers)
     st = s[total]
@@ -421,13 +430,7 @@ def compile_int8_pool2d(config: AccelConfig, shape, kind: str, kernel: tuple[int
                                                          else int(division[0] != 1)),
                               latency_hiding)
 
-    s = create_schedule(out)
-    s[widened].set_scope("acc")
-    out_acc = s.cache_write(out, "acc")
-    x_inp = s.cache_read(xp, "inp", [widened])
-    if padded:
-        s[xp].compute_inline()      # the padding becomes the DMA's zero frame
-    w_wgt = s.cache_read(ident, "wgt", [widened])
+    s, out_acc, x_inp, w_wgt = _gemm_stages(out, widened, xp, ident)
     readers = [s.cache_read(params[2], "acc", [out_acc])] if kind == "avg" else []
     schedule_image_tiles(s, out, plan, [widened, out_acc], readers)
     sw_ = s[widened]
@@ -516,13 +519,7 @@ def compile_int8_depthwise_conv2d(config: AccelConfig, input_shape, kernel: tupl
     plan = plan_with_fallback(lambda threads: _pool_plan(c, "depthwise", data, (oh, ow), (kh, kw), (sh, sw),
                                                          (dh, dw), threads, epilogue_alu_ops(epi)),
                               latency_hiding)
-    s = create_schedule(out)
-    s[total].set_scope("acc")
-    out_acc = s.cache_write(out, "acc")
-    x_inp = s.cache_read(xp, "inp", [total])
-    if padded:
-        s[xp].compute_inline()      # the padding becomes the DMA's zero frame
-    w_wgt = s.cache_read(wt, "wgt", [total])
+    s, out_acc, x_inp, w_wgt = _gemm_stages(out, total, xp, wt)
     # Every channel block's bias loaded once, before the first tile, where the accumulator has
     # room: a bias the ALU adds (below an upper bound) loaded per tile held the compute engine
     # until the read channel, busy with the next tile's window, got to it (MobileNetV2's
