@@ -739,8 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
                    help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, models, gpu, synth, sweep "
-                        "(default: fsim, cpu, network (the digits CNN and ResNet-18 compiled whole; on an RTL --device "
-                        "too), models (networks as exporters write them: accuracy, accelerator share, compile time), rtl "
+                        "(default: fsim, cpu, network (the digits CNN, ResNet-18 and MobileNetV2 compiled whole; on an RTL "
+                        "--device too: cycles, useful-MAC utilization, rooflines), models (networks as exporters write them: accuracy, accelerator share, compile time), rtl "
                         "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
                         "is present; synth (every preset through Yosys and the ECP5 flow, about half an hour) and sweep "
                         "(examples/sweeps/resnet18.toml, under an hour) only when named); cpu's ResNet-18 convolutions are compared with "
