@@ -23,6 +23,7 @@ wrapped to ``acc_width`` bits.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -259,14 +260,17 @@ class Fsim(AluBatching):
         self._alu_chunk = max(1 << 12, (1 << 22) // (c.batch * c.block_out))
     # ------------------------------------------------------------------ running
 
-    def run(self, insn_address: int, insn_count: int) -> dict[str, int]:
+    def run(self, insn_address: int, insn_count: int, snapshots: Collection[int] = ()) -> dict[str, int]:
         """Run the ``insn_count`` instructions at byte ``insn_address`` until FINISH retires.
 
-        Returns the counters of this run. Raises `DeadlockError` when no engine
+        Returns the counters of this run; ``self.snapshots`` has them as they stood when each
+        instruction of ``snapshots`` (indices into the program) started, in the order those ran. Raises `DeadlockError` when no engine
         can make progress or the program ends unbalanced, `OutOfBoundsError` on
         a bad address, and `FsimError` for any other illegal program."""
         c = self.config
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        self.snapshots: list[dict[str, int]] = []
+        snapshot_at = frozenset(snapshots)
         if insn_count < 1:
             raise FsimError("a program needs at least one instruction (FINISH)", Fault.EMPTY_PROGRAM)
         if insn_address % insn_bytes(c):
@@ -333,6 +337,8 @@ class Fsim(AluBatching):
                     for q in pops:
                         tokens[q] -= 1
                     state.queue.popleft()
+                    if head.index in snapshot_at:
+                        self.snapshots.append(dict(self.counters))
                     self.execute(head.insn, head.index)
                     state.last = head
                     state.pending_pushes = [q for flag, q in TOKEN_PUSHES[engine].items()

@@ -19,7 +19,7 @@ from gemforge.hw.config import AccelConfig
 from gemforge.hw.program import arena_alignment
 
 from .ir import Graph
-from .partition import AccelLayer
+from .partition import AccelLayer, accel_runs, host_reads
 
 __all__ = ["pack_layouts", "plan_memory", "plan_alignment", "slot_key", "Slot", "MemoryPlan"]
 
@@ -94,7 +94,12 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
     """The device-resident tensors: each accelerator node's packed inputs and output,
     one entry per (tensor, packed layout); an input whose packed layout is its
     producer's output layout is the same entry (handed over in DRAM). Returns them in
-    first-use order with their lifetimes (indices into ``graph.nodes``)."""
+    first-use order with their lifetimes (indices into ``graph.nodes``).
+
+    A lifetime spans the accelerator nodes that use the tensor, widened to what one program
+    per accelerator run (`partition.accel_runs`) needs: a tensor the host writes is live from
+    the start of the run that reads it (the host writes it before the run starts), and one the
+    host reads to the end of the run that writes it (the host reads it after the run ends)."""
     tensors: dict[tuple, dict] = {}
 
     def touch(name: str, layout, step: int, role: str) -> None:
@@ -112,6 +117,16 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
             for tensor, name in layer.bound_inputs(node):
                 touch(tensor, layer.packed(name), step, "in")
             touch(node.output, layer.packed_out, step, "out")
+    run_of = {}
+    for first, last in accel_runs(graph, layers):
+        run_of.update((step, (first, last)) for step in range(first, last + 1))
+    read = host_reads(graph, layers)
+    for entry in tensors.values():
+        start, end = run_of[entry["first"]]
+        if not entry["produced"]:
+            entry["first"] = start
+        elif entry["tensor"] in read:
+            entry["last"] = max(entry["last"], end)
     return list(tensors.values())
 
 

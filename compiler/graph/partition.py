@@ -47,7 +47,7 @@ from .ir import Graph, Node
 from .operators.base import padding
 
 __all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "is_depthwise",
-           "host_reads", "host_round_trips", "round_trips"]
+           "host_reads", "accel_runs", "host_round_trips", "round_trips"]
 
 #: The program tensors an accelerator layer binds its node's data inputs to, in the node's
 #: input order (a convolution's and a dense layer's weights and bias travel in the program).
@@ -254,6 +254,37 @@ def host_reads(graph: Graph, layers: dict[str, AccelLayer]) -> set[str]:
             if tensor in produced and produced[tensor] != layer.packed(name):
                 readers.add(tensor)
     return readers
+
+
+def accel_runs(graph: Graph, layers: dict[str, AccelLayer]) -> list[tuple[int, int]]:
+    """The accelerator runs of an inference: ``(first, last)`` steps (indices into
+    ``graph.nodes``) of consecutive accelerator nodes that the device runs as one program,
+    one START and one FINISH (`Device.load_chain`). A run ends at a host node, and after a
+    node whose output a later accelerator node reads in another packed layout (the host
+    re-packs it in between, `host_reads`)."""
+    produced = {n.output: layers[n.name].packed_out for n in graph.nodes if n.device == "accel"}
+    repacked = set()
+    for node in graph.nodes:
+        if node.device == "accel":
+            layer = layers[node.name]
+            repacked.update(t for t, name in layer.bound_inputs(node)
+                            if t in produced and produced[t] != layer.packed(name))
+    runs: list[tuple[int, int]] = []
+    start = None
+    for step, node in enumerate(graph.nodes):
+        if node.device != "accel":
+            if start is not None:
+                runs.append((start, step - 1))
+            start = None
+            continue
+        if start is None:
+            start = step
+        if node.output in repacked:
+            runs.append((start, step))
+            start = None
+    if start is not None:
+        runs.append((start, len(graph.nodes) - 1))
+    return runs
 
 
 def host_round_trips(graph: Graph) -> int:

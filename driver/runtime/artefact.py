@@ -24,7 +24,7 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
-from gemforge.compiler.graph.memory_plan import MemoryPlan, plan_alignment, slot_key
+from gemforge.compiler.graph.memory_plan import MemoryPlan, pack_layouts, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
 from gemforge.compiler.ops.common import int8_clamp_steps
 from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pack_depthwise, pool_bias,
@@ -629,18 +629,16 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
         if key in slots:
             raise ModelError(f"the memory plan has two slots for {t['tensor']!r} in one layout")
         slots[key] = t
-    uses: dict[tuple, list[int]] = {}       # slot → [first, last] accelerator node using it
-    for step, node in enumerate(net.graph.nodes):
-        if node.device != "accel":
-            continue
-        layer = net.layers[node.name]
-        used = [(tensor, layer.packed(name)) for tensor, name in layer.bound_inputs(node)]
-        for tensor, (shape, dtype) in (*used, (node.output, layer.packed_out)):
-            key = slot_key(tensor, (shape, dtype))
-            slot = slots.get(key)
-            if slot is None or slot["nbytes"] < math.prod(shape) * np.dtype(dtype).itemsize:
-                raise ModelError(f"the memory plan has no slot for {tensor!r} of accelerator node {node.name!r}")
-            uses.setdefault(key, [step, step])[1] = step
+    # The lifetimes the compiler gives (`memory_plan.pack_layouts`): the accelerator nodes that
+    # use a slot, widened to the accelerator runs that write it in or read it out.
+    uses: dict[tuple, list[int]] = {}
+    for entry in pack_layouts(net.graph, net.layers):
+        key = slot_key(entry["tensor"], (entry["shape"], entry["dtype"]))
+        slot = slots.get(key)
+        if slot is None or slot["nbytes"] < entry["nbytes"]:
+            raise ModelError(f"the memory plan has no slot for {entry['tensor']!r} in its packed layout "
+                             f"{list(entry['shape'])} {entry['dtype']}")
+        uses[key] = [entry["first"], entry["last"]]
     need = plan_alignment(net.config)
     if alignment != need:
         raise ModelError(f"the memory plan aligns its tensors to {alignment} bytes; config {net.config.name!r} "
@@ -652,7 +650,7 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
                              "writes in that layout")
         if [t["first"], t["last"]] != life:
             raise ModelError(f"the memory plan keeps {t['tensor']!r} from node {t['first']} to {t['last']}, but "
-                             f"accelerator nodes use it from {life[0]} to {life[1]}")
+                             f"the accelerator uses it from {life[0]} to {life[1]}")
         nbytes = math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize
         if t["nbytes"] != nbytes or t["size"] != ceil_div(nbytes, alignment) * alignment or t["offset"] % alignment:
             raise ModelError(f"the memory plan's slot for {t['tensor']!r} ({t['nbytes']} bytes in {t['size']} at "

@@ -22,13 +22,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gemforge.hw.chain import Link, chain_refusal, chain_streams
 from gemforge.hw.config import AccelConfig, load_config
 from gemforge.hw.isa import encode_program, encode_uops, insn_bytes
 from gemforge.hw.program import Program, ProgramError, arena_alignment
 from gemforge.hw.regmap import Fault
 
 __all__ = [
-    "Device", "DeviceError", "AcceleratorFaultError", "Buffer", "LoadedProgram", "RunResult",
+    "Device", "DeviceError", "AcceleratorFaultError", "Buffer", "LoadedProgram", "LoadedChain", "RunResult",
     "open_device", "parse_uart_spec", "register_backend", "available_backends", "DEFAULT_DRAM_BYTES",
 ]
 
@@ -64,7 +65,7 @@ class LoadedProgram:
 
     program: Program
     arena: Buffer
-    insn_buffer: Buffer
+    insn_buffer: Buffer | None        # None while `Device.load_chain` builds a chain of programs
     insn_count: int
     #: Tensors placed in caller-owned buffers instead of the arena.
     bindings: dict[str, Buffer] = field(default_factory=dict)
@@ -81,6 +82,24 @@ class LoadedProgram:
 
 
 @dataclass
+class LoadedChain:
+    """Programs resident in device DRAM as one instruction stream (`Device.load_chain`):
+    each part's arena, the stream's buffer and where its instructions start in it, and the
+    links that end each part but the last."""
+
+    parts: list[LoadedProgram]
+    insn_buffer: Buffer
+    insn_address: int
+    insn_count: int
+    links: tuple[Link, ...]
+
+    @property
+    def boundaries(self) -> list[int]:
+        """The stream index where each part ends (its link, or the final FINISH)."""
+        return [link.index for link in self.links] + [self.insn_count - 1]
+
+
+@dataclass
 class RunResult:
     """What a run reports: event counters, for RTL backends the cycle count and
     hardware counters, for the CPU and GPU devices the wall time."""
@@ -89,6 +108,10 @@ class RunResult:
     cycles: int | None = None
     hw_counters: dict[str, int] = field(default_factory=dict)
     seconds: float | None = None
+    #: For a chain, the counters at each link, where the backend can read them: fsim's event
+    #: counters as the link starts; the RTL's ``cycles``, ``gemm_active`` and ``gemm_reset``
+    #: as it retires.
+    marks: list[dict[str, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"counters": dict(self.counters)}
@@ -199,6 +222,48 @@ class Device(ABC):
 
         ``bindings`` places some of its tensors in buffers the caller owns instead of
         the arena (a network's activations, planned once for all its layers)."""
+        loaded, insns = self._place(program, bindings)
+        try:
+            loaded.insn_buffer, loaded.insn_count = self._write_stream(insns), len(insns)
+        except BaseException:
+            self.free(loaded.arena)
+            raise
+        return loaded
+
+    def load_chain(self, parts: list[tuple[Program, dict[str, Buffer]]]) -> LoadedChain:
+        """Place programs (each with its bindings, as `load_program`) as one instruction stream
+        that runs them in order with one START and one FINISH (`gemforge.hw.chain`). Refuses a
+        program that cannot be chained, naming the reason."""
+        if not parts:
+            raise DeviceError("a chain needs at least one program")
+        placed: list = []        # the parts' `LoadedProgram`s, then the stream's buffer
+        try:
+            streams = []
+            for k, (program, bindings) in enumerate(parts):
+                loaded, insns = self._place(program, bindings)
+                placed.append(loaded)
+                reason = chain_refusal(insns)
+                if reason is not None:
+                    raise DeviceError(f"program {k} of the chain cannot be chained: {reason}")
+                streams.append(insns)
+            # The links' zero micro-op lies before the stream, in the same buffer (a link
+            # replaces a FINISH, so the chain has as many instructions as its parts).
+            step = insn_bytes(self.config)
+            head = -(-self.config.uop_entry_bytes // step) * step
+            buffer = self.alloc(head + sum(map(len, streams)) * step,
+                                align=max(64, self.config.bus_bytes, self.config.uop_entry_bytes))
+            placed.append(buffer)
+            insns, links = chain_streams(streams, buffer.address // self.config.uop_entry_bytes)
+            self.write(buffer, bytes(head) + encode_program(insns, self.config))
+        except BaseException:
+            for loaded in placed:
+                self.free(loaded if isinstance(loaded, Buffer) else loaded.arena)
+            raise
+        return LoadedChain(placed[:-1], buffer, buffer.address + head, len(insns), tuple(links))
+
+    def _place(self, program: Program, bindings: dict[str, Buffer] | None) -> tuple[LoadedProgram, list]:
+        """Allocate ``program``'s arena, write its micro-ops and constants, and relocate its
+        instructions there (the stream not yet written)."""
         if program.config != self.config:
             raise ProgramError(f"program was built for config {program.config.name!r}, but this "
                                f"device is {self.config.name!r}; configs must match exactly")
@@ -213,26 +278,38 @@ class Device(ABC):
         arena = self.alloc(max(program.arena_bytes, align), align=align)
         try:
             insns = program.relocated(arena.address, {n: b.address for n, b in bindings.items()})
-        except ProgramError:
+            loaded = LoadedProgram(program, arena, None, 0, bindings)
+            if program.uops:
+                self.write(arena, encode_uops(program.uops, self.config), offset=program.uop_offset)
+            for name, data in program.constants.items():
+                self.write(loaded.tensor_buffer(name), data)
+        except BaseException:
             self.free(arena)
             raise
+        return loaded, insns
+
+    def _write_stream(self, insns: list) -> Buffer:
         stream = encode_program(insns, self.config)
         insn_buffer = self.alloc(max(len(stream), insn_bytes(self.config)), align=max(64, self.config.bus_bytes))
         self.write(insn_buffer, stream)
-        loaded = LoadedProgram(program, arena, insn_buffer, len(insns), bindings)
-        if program.uops:
-            self.write(arena, encode_uops(program.uops, self.config), offset=program.uop_offset)
-        for name, data in program.constants.items():
-            self.write(loaded.tensor_buffer(name), data)
-        return loaded
+        return insn_buffer
 
-    def unload_program(self, loaded: LoadedProgram) -> None:
-        self.free(loaded.arena)
+    def unload_program(self, loaded: LoadedProgram | LoadedChain) -> None:
+        """Free what `load_program` or `load_chain` allocated."""
+        if isinstance(loaded, LoadedChain):
+            for part in loaded.parts:
+                self.free(part.arena)
+        else:
+            self.free(loaded.arena)
         self.free(loaded.insn_buffer)
 
-    def run(self, loaded: LoadedProgram) -> RunResult:
-        """Run a loaded program to completion and return its counters."""
-        result = self._execute(loaded.insn_buffer.address, loaded.insn_count)
+    def run(self, loaded: LoadedProgram | LoadedChain) -> RunResult:
+        """Run a loaded program (or chain) to completion and return its counters; a chain's
+        result has the counters at each of its links too (`RunResult.marks`)."""
+        if isinstance(loaded, LoadedChain):
+            result = self._execute(loaded.insn_address, loaded.insn_count, loaded.links)
+        else:
+            result = self._execute(loaded.insn_buffer.address, loaded.insn_count)
         self.last_result = result
         return result
 
@@ -259,8 +336,10 @@ class Device(ABC):
             self.unload_program(loaded)
 
     @abstractmethod
-    def _execute(self, insn_address: int, insn_count: int) -> RunResult:
-        """Run ``insn_count`` instructions starting at byte ``insn_address`` of DRAM."""
+    def _execute(self, insn_address: int, insn_count: int, links: tuple[Link, ...] = ()) -> RunResult:
+        """Run ``insn_count`` instructions starting at byte ``insn_address`` of DRAM. A backend
+        that can reports the counters as they stand at each of a chain's ``links`` in
+        `RunResult.marks` (or none)."""
 
     def close(self) -> None:
         """Release backend resources (simulator processes, build handles)."""

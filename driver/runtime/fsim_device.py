@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gemforge.hw.chain import Link
 from gemforge.hw.config import AccelConfig
 from gemforge.sim.fsim import Fsim
 
@@ -19,5 +20,6 @@ class FsimDevice(Device):
         super().__init__(config, dram_bytes)
         self.sim = Fsim(config, self.dram)
 
-    def _execute(self, insn_address: int, insn_count: int) -> RunResult:
-        return RunResult(counters=self.sim.run(insn_address, insn_count))
+    def _execute(self, insn_address: int, insn_count: int, links: tuple[Link, ...] = ()) -> RunResult:
+        counters = self.sim.run(insn_address, insn_count, [link.index for link in links])
+        return RunResult(counters=counters, marks=self.sim.snapshots)

@@ -8,11 +8,15 @@ the graph compiler (`gemforge.compiler.graph`) and returns a `Model`;
 - ``cpu`` (and ``gpu`` for a float32 network): every node on the LLVM back end;
   an int8 network computes exactly what the accelerator computes;
 - ``fsim``, ``verilator``, ``icarus`` (int8 networks compiled for a config): the
-  accelerator's layers run on that device, one program each, reading and writing
-  their packed tensors at the memory plan's offsets in one activation arena in
-  device DRAM (a layer's output is the next layer's input in place); the other
-  layers run on the CPU back end, with the tensor copied out of and back into
-  device DRAM around them.
+  accelerator's layers run on that device, reading and writing their packed tensors
+  at the memory plan's offsets in one activation arena in device DRAM (a layer's
+  output is the next layer's input in place). Consecutive accelerator layers (an
+  accelerator run, `partition.accel_runs`) run as one chained program (`hw.chain`):
+  one START, one FINISH, the host writing the run's inputs before and reading its
+  outputs after. The other layers run on the CPU back end, with the tensor copied
+  out of and back into device DRAM around them. The profile still has a row per
+  layer: the chain's counters are read at the link between layers where the device
+  can (fsim, the RTL simulators).
 
 Inputs and outputs are the ONNX model's (float32, its layouts). A model compiled
 with a symbolic batch dimension runs any multiple of its compiled batch, in
@@ -32,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gemforge.compiler.graph.memory_plan import Slot, slot_key
-from gemforge.compiler.graph.partition import host_reads, host_round_trips
+from gemforge.compiler.graph.partition import accel_runs, host_reads, host_round_trips
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
@@ -40,11 +44,12 @@ from gemforge.compiler.graph.ir import Graph, Node
 from gemforge.compiler.graph.operators import OPERATORS
 from gemforge.compiler.target import target_of
 from gemforge.files import check_regular_input, write_bytes_atomic
+from gemforge.hw.chain import chain_refusal
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import insn_bytes
 
 from .artefact import FORMAT_VERSION, ModelError, network_from_bytes, network_to_bytes
-from .device import ACCEL_DEVICES, HOST_DEVICES, Buffer, Device, open_device
+from .device import ACCEL_DEVICES, HOST_DEVICES, Buffer, Device, DeviceError, RunResult, open_device
 
 __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
 
@@ -76,10 +81,15 @@ class LayerProfile:
     gemm_utilization: float | None = None
     macs: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    #: Which program start of the inference (counted from 0) ran it, for an accelerator layer:
+    #: layers chained into one program share it.
+    run: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {"node": self.node, "op": self.op, "device": self.device, "seconds": round(self.seconds, 6),
                "macs": self.macs}
+        if self.run is not None:
+            out["run"] = self.run
         if self.cycles is not None:
             out["cycles"] = self.cycles
         if self.gemm_utilization is not None:
@@ -98,6 +108,29 @@ def _macs(graph: Graph, node: Node) -> int:
     return 0
 
 
+def _per_layer(results: list[RunResult], count: int, chained: bool) -> list[dict[str, int] | None]:
+    """Each layer's counters (``cycles``, ``gemm_active`` and ``gemm_reset`` where the device
+    counts them, and its event counters): one run per layer, or one chain split at its links'
+    marks (None for every layer when the device reads no marks)."""
+    def totals(result: RunResult) -> dict[str, int]:
+        out = dict(result.counters)
+        if result.cycles is not None:
+            out["cycles"] = result.cycles
+            for name in ("gemm_active", "gemm_reset"):
+                if name in result.hw_counters:
+                    out[name] = result.hw_counters[name]
+        return out
+    if not chained:
+        return [totals(r) for r in results]
+    (result,) = results
+    if len(result.marks) != count - 1:
+        return [None] * count
+    points = [*result.marks, totals(result)]
+    names = set.intersection(*(set(p) for p in points))       # what every mark has
+    points = [dict.fromkeys(names, 0), *points]
+    return [{name: after[name] - before[name] for name in names} for before, after in zip(points, points[1:])]
+
+
 class Model:
     """A compiled network, ready to save or run."""
 
@@ -107,6 +140,8 @@ class Model:
         self._cpu: Device | None = None
         self.last_profile: list[LayerProfile] = []
         self._readers: set[str] | None = None
+        self._runs: list[tuple[int, int]] | None = None
+        self._chain = True
 
     # ------------------------------------------------------------------ facts
 
@@ -140,6 +175,7 @@ class Model:
             out["opset"] = g.notes.opset
         if self.config is not None:      # leaving the accelerator for the host and back, per inference
             out["host_round_trips"] = host_round_trips(g)
+            out["accelerator_runs"] = len(self._accel_runs())    # device programs started per inference
         if g.notes.memory is not None:
             out["memory"] = g.notes.memory
         if g.notes.coarser_weights:
@@ -149,12 +185,15 @@ class Model:
     # ------------------------------------------------------------------ running
 
     def run(self, inputs, device: str | Device = "cpu", *, progress: Callable[[int, int], None] | None = None,
-            **device_options):
+            chain: bool = True, **device_options):
         """Run the network on ``inputs`` (an array for a one-input model, else a dict by
         name; float32 in the ONNX model's layout) on ``device`` (a name or an open
         `Device`, opened with ``device_options``). Returns the output array (a dict by name
         for several outputs); the per-node costs of the last chunk are in ``last_profile``;
-        ``progress(done, total)`` is called after each batch chunk."""
+        ``progress(done, total)`` is called after each batch chunk. ``chain=False`` runs each
+        accelerator layer as a program of its own (a profile per layer from a device that
+        reads no counters between chained layers, a board)."""
+        self._chain = chain
         feeds = self._feeds(inputs)
         chunks = self._chunks(feeds)
         own, dev = self._open(device, device_options)
@@ -250,7 +289,7 @@ class Model:
                              "or uart:PORT[@BAUD]")
         self._check_device(device if device in HOST_DEVICES else "accel", None, device)
         if device in ACCEL_DEVICES:
-            if device != "fsim":   # the simulated DRAM window holds the arena and one layer's program
+            if device != "fsim":   # the simulated DRAM window holds the arena and the layers' programs
                 options.setdefault("sim_dram_bytes", self._sim_dram_bytes())
             return True, open_device(device, self.config, **options)
         return True, open_device(device, **options)
@@ -270,8 +309,8 @@ class Model:
     def _sim_dram_bytes(self) -> int:
         programs = sum(layer.program.arena_bytes + len(layer.program.instructions) * insn_bytes(layer.program.config)
                        for layer in self.net.layers.values())
-        largest = max((layer.program.arena_bytes for layer in self.net.layers.values()), default=0)
-        need = (self.net.plan.peak_bytes if self.net.plan else 0) + min(programs, 2 * largest + (1 << 20)) + (1 << 20)
+        # A run chains its layers' programs: all of them are in DRAM at once.
+        need = (self.net.plan.peak_bytes if self.net.plan else 0) + programs + (1 << 20)
         return max(16 << 20, 1 << (need - 1).bit_length())
 
     def compile_host_kernels(self, target_kind: str = "cpu") -> int:
@@ -320,20 +359,24 @@ class Model:
             slots = self.net.plan.by_key() if self.net.plan else {}
             if slots:
                 arena = dev.alloc(self.net.plan.peak_bytes, align=self.net.plan.arena_alignment)
+        runs = dict(self._accel_runs()) if on_accel else {}
         try:
-            for step, node in enumerate(graph.nodes):
-                start = time.perf_counter()
+            step = 0
+            while step < len(graph.nodes):
+                node = graph.nodes[step]
                 if on_accel and node.device == "accel":
-                    row = self._run_accel(step, node, dev, env, arena, slots, resident)
-                else:
-                    args = [env[name] for name in node.inputs]
-                    kind = self._host_target_kind(node, host_kind)
-                    runner = host_dev if kind == host_kind else self._cpu_device()
-                    env[node.output], result = self._host_kernel(node, kind).run(runner, args)
-                    row = LayerProfile(node.name, node.op, kind if result is not None else "host (data)",
-                                       0.0, macs=_macs(graph, node))
-                row.seconds = time.perf_counter() - start
-                profile.append(row)
+                    last = runs[step]
+                    profile.extend(self._run_accel(step, last, dev, env, arena, slots, resident, profile))
+                    step = last + 1
+                    continue
+                start = time.perf_counter()
+                args = [env[name] for name in node.inputs]
+                kind = self._host_target_kind(node, host_kind)
+                runner = host_dev if kind == host_kind else self._cpu_device()
+                env[node.output], result = self._host_kernel(node, kind).run(runner, args)
+                profile.append(LayerProfile(node.name, node.op, kind if result is not None else "host (data)",
+                                            time.perf_counter() - start, macs=_macs(graph, node)))
+                step += 1
             outputs = {name: env[name] for name in graph.outputs}
         finally:
             if arena is not None:
@@ -347,44 +390,88 @@ class Model:
             self._readers = host_reads(self.graph, self.net.layers)
         return self._readers
 
-    def _run_accel(self, step, node, dev, env, arena, slots, resident) -> LayerProfile:
-        layer = self.net.layers[node.name]
-        out_shape, out_dtype = layer.packed_out
-        out_key = slot_key(node.output, layer.packed_out)
+    def _accel_runs(self) -> list[tuple[int, int]]:
+        """The accelerator runs (`partition.accel_runs`), computed once."""
+        if self._runs is None:
+            self._runs = accel_runs(self.graph, self.net.layers)
+        return self._runs
+
+    def _run_accel(self, first, last, dev, env, arena, slots, resident, profile) -> list[LayerProfile]:
+        """Run accelerator nodes ``first``..``last`` (one accelerator run): the host writes the
+        inputs it made, the device runs the layers' programs chained into one (one START, one
+        FINISH; one program at a time where one cannot be chained, or where all of them do not
+        fit the device's memory at once), and the host reads the outputs it needs. Returns a profile row per node, split at the chain's links (``profile``:
+        the rows of the inference so far)."""
+        started = time.perf_counter()
+        graph = self.graph
+        nodes = graph.nodes[first:last + 1]
 
         def buffer(key) -> Buffer:
             slot = slots[key]
             return Buffer(arena.address + slot.offset, slot.nbytes)
-        bindings = {}
-        for tensor, name in layer.bound_inputs(node):
-            in_key = slot_key(tensor, layer.packed(name))
-            if in_key not in resident:
-                host = env[tensor]     # on the host: `_host_readers` copied it out if a layer made it
-                buf = buffer(in_key)
-                dev.write(buf, layer.pack(host))
-                resident[in_key] = buf
-            bindings[name] = resident[in_key]
-        out_buf = buffer(out_key)
-        loaded = dev.load_program(layer.program, {**bindings, "out": out_buf})
-        try:
-            result = dev.run(loaded)
-        finally:
-            dev.unload_program(loaded)
+        parts = []
+        for node in nodes:
+            layer = self.net.layers[node.name]
+            bindings = {}
+            for tensor, name in layer.bound_inputs(node):
+                in_key = slot_key(tensor, layer.packed(name))
+                if in_key not in resident:
+                    # From the host (`_host_readers` copied it out if a layer made it); the plan
+                    # keeps its slot from the start of the run (`memory_plan.pack_layouts`).
+                    buf = buffer(in_key)
+                    dev.write(buf, layer.pack(env[tensor]))
+                    resident[in_key] = buf
+                bindings[name] = resident[in_key]
+            out_key = slot_key(node.output, layer.packed_out)
+            resident[out_key] = buffer(out_key)
+            parts.append((layer.program, {**bindings, "out": resident[out_key]}))
+        chained = self._chain and len(parts) > 1 and all(chain_refusal(p.instructions) is None for p, _ in parts)
+        loaded = None
+        if chained:
+            try:
+                loaded = dev.load_chain(parts)
+            except DeviceError:
+                # All the layers' programs at once do not fit the device's memory (a small
+                # board's): one program at a time then, as they do alone.
+                chained = False
+        results = []
+        for part in ([None] if chained else parts):
+            if part is not None:
+                loaded = dev.load_program(*part)
+            try:
+                results.append(dev.run(loaded))
+            finally:
+                dev.unload_program(loaded)
         # The plan reuses the space of tensors no later accelerator node reads.
         for key in list(resident):
-            if slots[key].last <= step:
+            if slots[key].last <= last:
                 del resident[key]
-        resident[out_key] = out_buf
-        if node.output in self._host_readers():
-            # Copied out now: a later layer may reuse the space before the host reads it.
-            env[node.output] = layer.unpack(dev.read(out_buf, out_dtype, out_shape)).reshape(
-                self.graph.values[node.output].shape)   # a dense layer's (M, N) as the graph's (…, N)
-        row = LayerProfile(node.name, node.op, dev.kind, 0.0, cycles=result.cycles, macs=_macs(self.graph, node),
-                           counters=dict(result.counters))
-        hw = result.hw_counters
-        if result.cycles:
-            row.gemm_utilization = (hw.get("gemm_active", 0) - hw.get("gemm_reset", 0)) / result.cycles
-        return row
+        for node in nodes:
+            if node.output in self._host_readers():
+                # Read now: a later layer may reuse the space before the host reads it.
+                layer = self.net.layers[node.name]
+                out_shape, out_dtype = layer.packed_out
+                env[node.output] = layer.unpack(dev.read(buffer(slot_key(node.output, layer.packed_out)), out_dtype,
+                                                         out_shape)).reshape(graph.values[node.output].shape)
+        runs_before = 1 + max((r.run for r in profile if r.run is not None), default=-1)
+        rows = [LayerProfile(node.name, node.op, dev.kind, 0.0, macs=_macs(graph, node),
+                             run=runs_before + (0 if chained else k)) for k, node in enumerate(nodes)]
+        for row, counters in zip(rows, _per_layer(results, len(nodes), chained)):
+            if counters is None:
+                continue
+            row.cycles = counters.pop("cycles", None)
+            active = counters.pop("gemm_active", None)
+            reset = counters.pop("gemm_reset", 0)
+            if row.cycles and active is not None:
+                row.gemm_utilization = (active - reset) / row.cycles
+            row.counters = counters
+        # The run's wall time, shared by cycles (or instructions) where the device counts them.
+        seconds = time.perf_counter() - started
+        weights = [r.cycles or r.counters.get("insns", 0) for r in rows]
+        total = sum(weights)
+        for row, weight in zip(rows, weights):
+            row.seconds = seconds * (weight / total if total else 1 / len(rows))
+        return rows
 
     # ------------------------------------------------------------------ the artefact (`artefact`)
 

@@ -22,6 +22,7 @@ def profile_totals(rows) -> dict:
            "accelerator_layers": sum(on_accelerator), "macs": sum(r.macs for r in rows)}
     if any(on_accelerator):
         out["host_round_trips"] = round_trips(on_accelerator)
+        out["accelerator_runs"] = len({r.run for r in rows if r.run is not None})   # program starts
     if accel:
         active = sum((r.gemm_utilization or 0.0) * r.cycles for r in accel)
         out.update(cycles=cycles, gemm_utilization=round(active / cycles, 4) if cycles else None)
@@ -43,7 +44,8 @@ def profile_table(rows) -> str:
     lines.append("-" * len(head))
     lines.append(f"{'total':28} {'':11} {'':12} {1000 * t['seconds']:9.3f} {cycles:>11} {util:>9} {t['macs']:13,}")
     if "host_round_trips" in t:
-        lines.append(f"host round trips per inference: {t['host_round_trips']}")
+        lines.append(f"host round trips per inference: {t['host_round_trips']}; accelerator runs (program "
+                     f"starts): {t['accelerator_runs']}")
     return "\n".join(lines)
 
 

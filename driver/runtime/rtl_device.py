@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gemforge.hw.chain import Link
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import insn_bytes
 from gemforge.hw.regmap import FAULT_DOCS, Fault
@@ -88,9 +89,10 @@ class RtlDevice(Device):
         hi = -(-max(e for _, e in spans) // 4096) * 4096
         return lo, hi
 
-    def _execute(self, insn_address: int, insn_count: int) -> RunResult:
+    def _execute(self, insn_address: int, insn_count: int, links: tuple[Link, ...] = ()) -> RunResult:
         built = self.build()
         lo, hi = self._window(insn_address, insn_count)
+        marks = tuple(link.compute_ordinal for link in links)
         if hi - lo > built.dram_bytes:
             raise DeviceError(f"the live DRAM allocations span {hi - lo} bytes, more than the "
                               f"{built.dram_bytes}-byte simulated DRAM; open the device with "
@@ -99,12 +101,13 @@ class RtlDevice(Device):
             if self.waves is not None:
                 image, result = harness.run(built, self.dram[lo:hi], lo, insn_address, insn_count,
                                             stall=self.stall, seed=self.seed, max_cycles=self.max_cycles,
-                                            watchdog_cycles=self.watchdog_cycles, waves=self.waves)
+                                            watchdog_cycles=self.watchdog_cycles, waves=self.waves, marks=marks)
             else:
                 if self._session is None:
                     self._session = harness.Session(built, stall=self.stall, seed=self.seed)
                 image, result = self._session.run(self.dram[lo:hi], lo, insn_address, insn_count,
-                                                  max_cycles=self.max_cycles, watchdog_cycles=self.watchdog_cycles)
+                                                  max_cycles=self.max_cycles, watchdog_cycles=self.watchdog_cycles,
+                                                  marks=marks)
         except harness.CosimError as exc:
             self.close()            # a session that failed is not reused
             raise DeviceError(str(exc)) from None
@@ -139,7 +142,7 @@ class RtlDevice(Device):
                                    "alu_uops": counters["alu_active"],
                                    "dma_bytes_read": counters["dma_bytes_read"],
                                    "dma_bytes_written": counters["dma_bytes_written"]},
-                         cycles=counters["cycles"], hw_counters=hw)
+                         cycles=counters["cycles"], hw_counters=hw, marks=result.get("marks", []))
 
 
     def close(self) -> None:

@@ -102,10 +102,12 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
 
 
 def _placement(model) -> dict[str, Any]:
-    """Where an int8 network's nodes run: how many, on the accelerator, and the host round trips."""
+    """Where an int8 network's nodes run: how many, on the accelerator, the host round trips and the
+    accelerator runs (chained programs) per inference."""
     nodes = model.graph.nodes
+    summary = model.summary()
     return {"nodes": len(nodes), "accelerator_nodes": sum(n.device == "accel" for n in nodes),
-            "host_round_trips": model.summary()["host_round_trips"]}
+            "host_round_trips": summary["host_round_trips"], "accelerator_runs": summary["accelerator_runs"]}
 
 
 def _on_rtl(name: str, model, x: np.ndarray, on_fsim: np.ndarray, device: str, config: AccelConfig) -> dict[str, Any]:

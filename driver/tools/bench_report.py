@@ -263,9 +263,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
                 f"On {rtl['device']} (`{rtl['config']}`): **{rtl['cycles']:,} cycles** for the whole network, GEMM-core "
                 f"utilization **{_pct(rtl['gemm_utilization'])}**{useful}; the convolutions after the first take "
                 f"{after_first:,} (anchors: VTA ≈ 31 M cycles for ResNet-18; the ideal for these convolutions at 256 "
-                f"MACs/cycle is 6.6 M){adds_part}. Each layer is one accelerator run reading its input where the "
-                f"previous one wrote it, so the network costs the sum of its layers' cycles exactly. Wall time "
-                f"{rtl['wall_seconds']} s (aim < 60 s on 2 cores; one simulator process serves every layer).", "",
+                f"MACs/cycle is 6.6 M){adds_part}. {_runs_sentence(r)} Wall time "
+                f"{rtl['wall_seconds']} s (aim < 60 s on 2 cores; one simulator process serves every run).", "",
                 "| layer | op | cycles | GEMM utilization | MACs |", "| --- | --- | --- | --- | --- |",
             ]
             out += [f"| {x['node']} | {x['op']} | {x['cycles']:,} | {_pct(x['gemm_utilization'])} | {x['macs']:,} |"
@@ -275,7 +274,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
         out += ["", f"MobileNetV2 int8 (torchvision's topology, random weights, batch 1, 224×224): {mobile['nodes']} "
                     f"nodes, {mobile['accelerator_nodes']} on the accelerator (its depthwise convolutions with "
                     f"diagonal weights, its ReLU6 clips in their convolutions' epilogues), "
-                    f"**{mobile['host_round_trips']} host round trips** per inference; compile "
+                    f"**{mobile['host_round_trips']} host round trips** and "
+                    f"{mobile.get('accelerator_runs', '?')} accelerator runs per inference; compile "
                     f"{mobile['int8_compile_seconds']} s."]
         rtl = mobile.get("rtl")
         if rtl:
@@ -287,6 +287,17 @@ def _network_section(net: dict[str, Any]) -> list[str]:
                         f"utilization {_pct(rtl['gemm_utilization'])}; wall time {rtl['wall_seconds']} s.")
     out.append("")
     return out
+
+
+def _runs_sentence(row: dict[str, Any]) -> str:
+    """How the network's accelerator layers ran: chained into programs (`hw.chain`), or one each."""
+    runs = row.get("accelerator_runs")
+    if runs is None:      # a report from before layers were chained
+        return ("Each layer is one accelerator run reading its input where the previous one wrote it, so the "
+                "network costs the sum of its layers' cycles exactly.")
+    return (f"The accelerator layers run as **{runs} chained program{'s' if runs != 1 else ''}** per inference (one "
+            "START, one FINISH each, the host writing the input before and reading the output after); a layer's "
+            "cycles are read where the link that ends it retires, so they add up to the run's.")
 
 
 def _models_section(models: dict[str, Any]) -> list[str]:

@@ -393,7 +393,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         if path is not None:
             check_writable(path)
     model = Model.load(args.model)
-    y = model.run(_load_inputs(args.input), args.device)
+    y = model.run(_load_inputs(args.input), args.device, chain=not args.per_layer)
     if isinstance(y, dict):
         if not args.output.endswith(".npz"):
             raise UsageError(f"the model has {len(y)} outputs ({', '.join(y)}); give -o a .npz file to write them all")
@@ -701,6 +701,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "uart:PORT[@BAUD], a board; its other layers on the cpu)")
     p.add_argument("--profile", nargs="?", const="", metavar="PNG",
                    help="print a per-layer table and write a PNG of it (default: next to the output)")
+    p.add_argument("--per-layer", action="store_true",
+                   help="run each accelerator layer as a program of its own instead of chaining consecutive "
+                        "layers into one (a board reads its counters only where a program ends)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("regress", help="co-simulation regression: random programs on the RTL against fsim, "

@@ -14,7 +14,8 @@ finishes: ``status`` ("done", "fault", "hang", "timeout" or "error"), ``fault`` 
 name and its detail), ``cycles``,
 ``counters`` (the register map's counters, or those ``job["counters"]`` names),
 ``debug`` (the debug registers, decoded, when the program did not finish),
-``oob`` and ``wall_s``.
+``marks`` (for a program with marks, the counters the wrapper copied at each), ``oob``
+and ``wall_s``.
 """
 
 import json
@@ -28,6 +29,7 @@ from cocotb.triggers import First, RisingEdge, Timer
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from gemforge.hw.isa import TOKEN_QUEUES
+from gemforge.sim.cosim.harness import MARK_COUNTERS
 from gemforge.hw.regmap import (COUNTERS, CTRL_BITS, ENGINE_STATES, ENGINES, ID_MAGIC, STATUS_BITS, Fault, by_name,
                                 token_field)
 
@@ -221,13 +223,23 @@ async def _dump(dut):
 
 
 async def _run(dut, regs, program, job):
-    """Run one program; its result (status, the counters, the debug state if it did not finish)."""
-    status, wall = await _start_and_wait(dut, regs, program, job)
+    """Run one program; its result (status, the counters, the debug state if it did not finish,
+    and the counters at each of ``program["marks"]``)."""
+    marks = program.get("marks") or []
+    stamps: list[dict] = []
+    dut.mark_at.value = marks[0] if marks else 0
+    watcher = cocotb.start_soon(_watch_marks(dut, marks, stamps)) if marks else None
+    try:
+        status, wall = await _start_and_wait(dut, regs, program, job)
+    finally:
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+        dut.mark_at.value = 0
     # Each register read costs Python time: a regression names the counters it checks.
     names = job.get("counters") or [name for name, _ in COUNTERS]
     counters = {name: await regs.read_counter(name) for name in dict.fromkeys(["cycles", *names])}
     result = {"status": status, "cycles": counters["cycles"], "counters": counters,
-              "oob": bool(int(dut.oob.value)), "wall_s": wall}
+              "oob": bool(int(dut.oob.value)), "wall_s": wall, "marks": stamps}
     if status == "fault":
         code = by_name("ERROR").unpack(await regs.read("ERROR"))["CODE"]
         result["fault"] = Fault(code).name if code in Fault._value2member_map_ else f"unknown code {code}"
@@ -235,6 +247,16 @@ async def _run(dut, regs, program, job):
     if status != "done":
         result["debug"] = await read_debug(regs)
     return result
+
+
+async def _watch_marks(dut, marks, stamps):
+    """Read the counters the wrapper copies at each mark (`harness.MARK_COUNTERS`): one wait
+    per mark, none per cycle."""
+    for k, mark in enumerate(marks):
+        await RisingEdge(dut.mark_hit)
+        stamps.append({name: int(getattr(dut, f"mark_{name}").value) for name in MARK_COUNTERS})
+        if k + 1 < len(marks):
+            dut.mark_at.value = marks[k + 1]
 
 
 async def _start_and_wait(dut, regs, program, job):

@@ -368,7 +368,7 @@ def _value(name: str, **fields):
                                        "malformed"),
     (_set("plan/tensors/0/produced", "yes"), "the memory plan has a malformed entry"),
     (_set("plan/tensors/0/dtype", "object"), "the memory plan has a malformed entry"),
-    (_set("plan/tensors/1/last", 1), r"the memory plan keeps 'r1/q' from node 1 to 1, but accelerator nodes use "
+    (_set("plan/tensors/1/last", 1), r"the memory plan keeps 'r1/q' from node 1 to 1, but the accelerator uses "
                                      "it from 1 to 3"),
     (_set("plan/tensors/1/size", 4096), r"the memory plan's slot for 'r1/q' \(64 bytes in 4096 at offset 64\) is "
                                         r"not the 16-byte-aligned block of its 64 bytes"),

@@ -268,13 +268,68 @@ def test_layer_the_accelerator_cannot_tile_stays_on_cpu():
     np.testing.assert_array_equal(model.run(x, "fsim"), model.run(x, "cpu"))
 
 
+class _CountingDevice:
+    """An open device that counts the programs it runs (chained or not)."""
+
+    def __init__(self, device):
+        self.device, self.runs, self.cycles = device, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.device, name)
+
+    def run(self, loaded):
+        self.runs += 1
+        result = self.device.run(loaded)
+        self.cycles += result.cycles or 0
+        return result
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_an_accelerator_run_is_one_program(name):
+    """Consecutive accelerator layers run as one chained program (one START, one FINISH): as
+    many device runs per inference as `accel_runs` (a layer whose output the host re-packs ends
+    one), the same outputs as one program per layer and the CPU, and a profile row per layer
+    whose work (split at the chain's links) is what the layer's own program does."""
+    from gemforge.compiler.graph.partition import accel_runs
+    from gemforge.driver.runtime.device import open_device
+    config = CONFIGS[name]
+    m, model, rng = _compile(11, config, channels=8, residual=True)
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    runs = accel_runs(model.graph, model.net.layers)
+    assert model.summary()["accelerator_runs"] == len(runs)
+    # The host concatenates (`small_cnn`), and re-packs conv1's output where blocks differ.
+    assert len(runs) == (2 if config.block_in == config.block_out else 4)
+    device = _CountingDevice(open_device("fsim", config))
+    chained = model.run(x, device)
+    rows = [r for r in model.last_profile if r.device == "fsim"]
+    assert device.runs == len(runs) and len(rows) == sum(last - first + 1 for first, last in runs)
+    device.runs = 0
+    np.testing.assert_array_equal(model.run(x, device, chain=False), chained)
+    alone = [r for r in model.last_profile if r.device == "fsim"]
+    assert device.runs == len(alone)
+    np.testing.assert_array_equal(chained, model.run(x, "cpu"))
+    for row, own in zip(rows, alone):
+        assert row.node == own.node
+        for counter in ("gemm_uops", "alu_uops", "macs", "store_insns", "gemm_insns"):
+            assert row.counters[counter] == own.counters[counter], (row.node, counter)
+
+
 @pytest.mark.skipif(not __import__("gemforge.sim.cosim.harness", fromlist=["x"]).simulator_available("verilator"),
                     reason="Verilator is not installed")
 def test_int8_network_on_verilator_equals_fsim():
     m, model, rng = _compile(7, "tiny", channels=8, image=6)
     x = rng.normal(size=(2, 3, 6, 6)).astype(np.float32)
-    on_rtl = model.run(x, "verilator")
+    from gemforge.driver.runtime.device import open_device
+    device = _CountingDevice(open_device("verilator", PRESETS["tiny"], sim_dram_bytes=model._sim_dram_bytes()))
+    try:
+        on_rtl = model.run(x, device)
+    finally:
+        device.close()
     accel = [r for r in model.last_profile if r.cycles is not None]
+    # A chained program per accelerator run (the host concatenates between two), its cycles
+    # split at the links between layers.
+    assert device.runs == model.summary()["accelerator_runs"] == 2
+    assert sum(r.cycles for r in accel) == device.cycles
     np.testing.assert_array_equal(on_rtl, model.run(x, "fsim"))
     # Three convolutions, the residual add and the pools (widened on the GEMM core) and the dense
     # layer, a 1×1 convolution of the global pool's image (`image_dense`).

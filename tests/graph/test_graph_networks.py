@@ -61,7 +61,10 @@ def test_resnet18_int8_on_fsim_and_cpu():
     assert model.summary()["host_round_trips"] == 0
     x = rng.normal(size=(1, 3, 64, 64)).astype(np.float32)
     on_fsim = model.run(x, "fsim")
+    # One chained program runs every accelerator layer: one START, one FINISH per inference.
+    assert model.summary()["accelerator_runs"] == 1
     assert profile_totals(model.last_profile)["host_round_trips"] == 0
+    assert profile_totals(model.last_profile)["accelerator_runs"] == 1
     np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
     as_convolution = compile_model(m, quantize="int8", calibrate=calib)       # no accelerator: nothing unfolded
     assert "unfold" not in {n.op for n in as_convolution.graph.nodes}

@@ -18,7 +18,8 @@ from gemforge.hw.isa import Finish, Gemm, Store, encode_program, insn_bytes
 from gemforge.sim.cosim import harness
 from gemforge.driver.runtime.rtl_device import RtlFaultError
 from gemforge.hw.regmap import Fault
-from gemforge.sim.cosim.random_program import data_bytes, random_program
+from gemforge.hw.chain import chain_streams
+from gemforge.sim.cosim.random_program import area_bytes, data_bytes, random_program
 
 NON_SQUARE = AccelConfig(
     name="nonsquare", batch=2, block_in=8, block_out=16,
@@ -86,6 +87,58 @@ def test_uop_heavy_programs_with_long_rows_match_fsim(name):
     configs whose entries share beats (tiny: 2 per beat; widebus: 4 to 16); one under backpressure."""
     for seed, stall in ((200, 0), (201, 100)):
         check(CONFIGS[name], seed, stall=stall, uop_heavy=True, max_tile=8)
+
+
+def run_chained(config, seed, parts=3, stall=0):
+    """Chain ``parts`` random programs (`hw.chain`), each storing where the next one loads
+    (program k's out area is program k+1's inp area); run them one after another on fsim, and
+    as one chained program on fsim and on the RTL. Returns (sequential dram, chained fsim dram,
+    RTL dram, the chain's links, fsim's result, the RTL's result)."""
+    rng = np.random.default_rng(seed)
+    area = area_bytes(config)
+    span = (parts - 1) * 4 * area + data_bytes(config)
+    devices = [open_device("fsim", config, dram_bytes=DRAM), open_device("fsim", config, dram_bytes=DRAM),
+               open_device("verilator", config, dram_bytes=DRAM, stall=stall, seed=seed + 1)]
+    (base,) = {dev.alloc(span, align=4096).address for dev in devices}
+    programs = [random_program(config, rng, base + 4 * area * k, groups=int(rng.integers(1, 4)))
+                for k in range(parts)]
+    step = insn_bytes(config)
+    streams = sum(len(p.instructions) for p in programs) * step
+    (code,) = {dev.alloc(step + 2 * streams, align=4096).address for dev in devices}
+    for dev in devices:
+        for program in programs:
+            dev.dram[program.base:program.base + program.data.size] = program.data
+    sequential, chained, rtl = devices
+    at = code + step + streams
+    for program in programs:      # one after another, the on-chip state carried over as on hardware
+        sequential.dram[at:at + len(program.insn_bytes)] = np.frombuffer(program.insn_bytes, np.uint8)
+        sequential._execute(at, len(program.instructions))
+        at += len(program.insn_bytes)
+    insns, links = chain_streams([p.instructions for p in programs], code // config.uop_entry_bytes)
+    stream = np.frombuffer(encode_program(insns, config), np.uint8)
+    results = []
+    for dev in (chained, rtl):
+        dev.dram[code + step:code + step + stream.size] = stream
+        results.append(dev._execute(code + step, len(insns), tuple(links)))
+    window = slice(base, base + span)
+    return sequential.dram[window], chained.dram[window], rtl.dram[window], links, *results
+
+
+@needs_verilator
+@pytest.mark.parametrize("name, stall", [("tiny", 0), ("default", 0), ("nonsquare", 0), ("widebus", 0),
+                                         ("tiny", 64)])
+def test_chained_programs_run_as_one_after_another(name, stall):
+    """A chain computes what its programs compute one after another, on fsim and bit-exact on the
+    RTL, where each program loads what the one before stored; the counters read at each link
+    split the run."""
+    for seed in range(2):
+        sequential, on_fsim, on_rtl, links, fsim_result, rtl_result = run_chained(CONFIGS[name], seed, stall=stall)
+        np.testing.assert_array_equal(on_fsim, sequential)
+        np.testing.assert_array_equal(on_rtl, sequential)
+        assert len(links) == 2 and len(fsim_result.marks) == len(rtl_result.marks) == 2
+        cycles = [mark["cycles"] for mark in rtl_result.marks]
+        assert 0 < cycles[0] < cycles[1] < rtl_result.cycles
+        assert [mark["insns"] for mark in fsim_result.marks] == [link.index for link in links]
 
 
 @needs_verilator
