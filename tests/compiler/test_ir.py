@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gemforge.compiler.ir import (
     Const, Max, Min, Var, const_upper_bound, evaluate, extremes, interval,
@@ -52,6 +54,50 @@ def test_extremes_enumerates_executed_iterations():
     # t in range(3), j in range(min(2, 5 - 2t)): the last t runs one j only.
     loops = [(t, Const(3)), (j, Min(Const(2), Const(5) - t * 2))]
     assert extremes(t * 2 + j, loops) == (0, 4)
+
+
+@st.composite
+def _conditions(draw, variables, depth):
+    from gemforge.compiler.ir import And, Cmp, Not, Or
+    cond = Cmp(draw(st.sampled_from(["<", "<=", "==", "!="])), draw(_index_exprs(variables, depth)),
+               draw(_index_exprs(variables, depth)))
+    form = draw(st.sampled_from(["cmp", "not", "and", "or"]))
+    if form == "not":
+        return Not(cond)
+    if form in ("and", "or"):
+        other = Cmp("<", draw(_index_exprs(variables, depth)), Const(draw(st.integers(-3, 3))))
+        return And(cond, other) if form == "and" else Or(cond, other)
+    return cond
+
+
+@st.composite
+def _index_exprs(draw, variables, depth=3):
+    """Integer index expressions over ``variables``: the forms bounds inference meets."""
+    from gemforge.compiler.ir import FloorDiv, FloorMod, Select
+    if depth == 0 or draw(st.booleans()):
+        return draw(st.sampled_from(variables)) if draw(st.booleans()) else Const(draw(st.integers(-9, 9)))
+    a, b = draw(_index_exprs(variables, depth - 1)), draw(_index_exprs(variables, depth - 1))
+    form = draw(st.sampled_from(["+", "-", "*", "//", "%", "min", "max", "select"]))
+    if form in ("//", "%"):
+        divisor = Const(draw(st.integers(1, 7)) * draw(st.sampled_from([1, -1])))
+        return FloorDiv(a, divisor) if form == "//" else FloorMod(a, divisor)
+    if form == "select":
+        return Select(draw(_conditions(variables, depth - 1)), a, b)
+    return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "min": lambda: Min(a, b),
+            "max": lambda: Max(a, b)}[form]()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_extremes_of_a_rectangular_nest_are_those_of_every_iteration(data):
+    """Over constant extents `extremes` evaluates all iterations at once (numpy); the result is
+    the min and max of `evaluate` at each."""
+    import itertools
+    extents = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))
+    loop_vars = [i, j, t][:len(extents)]
+    e = data.draw(_index_exprs(loop_vars))
+    values = [evaluate(e, dict(zip(loop_vars, point))) for point in itertools.product(*map(range, extents))]
+    assert extremes(e, [(v, Const(n)) for v, n in zip(loop_vars, extents)]) == (min(values), max(values))
 
 
 # ---------------------------------------------------------------------------- data types and nodes
