@@ -81,4 +81,14 @@ def build(sch: Schedule, target, args: Sequence[Tensor], *, name: str = "main",
     for the CPU and GPU). ``args`` are the function's tensors (inputs, then outputs)."""
     target = target_of(target)
     trace = trace or _TRACE.get()
-    return run_stages(lower(sch, target, args, name=name, trace=trace), target, trace=trace)
+    from .backends.cpu import prebuilt
+    if target.kind != "cpu" or trace is not None or not prebuilt.active():
+        return run_stages(lower(sch, target, args, name=name, trace=trace), target, trace=trace)
+    # A network's host kernel built before (this machine's kernel cache, or the model file
+    # being run) is found by its schedule, without lowering it again (`backends.cpu.prebuilt`).
+    key = prebuilt.schedule_key(sch, args, name, target)
+    kernel = prebuilt.find(key, target)
+    if kernel is None:
+        kernel = run_stages(lower(sch, target, args, name=name), target)
+        prebuilt.keep(key, kernel)
+    return kernel

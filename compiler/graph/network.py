@@ -7,6 +7,7 @@ network never imports the ONNX front end (onnx takes most of a second to import)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gemforge.hw.config import AccelConfig
 
@@ -28,3 +29,7 @@ class CompiledNetwork:
     layers: dict[str, AccelLayer] = field(default_factory=dict)
     plan: MemoryPlan | None = None               # with a config: the packed tensors' device memory
     compile_seconds: float = 0.0
+    #: The host layers' CPU kernels as compiled for the machine `gemforge compile` ran on (or
+    #: named), by their schedule's key (`backends.cpu.prebuilt`): a run on a machine they
+    #: match loads them without compiling.
+    host_kernels: dict[str, Any] = field(default_factory=dict)

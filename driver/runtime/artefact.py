@@ -24,6 +24,7 @@ import numpy as np
 
 from gemforge import __version__
 from gemforge.compiler.backends.accel.layout import ceil_div, int_dtype, pack_bias, pack_matrix_b, pack_oihw
+from gemforge.compiler.backends.cpu import prebuilt
 from gemforge.compiler.graph.memory_plan import MemoryPlan, pack_layouts, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
 from gemforge.compiler.ops.common import int8_clamp_steps
@@ -73,6 +74,9 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
                    for i, (name, layer) in enumerate(net.layers.items())},
         "plan": net.plan.to_dict() if net.plan else {}, "compile_seconds": net.compile_seconds,
     }
+    kernels, members = prebuilt.to_archive(net.host_kernels)
+    if kernels:
+        manifest["host_kernels"] = kernels
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
@@ -81,6 +85,8 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
         z.writestr("constants.npz", npz_bytes(g.constants))
         for i, layer in enumerate(net.layers.values()):
             z.writestr(f"programs/{i}.gfp", layer.program.to_bytes())
+        for name, data in members.items():
+            z.writestr(f"{HOST_KERNELS}/{name}", data)
     return buffer.getvalue()
 
 
@@ -171,12 +177,37 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
         raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {what}")
     if not isinstance(plan, dict):
         raise ModelError("the memory plan must be an object")
-    net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds))
+    net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds), _read_host_kernels(z, manifest))
     _check_layers(net)
     _check_memory_plan(net, plan)
     if config is not None:
         net.plan = MemoryPlan.from_dict(plan, config)
     return net
+
+
+#: The folder of a model file that holds its host layers' compiled CPU kernels.
+HOST_KERNELS = "host"
+
+
+def _read_host_kernels(z: zipfile.ZipFile, manifest: dict) -> dict:
+    """The host layers' compiled kernels (`backends.cpu.prebuilt`), each checked against the
+    digests its index holds: a kernel changed, cut short or missing refuses the file (its native
+    code would run in this process)."""
+    index = manifest.get("host_kernels", {})
+    if not isinstance(index, dict):
+        raise ModelError("host_kernels must be an object of kernels by key")
+    prefix = f"{HOST_KERNELS}/"
+    names = [n for n in z.namelist() if n.startswith(prefix)]
+    members = {n[len(prefix):]: z.read(n) for n in names}
+    try:
+        kernels = prebuilt.from_archive(index, members)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    expected = {f"{key}{suffix}" for key in kernels for suffix in (".o", ".ll.z")}
+    stray = sorted(set(members) - expected)
+    if stray:
+        raise ModelError(f"{prefix}{stray[0]} is no host kernel the manifest lists")
+    return kernels
 
 
 #: The types of a graph's tensors: float32, and the int8 network's int8 tensors and int32 biases.

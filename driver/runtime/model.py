@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gemforge.compiler.backends.cpu import prebuilt
 from gemforge.compiler.graph.memory_plan import Slot, slot_key
 from gemforge.compiler.graph.partition import accel_runs, host_reads, host_round_trips
 from gemforge.compiler.graph.batch import batched_values
@@ -180,6 +181,8 @@ class Model:
             out["memory"] = g.notes.memory
         if g.notes.coarser_weights:
             out["coarser_weights"] = g.notes.coarser_weights
+        if self.net.host_kernels:       # compiled CPU kernels the file carries
+            out["host_kernels"] = len(self.net.host_kernels)
         return out
 
     # ------------------------------------------------------------------ running
@@ -315,12 +318,19 @@ class Model:
 
     def compile_host_kernels(self, target_kind: str = "cpu") -> int:
         """Compile the host kernels a run needs for ``target_kind`` now rather than at the first
-        run (`gemforge compile` does, so that the CPU kernel cache holds them and `gemforge run`
-        starts without compiling): every node's for a float32 network, the nodes the host runs
-        beside the accelerator for one with a config (a run of it on the CPU compiles the rest
-        once). Returns how many nodes have a kernel."""
+        run (`gemforge compile` does, so that `gemforge run` starts without compiling): every
+        node's for a float32 network, the nodes the host runs beside the accelerator for one with
+        a config (a run of it on the CPU compiles the rest once). The CPU kernels go into the
+        kernel cache and into the model (`save` writes them into the file; a run on a machine of
+        the same CPU loads them without compiling). Returns how many nodes have a kernel."""
         nodes = [node for node in self.graph.nodes if self.config is None or node.device != "accel"]
-        built = [self._host_kernel(node, self._host_target_kind(node, target_kind)) for node in nodes]
+        self._kernels.pop(target_kind, None)       # found again (not compiled) and collected
+        collected: dict = {}
+        with prebuilt.collecting(collected):
+            built = [self._host_kernel(node, self._host_target_kind(node, target_kind)) for node in nodes]
+        if collected:
+            # The model file carries them: a run on a machine they match loads them as they are.
+            self.net.host_kernels = collected
         return sum(kernel.op is not None for kernel in built)
 
     def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
@@ -329,7 +339,8 @@ class Model:
         unique may repeat a name)."""
         kernels = self._kernels.setdefault(target_kind, {})
         if node.output not in kernels:
-            kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
+            with prebuilt.embedded(self.net.host_kernels):
+                kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
         return kernels[node.output]
 
     @staticmethod
@@ -483,17 +494,22 @@ class Model:
         write_bytes_atomic(path, self.to_bytes())
 
     @classmethod
-    def load(cls, path: str | Path) -> Model:
+    def load(cls, path: str | Path, *, file_kernels: bool = True) -> Model:
+        """The model in a ``.gfm`` file (`from_bytes`)."""
         path = Path(path)
         try:
             check_regular_input(path)
             data = path.read_bytes()
         except OSError as exc:
             raise ModelError(f"cannot read model {path}: {exc.strerror}") from None
-        return cls.from_bytes(data, source=str(path))
+        return cls.from_bytes(data, source=str(path), file_kernels=file_kernels)
 
     @classmethod
-    def from_bytes(cls, data: bytes, source: str = "model") -> Model:
+    def from_bytes(cls, data: bytes, source: str = "model", *, file_kernels: bool = True) -> Model:
         """The model a ``.gfm`` file's bytes hold, checked whole before anything runs
-        (`artefact.network_from_bytes`)."""
-        return cls(network_from_bytes(data, source))
+        (`artefact.network_from_bytes`). The file's compiled host kernels (native code) are
+        used where they match this CPU; ``file_kernels=False`` compiles them here instead."""
+        net = network_from_bytes(data, source)
+        if not file_kernels:
+            net.host_kernels = {}
+        return cls(net)

@@ -294,14 +294,16 @@ def cmd_compile(args: argparse.Namespace) -> None:
                           config=(args.config or "default") if args.quantize else None, batch=args.batch,
                           input_shapes=input_shapes, trace=trace, report=report)
     _check_runnable_batch(model, args.batch)
-    model.save(args.output)
-    if cache_dir() is not None and not args.no_host_kernels:
-        # The host layers' kernels, compiled now for this CPU into the kernel cache: a run here
-        # then starts without compiling (a run on another CPU compiles its own, once).
+    if not args.no_host_kernels:
+        # The host layers' kernels, compiled now for this CPU into the model file (and the kernel
+        # cache): a run on this CPU, here or on another machine, then starts without compiling; a
+        # run on another CPU compiles its own, once.
         start = time.perf_counter()
         count = model.compile_host_kernels()
-        report(f"host kernels: {count} compiled for this CPU in {time.perf_counter() - start:.1f} s, kept in "
-               f"{cache_dir()}")
+        kept = f" and kept in {cache_dir()}" if cache_dir() is not None else ""
+        report(f"host kernels: {count} compiled for this CPU in {time.perf_counter() - start:.1f} s, "
+               f"{len(model.net.host_kernels)} CPU kernels carried in the model file{kept}")
+    model.save(args.output)
     _print_json(model.summary())
 
 
@@ -392,7 +394,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     for path in (args.output, profile):     # both checked before either is written
         if path is not None:
             check_writable(path)
-    model = Model.load(args.model)
+    model = Model.load(args.model, file_kernels=not args.no_file_kernels)
     y = model.run(_load_inputs(args.input), args.device, chain=not args.per_layer)
     if isinstance(y, dict):
         if not args.output.endswith(".npz"):
@@ -686,8 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="print the graph after every pass on stderr")
     p.add_argument("--no-host-kernels", action="store_true",
                    help="do not compile the host layers' kernels now (by default they are compiled for this CPU "
-                        "into the kernel cache, $GEMFORGE_CACHE or ~/.cache/gemforge, so that runs here start "
-                        "without compiling; GEMFORGE_CACHE=off turns the cache off)")
+                        "into the model file and the kernel cache, $GEMFORGE_CACHE or ~/.cache/gemforge, so that "
+                        "runs on this CPU start without compiling; GEMFORGE_CACHE=off turns the cache off)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled model (.gfm) on a device")
@@ -701,6 +703,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "uart:PORT[@BAUD], a board; its other layers on the cpu)")
     p.add_argument("--profile", nargs="?", const="", metavar="PNG",
                    help="print a per-layer table and write a PNG of it (default: next to the output)")
+    p.add_argument("--no-file-kernels", action="store_true",
+                   help="compile the host layers here (once, into the kernel cache) instead of running the native "
+                        "code a model file compiled for this CPU carries")
     p.add_argument("--per-layer", action="store_true",
                    help="run each accelerator layer as a program of its own instead of chaining consecutive "
                         "layers into one (a board reads its counters only where a program ends)")

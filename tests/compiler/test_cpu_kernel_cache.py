@@ -74,3 +74,64 @@ def test_a_folder_others_may_write_is_not_used(kernel_cache):
     kernel_cache.chmod(0o700)
     np.testing.assert_array_equal(_run(_conv()), expected)
     assert len(list(kernel_cache.glob("*.o"))) == 1
+
+
+# ---------------------------------------------------------------------------- kernels found by their schedule
+
+def _conv_in_network(k: int = 3, features: str = "host"):
+    """`_conv` as a network's host layer builds it (`prebuilt.embedded`)."""
+    from gemforge.compiler.backends.cpu import prebuilt
+    with prebuilt.embedded({}):
+        return _conv(k=k, features=features)
+
+
+def test_a_network_kernel_built_before_is_found_without_lowering(kernel_cache, monkeypatch):
+    """Inside a network's build (`prebuilt.embedded`) a kernel built before is found by its
+    schedule: nothing is lowered again, and it computes what the first did."""
+    import gemforge.compiler.pipeline as pipeline
+    first = _conv_in_network()
+    assert len(list(kernel_cache.glob("*.sig.json"))) == 1
+    monkeypatch.setattr(pipeline, "lower", lambda *a, **k: pytest.fail("a kernel built before was lowered again"))
+    again = _conv_in_network()
+    assert [b.name for b in again.program.params] == [b.name for b in first.program.params]
+    np.testing.assert_array_equal(_run(again), _run(first))
+    # Outside a network (an operator compiled on its own) a build lowers, for the whole function.
+    with pytest.raises(pytest.fail.Exception, match="lowered again"):
+        _conv()
+
+
+def test_the_schedule_key_is_the_schedule_and_the_cpu(kernel_cache):
+    _conv_in_network(k=3), _conv_in_network(k=3), _conv_in_network(k=1), _conv_in_network(k=3, features="host,-avx2")
+    assert len(list(kernel_cache.glob("*.sig.json"))) == 3
+
+
+def test_a_signature_whose_object_is_gone_is_built_again(kernel_cache):
+    expected = _run(_conv_in_network())
+    for path in kernel_cache.glob("*.o"):
+        path.unlink()
+    np.testing.assert_array_equal(_run(_conv_in_network()), expected)
+    assert len(list(kernel_cache.glob("*.o"))) == 1
+
+
+def test_collected_kernels_travel_and_load_where_the_cpu_matches(kernel_cache, monkeypatch):
+    """What `collecting` gathers survives its archive form (`to_archive`/`from_archive`) and
+    loads without the cache; a changed member is refused by name."""
+    from gemforge.compiler.backends.cpu import prebuilt
+    collected: dict = {}
+    with prebuilt.collecting(collected):
+        expected = _run(_conv_in_network())
+    index, members = prebuilt.to_archive(collected)
+    restored = prebuilt.from_archive(index, members)
+    assert restored == collected
+    monkeypatch.setenv(cache.CACHE_ENV, "off")
+    import gemforge.compiler.pipeline as pipeline
+    monkeypatch.setattr(pipeline, "lower", lambda *a, **k: pytest.fail("lowered although the kernel came along"))
+    with prebuilt.embedded(restored):
+        np.testing.assert_array_equal(_run(_conv(k=3)), expected)
+    (name,) = [n for n in members if n.endswith(".o")]
+    with pytest.raises(ValueError, match="is not the code its index names"):
+        changed = bytearray(members[name])
+        changed[len(changed) // 2] ^= 0xFF
+        prebuilt.from_archive(index, {**members, name: bytes(changed)})
+    with pytest.raises(ValueError, match="has no object code or IR"):
+        prebuilt.from_archive(index, {n: m for n, m in members.items() if n != name})

@@ -143,6 +143,8 @@ def test_models_section_measures_and_renders_a_network():
     assert row["float32_error"] < 1e-4 and 0.9 < row["int8_cosine"] <= 1.0 and row["accelerator_mac_share"] == 1.0
     # A new process with the kernel cache warm compiles nothing: faster than with it cold.
     assert 0 < row["float32_first_run_warm_seconds"] < row["float32_first_run_cold_seconds"]
+    # The file's own host kernels, with an empty cache: nothing compiled either.
+    assert 0 < row["float32_first_run_file_kernels_seconds"] < row["float32_first_run_cold_seconds"]
     text = render_markdown({"models": {"config": "tiny", "samples": 4, "models": [row]}}, "gemforge bench")
     assert "## Networks as exporters write them" in text and "| CRNN | 25 (13) |" in text and "100.0% of" in text
 

@@ -427,3 +427,92 @@ def test_loading_and_running_a_model_never_imports_the_onnx_front_end(tmp_path):
              "print(sorted(m for m in sys.modules if m == 'onnx' or m.startswith('onnx.')))\n")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# ---------------------------------------------------------------------------- host kernels in the file
+
+@pytest.fixture(scope="module")
+def float_model_with_kernels():
+    """A float32 CNN whose host kernels were compiled into it (`compile_host_kernels`), as .gfm
+    bytes, an input and its output."""
+    rng = np.random.default_rng(5)
+    model = compile_model(small_cnn(rng, channels=8, image=8, batch=1))
+    assert model.compile_host_kernels() >= 4 and model.net.host_kernels
+    x = rng.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    return model.to_bytes(), x, model.run(x, "cpu")
+
+
+def _no_lowering(monkeypatch):
+    import gemforge.compiler.pipeline as pipeline
+    lowered = []
+
+    def lower(*args, **kwargs):
+        lowered.append(kwargs.get("name"))
+        return original(*args, **kwargs)
+    original = pipeline.lower
+    monkeypatch.setattr(pipeline, "lower", lower)
+    return lowered
+
+
+def test_a_model_file_carries_its_host_kernels(float_model_with_kernels, monkeypatch):
+    """On a machine of the same CPU with nothing in its kernel cache, a run loads the file's
+    kernels: nothing is lowered or compiled, and the outputs are the compiling machine's."""
+    data, x, expected = float_model_with_kernels
+    monkeypatch.setenv("GEMFORGE_CACHE", "off")
+    lowered = _no_lowering(monkeypatch)
+    model = Model.from_bytes(data)
+    assert model.summary()["host_kernels"] == len(model.net.host_kernels)
+    np.testing.assert_array_equal(model.run(x, "cpu"), expected)
+    assert lowered == []
+
+
+def test_host_kernels_for_another_cpu_are_compiled_here(float_model_with_kernels, monkeypatch):
+    """Kernels whose keys are not this machine's (another CPU, another back end) are not run:
+    the layers are compiled here, with the same results."""
+    data, x, expected = float_model_with_kernels
+    model = Model.from_bytes(data)
+    model.net.host_kernels = {key[::-1]: kernel for key, kernel in model.net.host_kernels.items()}
+    elsewhere = Model.from_bytes(model.to_bytes())
+    monkeypatch.setenv("GEMFORGE_CACHE", "off")
+    lowered = _no_lowering(monkeypatch)
+    np.testing.assert_array_equal(elsewhere.run(x, "cpu"), expected)
+    assert len(lowered) >= len(model.net.host_kernels)
+
+
+@pytest.mark.parametrize("tamper, message", [
+    ("object", "is not the code its index names"),
+    ("drop", "has no object code or IR in the file"),
+    ("stray", "is no host kernel the manifest lists"),
+    ("index", "host_kernels must be an object"),
+])
+def test_a_changed_host_kernel_is_refused(float_model_with_kernels, tamper, message):
+    """Native code a run would execute: a kernel changed, missing or unlisted refuses the file."""
+    data, _, _ = float_model_with_kernels
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        objects = [n for n in src.namelist() if n.endswith(".o")]
+        for name in src.namelist():
+            body = src.read(name)
+            if name == objects[0] and tamper == "object":
+                body = bytes(b ^ 0xFF if i == len(body) // 2 else b for i, b in enumerate(body))
+            if name == objects[0] and tamper == "drop":
+                continue
+            if name == "manifest.json" and tamper == "index":
+                manifest = json.loads(body)
+                manifest["host_kernels"] = ["nope"]
+                body = json.dumps(manifest).encode()
+            dst.writestr(name, body)
+        if tamper == "stray":
+            dst.writestr("host/extra.o", b"\x7fELF")
+    with pytest.raises(ModelError, match=message):
+        Model.from_bytes(out.getvalue())
+
+
+def test_a_run_may_compile_instead_of_running_the_file_kernels(float_model_with_kernels, monkeypatch):
+    data, x, expected = float_model_with_kernels
+    monkeypatch.setenv("GEMFORGE_CACHE", "off")
+    lowered = _no_lowering(monkeypatch)
+    model = Model.from_bytes(data, file_kernels=False)
+    assert not model.net.host_kernels
+    np.testing.assert_array_equal(model.run(x, "cpu"), expected)
+    assert lowered

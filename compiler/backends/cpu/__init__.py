@@ -200,6 +200,10 @@ class CpuKernel:
     _entry: Callable = field(repr=False)
     _scratch: list[np.ndarray] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The native code (None where MCJIT kept it to itself) and the kernel cache's key of the
+    #: lowered function (None: not cached), which `prebuilt` keeps the kernel by.
+    object_code: bytes | None = field(default=None, repr=False)
+    cache_key: str | None = None
 
     @property
     def params(self):
@@ -278,7 +282,9 @@ def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
             cache.store(mod.cache_key, compiled[0], mod.llvm_ir)
         llvm_ir = mod.llvm_ir
     entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(mod.func.params) + len(mod.workspaces))))(address)
-    return CpuKernel(mod.func, target, llvm_ir, mod.workspaces, engine, entry)
+    object_code = mod.object_code if mod.object_code is not None else (compiled[0] if compiled else None)
+    return CpuKernel(mod.func, target, llvm_ir, mod.workspaces, engine, entry, object_code=object_code,
+                     cache_key=mod.cache_key)
 
 
 def stages(target: CpuTarget) -> dict[str, Callable[[Any], Any]]:

@@ -6,7 +6,7 @@ are kept under ``$GEMFORGE_CACHE/cpu-kernels`` (default ``~/.cache/gemforge``; `
 cache off), keyed by everything its code depends on:
 
 - the lowered function's whole structure (every statement, expression, type, buffer and
-  attribute, hashed: `_fingerprint`), not its printed form;
+  attribute, hashed: `fingerprint`), not its printed form;
 - the target CPU's LLVM name and feature string, the process triple and LLVM's version;
 - the source of everything between the lowered function and the object code (this back end,
   the LLVM code generator, the IR and the passes), so a changed code generator never reuses an
@@ -37,7 +37,7 @@ from gemforge.files import write_bytes_atomic
 
 from ...ir import PrimFunc
 
-__all__ = ["CACHE_ENV", "cache_dir", "kernel_key", "load", "store"]
+__all__ = ["CACHE_ENV", "cache_dir", "cache_file", "fingerprint", "kernel_key", "load", "store"]
 
 #: The environment variable naming the cache's directory (``off``: no cache).
 CACHE_ENV = "GEMFORGE_CACHE"
@@ -81,10 +81,11 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def _fingerprint(func: PrimFunc) -> bytes:
-    """A digest of the function's whole structure. Shared subtrees are hashed once; variables
-    and buffers by name, type and the order they first appear in (distinct objects of one
-    name stay distinct)."""
+def fingerprint(func) -> bytes:
+    """A digest of the whole structure of ``func`` (a `PrimFunc`, or a schedule's parts:
+    `prebuilt`). Shared subtrees are hashed once; variables and buffers by name, type and the
+    order they first appear in (distinct objects of one name stay distinct); a dictionary keyed
+    by such objects (a stage's loop kinds) by its keys' digests."""
     memo: dict[int, bytes] = {}
     identities: dict[int, int] = {}
     keep = []      # keeps the objects hashed alive, so their ids stay theirs
@@ -107,9 +108,14 @@ def _fingerprint(func: PrimFunc) -> bytes:
             for item in value:
                 h.update(digest(item))
         elif isinstance(value, dict):
-            for k in sorted(value, key=repr):
-                h.update(repr(k).encode())
-                h.update(digest(value[k]))
+            if all(isinstance(k, (str, int)) for k in value):
+                for k in sorted(value, key=repr):
+                    h.update(repr(k).encode())
+                    h.update(digest(value[k]))
+            else:
+                for k_digest, v in sorted((digest(k), v) for k, v in value.items()):
+                    h.update(k_digest)
+                    h.update(digest(v))
         elif isinstance(value, enum.Enum):
             h.update(f"{type(value).__qualname__}.{value.name}".encode())
         elif isinstance(value, np.generic):
@@ -128,7 +134,7 @@ def kernel_key(func: PrimFunc, cpu: str, features: str) -> str | None:
     """The cache key of ``func`` compiled for ``cpu`` with ``features``; None where the function
     cannot be fingerprinted (nested beyond Python's stack), which then compiles uncached."""
     try:
-        structure = _fingerprint(func)
+        structure = fingerprint(func)
     except (RecursionError, TypeError):
         return None
     h = hashlib.sha256()
@@ -139,8 +145,8 @@ def kernel_key(func: PrimFunc, cpu: str, features: str) -> str | None:
     return h.hexdigest()
 
 
-def _paths(key: str, create: bool = False) -> tuple[Path, Path] | None:
-    """The entry's two files, in a private cache folder (made, with ``create``), else None."""
+def cache_file(name: str, create: bool = False) -> Path | None:
+    """The file ``name`` in the private cache folder (made, with ``create``), else None."""
     root = cache_dir()
     if root is None:
         return None
@@ -149,7 +155,13 @@ def _paths(key: str, create: bool = False) -> tuple[Path, Path] | None:
             root.mkdir(parents=True, mode=0o700)
         except OSError:
             return None
-    return (root / f"{key}.o", root / f"{key}.ll.z") if _private(root) else None
+    return root / name if _private(root) else None
+
+
+def _paths(key: str, create: bool = False) -> tuple[Path, Path] | None:
+    """The entry's two files, in a private cache folder (made, with ``create``), else None."""
+    obj = cache_file(f"{key}.o", create)
+    return None if obj is None else (obj, obj.with_name(f"{key}.ll.z"))
 
 
 def load(key: str | None) -> tuple[bytes, str] | None:
