@@ -3,9 +3,12 @@
 Generated code runs a ``parallel`` loop by calling ``gf_parallel_for(body,
 closure, n)``: ``body(closure, begin, end)`` is the outlined loop body (a
 native function), and the runner splits ``[0, n)`` into one contiguous chunk
-per thread. The runner is a Python callback on a thread pool; every chunk is a
-ctypes call into native code, which releases the GIL, so the chunks run on
-all cores at once. The calling thread runs the first chunk itself.
+per thread. The calling thread runs the first chunk itself.
+
+On Linux (x86-64, AArch64) the runner is native code with native worker threads
+(`pool`): a loop never enters Python. Elsewhere it is a Python callback on a
+thread pool; every chunk is a ctypes call into native code, which releases the
+GIL, so the chunks run on all cores at once, at tens of microseconds a loop.
 
 The pool is created once, with a worker per core, and never shut down; how
 many threads a call uses is that call's (`running`), so kernels of different
@@ -29,6 +32,8 @@ from typing import Iterator
 
 import llvmlite.binding as llvm
 
+from . import pool
+
 __all__ = ["install", "running", "cores"]
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -38,6 +43,8 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _call = threading.local()  # the current call's thread count and first error
 _installed = False
+_native = None             # the native pool (`pool.NativePool`), where it runs
+_native_pid = 0            # the process its workers belong to (a forked child starts its own)
 
 
 def cores() -> int:
@@ -59,6 +66,10 @@ def running(threads: int) -> Iterator[None]:
     raises the runner's error, if any, when the kernel has returned."""
     previous = getattr(_call, "threads", None), getattr(_call, "error", None)
     _call.threads, _call.error = threads or cores(), None
+    if _native is not None:
+        if _native_pid != os.getpid():
+            _restart_native()
+        _native.set_threads(_call.threads)
     try:
         yield
         if _call.error is not None:
@@ -101,8 +112,30 @@ _callback = _PARALLEL_FOR(_parallel_for)
 
 
 def install() -> None:
-    """Make ``gf_parallel_for`` resolvable by JIT-compiled code (once per process)."""
-    global _installed
-    if not _installed:
-        llvm.add_symbol("gf_parallel_for", ctypes.cast(_callback, ctypes.c_void_p).value)
-        _installed = True
+    """Make ``gf_parallel_for`` resolvable by JIT-compiled code (once per process): the native
+    runner where it runs, else the Python one."""
+    global _installed, _native, _native_pid
+    if _installed:
+        return
+    address = ctypes.cast(_callback, ctypes.c_void_p).value
+    if pool.supported() and os.environ.get("GEMFORGE_NATIVE_POOL", "1") != "0":
+        try:
+            machine = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(jit=True)
+            _native = pool.NativePool(machine)
+            _native.start(cores() - 1)
+            _native_pid = os.getpid()
+            os.register_at_fork(after_in_child=_native.forget_workers)
+            address = _native.parallel_for
+        except (RuntimeError, OSError, AttributeError):     # no native pool here: the Python one
+            _native = None
+    llvm.add_symbol("gf_parallel_for", address)
+    _installed = True
+
+
+def _restart_native() -> None:
+    """In a forked child: workers of its own (the parent's did not come along)."""
+    global _native_pid
+    with _lock:
+        if _native_pid != os.getpid():
+            _native.start(cores() - 1)
+            _native_pid = os.getpid()
