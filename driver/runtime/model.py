@@ -142,7 +142,6 @@ class Model:
         self.last_profile: list[LayerProfile] = []
         self._readers: set[str] | None = None
         self._runs: list[tuple[int, int]] | None = None
-        self._chain = True
 
     # ------------------------------------------------------------------ facts
 
@@ -196,14 +195,13 @@ class Model:
         ``progress(done, total)`` is called after each batch chunk. ``chain=False`` runs each
         accelerator layer as a program of its own (a profile per layer from a device that
         reads no counters between chained layers, a board)."""
-        self._chain = chain
         feeds = self._feeds(inputs)
         chunks = self._chunks(feeds)
         own, dev = self._open(device, device_options)
         try:
             results = []
             for i, chunk in enumerate(chunks):
-                results.append(self._run_once(chunk, dev))
+                results.append(self._run_once(chunk, dev, chain))
                 if progress:
                     progress(i + 1, len(chunks))
         finally:
@@ -355,7 +353,7 @@ class Model:
             self._cpu = open_device("cpu")
         return self._cpu
 
-    def _run_once(self, feeds: dict[str, np.ndarray], dev) -> dict[str, np.ndarray]:
+    def _run_once(self, feeds: dict[str, np.ndarray], dev, chain: bool = True) -> dict[str, np.ndarray]:
         graph = self.graph
         on_accel = not getattr(dev, "host", False)
         host_kind = dev.kind if not on_accel else "cpu"
@@ -377,7 +375,7 @@ class Model:
                 node = graph.nodes[step]
                 if on_accel and node.device == "accel":
                     last = runs[step]
-                    profile.extend(self._run_accel(step, last, dev, env, arena, slots, resident, profile))
+                    profile.extend(self._run_accel(step, last, dev, env, arena, slots, resident, profile, chain))
                     step = last + 1
                     continue
                 start = time.perf_counter()
@@ -407,12 +405,13 @@ class Model:
             self._runs = accel_runs(self.graph, self.net.layers)
         return self._runs
 
-    def _run_accel(self, first, last, dev, env, arena, slots, resident, profile) -> list[LayerProfile]:
+    def _run_accel(self, first, last, dev, env, arena, slots, resident, profile, chain) -> list[LayerProfile]:
         """Run accelerator nodes ``first``..``last`` (one accelerator run): the host writes the
-        inputs it made, the device runs the layers' programs chained into one (one START, one
-        FINISH; one program at a time where one cannot be chained, or where all of them do not
-        fit the device's memory at once), and the host reads the outputs it needs. Returns a profile row per node, split at the chain's links (``profile``:
-        the rows of the inference so far)."""
+        inputs it made, the device runs the layers' programs chained into one (with ``chain``:
+        one START, one FINISH; else, or where a program cannot be chained or all of them do not
+        fit the device's memory at once, one program at a time), and the host reads the outputs
+        it needs. Returns a profile row per node, split at the chain's links (``profile``: the
+        rows of the inference so far, which number the device's program starts)."""
         started = time.perf_counter()
         graph = self.graph
         nodes = graph.nodes[first:last + 1]
@@ -436,7 +435,7 @@ class Model:
             out_key = slot_key(node.output, layer.packed_out)
             resident[out_key] = buffer(out_key)
             parts.append((layer.program, {**bindings, "out": resident[out_key]}))
-        chained = self._chain and len(parts) > 1 and all(chain_refusal(p.instructions) is None for p, _ in parts)
+        chained = chain and len(parts) > 1 and all(chain_refusal(p.instructions) is None for p, _ in parts)
         loaded = None
         if chained:
             try:

@@ -141,6 +141,18 @@ def test_chained_programs_run_as_one_after_another(name, stall):
         assert [mark["insns"] for mark in fsim_result.marks] == [link.index for link in links]
 
 
+@pytest.mark.slow
+@needs_verilator
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_chained_programs_many_seeds(name):
+    for seed in range(2, 42):
+        sequential, on_fsim, on_rtl, links, _, rtl_result = run_chained(CONFIGS[name], seed, parts=2 + seed % 3,
+                                                                        stall=(seed * 37) % 128)
+        np.testing.assert_array_equal(on_fsim, sequential)
+        np.testing.assert_array_equal(on_rtl, sequential)
+        assert len(rtl_result.marks) == len(links)
+
+
 @needs_verilator
 def test_random_programs_under_axi_backpressure():
     """Every AXI channel withholds its handshake about 45% of cycles (random latency)."""
