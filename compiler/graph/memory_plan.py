@@ -53,6 +53,9 @@ class MemoryPlan:
     naive_bytes: int          # every slot its own block: what reuse saves
     alignment: int            # slot offsets are multiples of this (`plan_alignment`)
     arena_alignment: int      # the arena starts at a multiple of this (`hw.program.arena_alignment`)
+    #: Lifetimes widened to whole accelerator runs (`pack_layouts`), so a run may be one
+    #: program; False for a plan of a model file from before (one program per layer).
+    run_wide: bool = True
 
     @property
     def handovers(self) -> int:
@@ -75,12 +78,13 @@ class MemoryPlan:
                 "peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes, "alignment": self.alignment}
 
     @classmethod
-    def from_dict(cls, plan: dict, config: AccelConfig) -> MemoryPlan:
-        """The plan of a manifest's form (checked by the `.gfm` loader before)."""
+    def from_dict(cls, plan: dict, config: AccelConfig, *, run_wide: bool = True) -> MemoryPlan:
+        """The plan of a manifest's form (checked by the `.gfm` loader before, which says whether
+        its lifetimes are ``run_wide``)."""
         slots = tuple(Slot(t["tensor"], tuple(t["shape"]), t["dtype"], t["nbytes"], t["first"], t["last"],
                            bool(t.get("produced", False)), t["offset"], t["size"]) for t in plan.get("tensors", []))
         return cls(slots, plan.get("peak_bytes", 0), plan.get("naive_bytes", 0), plan.get("alignment", 1),
-                   arena_alignment(config))
+                   arena_alignment(config), run_wide)
 
 
 def slot_key(tensor: str, layout) -> tuple:
@@ -90,7 +94,7 @@ def slot_key(tensor: str, layout) -> tuple:
     return tensor, tuple(shape), dtype
 
 
-def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
+def pack_layouts(graph: Graph, layers: dict[str, AccelLayer], *, run_wide: bool = True) -> list[dict]:
     """The device-resident tensors: each accelerator node's packed inputs and output,
     one entry per (tensor, packed layout); an input whose packed layout is its
     producer's output layout is the same entry (handed over in DRAM). Returns them in
@@ -99,7 +103,9 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
     A lifetime spans the accelerator nodes that use the tensor, widened to what one program
     per accelerator run (`partition.accel_runs`) needs: a tensor the host writes is live from
     the start of the run that reads it (the host writes it before the run starts), and one the
-    host reads to the end of the run that writes it (the host reads it after the run ends)."""
+    host reads to the end of the run that writes it (the host reads it after the run ends).
+    Without ``run_wide``, the lifetimes model files had before runs were chained (a run of one
+    program per layer)."""
     tensors: dict[tuple, dict] = {}
 
     def touch(name: str, layout, step: int, role: str) -> None:
@@ -117,6 +123,8 @@ def pack_layouts(graph: Graph, layers: dict[str, AccelLayer]) -> list[dict]:
             for tensor, name in layer.bound_inputs(node):
                 touch(tensor, layer.packed(name), step, "in")
             touch(node.output, layer.packed_out, step, "out")
+    if not run_wide:
+        return list(tensors.values())
     run_of = {}
     for first, last in accel_runs(graph, layers):
         run_of.update((step, (first, last)) for step in range(first, last + 1))

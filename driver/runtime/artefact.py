@@ -179,9 +179,9 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
         raise ModelError("the memory plan must be an object")
     net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds), _read_host_kernels(z, manifest))
     _check_layers(net)
-    _check_memory_plan(net, plan)
+    run_wide = _check_memory_plan(net, plan)
     if config is not None:
-        net.plan = MemoryPlan.from_dict(plan, config)
+        net.plan = MemoryPlan.from_dict(plan, config, run_wide=run_wide)
     return net
 
 
@@ -632,17 +632,19 @@ def _check_notes(g: Graph) -> None:
                          "batch of 1 or more")
 
 
-def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
+def _check_memory_plan(net: CompiledNetwork, plan: dict) -> bool:
     """The memory plan (the manifest's form) is one the compiler could have made for these layers
     (`memory_plan.pack_layouts`, `memory_plan.plan_memory`): a slot for each accelerator node's packed input and output and for
     nothing else, each with the lifetime of the nodes that use it (a run lets a later slot take
     its bytes after its last use), the size of its layout, an offset aligned as relocation by
     whole entries needs, inside an arena no larger than its slots take, and no two slots live
-    at once sharing a byte. Offsets are not recomputed: any such placement runs alike."""
+    at once sharing a byte. Offsets are not recomputed: any such placement runs alike.
+    Returns whether the lifetimes span whole accelerator runs (a file from before runs were
+    chained has per-layer ones, and runs one program per layer)."""
     if net.config is None:
         if plan:
             raise ModelError("a network without an accelerator config has a memory plan")
-        return
+        return True
     peak, alignment, tensors = plan.get("peak_bytes", 0), plan.get("alignment", 1), plan.get("tensors", [])
     if not (whole_number(peak) and whole_number(alignment) and alignment > 0 and isinstance(tensors, list)
             and whole_number(plan.get("naive_bytes", 0))):
@@ -662,14 +664,22 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
         slots[key] = t
     # The lifetimes the compiler gives (`memory_plan.pack_layouts`): the accelerator nodes that
     # use a slot, widened to the accelerator runs that write it in or read it out.
-    uses: dict[tuple, list[int]] = {}
-    for entry in pack_layouts(net.graph, net.layers):
-        key = slot_key(entry["tensor"], (entry["shape"], entry["dtype"]))
-        slot = slots.get(key)
-        if slot is None or slot["nbytes"] < entry["nbytes"]:
-            raise ModelError(f"the memory plan has no slot for {entry['tensor']!r} in its packed layout "
-                             f"{list(entry['shape'])} {entry['dtype']}")
-        uses[key] = [entry["first"], entry["last"]]
+    def lifetimes(run_wide: bool) -> dict[tuple, list[int]]:
+        uses = {}
+        for entry in pack_layouts(net.graph, net.layers, run_wide=run_wide):
+            key = slot_key(entry["tensor"], (entry["shape"], entry["dtype"]))
+            slot = slots.get(key)
+            if slot is None or slot["nbytes"] < entry["nbytes"]:
+                raise ModelError(f"the memory plan has no slot for {entry['tensor']!r} in its packed layout "
+                                 f"{list(entry['shape'])} {entry['dtype']}")
+            uses[key] = [entry["first"], entry["last"]]
+        return uses
+    uses = lifetimes(True)
+    run_wide = all([t["first"], t["last"]] == uses.get(key) for key, t in slots.items())
+    if not run_wide:
+        per_layer = lifetimes(False)
+        if all([t["first"], t["last"]] == per_layer.get(key) for key, t in slots.items()):
+            uses = per_layer
     need = plan_alignment(net.config)
     if alignment != need:
         raise ModelError(f"the memory plan aligns its tensors to {alignment} bytes; config {net.config.name!r} "
@@ -706,6 +716,7 @@ def _check_memory_plan(net: CompiledNetwork, plan: dict) -> None:
     if peak != end or peak > total:
         raise ModelError(f"the memory plan's arena of {peak:,} bytes is not what its slots take: they end at byte "
                          f"{end:,} and take {total:,} bytes side by side")
+    return run_wide
 
 
 def _json_default(value):

@@ -142,6 +142,7 @@ class Model:
         self.last_profile: list[LayerProfile] = []
         self._readers: set[str] | None = None
         self._runs: list[tuple[int, int]] | None = None
+        self._node_macs: dict[str, int] = {}
 
     # ------------------------------------------------------------------ facts
 
@@ -384,7 +385,7 @@ class Model:
                 runner = host_dev if kind == host_kind else self._cpu_device()
                 env[node.output], result = self._host_kernel(node, kind).run(runner, args)
                 profile.append(LayerProfile(node.name, node.op, kind if result is not None else "host (data)",
-                                            time.perf_counter() - start, macs=_macs(graph, node)))
+                                            time.perf_counter() - start, macs=self._macs(node)))
                 step += 1
             outputs = {name: env[name] for name in graph.outputs}
         finally:
@@ -399,10 +400,21 @@ class Model:
             self._readers = host_reads(self.graph, self.net.layers)
         return self._readers
 
+    def _macs(self, node: Node) -> int:
+        """A node's multiply-accumulates (`_macs`), computed once per node: a run's profile asks
+        for every node's each inference."""
+        if node.output not in self._node_macs:
+            self._node_macs[node.output] = _macs(self.graph, node)
+        return self._node_macs[node.output]
+
     def _accel_runs(self) -> list[tuple[int, int]]:
-        """The accelerator runs (`partition.accel_runs`), computed once."""
+        """The accelerator runs (`partition.accel_runs`), computed once; one per layer for a
+        model file whose memory plan predates chained runs (`MemoryPlan.run_wide`)."""
         if self._runs is None:
-            self._runs = accel_runs(self.graph, self.net.layers)
+            if self.net.plan is not None and not self.net.plan.run_wide:
+                self._runs = [(step, step) for step, node in enumerate(self.graph.nodes) if node.device == "accel"]
+            else:
+                self._runs = accel_runs(self.graph, self.net.layers)
         return self._runs
 
     def _run_accel(self, first, last, dev, env, arena, slots, resident, profile, chain) -> list[LayerProfile]:
@@ -464,7 +476,7 @@ class Model:
                 env[node.output] = layer.unpack(dev.read(buffer(slot_key(node.output, layer.packed_out)), out_dtype,
                                                          out_shape)).reshape(graph.values[node.output].shape)
         runs_before = 1 + max((r.run for r in profile if r.run is not None), default=-1)
-        rows = [LayerProfile(node.name, node.op, dev.kind, 0.0, macs=_macs(graph, node),
+        rows = [LayerProfile(node.name, node.op, dev.kind, 0.0, macs=self._macs(node),
                              run=runs_before + (0 if chained else k)) for k, node in enumerate(nodes)]
         for row, counters in zip(rows, _per_layer(results, len(nodes), chained)):
             if counters is None:

@@ -501,3 +501,21 @@ def test_a_depthwise_convolution_runs_on_the_accelerator_and_its_file_is_checked
             z.writestr(name, raw)
     with pytest.raises(ModelError, match="accelerator node 'dw': the weights packed in its program differ"):
         Model.from_bytes(buffer.getvalue())
+
+
+def test_a_model_file_from_before_chained_runs_runs_a_program_per_layer():
+    """A plan whose lifetimes are per layer (model files written before runs were chained) still
+    loads, and runs one program per layer: chained, its host-read tensors could be overwritten."""
+    from gemforge.compiler.graph.memory_plan import pack_layouts, plan_memory
+    m, model, rng = _compile(12, "tiny", channels=8, residual=True)
+    net = model.net
+    net.plan = plan_memory(net.graph, pack_layouts(net.graph, net.layers, run_wide=False), net.config)
+    old = Model.from_bytes(model.to_bytes())
+    assert not old.net.plan.run_wide
+    assert old.summary()["accelerator_runs"] == sum(n.device == "accel" for n in old.graph.nodes)
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    on_fsim = old.run(x, "fsim")
+    assert len({r.run for r in old.last_profile if r.run is not None}) == old.summary()["accelerator_runs"]
+    np.testing.assert_array_equal(on_fsim, old.run(x, "cpu"))
+    assert Model.from_bytes(compile_model(m, quantize="int8", calibrate=rng.normal(size=(3, 2, 3, 8, 8)).astype(
+        np.float32), config="tiny", batch=2).to_bytes()).net.plan.run_wide
