@@ -192,7 +192,15 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
 
 def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
     """A depthwise convolution (`nn.depthwise_conv2d_te`): window sums row by row (`_row_sums`),
-    the padded input computed inline."""
+    the padded input computed inline, or with a stride, split by column phase channel by
+    channel (``xs``, made in the parallel channel loop, vectorized along its rows)."""
+    if "xs" in tensors:
+        split = s[tensors["xs"]]
+        _row_sums(s, tensors["out"], tensors["sum"])
+        so = s[tensors["out"]]
+        split.compute_at(so, so.leaf[0])
+        split.vectorize(split.leaf[-1])
+        return
     if tensors["xp"] is not tensors["x"]:
         s[tensors["xp"]].compute_inline()
     _row_sums(s, tensors["out"], tensors["sum"])

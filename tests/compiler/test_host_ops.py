@@ -128,6 +128,8 @@ def test_float32_dense(m, k, n, cpu):
     ((2, 12, 11, 9), (12, 1, 3, 3), 2, 1, 12),     # depthwise, strided, odd sizes
     ((1, 5, 9, 13), (10, 1, 5, 5), 1, 2, 5),       # depthwise, channel multiplier 2, 5x5
     ((1, 7, 6, 6), (7, 1, 3, 3), 2, 0, 7),         # depthwise, unpadded
+    ((1, 4, 13, 11), (8, 1, 5, 5), 2, 2, 4),       # depthwise, strided 5x5 (taps two phase columns on)
+    ((2, 3, 10, 14), (6, 1, 3, 2), 3, 1, 3),       # depthwise, stride 3, multiplier 2, a 3x2 kernel
     ((1, 12, 9, 9), (6, 4, 3, 3), 2, 1, 3),        # grouped, strided
     ((1, 3, 20, 20), (5, 3, 7, 7), 2, 3, 1),       # a stem-like 7x7
 ])
