@@ -186,6 +186,10 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
         so.reorder(nc, y, rh, rw, x)
         so.parallel(nc)
         so.vectorize(x)
+        if "xs" in tensors:          # strided: the input split by column phase, channel by channel
+            split = s[tensors["xs"]]
+            split.compute_at(so, nc)
+            split.vectorize(split.leaf[-1])
         return
     _row_sums(s, out, tensors["sum"])
 

@@ -188,9 +188,12 @@ def schedule_elementwise(s: Schedule, out: Tensor) -> None:
 
 
 def schedule_pool(s: Schedule, tensors: dict, kind: str) -> None:
-    """One thread per output element, its window reduced in a register."""
+    """One thread per output element, its window reduced in a register (the framed input, split
+    by column phase or not, read inline)."""
     if tensors.get("xp") is not None and tensors["xp"] is not tensors["x"]:
         s[tensors["xp"]].compute_inline()
+    if "xs" in tensors:
+        s[tensors["xs"]].compute_inline()
     out = tensors["out"]
     if kind == "max":
         so = s[out]

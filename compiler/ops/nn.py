@@ -480,6 +480,15 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
             inside = And(And(Cmp("<=", Const(top), y), Cmp("<", y, Const(h + top))),
                          And(Cmp("<=", Const(left), xx), Cmp("<", xx, Const(w + left))))
             return Select(inside, BufferLoad(x.buffer, (b, ch, y - top, xx - left), zero_outside=True), lowest)
+        if sw > 1:
+            # The framed input with each row's columns split by phase (`depthwise_conv2d_te`'s
+            # reason): ``xs[.., y, p, j]`` is column ``j·sw + p``, so a tap reads consecutive ones.
+            columns = ow + ((kw - 1) * dw) // sw
+            xs = tensors["xs"] = compute((n, c, top + h + below, sw, columns), lambda b, ch, y, phase, j: padded(
+                b, ch, y, j * sw + phase), name="xs")
+            tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
+                xs[b, ch, y * sh + rh * dh, (rw * dw) % sw, xx + (rw * dw) // sw], [rh, rw]), name="out")
+            return tensors
         xp = tensors["xp"] = compute((n, c, top + h + below, left + w + beside), padded, name="xp") if framed else x
         tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
             xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw], [rh, rw]), name="out")
