@@ -34,7 +34,7 @@ import llvmlite.binding as llvm
 
 from . import pool
 
-__all__ = ["install", "running", "cores"]
+__all__ = ["install", "running", "enter", "leave", "cores"]
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _PARALLEL_FOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -48,8 +48,20 @@ _native_pid = 0            # the process its workers belong to (a forked child s
 
 
 def cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """Cores this process may run on (asked once per process: every kernel call wants it)."""
+    if _cores is None or _cores_pid != os.getpid():
+        _count_cores()
+    return _cores
+
+
+_cores: int | None = None
+_cores_pid = 0
+
+
+def _count_cores() -> None:
+    global _cores, _cores_pid
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _cores_pid = os.getpid()
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -64,18 +76,32 @@ def _executor() -> ThreadPoolExecutor:
 def running(threads: int) -> Iterator[None]:
     """Run a kernel with ``threads`` threads (0: one per core) in this Python thread;
     raises the runner's error, if any, when the kernel has returned."""
+    previous = enter(threads)
+    try:
+        yield
+    except BaseException:
+        leave(previous, check=False)
+        raise
+    leave(previous)
+
+
+def enter(threads: int) -> tuple:
+    """`running`'s start, as a call (a kernel call pays no generator): returns what `leave` restores."""
     previous = getattr(_call, "threads", None), getattr(_call, "error", None)
     _call.threads, _call.error = threads or cores(), None
     if _native is not None:
         if _native_pid != os.getpid():
             _restart_native()
         _native.set_threads(_call.threads)
-    try:
-        yield
-        if _call.error is not None:
-            raise RuntimeError(f"the parallel-loop runner failed (the loop was finished serially): {_call.error}")
-    finally:
-        _call.threads, _call.error = previous
+    return previous
+
+
+def leave(previous: tuple, check: bool = True) -> None:
+    """`running`'s end: raises the runner's error, if any (with ``check``), and restores ``previous``."""
+    error = _call.error
+    _call.threads, _call.error = previous
+    if check and error is not None:
+        raise RuntimeError(f"the parallel-loop runner failed (the loop was finished serially): {error}")
 
 
 def _parallel_for(body: int, closure: int, n: int) -> None:
