@@ -29,6 +29,7 @@ whole, by `artefact`.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -132,6 +133,16 @@ def _per_layer(results: list[RunResult], count: int, chained: bool) -> list[dict
     return [{name: after[name] - before[name] for name in names} for before, after in zip(points, points[1:])]
 
 
+@dataclass
+class _Placed:
+    """What a model keeps in one accelerator device's memory between runs: the activation arena
+    and each accelerator run's chained programs (by its first step), all bound to that arena."""
+
+    device: weakref.ref
+    arena: Buffer | None = None
+    chains: dict[int, Any] = field(default_factory=dict)
+
+
 class Model:
     """A compiled network, ready to save or run."""
 
@@ -143,6 +154,7 @@ class Model:
         self._readers: set[str] | None = None
         self._runs: list[tuple[int, int]] | None = None
         self._node_macs: dict[str, int] = {}
+        self._placed: dict[int, _Placed] = {}     # by id of the device (`_placed_on`)
 
     # ------------------------------------------------------------------ facts
 
@@ -207,6 +219,7 @@ class Model:
                     progress(i + 1, len(chunks))
         finally:
             if own:
+                self.release(dev)
                 dev.close()
         # An output computed without the batched inputs is the same in every chunk.
         batched = batched_values(self.graph, self.graph.notes.batched_inputs) if len(results) > 1 else set()
@@ -365,10 +378,13 @@ class Model:
         arena = None
         resident: dict[tuple, Buffer] = {}   # (tensor, packed shape, dtype) → its buffer, when valid
         slots: dict[tuple, Slot] = {}
+        placed = None
         if on_accel:
             slots = self.net.plan.by_key() if self.net.plan else {}
-            if slots:
-                arena = dev.alloc(self.net.plan.peak_bytes, align=self.net.plan.arena_alignment)
+            placed = self._placed_on(dev)
+            if slots and placed.arena is None:
+                placed.arena = dev.alloc(self.net.plan.peak_bytes, align=self.net.plan.arena_alignment)
+            arena = placed.arena
         runs = dict(self._accel_runs()) if on_accel else {}
         try:
             step = 0
@@ -376,7 +392,8 @@ class Model:
                 node = graph.nodes[step]
                 if on_accel and node.device == "accel":
                     last = runs[step]
-                    profile.extend(self._run_accel(step, last, dev, env, arena, slots, resident, profile, chain))
+                    profile.extend(self._run_accel(step, last, dev, env, arena, slots, resident, profile, chain,
+                                                   placed))
                     step = last + 1
                     continue
                 start = time.perf_counter()
@@ -388,11 +405,31 @@ class Model:
                                             time.perf_counter() - start, macs=self._macs(node)))
                 step += 1
             outputs = {name: env[name] for name in graph.outputs}
-        finally:
-            if arena is not None:
-                dev.free(arena)
+        except BaseException:
+            if placed is not None:     # a run that failed leaves nothing behind on the device
+                self.release(dev)
+            raise
         self.last_profile = profile
         return outputs
+
+    def _placed_on(self, dev) -> _Placed:
+        """What this model keeps on ``dev`` between runs (`_Placed`), made at its first run there."""
+        placed = self._placed.get(id(dev))
+        if placed is None or placed.device() is not dev:
+            placed = self._placed[id(dev)] = _Placed(weakref.ref(dev))
+        return placed
+
+    def release(self, device) -> None:
+        """Free what the model keeps in an open accelerator ``device``'s memory between runs (its
+        activation arena and its chained programs; `run` keeps them there, so that an inference
+        after the first writes only its inputs and reads only its outputs)."""
+        placed = self._placed.pop(id(device), None)
+        if placed is None or placed.device() is not device:
+            return
+        for loaded in placed.chains.values():
+            device.unload_program(loaded)
+        if placed.arena is not None:
+            device.free(placed.arena)
 
     def _host_readers(self) -> set[str]:
         """Accelerator outputs the host needs (`partition.host_reads`, computed once)."""
@@ -417,7 +454,7 @@ class Model:
                 self._runs = accel_runs(self.graph, self.net.layers)
         return self._runs
 
-    def _run_accel(self, first, last, dev, env, arena, slots, resident, profile, chain) -> list[LayerProfile]:
+    def _run_accel(self, first, last, dev, env, arena, slots, resident, profile, chain, placed) -> list[LayerProfile]:
         """Run accelerator nodes ``first``..``last`` (one accelerator run): the host writes the
         inputs it made, the device runs the layers' programs chained into one (with ``chain``:
         one START, one FINISH; else, or where a program cannot be chained or all of them do not
@@ -448,18 +485,20 @@ class Model:
             resident[out_key] = buffer(out_key)
             parts.append((layer.program, {**bindings, "out": resident[out_key]}))
         chained = chain and len(parts) > 1 and all(chain_refusal(p.instructions) is None for p, _ in parts)
-        loaded = None
-        if chained:
+        loaded = placed.chains.get(first) if chained else None
+        if chained and loaded is None:
             try:
-                loaded = dev.load_chain(parts)
+                # Kept for the next runs: the weights, micro-ops and stream stay in device memory.
+                loaded = placed.chains[first] = dev.load_chain(parts)
             except DeviceError:
                 # All the layers' programs at once do not fit the device's memory (a small
                 # board's): one program at a time then, as they do alone.
                 chained = False
         results = []
-        for part in ([None] if chained else parts):
-            if part is not None:
-                loaded = dev.load_program(*part)
+        if chained:
+            results.append(dev.run(loaded))
+        for part in ([] if chained else parts):
+            loaded = dev.load_program(*part)
             try:
                 results.append(dev.run(loaded))
             finally:

@@ -519,3 +519,28 @@ def test_a_model_file_from_before_chained_runs_runs_a_program_per_layer():
     np.testing.assert_array_equal(on_fsim, old.run(x, "cpu"))
     assert Model.from_bytes(compile_model(m, quantize="int8", calibrate=rng.normal(size=(3, 2, 3, 8, 8)).astype(
         np.float32), config="tiny", batch=2).to_bytes()).net.plan.run_wide
+
+
+def test_an_open_device_keeps_the_network_between_runs():
+    """On a device the caller keeps open, the first run places the arena and the chained
+    programs (weights, micro-ops, streams); later runs write only their inputs and read only
+    their outputs; `release` frees all of it."""
+    from gemforge.driver.runtime.device import open_device
+    m, model, rng = _compile(13, "default", channels=8, residual=True)
+    device = open_device("fsim", PRESETS["default"])
+    written = []
+    write = device.write
+    device.write = lambda buf, data, offset=0: (written.append(np.asarray(data).nbytes), write(buf, data, offset))[1]
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    first = model.run(x, device)
+    placed = sum(written)
+    written.clear()
+    again = model.run(x, device)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, model.run(x, "cpu"))
+    inputs = sum(written)
+    weights = sum(np.asarray(c).nbytes for layer in model.net.layers.values() for c in layer.program.constants.values())
+    # The packed input and the concatenation's output (the host makes them), not the weights again.
+    assert 0 < inputs <= placed - weights
+    model.release(device)
+    assert not device._allocated
