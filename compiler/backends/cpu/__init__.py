@@ -277,30 +277,46 @@ def optimize(mod: CpuModule, target: CpuTarget) -> CpuModule:
     return CpuModule(mod.func, target, str(ref), mod.workspaces, ref, cache_key=mod.cache_key)
 
 
+def _entry_point(address: int, arguments: int) -> Callable:
+    """A kernel's native entry point, called with one pointer per array."""
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments))(address)
+
+
+def load_object(object_code: bytes, name: str, arguments: int, target: CpuTarget) -> tuple[Any, Callable] | None:
+    """Object code of a kernel loaded into this process as it is (the kernel cache's, a model
+    file's): its execution engine (which owns the code) and the entry point ``name`` taking
+    ``arguments`` pointers; None where it does not load or ``name`` does not resolve."""
+    _initialize()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target, fresh=True))
+    try:
+        engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+        engine.finalize_object()
+    except RuntimeError:
+        return None
+    address = engine.get_function_address(name)
+    return (engine, _entry_point(address, arguments)) if address else None
+
+
 def jit(mod: CpuModule, target: CpuTarget) -> CpuKernel:
     """Native code for the module, loaded into this process: compiled by MCJIT (and kept in
     the kernel cache), or the cached object code loaded as it is."""
+    arguments = len(mod.func.params) + len(mod.workspaces)
     if mod.object_code is not None:
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target, fresh=True))
-        engine.add_object_file(llvm.ObjectFileRef.from_data(mod.object_code))
-        engine.finalize_object()
-        address = engine.get_function_address(mod.func.name)
-        if not address:       # not the kernel it should be: compile it again
+        loaded = load_object(mod.object_code, mod.func.name, arguments, target)
+        if loaded is None:       # not the kernel it should be: compile it again
             return jit(optimize(make_llvm_ir(mod.func, target, cached=False), target), target)
-        llvm_ir = mod.llvm_ir.split("\n", 1)[1]
-    else:
-        engine = llvm.create_mcjit_compiler(mod.module, target_machine(target, fresh=True))
-        compiled: list[bytes] = []
-        engine.set_object_cache(lambda module, buffer: compiled.append(bytes(buffer)))
-        engine.finalize_object()
-        address = engine.get_function_address(mod.func.name)
-        if compiled:
-            cache.store(mod.cache_key, compiled[0], mod.llvm_ir)
-        llvm_ir = mod.llvm_ir
-    entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(mod.func.params) + len(mod.workspaces))))(address)
-    object_code = mod.object_code if mod.object_code is not None else (compiled[0] if compiled else None)
-    return CpuKernel(mod.func, target, llvm_ir, mod.workspaces, engine, entry, object_code=object_code,
-                     cache_key=mod.cache_key)
+        engine, entry = loaded
+        return CpuKernel(mod.func, target, mod.llvm_ir.split("\n", 1)[1], mod.workspaces, engine, entry,
+                         object_code=mod.object_code, cache_key=mod.cache_key)
+    engine = llvm.create_mcjit_compiler(mod.module, target_machine(target, fresh=True))
+    compiled: list[bytes] = []
+    engine.set_object_cache(lambda module, buffer: compiled.append(bytes(buffer)))
+    engine.finalize_object()
+    entry = _entry_point(engine.get_function_address(mod.func.name), arguments)
+    if compiled:
+        cache.store(mod.cache_key, compiled[0], mod.llvm_ir)
+    return CpuKernel(mod.func, target, mod.llvm_ir, mod.workspaces, engine, entry,
+                     object_code=compiled[0] if compiled else None, cache_key=mod.cache_key)
 
 
 def stages(target: CpuTarget) -> dict[str, Callable[[Any], Any]]:

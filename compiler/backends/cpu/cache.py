@@ -37,7 +37,7 @@ from gemforge.files import write_bytes_atomic
 
 from ...ir import PrimFunc
 
-__all__ = ["CACHE_ENV", "cache_dir", "cache_file", "fingerprint", "kernel_key", "load", "store"]
+__all__ = ["CACHE_ENV", "cache_dir", "cache_file", "fingerprint", "kernel_key", "load", "source_digest", "store"]
 
 #: The environment variable naming the cache's directory (``off``: no cache).
 CACHE_ENV = "GEMFORGE_CACHE"
@@ -70,11 +70,12 @@ def _private(folder: Path) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-@lru_cache(maxsize=1)
-def _source_digest() -> str:
+@lru_cache(maxsize=None)
+def source_digest(folders: tuple[str, ...] = _SOURCES) -> str:
+    """A digest of the source of ``folders`` of the compiler package ("" is all of it)."""
     compiler = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
-    for folder in _SOURCES:
+    for folder in folders:
         for path in sorted((compiler / folder).rglob("*.py")):
             digest.update(path.relative_to(compiler).as_posix().encode())
             digest.update(path.read_bytes())
@@ -138,7 +139,7 @@ def kernel_key(func: PrimFunc, cpu: str, features: str) -> str | None:
     except (RecursionError, TypeError):
         return None
     h = hashlib.sha256()
-    for part in (str(_ENTRY_FORMAT), _source_digest(), llvmlite.__version__, str(llvm.llvm_version_info),
+    for part in (str(_ENTRY_FORMAT), source_digest(), llvmlite.__version__, str(llvm.llvm_version_info),
                  llvm.get_process_triple(), cpu, features, func.name):
         h.update(part.encode() + b"\0")
     h.update(structure)

@@ -37,6 +37,9 @@ __all__ = ["NativePool", "supported"]
 
 #: Slots (workers) the pool has room for.
 MAX_WORKERS = 64
+#: A slot: one cache line, ``{ i32 generation, i32 done, ptr body, ptr closure, i64 begin, i64 end }``
+#: padded; the done counter follows the generation (`NativePool.forget_workers` reads both).
+_SLOT_BYTES, _DONE_OFFSET = 64, 4
 #: Spins (each a ``pause``) before a waiting thread sleeps: tens of microseconds, about the gap
 #: between two kernels of a network, so a worker usually catches the next loop awake.
 SPINS = 4000
@@ -56,7 +59,7 @@ def _ir(machine: str) -> str:
                   else "declare void @llvm.aarch64.hint(i32)")
     futex = _FUTEX[machine]
     return f"""
-%slot = type {{ i32, i32, ptr, ptr, i64, i64, [24 x i8] }}
+%slot = type {{ i32, i32, ptr, ptr, i64, i64, [{_SLOT_BYTES - 40} x i8] }}
 
 @gf_slots = global [{MAX_WORKERS} x %slot] zeroinitializer, align 64
 @gf_threads = global i32 1, align 64
@@ -248,8 +251,8 @@ class NativePool:
         self._busy.value = 0
         slots = self._engine.get_global_value_address("gf_slots")
         for index in range(MAX_WORKERS):
-            gen = ctypes.c_int32.from_address(slots + 64 * index)
-            ctypes.c_int32.from_address(slots + 64 * index + 4).value = gen.value
+            slot = slots + _SLOT_BYTES * index
+            ctypes.c_int32.from_address(slot + _DONE_OFFSET).value = ctypes.c_int32.from_address(slot).value
 
     def set_threads(self, threads: int) -> None:
         self._threads.value = max(1, threads)

@@ -25,15 +25,12 @@ the fingerprint does not know) is lowered as before.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import zlib
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Iterator
 
 import llvmlite
@@ -120,17 +117,6 @@ def collecting(into: dict[str, BuiltKernel]) -> Iterator[dict[str, BuiltKernel]]
         _COLLECTED.reset(token)
 
 
-@lru_cache(maxsize=1)
-def _compiler_digest() -> str:
-    """The source of the whole compiler package: any of it may change what a schedule lowers to."""
-    compiler = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for path in sorted(compiler.rglob("*.py")):
-        digest.update(path.relative_to(compiler).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def schedule_key(sch, args, name: str, target: CpuTarget) -> str | None:
     """The key of the kernel ``build(sch, target, args, name=name)`` gives: None where the
     schedule cannot be fingerprinted."""
@@ -141,8 +127,9 @@ def schedule_key(sch, args, name: str, target: CpuTarget) -> str | None:
         return None
     cpu, features = _host(target)
     h = hashlib.sha256()
-    for part in ("schedule", str(_FORMAT), _compiler_digest(), llvmlite.__version__, str(llvm.llvm_version_info),
-                 llvm.get_process_triple(), cpu, features, str(target.threads), name):
+    # Any of the compiler's source may change what a schedule lowers to.
+    for part in ("schedule", str(_FORMAT), cache.source_digest(("",)), llvmlite.__version__,
+                 str(llvm.llvm_version_info), llvm.get_process_triple(), cpu, features, str(target.threads), name):
         h.update(part.encode() + b"\0")
     h.update(structure)
     return h.hexdigest()
@@ -203,23 +190,16 @@ def _from_cache(key: str) -> BuiltKernel | None:
 
 
 def load(built: BuiltKernel, target: CpuTarget):
-    """``built``'s object code loaded into this process as a `CpuKernel`, or None where its
-    entry point does not resolve (then it is built again)."""
-    from . import CpuKernel, _initialize, target_machine
-    _initialize()
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target, fresh=True))
-    try:
-        engine.add_object_file(llvm.ObjectFileRef.from_data(built.object_code))
-        engine.finalize_object()
-    except RuntimeError:
-        return None
-    address = engine.get_function_address(built.name)
-    if not address:
-        return None
+    """``built``'s object code loaded into this process as a `CpuKernel`, or None where it does
+    not load (then it is built again)."""
+    from . import CpuKernel, load_object
     params = [Buffer(n, shape, dtype) for n, shape, dtype in built.params]
     workspaces = [Buffer(n, shape, dtype) for n, shape, dtype in built.workspaces]
+    loaded = load_object(built.object_code, built.name, len(params) + len(workspaces), target)
+    if loaded is None:
+        return None
+    engine, entry = loaded
     func = PrimFunc(built.name, params, Evaluate(Const(0)), {"prebuilt": True})
-    entry = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (len(params) + len(workspaces))))(address)
     return CpuKernel(func, target, built.llvm_ir, workspaces, engine, entry, object_code=built.object_code)
 
 
