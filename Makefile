@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install install-icarus demo test test-slow bench bench-synth bench-sweep clean
+.PHONY: install install-icarus demo test test-slow bench bench-synth bench-sweep bench-tuning clean
 
 install: $(STAMP)
 
@@ -32,10 +32,12 @@ test-slow: install
 # The GPU figures come from BENCHMARKS.gpu.json, measured on a machine with a GPU by
 # `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none. The
 # synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about an hour), the
-# design sweep's from BENCHMARKS.sweep.json (`make bench-sweep`, under an hour).
+# design sweep's from BENCHMARKS.sweep.json (`make bench-sweep`, under an hour), the schedule
+# search's from BENCHMARKS.tuning.json (`make bench-tuning`, about ten minutes).
 bench: install
 	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \
 		--merge BENCHMARKS.gpu.json --merge BENCHMARKS.synth.json --merge BENCHMARKS.sweep.json \
+		--merge BENCHMARKS.tuning.json \
 		--markdown BENCHMARKS.md
 
 bench-synth: install
@@ -43,6 +45,9 @@ bench-synth: install
 
 bench-sweep: install
 	$(BIN)/gemforge bench --sections sweep -o BENCHMARKS.sweep.json
+
+bench-tuning: install
+	$(BIN)/gemforge bench --sections tuning -o BENCHMARKS.tuning.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -22,6 +22,10 @@ import numpy as np
 
 from gemforge.hw.config import load_config
 
+from .. import tuning as tuning_dispatch
+from ..target import CpuTarget
+from ..tuning import target_identity
+from ..tuning.log import TuningLog
 from .memory_plan import pack_layouts, plan_memory
 from .network import CompiledNetwork
 from .partition import partition
@@ -49,16 +53,40 @@ def _samples(graph: Graph, calibration) -> dict[str, np.ndarray]:
     return {graph.inputs[0]: np.asarray(calibration)}
 
 
+def _tuning_records(tuning, graph: Graph, config, report) -> list[dict]:
+    """The tuning records a compile applies, as dicts: a `TuningLog`'s where it applies to this
+    model and target (the CPU runs use, or the accelerator ``config``), else none, reported."""
+    if not isinstance(tuning, TuningLog):
+        return [r if isinstance(r, dict) else r.as_dict() for r in tuning]
+    if tuning.device == "fsim":
+        target = target_identity(load_config(config)) if config is not None else None
+        if target is None:
+            why = "it tunes the accelerator's layers, and this network has no accelerator config"
+        else:
+            why = tuning.applicable(target, graph.notes.model_sha256)
+    else:
+        why = tuning.applicable(target_identity(CpuTarget()), graph.notes.model_sha256)
+    if why:
+        if report:
+            report(f"tuning log not used: {why}")
+        return []
+    if report:
+        report(f"tuning log: {len(tuning.records)} tuned {tuning.device} schedule(s) apply where their operators occur")
+    return [r.as_dict() for r in tuning.records]
+
+
 def compile_network(model, *, quantize_to: str | None = None, calibration=None, config=None, batch: int = 1,
                     input_shapes=None, trace: Callable[[str], None] | None = None,
-                    report: Callable[[str], None] | None = None) -> CompiledNetwork:
+                    report: Callable[[str], None] | None = None, tuning=()) -> CompiledNetwork:
     """Compile an ONNX model (path, bytes or ModelProto).
 
     ``quantize_to="int8"`` builds the int8 network from ``calibration`` samples (an
     array for a one-input model, else a dict by input name); with an accelerator
     ``config`` (preset, file or `AccelConfig`) its layers are partitioned between the
     accelerator and the CPU. Without quantization the network is float32 for the
-    host back ends."""
+    host back ends. ``tuning``: a `TuningLog` (used if it was made for this model, or for
+    any, and for this CPU or config; else ``report`` says why not) or records to apply
+    (`_tuning_records`)."""
     start = time.perf_counter()
     if quantize_to not in (None, "int8"):
         raise GraphError(f"quantization is to int8, not {quantize_to!r}")
@@ -66,6 +94,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         raise GraphError("a float32 network runs on the cpu (or gpu); compile with --quantize int8 to use the "
                          "accelerator")
     graph = import_onnx(model, batch=batch, input_shapes=input_shapes)
+    records = _tuning_records(tuning, graph, config, report)
 
     def stage(name: str, g: Graph) -> None:
         g.check_writers().unique_node_names()
@@ -81,7 +110,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         for node in graph.nodes:
             node.device = "cpu"
         _note_batch_mixing(graph)
-        return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start)
+        return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start,
+                               tuning=[r for r in records if r["kind"].startswith("cpu.")])
     peaks = calibrate(graph, _samples(graph, calibration))
     never_nonzero = sorted(name for name, peak in peaks.items() if peak == 0.0)
     graph = quantize(graph, peaks)
@@ -98,14 +128,15 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
             report(f"quantize: node {row['node']} ({row['op']}) takes its weights at 2^-{row['exponent']}, "
                    f"{row['bits']} bit{'s' * (row['bits'] != 1)} coarser than their range allows, so that its "
                    f"int32 sum cannot overflow (worst case {row['worst_case']:.4g})")
-    net = CompiledNetwork(graph, "int8")
+    net = CompiledNetwork(graph, "int8", tuning=[r for r in records if r["kind"].startswith("cpu.")])
     if config is not None:
         net.config = load_config(config)
         graph = infer_shapes(unfold_small_channel_convs(graph, net.config))
         stage("unfold_small_channel_convs", graph)
         graph = infer_shapes(dense_of_image_as_conv(graph))
         stage("dense_of_image_as_conv", graph)
-        net.layers = partition(graph, net.config, report)
+        with tuning_dispatch.applied(records):
+            net.layers = partition(graph, net.config, report)
         stage("partition", graph)
         tensors = pack_layouts(graph, net.layers)
         stage("pack_layouts", graph)

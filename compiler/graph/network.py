@@ -33,3 +33,6 @@ class CompiledNetwork:
     #: named), by their schedule's key (`backends.cpu.prebuilt`): a run on a machine they
     #: match loads them without compiling.
     host_kernels: dict[str, Any] = field(default_factory=dict)
+    #: The tuning records (`gemforge.compiler.tuning`, as dicts) of the CPU schedules the network
+    #: was compiled with: a run that compiles its host kernels again applies them too.
+    tuning: list[dict[str, Any]] = field(default_factory=list)

@@ -20,9 +20,12 @@ from __future__ import annotations
 from ..schedule import Schedule
 from ..te import Tensor
 
-__all__ = ["vector_lanes", "plan_tile", "TILE_EFFICIENCY", "schedule_matmul", "schedule_panels", "schedule_im2col",
+__all__ = ["vector_lanes", "plan_tile", "tile_shapes", "tile_cost", "TILE_ORDERS", "TILE_EFFICIENCY", "schedule_matmul", "schedule_panels", "schedule_im2col",
            "schedule_flat_image", "schedule_rows", "schedule_elementwise",
            "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
+
+#: The orders a product's output tiles may run in (`schedule_matmul`).
+TILE_ORDERS = ("columns", "rows")
 
 #: Accumulator vector registers a micro-kernel may use with 32 registers (AVX-512,
 #: AArch64); the rest hold the right operand's vectors and the broadcast.
@@ -50,48 +53,63 @@ TILE_EFFICIENCY = {
 }
 
 
+def tile_shapes(rows: int, registers: int = 32) -> list[tuple[int, int]]:
+    """Every register tile (rows ``mb``, vectors) a product of ``rows`` output rows may use on a
+    CPU with ``registers`` vector registers: its accumulators, its loaded vectors and the broadcast
+    fit the registers, with at most `MAX_ACCUMULATORS` accumulators."""
+    shapes = []
+    for vectors in (4, 3, 2, 1):
+        for mb in range(1, min(16, rows) + 1):
+            if mb * vectors > min(MAX_ACCUMULATORS, registers - vectors - 1):
+                break
+            shapes.append((mb, vectors))
+    return shapes
+
+
+def tile_cost(rows: int, cols: int, lanes: int, registers: int, mb: int, vectors: int) -> float:
+    """An estimate of the micro-kernel's time for an ``mb`` × ``vectors`` tile (arbitrary units):
+    the padded output's elements over the tile's `TILE_EFFICIENCY` (others by their
+    accumulator count: about half the registers hide the FMA latency). A last, partial row tile
+    runs the general code, about three times slower per row."""
+    nb = vectors * lanes
+    padded_cols = -(-cols // nb) * nb
+    full, rest = divmod(rows, mb)
+    accumulators = mb * vectors
+    efficiency = TILE_EFFICIENCY.get(registers, {}).get(
+        (mb, vectors), 0.75 * min(1.0, accumulators / (registers // 2)))
+    return (full * mb + 3 * rest) * padded_cols / efficiency
+
+
 def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32) -> tuple[int, int]:
     """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
-    output of ``rows`` × ``cols`` on a CPU with ``registers`` vector registers, minimizing
-    an estimate of the micro-kernel's time.
-
-    Columns are padded to ``nb`` (the padding is computed and dropped). Rows are not:
-    a last, partial row tile runs the general code, about three times slower per row.
-    A tile's accumulators, its loaded vectors and the broadcast must fit the registers
-    (at most `MAX_ACCUMULATORS` accumulators). Tile shapes are weighed by
-    `TILE_EFFICIENCY`; others by their accumulator count (about half the registers hide
-    the FMA latency)."""
-    measured = TILE_EFFICIENCY.get(registers, {})
-    best = None
-    for vectors in (4, 3, 2, 1):
-        nb = vectors * lanes
-        padded_cols = -(-cols // nb) * nb
-        for mb in range(1, min(16, rows) + 1):
-            accumulators = mb * vectors
-            if accumulators > min(MAX_ACCUMULATORS, registers - vectors - 1):
-                break
-            full, rest = divmod(rows, mb)
-            row_cost = full * mb + 3 * rest
-            efficiency = measured.get((mb, vectors), 0.75 * min(1.0, accumulators / (registers // 2)))
-            key = (row_cost * padded_cols / efficiency, -accumulators, -nb)
-            if best is None or key < best[0]:
-                best = (key, mb, nb)
-    return best[1], best[2]
+    output of ``rows`` × ``cols`` on a CPU with ``registers`` vector registers: of
+    `tile_shapes`, the one `tile_cost` estimates fastest (then the one with more
+    accumulators, then wider). Columns are padded to ``nb`` (the padding is computed and
+    dropped); rows are not. `gemforge.compiler.tuning` measures the others instead."""
+    best = min(tile_shapes(rows, registers),
+               key=lambda t: (tile_cost(rows, cols, lanes, registers, *t), -t[0] * t[1], -t[1]))
+    return best[0], best[1] * lanes
 
 
 def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, lanes: int,
-                    inline: list[Tensor] = (), taps: tuple[int, int] | None = None) -> None:
+                    inline: list[Tensor] = (), taps: tuple[int, int] | None = None,
+                    order: str = "columns") -> None:
     """Register-blocked matrix product: ``out``'s last two axes are rows × columns (any
     axes before them are batch axes), ``acc`` the reduction ``out`` reads element-wise.
     With ``taps`` = (KH, KW) the reduction (a convolution's channels × kernel taps)
-    is split into its three loops, so the operands' indices are affine in each."""
+    is split into its three loops, so the operands' indices are affine in each.
+    ``order`` = ``columns`` runs the tiles column panel by column panel (a thread's
+    consecutive tiles reuse the right operand's panel), ``rows`` row block by row block
+    (they reuse the left operand's rows)."""
+    if order not in TILE_ORDERS:
+        raise ValueError(f"a product's tile order is {' or '.join(TILE_ORDERS)}, not {order!r}")
     for t in inline:
         s[t].compute_inline()
     so = s[out]
     *batch, rows, cols = so.leaf
     ro, co, ri, ci = so.tile(rows, cols, mb, nb)
-    so.reorder(*batch, co, ro, ri, ci)
-    outer = [*batch, co, ro]
+    outer = [*batch, co, ro] if order == "columns" else [*batch, ro, co]
+    so.reorder(*outer, ri, ci)
     tile = outer[0]
     for axis in outer[1:]:
         tile = so.fuse(tile, axis)

@@ -11,10 +11,12 @@ float32 operands compute in float32 (bias, ReLU).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from .. import tuning
 from ..pipeline import build
 from ..schedule import create_schedule
 from ..target import Target
@@ -102,6 +104,20 @@ def _vnni(target: Target, dtype: str) -> bool:
     return target.kind == "cpu" and dtype == "int8" and has_feature(target, "avx512vnni")
 
 
+def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
+                  rebuild) -> tuple[int, int, str]:
+    """(mb, nb, order) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning log's
+    (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`)."""
+    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers)
+    if not tuning.active():
+        return mb, nb, "columns"
+    from ..tuning.space import cpu_product_candidates
+    config = tuning.choice(kind, tuning.target_identity(target), workload,
+                           default={"mb": mb, "vectors": nb // lanes, "order": "columns"},
+                           candidates=partial(cpu_product_candidates, rows, cols, lanes, registers), build=rebuild)
+    return config["mb"], config["vectors"] * lanes, config["order"]
+
+
 def _host(target: Target) -> None:
     if target.kind not in ("cpu", "gpu"):
         raise OpError(f"host operators compile for cpu or gpu, not {target.kind}")
@@ -120,23 +136,25 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.dense(m, k, n, dtype, epi)
-    elif _vnni(target, dtype):
-        lanes = _lanes(target)
-        mb, nb = cpu_schedules.plan_tile(m, n, lanes, _registers(target, dtype))
-        t = dense_vnni_te(m, k, n, epi, panel=nb)
-        s = create_schedule(t["out"])
-        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes)
-        cpu_schedules.schedule_rows(s, t["a4"])
-        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": "vnni"}
     else:
         lanes = _lanes(target)
-        mb, nb = cpu_schedules.plan_tile(m, n, lanes, _registers(target, dtype))
-        t = dense_te(m, k, n, dtype, epi, panel=nb)
-        s = create_schedule(t["out"])
-        inline = [t["w.pad"]] if t["w.pad"] is not t["w"] else []
-        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline)
-        cpu_schedules.schedule_panels(s, t["wp"])
-        plan = {"mb": mb, "nb": nb, "lanes": lanes}
+        mb, nb, order = _product_tile(
+            "cpu.dense", target, {"m": m, "k": k, "n": n, "dtype": dtype, "bias": bias, "shift": shift, "relu": relu},
+            m, n, lanes, _registers(target, dtype),
+            partial(compile_dense, target, m, k, n, dtype=dtype, bias=bias, shift=shift, relu=relu))
+        if _vnni(target, dtype):
+            t = dense_vnni_te(m, k, n, epi, panel=nb)
+            s = create_schedule(t["out"])
+            cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, order=order)
+            cpu_schedules.schedule_rows(s, t["a4"])
+            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": "vnni"}
+        else:
+            t = dense_te(m, k, n, dtype, epi, panel=nb)
+            s = create_schedule(t["out"])
+            inline = [t["w.pad"]] if t["w.pad"] is not t["w"] else []
+            cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline, order=order)
+            cpu_schedules.schedule_panels(s, t["wp"])
+            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order}
     m_pad, n_pad = t["out"].shape
     bias_len = t["bias"].shape[0] if bias else n
     vnni = "w4" in t
@@ -198,34 +216,40 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
-    elif _vnni(target, dtype):
-        lanes = _lanes(target)
-        pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=True).pitch
-        mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes, _registers(target, dtype))
-        t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
-        s = create_schedule(t["out"])
-        shifted = t["layout"].method == "vnni-shifted"
-        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes,
-                                      taps=(kh, kw) if shifted else None)
-        if shifted:
-            cpu_schedules.schedule_flat_image(s, t["x4"], t["layout"].pitch)
-        else:
-            cpu_schedules.schedule_im2col(s, t["x4"], (kh, kw), ow)
-        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": t["layout"].method}
     else:
         lanes = _lanes(target)
-        pitch = conv2d_layout(w, (kh, kw), stride, padding).pitch
-        mb, nb = cpu_schedules.plan_tile(o // groups, oh * pitch, lanes, _registers(target, dtype))
-        t = conv2d_te(shape, weight, stride, padding, groups, dtype, epi, panel=nb)
-        s = create_schedule(t["out"])
-        inline = [t["xp"]] if "xp" in t and t["xp"] is not t["x"] else []
-        taps = (kh, kw) if t["layout"].method == "shifted" else None
-        cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline, taps=taps)
-        if "col" in t:
-            cpu_schedules.schedule_im2col(s, t["col"], (kh, kw), ow)
-        if "flat" in t:
-            cpu_schedules.schedule_flat_image(s, t["flat"], t["layout"].pitch)
-        plan = {"mb": mb, "nb": nb, "lanes": lanes, "method": t["layout"].method}
+        vnni = _vnni(target, dtype)
+        pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=vnni).pitch
+        mb, nb, order = _product_tile(
+            "cpu.conv2d", target,
+            {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
+             "dtype": dtype, "bias": bias, "shift": shift, "relu": relu, "clip": clip, "hi": hi},
+            o // groups, oh * pitch, lanes, _registers(target, dtype),
+            partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
+                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi))
+        if vnni:
+            t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
+            s = create_schedule(t["out"])
+            shifted = t["layout"].method == "vnni-shifted"
+            cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes,
+                                          taps=(kh, kw) if shifted else None, order=order)
+            if shifted:
+                cpu_schedules.schedule_flat_image(s, t["x4"], t["layout"].pitch)
+            else:
+                cpu_schedules.schedule_im2col(s, t["x4"], (kh, kw), ow)
+            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": t["layout"].method}
+        else:
+            t = conv2d_te(shape, weight, stride, padding, groups, dtype, epi, panel=nb)
+            s = create_schedule(t["out"])
+            inline = [t["xp"]] if "xp" in t and t["xp"] is not t["x"] else []
+            taps = (kh, kw) if t["layout"].method == "shifted" else None
+            cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, inline=inline, taps=taps,
+                                          order=order)
+            if "col" in t:
+                cpu_schedules.schedule_im2col(s, t["col"], (kh, kw), ow)
+            if "flat" in t:
+                cpu_schedules.schedule_flat_image(s, t["flat"], t["layout"].pitch)
+            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": t["layout"].method}
     o_pad, p_pad = t["out"].shape[1:]
     pitch = t["layout"].pitch
     bias_len = t["bias"].shape[0] if bias else o

@@ -28,6 +28,8 @@ from gemforge.compiler.backends.cpu import prebuilt
 from gemforge.compiler.graph.memory_plan import MemoryPlan, pack_layouts, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
 from gemforge.compiler.ops.common import int8_clamp_steps
+from gemforge.compiler.tuning import TuningError
+from gemforge.compiler.tuning.log import records_from_dicts
 from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pack_depthwise, pool_bias,
                                                  pool_weights, scaled_add_bias, scaled_add_weights)
 from gemforge.compiler.graph.network import CompiledNetwork
@@ -77,6 +79,8 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
     kernels, members = prebuilt.to_archive(net.host_kernels)
     if kernels:
         manifest["host_kernels"] = kernels
+    if net.tuning:
+        manifest["tuning"] = net.tuning
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
@@ -177,12 +181,21 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
         raise ModelError(f"model_sha256 is {str(digest)[:80]!r}; it is {what}")
     if not isinstance(plan, dict):
         raise ModelError("the memory plan must be an object")
-    net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds), _read_host_kernels(z, manifest))
+    net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds), _read_host_kernels(z, manifest),
+                          _read_tuning(manifest))
     _check_layers(net)
     run_wide = _check_memory_plan(net, plan)
     if config is not None:
         net.plan = MemoryPlan.from_dict(plan, config, run_wide=run_wide)
     return net
+
+
+def _read_tuning(manifest: dict) -> list[dict]:
+    """The tuning records the model's CPU kernels were compiled with (none in older files)."""
+    try:
+        return [r.as_dict() for r in records_from_dicts(manifest.get("tuning", []), "the manifest's tuning")]
+    except TuningError as exc:
+        raise ModelError(str(exc)) from None
 
 
 #: The folder of a model file that holds its host layers' compiled CPU kernels.

@@ -28,6 +28,7 @@ whole, by `artefact`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import Graph, Node
 from gemforge.compiler.graph.operators import OPERATORS
 from gemforge.compiler.target import target_of
+from gemforge.compiler import tuning as tuning_dispatch
 from gemforge.files import check_regular_input, write_bytes_atomic
 from gemforge.hw.chain import chain_refusal
 from gemforge.hw.config import AccelConfig
@@ -56,18 +58,22 @@ from .device import ACCEL_DEVICES, HOST_DEVICES, Buffer, Device, DeviceError, Ru
 __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
 
 def compile_model(model, *, quantize: str | None = None, calibrate=None, config=None, batch: int = 1,
-                  input_shapes=None, trace=None, report=None) -> Model:
+                  input_shapes=None, trace=None, report=None, tuning=()) -> Model:
     """Compile an ONNX model (path, bytes or `onnx.ModelProto`) into a `Model`.
 
     ``quantize="int8"`` with ``calibrate`` (sample inputs stacked on a new first axis)
     builds the int8 network; ``config`` (preset, file or `AccelConfig`) puts its layers
     on that accelerator where it can run them. ``trace`` receives the graph after
-    every pass, ``report`` the partition and the memory plan."""
+    every pass, ``report`` the partition and the memory plan. ``tuning``: a tuning log
+    (`gemforge.compiler.tuning.log.TuningLog`, used where it applies to this model and
+    target) or its records, whose configurations the compile uses where their operator,
+    workload and target match; the model keeps the CPU ones for the host kernels it
+    compiles later."""
     # Imported here: the ONNX front end is what compiling needs and loading and running do not
     # (onnx alone takes most of a second to import).
     from gemforge.compiler.graph.compile import compile_network
     net = compile_network(model, quantize_to=quantize, calibration=calibrate, config=config, batch=batch,
-                          input_shapes=input_shapes, trace=trace, report=report)
+                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning)
     return Model(net)
 
 
@@ -328,14 +334,16 @@ class Model:
         need = (self.net.plan.peak_bytes if self.net.plan else 0) + programs + (1 << 20)
         return max(16 << 20, 1 << (need - 1).bit_length())
 
-    def compile_host_kernels(self, target_kind: str = "cpu") -> int:
+    def compile_host_kernels(self, target_kind: str = "cpu", *, every_node: bool = False) -> int:
         """Compile the host kernels a run needs for ``target_kind`` now rather than at the first
         run (`gemforge compile` does, so that `gemforge run` starts without compiling): every
         node's for a float32 network, the nodes the host runs beside the accelerator for one with
         a config (a run of it on the CPU compiles the rest once). The CPU kernels go into the
         kernel cache and into the model (`save` writes them into the file; a run on a machine of
-        the same CPU loads them without compiling). Returns how many nodes have a kernel."""
-        nodes = [node for node in self.graph.nodes if self.config is None or node.device != "accel"]
+        the same CPU loads them without compiling). ``every_node``: the accelerator's nodes
+        too (what a run of an int8 network on the CPU compiles). Returns how many nodes have a
+        kernel."""
+        nodes = [node for node in self.graph.nodes if every_node or self.config is None or node.device != "accel"]
         self._kernels.pop(target_kind, None)       # found again (not compiled) and collected
         collected: dict = {}
         with prebuilt.collecting(collected):
@@ -351,7 +359,8 @@ class Model:
         unique may repeat a name)."""
         kernels = self._kernels.setdefault(target_kind, {})
         if node.output not in kernels:
-            with prebuilt.embedded(self.net.host_kernels):
+            tuned = tuning_dispatch.applied(self.net.tuning) if self.net.tuning else contextlib.nullcontext()
+            with prebuilt.embedded(self.net.host_kernels), tuned:
                 kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
         return kernels[node.output]
 

@@ -335,6 +335,9 @@ def run_benchmarks(config: AccelConfig, quick: bool = False, device: str | None 
         from .bench_models import bench_models
         results["models"] = bench_models(config.name if config.name in ("tiny", "default", "large") else "default",
                                          quick)
+    if "tuning" in sections:
+        from .bench_tuning import bench_tuning
+        results["tuning"] = bench_tuning(config, quick)
     if "gpu" in sections:
         from .bench_llvm import bench_gpu
         results["gpu"] = bench_gpu(1024 if quick else 4096)

@@ -127,11 +127,33 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     if util:
         out += _utilization_section(util)
     for key, section in (("regress", _regress_section), ("cpu", _cpu_section), ("network", _network_section),
-                         ("models", _models_section), ("gpu", _gpu_section), ("synth", _synth_section),
-                         ("sweep", _sweep_section)):
+                         ("models", _models_section), ("tuning", _tuning_section), ("gpu", _gpu_section),
+                         ("synth", _synth_section), ("sweep", _sweep_section)):
         if results.get(key):
             out += section(results[key])
     return "\n".join(out)
+
+
+def _tuning_section(tu: dict[str, Any]) -> list[str]:
+    merged = f" (merged from {tu['merged_from']})" if tu.get("merged_from") else ""
+    out = [f"## Schedule search: `gemforge tune`{merged}", "",
+           "Each network is tuned (`gemforge tune MODEL.onnx --trials N`): on the CPU, every convolution and dense "
+           "layer's register tile and tile order, timed on this machine; on the accelerator (`--device fsim "
+           f"--quantize int8 --config {tu['config']}`), every convolution's tiling, on the calibrated cycle model. "
+           "The untuned and the tuned models are then compared: on the CPU in alternating rounds, best of each, "
+           f"same process, {tu['threads']} threads (outputs agree); on the accelerator by the cycle model's cycles "
+           "of its layers (the tuned model bit-identical on fsim and the CPU back end).", "",
+           "| network | device | operators | trials | tuning time | untuned | tuned | gain |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in tu["networks"].items():
+        c, f = row["cpu"], row["fsim"]
+        out.append(f"| {name} | cpu (float32), ≤ {tu['cpu_trials']} trials each | {c['operators']} | {c['trials']} | "
+                   f"{c['tuning_seconds']} s | {c['untuned_seconds'] * 1e3:.2f} ms | {c['tuned_seconds'] * 1e3:.2f} ms | "
+                   f"**{c['gain']}×** |")
+        out.append(f"| {name} | accelerator (int8, cycle model), ≤ {tu['fsim_trials']} trials each | {f['operators']} | "
+                   f"{f['trials']} | {f['tuning_seconds']} s | {f['untuned_cycles']:,} cycles | "
+                   f"{f['tuned_cycles']:,} cycles | **{f['gain']}×** |")
+    return out + [""]
 
 
 def _sweep_section(sw: dict[str, Any]) -> list[str]:

@@ -290,9 +290,13 @@ def cmd_compile(args: argparse.Namespace) -> None:
                          "runs on the cpu or gpu")
     input_shapes = _input_shapes(args.input_shape or [])
     _refuse_overwriting(args.output, args.model, args.calibrate)
+    tuning = ()
+    if args.tuning_log:
+        from gemforge.compiler.tuning.log import TuningLog
+        tuning = TuningLog.load(args.tuning_log)
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
                           config=(args.config or "default") if args.quantize else None, batch=args.batch,
-                          input_shapes=input_shapes, trace=trace, report=report)
+                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning)
     _check_runnable_batch(model, args.batch)
     if not args.no_host_kernels:
         # The host layers' kernels, compiled now for this CPU into the model file (and the kernel
@@ -305,6 +309,30 @@ def cmd_compile(args: argparse.Namespace) -> None:
                f"{len(model.net.host_kernels)} CPU kernels carried in the model file{kept}")
     model.save(args.output)
     _print_json(model.summary())
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    from .tune import tune_model
+    samples = _load_inputs(args.calibrate, "calibration samples") if args.calibrate else None
+    if args.calibrate and not args.quantize:
+        raise UsageError("--calibrate goes with --quantize int8")
+    if args.config is not None and not args.quantize:
+        raise UsageError("--config chooses the accelerator of an int8 network: add --quantize int8")
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise UsageError(f"--time-budget is a positive number of seconds, not {args.time_budget}")
+    _refuse_overwriting(args.output, args.model, args.calibrate)
+    check_writable(args.output)
+    if args.scheduler:
+        from .sweep import SweepError, _check_reachable
+        try:
+            _check_reachable(args.scheduler)
+        except SweepError as exc:
+            raise UsageError(str(exc)) from None
+    summary = tune_model(args.model, args.output, device=args.device, trials=args.trials, seed=args.seed,
+                         time_budget=args.time_budget, scheduler=args.scheduler, quantize=args.quantize,
+                         calibrate=samples, config=args.config, batch=args.batch,
+                         input_shapes=_input_shapes(args.input_shape or []), progress=not args.quiet)
+    _print_json(summary)
 
 
 def _check_runnable_batch(model, batch: int) -> None:
@@ -427,7 +455,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     core_configs = [load_config(name) for name in args.core_configs.split(",")] if args.core_configs else []
     sections = tuple(args.sections.split(",")) if args.sections else None
-    known = ("fsim", "rtl", "regress", "cpu", "network", "models", "gpu", "synth", "sweep")
+    known = ("fsim", "rtl", "regress", "cpu", "network", "models", "tuning", "gpu", "synth", "sweep")
     if sections and any(s not in known for s in sections):
         raise UsageError(f"--sections takes {', '.join(known)}, not {args.sections!r}")
     from gemforge.sim.cosim.harness import SIMULATORS
@@ -690,7 +718,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not compile the host layers' kernels now (by default they are compiled for this CPU "
                         "into the model file and the kernel cache, $GEMFORGE_CACHE or ~/.cache/gemforge, so that "
                         "runs on this CPU start without compiling; GEMFORGE_CACHE=off turns the cache off)")
+    p.add_argument("--tuning-log", metavar="LOG",
+                   help="use the schedules a `gemforge tune` log found (where it was made for this model, or "
+                        "for any, and for this CPU or --config; otherwise the compile says why and goes on "
+                        "untuned)")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("tune", help="search the schedules of a model's operators (CPU products on this machine, "
+                                    "or the accelerator's tilings on the cycle model) and write a tuning log",
+                       description="AutoTVM-style schedule search: each tunable operator's candidate schedules are "
+                                   "measured (CPU: timed on this machine; fsim: the calibrated cycle model), "
+                                   "chosen by a cost model fitted to the measurements; the best of each is kept "
+                                   "in a JSON-lines log for gemforge compile --tuning-log.")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("-o", "--output", required=True, help="the tuning log to write (JSON lines)")
+    p.add_argument("--device", choices=["cpu", "fsim"], default="cpu",
+                   help="cpu: the host kernels' products, timed here (default); fsim: the accelerator's "
+                        "convolutions of an int8 network, on the cycle model (reproducible)")
+    p.add_argument("--trials", type=int, default=32, help="configurations measured per operator at most (default 32)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="stop after this many seconds (the operators tuned so far are in the log)")
+    p.add_argument("--seed", type=int, default=0, help="the search's random choices (default 0)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="measure on this dask.distributed scheduler's workers (e.g. tcp://127.0.0.1:8786); "
+                        "for the cpu, workers whose CPU is not this one's are refused")
+    p.add_argument("--quantize", choices=["int8"], help="tune the int8 network (needed for --device fsim)")
+    p.add_argument("--calibrate", metavar="SAMPLES.npy", help="as for gemforge compile")
+    p.add_argument("--config", help=f"with --quantize, the accelerator config ({', '.join(PRESETS)} or a file; "
+                                    "default: default)")
+    p.add_argument("--batch", type=int, default=1, help="as for gemforge compile")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...", help="as for gemforge compile")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("run", help="run a compiled model (.gfm) on a device")
     p.add_argument("model", help="compiled model, .gfm")
@@ -746,11 +805,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--core-configs", metavar="NAMES",
                    help="with --device: also measure the core rates (DMA, GEMM, ALU) of these comma-separated configs")
     p.add_argument("--sections", metavar="LIST",
-                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, models, gpu, synth, sweep "
+                   help="what to measure, comma-separated: fsim, rtl, regress, cpu, network, models, tuning, gpu, synth, "
+                        "sweep "
                         "(default: fsim, cpu, network (the digits CNN, ResNet-18 and MobileNetV2 compiled whole; on an RTL "
                         "--device too: cycles, useful-MAC utilization, rooflines), models (networks as exporters write them: accuracy, accelerator share, compile time), rtl "
                         "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
-                        "is present; synth (every preset through Yosys and the ECP5 flow, about half an hour) and sweep "
+                        "is present; tuning (gemforge tune on ResNet-18 and MobileNetV2, CPU and cycle model: the gain and "
+                        "the tuning time, about ten minutes), synth (every preset through Yosys and the ECP5 flow, about "
+                        "half an hour) and sweep "
                         "(examples/sweeps/resnet18.toml, under an hour) only when named); cpu's ResNet-18 convolutions are compared with "
                         "ONNX Runtime, measured where it is installed (the dev extra)")
     p.add_argument("--merge", metavar="FILE", action="append",

@@ -21,14 +21,18 @@ exists in DRAM. `plan_conv2d` picks the tiles for any config and shape.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from gemforge.hw.config import AccelConfig
 
 from ...backends.accel.intrin import gemm_intrin
 from ...backends.accel.layout import ceil_div, pack_nchw, pack_oihw, unpack_nchw
+from ... import tuning
 from ...pipeline import build
-from ...schedule import Schedule, create_schedule
+from ...tuning import space as tuning_space
+from ...schedule import VTHREAD_ORDERS, Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
 from .common import (
@@ -79,11 +83,13 @@ def plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
 
 
 def rank_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *, threads: int,
-                epilogue: Epilogue, count: int = 1) -> list[dict[str, int]]:
+                epilogue: Epilogue, count: int | None = 1, with_cost: bool = False) -> list:
     """Tiles ``toc, toh, tow, tic, tkh, tkw`` (blocks / rows / columns / kernel rows / kernel
     columns) for the default schedule, minimizing the run time `TilingCost.cycles`
-    estimates (the ``count`` best, best first). Kernel columns are split only when whole
-    kernel rows do not fit, on one thread.
+    estimates (the ``count`` best within `CANDIDATE_SLACK` of the best, best first; with
+    ``count=None`` every tiling that fits, in each thread order: what tuning searches). Kernel
+    columns are split only when whole kernel rows do not fit, on one thread. ``with_cost``
+    gives (plan, estimated cycles) pairs.
 
     Without padding, a stride above the kernel's extent along an axis (a 1×1
     kernel, or one kernel row per chunk) makes the input window strided: the
@@ -95,15 +101,16 @@ def rank_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, *,
     for tkw in reversed(divisors(kw)) if threads == 1 else [kw]:
         plans = _plan_conv2d(config, data, kernel, stride, padding, threads, epilogue, tkw, count)
         if plans:
-            return plans
+            return plans if with_cost else [plan for plan, _ in plans]
     c = config
     raise OpError(f"conv2d with a {kernel[2]}x{kw} kernel cannot be tiled for config {c.name!r}: even one "
                   f"kernel tap of one channel block needs more input, weight or accumulator buffer than it has")
 
 
 def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, threads: int,
-                 epilogue: Epilogue, tkw: int, count: int) -> list[dict[str, int]]:
-    """The ``count`` best plans with kernel-column chunks of ``tkw`` (none when none fits)."""
+                 epilogue: Epilogue, tkw: int, count: int | None) -> list[tuple[dict, float]]:
+    """The ``count`` best (plan, estimated cycles) with kernel-column chunks of ``tkw`` (none when
+    none fits; all of them in every order with ``count=None``)."""
     c = config
     nb, cb, h, w = data
     ob, _, kh, kw = kernel
@@ -152,19 +159,23 @@ def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, t
                             tile_read_bytes=toc * c.acc_entry_bytes if epilogue.bias and not bias_once else 0,
                             tile_store_bytes=toc * pixels * store_bytes,
                             tile_stores=1 if tow == ow else toc)
-                        cost, order = work.best_order(c, threads)
-                        ranked.append((cost, toc, toh, tow, tic, tkh, order))
+                        if count is None:
+                            ranked.extend((work.cycles(c, threads, order), toc, toh, tow, tic, tkh, order)
+                                          for order in VTHREAD_ORDERS)
+                        else:
+                            cost, order = work.best_order(c, threads)
+                            ranked.append((cost, toc, toh, tow, tic, tkh, order))
     plans = []
     ranked.sort()
     for cost, toc, toh, tow, tic, tkh, order in ranked[:count]:
-        if cost > ranked[0][0] * (1 + CANDIDATE_SLACK):
+        if count is not None and cost > ranked[0][0] * (1 + CANDIDATE_SLACK):
             break
         plan = {"toc": toc, "toh": toh, "tow": tow, "tic": tic, "tkh": tkh, "threads": threads, "order": order}
         if bias_once:
             plan["bias_once"] = True
         if tkw != kw:
             plan["tkw"] = tkw
-        plans.append(plan)
+        plans.append((plan, cost))
     return plans
 
 
@@ -287,6 +298,18 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
         plan = plan_with_fallback(
             lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
             latency_hiding)
+        if tuning.active():
+            # A tuning log's tiling for this convolution (`gemforge tune --device fsim`).
+            plan = tuning.choice(
+                "accel.conv2d", tuning.target_identity(c),
+                {"input": (n, ch, h, w), "weight": (o, ci, kh, kw), "stride": stride, "padding": padding,
+                 "bias": bias, "shift": shift, "relu": relu, "hi": hi, "latency_hiding": latency_hiding},
+                default=plan,
+                candidates=partial(tuning_space.accel_conv2d_candidates, c, data, kernel, stride, padding, epi,
+                                   latency_hiding),
+                build=partial(compile_conv2d, config, (n, ch, h, w), (o, ci, kh, kw), stride=stride,
+                              padding=padding, bias=bias, shift=shift, relu=relu, hi=hi,
+                              latency_hiding=latency_hiding, tune=False))
         program = build_plan(plan)
 
     width = w

@@ -1,0 +1,277 @@
+"""Schedule search (`gemforge.compiler.tuning`): every configuration a log may choose computes the
+same results (CPU against numpy, accelerator bit-exact on fsim), the search finds what it
+measures and is reproducible, logs round-trip and bad ones are refused with one sentence, and
+`gemforge tune` / `gemforge compile --tuning-log` work end to end (a dask cluster included)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from compiler_helpers import device_for, int8
+from gemforge.compiler import CpuTarget, tuning
+from gemforge.compiler.ops import conv2d_reference, host
+from gemforge.compiler.ops.accel.conv2d import compile_conv2d as accel_conv2d
+from gemforge.compiler.ops.cpu import plan_tile
+from gemforge.compiler.tuning import TuningError
+from gemforge.compiler.tuning.log import Record, TuningLog
+from gemforge.compiler.tuning.search import CostModel, LocalMeasurer, tune
+from gemforge.driver.runtime.device import open_device
+from gemforge.hw.config import PRESETS
+
+CPU = CpuTarget()
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return open_device("cpu")
+
+
+def _record(task, config) -> dict:
+    return {"kind": task.kind, "target": task.target, "workload": task.workload, "config": config}
+
+
+def _one_task(compile_call):
+    with tuning.recording() as found:
+        compile_call()
+    assert len(found) == 1
+    return next(iter(found.values()))
+
+
+# --- every configuration computes the same --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("shape,weight,stride,padding", [
+    ((1, 5, 9, 11), (7, 5, 3, 3), 1, 1),        # shifted
+    ((1, 6, 10, 10), (9, 6, 3, 3), 2, 1),       # im2col
+    ((1, 13, 6, 7), (21, 13, 1, 1), 1, 0),      # direct
+])
+def test_cpu_conv2d_under_random_tuned_tiles_equals_numpy(shape, weight, stride, padding, dtype, cpu):
+    rng = np.random.default_rng(sum(shape) + sum(weight) + len(dtype))
+    epi = {"shift": 6, "relu": True} if dtype == "int8" else {"relu": True}
+    x = int8(rng, shape) if dtype == "int8" else rng.standard_normal(shape).astype(np.float32)
+    w = int8(rng, weight) if dtype == "int8" else rng.standard_normal(weight).astype(np.float32)
+    bias = (rng.integers(-500, 500, weight[0]).astype(np.int32) if dtype == "int8"
+            else rng.standard_normal(weight[0]).astype(np.float32))
+
+    def compile_it():
+        return host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype=dtype, bias=True, **epi)
+    task = _one_task(compile_it)
+    candidates = [c for c, _ in task.candidates()]
+    assert task.default in candidates and len(candidates) > 10
+    expect = conv2d_reference(x, w, bias, stride, padding, **epi)
+    for k in rng.choice(len(candidates), 3, replace=False):
+        config = candidates[k]
+        with tuning.applied([_record(task, config)]):
+            op = compile_it()
+        assert (op.plan["mb"], op.plan["nb"] // op.plan["lanes"], op.plan["order"]) == \
+            (config["mb"], config["vectors"], config["order"])
+        out, _ = op.run(cpu, x=x, w=w, bias=bias)
+        if dtype == "int8":
+            np.testing.assert_array_equal(out, expect)
+        else:
+            np.testing.assert_allclose(out, expect, rtol=1e-4, atol=1e-4 * float(np.abs(expect).max()))
+
+
+def test_cpu_dense_under_every_tile_order_equals_numpy(cpu):
+    rng = np.random.default_rng(3)
+    m, k, n = 19, 23, 37
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    task = _one_task(lambda: host.compile_dense(CPU, m, k, n, dtype="float32"))
+    for config in [{"mb": 3, "vectors": 2, "order": "rows"}, {"mb": 16, "vectors": 1, "order": "columns"}]:
+        with tuning.applied([_record(task, config)]):
+            op = host.compile_dense(CPU, m, k, n, dtype="float32")
+        out, _ = op.run(cpu, a=a, b=b)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_untuned_compiles_keep_the_planned_tile():
+    op = host.compile_conv2d(CPU, (1, 16, 14, 14), (32, 16, 3, 3), padding=1, dtype="float32")
+    task = _one_task(lambda: host.compile_conv2d(CPU, (1, 16, 14, 14), (32, 16, 3, 3), padding=1, dtype="float32"))
+    mb, nb = plan_tile(32, 14 * 16, op.plan["lanes"], 32 if "avx512f" in task.target["features"] else 16)
+    assert (op.plan["mb"], op.plan["nb"], op.plan["order"]) == (mb, nb, "columns")
+    assert task.default == {"mb": mb, "vectors": nb // op.plan["lanes"], "order": "columns"}
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "default"])
+def test_accelerator_conv2d_under_random_tuned_tilings_is_bit_exact(config_name):
+    config = PRESETS[config_name]
+    rng = np.random.default_rng(len(config_name))
+    shape, weight = (1, 20, 9, 9), (24, 20, 3, 3)
+    x, w = int8(rng, shape), int8(rng, weight)
+    bias = rng.integers(-3000, 3000, weight[0]).astype(np.int32)
+
+    def compile_it():
+        return accel_conv2d(config, shape, weight, stride=1, padding=1, bias=True, shift=7, relu=True, tune=False)
+    task = _one_task(compile_it)
+    candidates = [c for c, _ in task.candidates()]
+    assert task.default in candidates and len(candidates) > 5
+    expect = conv2d_reference(x, w, bias, 1, 1, 7, True)
+    device = device_for(config)
+    for k in rng.choice(len(candidates), 3, replace=False):
+        with tuning.applied([_record(task, candidates[k])]):
+            op = compile_it()
+        assert {key: op.plan[key] for key in candidates[k]} == candidates[k]
+        out, _ = op.run(device, x=x, w=w, bias=bias)
+        np.testing.assert_array_equal(out, expect)
+
+
+def test_a_record_naming_no_configuration_of_the_operator_is_refused():
+    task = _one_task(lambda: host.compile_dense(CPU, 8, 8, 8, dtype="float32"))
+    with tuning.applied([_record(task, {"mb": 40, "vectors": 9, "order": "columns"})]):
+        with pytest.raises(TuningError, match="not one of the operator's configurations"):
+            host.compile_dense(CPU, 8, 8, 8, dtype="float32")
+    # A record for another workload or target does not apply at all.
+    other = dict(_record(task, {"mb": 40, "vectors": 9, "order": "columns"}), workload={"m": 1})
+    with tuning.applied([other]):
+        host.compile_dense(CPU, 8, 8, 8, dtype="float32")
+
+
+# --- the search -----------------------------------------------------------------------------------
+
+def _synthetic_task(best_mb: int = 5):
+    """A task whose costs come from a formula, not a clock (``_Formula`` measures it)."""
+    task = _one_task(lambda: host.compile_conv2d(CPU, (1, 32, 16, 16), (48, 32, 3, 3), padding=1, dtype="float32"))
+    return task, best_mb
+
+
+class _Formula:
+    width = 1
+
+    def __init__(self, best_mb: int):
+        self.best_mb, self.calls = best_mb, []
+
+    def __call__(self, task, configs):
+        self.calls.extend(json.dumps(c, sort_keys=True) for c in configs)
+        return [1e-3 * (1 + abs(c["mb"] - self.best_mb) / 4 + abs(c["vectors"] - 2) / 3
+                        + 0.1 * (c["order"] == "rows")) for c in configs]
+
+    def close(self):
+        pass
+
+
+def test_search_measures_the_default_first_finds_the_best_and_is_reproducible():
+    task, best_mb = _synthetic_task()
+    runs = []
+    for _ in range(2):
+        measurer = _Formula(best_mb)
+        result = tune([task], device="fsim", trials=30, seed=7, measurer=measurer)
+        runs.append(measurer.calls)
+        (record,) = result.records
+        assert json.loads(measurer.calls[0]) == task.default
+        assert record.trials == 30 and record.cost <= record.default_cost
+    assert runs[0] == runs[1]                                     # same seed, same trials
+    # 30 of 84 candidates measured: the one kept is among the best few of all of them.
+    every = sorted(_Formula(best_mb)(task, [c for c, _ in task.candidates()]))
+    assert len(every) > 60 and record.cost <= every[3]
+    other = _Formula(best_mb)
+    tune([task], device="fsim", trials=30, seed=8, measurer=other)
+    assert other.calls != runs[0]
+
+
+def test_search_stops_at_its_time_budget_and_keeps_what_it_measured():
+    task, best_mb = _synthetic_task()
+
+    class Slow(_Formula):
+        def __call__(self, task, configs):
+            import time
+            time.sleep(0.05)
+            return super().__call__(task, configs)
+    result = tune([task, task], device="fsim", trials=1000, time_budget=0.3, measurer=Slow(best_mb))
+    assert result.stopped and "time budget" in result.stopped
+    assert len(result.records) == 1 and 1 < result.records[0].trials < 20
+
+
+def test_a_failing_candidate_is_skipped_and_a_failing_default_is_refused():
+    task, _ = _synthetic_task()
+
+    def flaky(task_, configs):
+        return ["CompileError: no" if c["mb"] == 1 else 1.0 + c["mb"] for c in configs]
+    flaky.width = 1
+    result = tune([task], device="fsim", trials=40, measurer=flaky)
+    assert result.failures and result.records[0].config["mb"] != 1
+
+    def broken(task_, configs):
+        return ["CompileError: no"] * len(configs)
+    broken.width = 1
+    with pytest.raises(TuningError, match="untuned configuration failed"):
+        tune([task], device="fsim", trials=3, measurer=broken)
+
+
+def test_cost_model_learns_a_ranking_the_estimate_does_not_have():
+    rng = np.random.default_rng(0)
+    xs = np.column_stack([np.ones(60), np.zeros(60), rng.random(60), rng.random(60)])
+    costs = np.exp(2 * xs[:, 2] - xs[:, 3])
+    model = CostModel()
+    for x, c in zip(xs[:30], costs[:30]):
+        model.add(list(x), float(c))
+    predicted = model.predict(xs[30:])
+    assert np.corrcoef(predicted, np.log(costs[30:]))[0, 1] > 0.95
+
+
+def test_cpu_measurements_time_real_kernels():
+    task = _one_task(lambda: host.compile_dense(CPU, 64, 64, 64, dtype="float32"))
+    (seconds,) = LocalMeasurer("cpu")(task, [task.default])
+    assert 0 < seconds < 0.1
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+def _log(tmp_path, **changes):
+    task = _one_task(lambda: host.compile_dense(CPU, 8, 16, 8, dtype="float32"))
+    log = TuningLog("cpu", task.target, "a" * 64, 0, 4,
+                    [Record(task.kind, task.target, task.workload, task.default, 1e-5, 2e-5, 4)])
+    path = tmp_path / "t.jsonl"
+    log.save(path)
+    return path, log
+
+
+def test_logs_round_trip_and_say_why_they_do_not_apply(tmp_path):
+    path, log = _log(tmp_path)
+    again = TuningLog.load(path)
+    assert again.records[0].as_dict() == log.records[0].as_dict() and again.records[0].gain == 2.0
+    assert again.applicable(log.target, "a" * 64) is None and again.applicable(None, None) is None
+    assert "another model" in again.applicable(log.target, "b" * 64)
+    assert "not CPU" in again.applicable(dict(log.target, cpu="other"), "a" * 64)
+
+
+@pytest.mark.parametrize("mangle,message", [
+    (lambda lines: ["{nope"] + lines[1:], "not JSON"),
+    (lambda lines: lines[1:], "not a gemforge tuning log"),
+    (lambda lines: [lines[0].replace('"version": 1', '"version": 9')] + lines[1:], "format version 9"),
+    (lambda lines: [lines[0].replace('"space_version": 1', '"space_version": 0')] + lines[1:], "search space version"),
+    (lambda lines: lines + [lines[1]], "a second record"),
+    (lambda lines: [lines[0], lines[1].replace('"cpu.dense"', '"cpu.fft"')], "kind must be"),
+    (lambda lines: [lines[0], lines[1].replace('"cost": 1e-05', '"cost": -1')], "positive finite"),
+    (lambda lines: [lines[0], lines[1].replace('"cost": 1e-05', '"cost": NaN')], "positive finite"),
+    (lambda lines: [lines[0], lines[1].replace('"trials": 4', '"trials": true')], "trials must be"),
+    (lambda lines: [lines[0].replace('"device": "cpu"', '"device": "gpu"')] + lines[1:], "device must be"),
+    (lambda lines: [lines[0], lines[1].replace('"threads": 0', '"threads": 3')], "not the header's"),
+])
+def test_malformed_logs_are_refused_with_one_sentence(tmp_path, mangle, message):
+    path, _ = _log(tmp_path)
+    path.write_text("\n".join(mangle(path.read_text().splitlines())) + "\n")
+    with pytest.raises(TuningError, match=message) as info:
+        TuningLog.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_logs_are_refused(tmp_path):
+    with pytest.raises(TuningError, match="cannot read tuning log"):
+        TuningLog.load(tmp_path / "missing.jsonl")
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TuningError, match="not UTF-8"):
+        TuningLog.load(tmp_path / "bin.jsonl")
+
+
+def test_a_log_write_replaces_the_file_whole(tmp_path):
+    path, log = _log(tmp_path)
+    log.records.append(Record("cpu.dense", log.target, {"m": 1}, {"mb": 1, "vectors": 1, "order": "rows"},
+                              1.0, math.inf, 1))             # json writes Infinity: refused on reading
+    log.save(path)
+    with pytest.raises(TuningError, match="positive finite"):
+        TuningLog.load(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]       # no temporary file left behind
