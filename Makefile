@@ -33,7 +33,7 @@ test-slow: install
 # `gemforge bench --sections gpu -o BENCHMARKS.gpu.json`; this machine needs none. The
 # synthesis figures come from BENCHMARKS.synth.json (`make bench-synth`, about an hour), the
 # design sweep's from BENCHMARKS.sweep.json (`make bench-sweep`, under an hour), the schedule
-# search's from BENCHMARKS.tuning.json (`make bench-tuning`, about ten minutes).
+# search's from BENCHMARKS.tuning.json (`make bench-tuning`, about a quarter of an hour).
 bench: install
 	$(BIN)/gemforge bench --config default --device verilator --core-configs tiny,large \
 		--merge BENCHMARKS.gpu.json --merge BENCHMARKS.synth.json --merge BENCHMARKS.sweep.json \

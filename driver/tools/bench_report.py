@@ -142,7 +142,9 @@ def _tuning_section(tu: dict[str, Any]) -> list[str]:
            f"--quantize int8 --config {tu['config']}`), every convolution's tiling, on the calibrated cycle model. "
            "The untuned and the tuned models are then compared: on the CPU in alternating rounds, best of each, "
            f"same process, {tu['threads']} threads (outputs agree); on the accelerator by the cycle model's cycles "
-           "of its layers (the tuned model bit-identical on fsim and the CPU back end).", "",
+           "of its layers (the tuned model bit-identical on fsim and the CPU back end). The default CPU tiles were "
+           "themselves measured on ResNet-18's shapes (`cpu.TILE_EFFICIENCY`), and a CPU gain within the machine's "
+           "run-to-run spread (about ±10% on a shared 2-core VM) is no gain; the cycle model's figures are exact.", "",
            "| network | device | operators | trials | tuning time | untuned | tuned | gain |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, row in tu["networks"].items():

@@ -811,7 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--device too: cycles, useful-MAC utilization, rooflines), models (networks as exporters write them: accuracy, accelerator share, compile time), rtl "
                         "and regress (co-simulation regression throughput) with an RTL --device, gpu where a GPU "
                         "is present; tuning (gemforge tune on ResNet-18 and MobileNetV2, CPU and cycle model: the gain and "
-                        "the tuning time, about ten minutes), synth (every preset through Yosys and the ECP5 flow, about "
+                        "the tuning time, about a quarter of an hour), synth (every preset through Yosys and the ECP5 flow, about "
                         "half an hour) and sweep "
                         "(examples/sweeps/resnet18.toml, under an hour) only when named); cpu's ResNet-18 convolutions are compared with "
                         "ONNX Runtime, measured where it is installed (the dev extra)")

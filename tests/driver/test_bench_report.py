@@ -231,3 +231,16 @@ def test_bench_synth_reports_the_median_seed_of_a_bare_core_and_the_first_routed
     assert board["status"] == "ok" and board["place_options"]["seed"] == 2 and board["fmax_by_seed"] is None
     assert board["seeds_timed_out"] == [1]
     assert generic["status"] == "ok" and generic["fmax_by_seed"] is None and generic["seeds_timed_out"] == []
+
+
+def test_tuning_section_renders_both_devices_per_network():
+    row = {"cpu": {"operators": 12, "trials": 300, "tuning_seconds": 95.2, "untuned_seconds": 0.0251,
+                   "tuned_seconds": 0.0239, "gain": 1.05, "operators_gain_as_measured": 1.07},
+           "fsim": {"operators": 11, "trials": 352, "tuning_seconds": 60.1, "untuned_cycles": 7_700_000,
+                    "tuned_cycles": 7_500_000, "gain": 1.0267}}
+    text = render_markdown({"tuning": {"threads": 2, "cpu_trials": 24, "fsim_trials": 32, "config": "default",
+                                       "networks": {"resnet18": row}, "merged_from": "BENCHMARKS.tuning.json"},
+                            "wall_seconds": 1.0}, "gemforge bench")
+    assert "## Schedule search: `gemforge tune` (merged from BENCHMARKS.tuning.json)" in text
+    assert "| resnet18 | cpu (float32), ≤ 24 trials each | 12 | 300 | 95.2 s | 25.10 ms | 23.90 ms | **1.05×** |" in text
+    assert "| 7,700,000 cycles | 7,500,000 cycles | **1.0267×** |" in text
