@@ -29,6 +29,7 @@ whole, by `artefact`.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -52,10 +53,15 @@ from gemforge.hw.chain import chain_refusal
 from gemforge.hw.config import AccelConfig
 from gemforge.hw.isa import insn_bytes
 
+from .host_plan import HostPlan
 from .artefact import FORMAT_VERSION, ModelError, network_from_bytes, network_to_bytes
 from .device import ACCEL_DEVICES, HOST_DEVICES, Buffer, Device, DeviceError, RunResult, open_device
 
 __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICES", "FORMAT_VERSION"]
+
+#: Runs on the CPU replay a traced `HostPlan` (``GEMFORGE_HOST_PLAN=0``: every node the ordinary way).
+HOST_PLANS = os.environ.get("GEMFORGE_HOST_PLAN", "1") != "0"
+
 
 def compile_model(model, *, quantize: str | None = None, calibrate=None, config=None, batch: int = 1,
                   input_shapes=None, trace=None, report=None, tuning=()) -> Model:
@@ -161,6 +167,7 @@ class Model:
         self._runs: list[tuple[int, int]] | None = None
         self._node_macs: dict[str, int] = {}
         self._placed: dict[int, _Placed] = {}     # by id of the device (`_placed_on`)
+        self._plans: dict[int, HostPlan] = {}     # CPU runs by thread count (`_run_host_planned`)
 
     # ------------------------------------------------------------------ facts
 
@@ -345,6 +352,7 @@ class Model:
         kernel."""
         nodes = [node for node in self.graph.nodes if every_node or self.config is None or node.device != "accel"]
         self._kernels.pop(target_kind, None)       # found again (not compiled) and collected
+        self._plans.clear()
         collected: dict = {}
         with prebuilt.collecting(collected):
             built = [self._host_kernel(node, self._host_target_kind(node, target_kind)) for node in nodes]
@@ -379,6 +387,8 @@ class Model:
     def _run_once(self, feeds: dict[str, np.ndarray], dev, chain: bool = True) -> dict[str, np.ndarray]:
         graph = self.graph
         on_accel = not getattr(dev, "host", False)
+        if not on_accel and dev.kind == "cpu" and HOST_PLANS:
+            return self._run_host_planned(feeds, dev)
         host_kind = dev.kind if not on_accel else "cpu"
         host_dev = dev if not on_accel else self._cpu_device()
         env: dict[str, np.ndarray] = dict(graph.constants)
@@ -418,6 +428,18 @@ class Model:
             if placed is not None:     # a run that failed leaves nothing behind on the device
                 self.release(dev)
             raise
+        self.last_profile = profile
+        return outputs
+
+    def _run_host_planned(self, feeds: dict[str, np.ndarray], dev) -> dict[str, np.ndarray]:
+        """A run on the CPU as a `HostPlan`: traced by the first run on a thread count, replayed
+        by the next ones."""
+        plan = self._plans.get(dev.threads)
+        if plan is None:
+            plan, outputs, profile = HostPlan.trace(self, feeds, dev)
+            self._plans[dev.threads] = plan
+        else:
+            outputs, profile = plan.run(feeds, dev, self.graph.outputs)
         self.last_profile = profile
         return outputs
 
