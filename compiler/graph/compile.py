@@ -3,7 +3,8 @@
 The pipeline, in order (``trace`` prints the graph after each stage):
 
 1. ``infer_shapes``, ``pad_convolutions``, ``fold_constants``, ``fold_batch_norm``, ``fuse`` —
-   the float graph;
+   the float graph; a float32 network then ``fuse_clips`` and ``fuse_residual_adds`` (clips and
+   residual adds into the convolutions' epilogues);
 2. with ``quantize="int8"``: ``quantize`` (power-of-two scales calibrated on sample
    inputs), then for an accelerator config ``partition``, ``pack_layouts`` and
    ``plan_memory`` (`accel`).
@@ -34,7 +35,8 @@ from .unfold import unfold_small_channel_convs
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
-from .passes import fold_batch_norm, fold_constants, fuse, fuse_clips, infer_shapes, pad_convolutions
+from .passes import (fold_batch_norm, fold_constants, fuse, fuse_clips, fuse_residual_adds, infer_shapes,
+                     pad_convolutions)
 from .quantize import calibrate, quantize
 
 __all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
@@ -107,6 +109,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     if quantize_to is None:
         graph = fuse_clips(graph)
         stage("fuse_clips", graph)
+        graph = fuse_residual_adds(graph)
+        stage("fuse_residual_adds", graph)
         for node in graph.nodes:
             node.device = "cpu"
         _note_batch_mixing(graph)

@@ -187,6 +187,52 @@ def fuse_clips(graph: Graph) -> Graph:
     return _fold_into_producer(graph, clip)
 
 
+def fuse_residual_adds(graph: Graph) -> Graph:
+    """In a float32 network, an ``add`` of two tensors of one shape, one of them the output of a
+    convolution that nothing else reads (one group, a bias, no ReLU or clip of its own, output
+    rows without a pitch: a 1×1 stride-1 unpadded or a strided one, `nn.conv2d_method`), joins
+    that convolution's epilogue: ``relu(conv + bias + other)`` in one pass over the output
+    instead of two (the residual add of MobileNetV2's blocks and of ResNet's downsampling ones).
+    The convolution takes the other tensor as its fourth input and moves to the add's place,
+    where that tensor exists."""
+    producer, consumers = graph.producer(), graph.consumers()
+    moved: dict[int, Node] = {}            # the add's index → the convolution that replaces it
+    gone: set[int] = set()
+    index = {id(n): k for k, n in enumerate(graph.nodes)}
+    for k, node in enumerate(graph.nodes):
+        if node.op != "add" or len(node.inputs) != 2 or graph.values[node.output].dtype != "float32":
+            continue
+        shape = graph.values[node.output].shape
+        if any(graph.values[i].shape != shape for i in node.inputs):
+            continue
+        for side in (0, 1):
+            conv = producer.get(node.inputs[side])
+            if conv is None or id(conv) in {id(m) for m in moved.values()} or not _takes_residual(graph, conv) \
+                    or len(consumers[conv.output]) != 1 or conv.output in graph.outputs:
+                continue
+            conv.inputs = [*conv.inputs, node.inputs[1 - side]]
+            conv.attrs.update(residual=True, relu=node.attrs["relu"])
+            _take_output(graph, conv, node.output, producer)
+            moved[k] = conv
+            gone.add(index[id(conv)])
+            break
+    graph.nodes = [moved.get(k, n) for k, n in enumerate(graph.nodes) if k not in gone]
+    graph.prune()
+    return graph
+
+
+def _takes_residual(graph: Graph, conv: Node) -> bool:
+    """Whether a convolution's epilogue can add a residual (`fuse_residual_adds`)."""
+    from ..ops.nn import conv2d_method
+    a = conv.attrs
+    if conv.op != "conv2d" or len(conv.inputs) != 3 or a["groups"] != 1 or a["relu"] or "lo" in a \
+            or a.get("residual") or not isinstance(a["padding"], int) \
+            or not all(graph.is_constant(name) for name in conv.inputs[1:]):
+        return False
+    kernel = tuple(graph.values[conv.inputs[1]].shape[2:])
+    return conv2d_method(kernel, a["stride"], a["padding"]) != "shifted"
+
+
 def _fold_into_producer(graph: Graph, folds: Callable[[Node, Node], bool]) -> Graph:
     """Each node that ``folds(node, producer of its first input)`` takes into that producer
     (updating its attributes), where nothing else reads the producer's output and the model

@@ -105,6 +105,9 @@ class Epilogue:
     relu: bool = False
     lo: float | None = None
     hi: float | None = None
+    #: Floats: a tensor of the output's shape added before the ReLU (a residual add fused into
+    #: the convolution that feeds it, `passes.fuse_residual_adds`).
+    residual: bool = False
 
     def __post_init__(self) -> None:
         if self.shift is not None and (isinstance(self.shift, bool) or not isinstance(self.shift, int)
@@ -118,17 +121,21 @@ class Epilogue:
         elif (self.lo is None) != (self.hi is None) or (self.lo is not None and self.shift is not None):
             raise OpError("an epilogue's clip takes both bounds, and only without a shift (a float result); an "
                           "int8 one its upper bound alone")
+        if self.residual and self.shift is not None:
+            raise OpError("a fused residual add applies to float32 results; an int8 one is an add of its own")
 
     def out_dtype(self, acc_dtype: str = "int32") -> str:
         """int8 after the shift and clip; otherwise the accumulator type."""
         return "int8" if self.shift is not None else acc_dtype
 
-    def apply(self, acc: Expr, bias: Expr | None) -> Expr:
+    def apply(self, acc: Expr, bias: Expr | None, residual: Expr | None = None) -> Expr:
         if self.shift is not None and is_float(acc.dtype):
             raise OpError("a shift (requantization) applies to integer results, not float32")
         value = acc
         if self.bias:
             value = value + bias
+        if self.residual:
+            value = value + residual
         if self.shift is not None:
             first, cap, rest = int8_clamp_steps(self.shift, 127 if self.hi is None else self.hi)
             if first:

@@ -108,6 +108,14 @@ def dense(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, tile=None):
     return tensors, s, {"tile": list(tile), "padded": [mp, kp, np_]}
 
 
+def _residual(tensors: dict, epilogue: Epilogue, shape: tuple[int, ...], dtype: str):
+    """The fused residual add's operand (N, O, pixels), where the epilogue has one."""
+    if not epilogue.residual:
+        return None
+    tensors["residual"] = placeholder(shape, dtype, "residual")
+    return tensors["residual"]
+
+
 def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, epilogue: Epilogue):
     """(tensors, schedule, plan) of conv2d on the GPU: implicit GEMM (one group) or one
     thread per output element (grouped, depthwise). ``out`` is (N, O, pixels padded)."""
@@ -141,8 +149,11 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
                      name="c")
         if epilogue.bias:
             bias = tensors["bias"] = placeholder((op,), acc, "bias")
-        out = compute((n, op, pp), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
-                      name="out", dtype=epilogue.out_dtype(acc))
+        residual = _residual(tensors, epilogue, (n, o, pixels), acc)
+        out = compute((n, op, pp), lambda b, oc, q: epilogue.apply(
+            cc[b, oc, q], bias[oc] if bias else None,
+            BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
+            name="out", dtype=epilogue.out_dtype(acc))
         s = create_schedule(out)
         inline = [wpad, col] + ([xp] if xp is not x else [])
         _schedule_tiled(s, out, cc, [wpad, col], inline, tile)
@@ -156,8 +167,10 @@ def conv2d(shape, weight, stride: int, padding: int, groups: int, dtype: str, ep
             [rc, rh, rw]), name="c")
         if epilogue.bias:
             bias = tensors["bias"] = placeholder((o,), acc, "bias")
-        out = compute((n, o, pixels), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
-                      name="out", dtype=epilogue.out_dtype(acc))
+        residual = _residual(tensors, epilogue, (n, o, pixels), acc)
+        out = compute((n, o, pixels), lambda b, oc, q: epilogue.apply(
+            cc[b, oc, q], bias[oc] if bias else None, residual[b, oc, q] if residual else None),
+            name="out", dtype=epilogue.out_dtype(acc))
         s = create_schedule(out)
         if xp is not x:
             s[xp].compute_inline()

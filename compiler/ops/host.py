@@ -200,18 +200,25 @@ def _conv_args(shape, weight, stride, padding, groups):
 
 def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
                    dtype: str = "int8", bias: bool = False, shift: int | None = None,
-                   relu: bool = False, clip: tuple[float, float] | None = None, hi: int | None = None) -> CompiledOp:
+                   relu: bool = False, clip: tuple[float, float] | None = None, hi: int | None = None,
+                   residual: bool = False) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
-    zero padding, with the fused epilogue (float32: ``clip``, finite (lo, hi) bounds, after
-    the ReLU; int8: ``hi``, an upper bound below 127). Output NCHW."""
+    zero padding, with the fused epilogue (float32: ``residual``, an NCHW input ``residual``
+    of the output's shape added before the ReLU, for one group and output rows without a
+    pitch (`nn.conv2d_layout`), then ``clip``, finite (lo, hi) bounds, after the ReLU; int8:
+    ``hi``, an upper bound below 127). Output NCHW."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
     dtype = _check_dtype("conv2d", dtype)
     epi = _epilogue(dtype, bias, shift, relu, clip, hi)
+    if residual:
+        if dtype != "float32" or groups != 1:
+            raise OpError("a fused residual add applies to float32 convolutions with one group")
+        epi = Epilogue(epi.bias, epi.shift, epi.relu, epi.lo, epi.hi, residual=True)
     n, c, h, w = shape
     o, cg, kh, kw = weight
     pixels = oh * ow
-    if target.kind == "cpu" and groups == c and cg == 1 and kh * kw > 1:
+    if target.kind == "cpu" and groups == c and cg == 1 and kh * kw > 1 and not residual:
         return _compile_depthwise(target, shape, weight, stride, padding, dtype, epi, bias, oh, ow)
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
@@ -223,10 +230,11 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         mb, nb, order = _product_tile(
             "cpu.conv2d", target,
             {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
-             "dtype": dtype, "bias": bias, "shift": shift, "relu": relu, "clip": clip, "hi": hi},
+             "dtype": dtype, "bias": bias, "shift": shift, "relu": relu, "clip": clip, "hi": hi,
+             **({"residual": True} if residual else {})},
             o // groups, oh * pitch, lanes, _registers(target, dtype),
             partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
-                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi))
+                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual))
         if vnni:
             t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
             s = create_schedule(t["out"])
@@ -255,10 +263,12 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     bias_len = t["bias"].shape[0] if bias else o
     x_shape = t["x"].shape
     vnni = "w4" in t
-    names = ["x"] + (["w4", "corr"] if vnni else ["w"]) + (["bias"] if bias else [])
+    names = ["x"] + (["w4", "corr"] if vnni else ["w"]) + (["bias"] if bias else []) + \
+        (["residual"] if residual else [])
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
 
-    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+             residual: np.ndarray | None = None) -> dict[str, np.ndarray]:
         _check_conv_operands(x, w, shape, weight)
         weights = _array(w, "weight", dtype, weight)
         if vnni:
@@ -266,8 +276,12 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             weights = {"w4": w4, "corr": corr}
         else:
             weights = {"w": weights.reshape(o, cg * kh * kw)}
+        if (residual is not None) != epi.residual:
+            raise OpError(f"conv2d was compiled {'with' if epi.residual else 'without'} a residual input")
+        added = {"residual": _array(residual, "residual", dtype, (n, o, oh, ow)).reshape(n, o, pixels)} \
+            if epi.residual else {}
         return {"x": _array(x, "input", dtype, shape).reshape(x_shape), **weights,
-                **_bias(bias, epi, dtype, o, bias_len, "conv2d")}
+                **_bias(bias, epi, dtype, o, bias_len, "conv2d"), **added}
 
     def unpack(out: np.ndarray) -> np.ndarray:
         if (o_pad, p_pad) == (o, pixels):

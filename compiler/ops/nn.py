@@ -186,8 +186,17 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
     bias = None
     if epilogue.bias:
         bias = tensors["bias"] = placeholder((o,), acc, "bias")
-    tensors["out"] = compute((n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q], bias[oc] if bias else None),
-                             name="out", dtype=epilogue.out_dtype(acc))
+    residual = None
+    if epilogue.residual:
+        if pitch != ow:
+            raise OpError(f"a fused residual add needs output rows without a pitch (a 1×1 stride-1 unpadded or a "
+                          f"strided convolution), not a {kh}x{kw} stride-{stride} one of padding {padding}")
+        residual = tensors["residual"] = placeholder((n, o, oh * ow), acc, "residual")
+    tensors["out"] = compute(
+        (n, o, p_pad), lambda b, oc, q: epilogue.apply(
+            cc[b, oc, q], bias[oc] if bias else None,
+            BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
+        name="out", dtype=epilogue.out_dtype(acc))
     tensors["layout"] = layout
     return tensors
 

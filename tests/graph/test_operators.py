@@ -48,7 +48,7 @@ def _graph(node: Node, shapes: dict[str, tuple[int, ...]]) -> Graph:
     (Node("relu", "r", ["x", "y"], "out"), r"node r \(relu\): it has 2 inputs; relu takes 1"),
     (Node("add", "a", ["x"], "out", {"relu": False}), r"node a \(add\): it has 1 input; add takes 2"),
     (Node("conv2d", "c", ["x"], "out", {"stride": 1, "padding": 0, "groups": 1, "relu": False}),
-     r"node c \(conv2d\): it has 1 input; conv2d takes 2 to 3"),
+     r"node c \(conv2d\): it has 1 input; conv2d takes 2 to 4"),
     (Node("gelu", "g", ["x"], "out"), r"node g: unknown graph operator 'gelu'; known: conv2d, unfold, dense, add"),
 ])
 def test_shape_inference_checks_the_arity_and_the_operator(node, message):

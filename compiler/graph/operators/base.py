@@ -156,7 +156,8 @@ ATTRIBUTE_TYPES: dict[str, Callable[[Any], bool]] = {
     # Shifts of int64 arithmetic, and scales 2^-e a float32 can hold.
     **{k: lambda v: integers(v, 0, 62) for k in ("shift", "lshift")},
     "exponent": lambda v: integers(v, -126, 127),
-    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad", "keepdims", "last")},
+    **{k: lambda v: isinstance(v, bool) for k in ("relu", "ceil_mode", "count_include_pad", "keepdims", "last",
+                                                  "residual")},
     **{k: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
        for k in ("lo", "hi", "epsilon", "alpha", "value")},
 }

@@ -7,7 +7,7 @@ import numpy as np
 from ...ops import host
 from ...ops.common import reference_epilogue, window_count
 from ...ops.reference import conv2d_reference
-from ..kernels import with_weights
+from ..kernels import HostKernel, contiguous, with_weights
 from .base import Int8, OpDef, fail, padding, per_item, register, same_padding
 
 #: The largest float32: the kernels take finite bounds, and ±FLT_MAX clips nothing a float32 holds.
@@ -24,6 +24,12 @@ def _conv2d_shape(graph, node, shapes):
     groups = a["groups"]
     if groups < 1 or x[1] != w[1] * groups or w[0] % groups:
         raise fail(node, f"input channels {x[1]}, weight {list(w)} and group {groups} do not agree")
+    residual = a.get("residual", False)
+    if residual and (len(shapes) != 4 or graph.values[node.inputs[0]].dtype != "float32" or groups != 1):
+        raise fail(node, "a fused residual add (residual) takes a float32 convolution of one group with a bias and "
+                         "the residual as its fourth input")
+    if len(shapes) > 3 and not residual:
+        raise fail(node, "a fourth input is the residual of a fused add; the node has no residual attribute")
     if len(shapes) > 2 and shapes[2] != (w[0],):
         raise fail(node, f"the bias must have shape [{w[0]}], not {list(shapes[2])}")
     stride = a["stride"]
@@ -35,6 +41,8 @@ def _conv2d_shape(graph, node, shapes):
     oh, ow = window_count(x[2], w[2], stride, pads[0], pads[2]), window_count(x[3], w[3], stride, pads[1], pads[3])
     if oh < 1 or ow < 1:
         raise fail(node, f"a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with padding {list(pads)}")
+    if residual and shapes[3] != (x[0], w[0], oh, ow):
+        raise fail(node, f"the residual must have the output's shape {[x[0], w[0], oh, ow]}, not {list(shapes[3])}")
     dtype = graph.values[node.inputs[0]].dtype
     if dtype == "int8" and "hi" in a and "lo" not in a:
         if isinstance(a["hi"], bool) or not isinstance(a["hi"], int) or not (0 if a["relu"] else -128) <= a["hi"] <= 127:
@@ -50,7 +58,11 @@ def _conv2d_evaluate(node, args):
     a, x = node.attrs, args[0]
     bias = args[2] if len(args) > 2 else None
     if x.dtype.kind == "f":
-        out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
+        if a.get("residual"):           # added before the ReLU, as the kernel's epilogue does
+            out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], groups=a["groups"]) + args[3]
+            out = np.maximum(out, 0).astype(out.dtype) if a["relu"] else out
+        else:
+            out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], relu=a["relu"], groups=a["groups"])
         return np.clip(out, a["lo"], a["hi"]).astype(out.dtype) if "lo" in a else out
     out = conv2d_reference(x, args[1], bias, a["stride"], a["padding"], shift=a["shift"], relu=a["relu"],
                            groups=a["groups"])
@@ -61,12 +73,24 @@ def _conv2d_host(graph, node, target):
     a = node.attrs
     shapes = [tuple(graph.values[i].shape) for i in node.inputs]
     dtype = graph.values[node.inputs[0]].dtype
+    residual = bool(a.get("residual"))
     op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
                              groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
                              shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
                              clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None,
-                             hi=a.get("hi") if dtype == "int8" else None)
-    return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs], lambda out: out)
+                             hi=a.get("hi") if dtype == "int8" else None, residual=residual)
+    if not residual:
+        return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs],
+                            lambda out: out)
+    # Weights and bias packed once (`fuse_residual_adds` fuses into constant ones); the input and
+    # the residual are passed as they come.
+    packed = op.pack_inputs(x=np.zeros(shapes[0], np.float32), w=graph.constants[node.inputs[1]],
+                            bias=graph.constants[node.inputs[2]], residual=np.zeros(shapes[3], np.float32))
+    x_layout, rows = packed.pop("x").shape, packed.pop("residual").shape
+
+    def prepare(args):
+        return dict(packed, x=contiguous(args[0]).reshape(x_layout), residual=contiguous(args[3]).reshape(rows))
+    return HostKernel(node, op, prepare)
 
 
 # --- dense -------------------------------------------------------------------------------
@@ -149,9 +173,10 @@ register(
     OpDef("conv2d",
           "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
           "`pad_convolutions` also (top, left, bottom, right) or auto_pad), groups, relu; float32: lo, hi (a "
-          "fused Clip, `fuse_clips`); int8: shift (requantization into the output's scale), hi (a fused Clip's "
-          "upper bound, `fuse_clips`)",
-          (2, 3), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
+          "fused Clip, `fuse_clips`), residual (a fused Add: a fourth input, of the output's shape, added before "
+          "the ReLU, `fuse_residual_adds`); int8: shift (requantization into the output's scale), hi (a fused "
+          "Clip's upper bound, `fuse_clips`)",
+          (2, 4), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
           int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
     # The patches of a convolution with few input channels, so that a 1×1 convolution over them
     # fills the accelerator's reduction (`unfold.unfold_small_channel_convs`).

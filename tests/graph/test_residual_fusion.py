@@ -1,0 +1,108 @@
+"""A float32 residual add fused into the convolution that feeds it (`passes.fuse_residual_adds`):
+which adds fuse, the kernels' epilogue against numpy on the CPU (and compiled for the GPU), the
+networks against ONNX Runtime, the model file round trip, and refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from onnx_models import model
+from gemforge.compiler import CpuTarget, GpuTarget
+from gemforge.compiler.ops import OpError, conv2d_reference, host
+from gemforge.driver.runtime.device import open_device
+from gemforge.driver.runtime.model import Model, compile_model
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(1, 1, 0), (1, 2, 0), (3, 2, 1)])
+@pytest.mark.parametrize("epilogue", [{}, {"relu": True}, {"relu": True, "clip": (0.0, 0.5)}])
+def test_conv_epilogue_adds_the_residual_before_the_relu(kernel, stride, padding, epilogue):
+    rng = np.random.default_rng(kernel + stride + len(epilogue))
+    shape, weight = (2, 5, 9, 11), (7, 5, kernel, kernel)
+    op = host.compile_conv2d(CpuTarget(), shape, weight, stride=stride, padding=padding, dtype="float32",
+                             bias=True, residual=True, **epilogue)
+    x, w = rng.normal(size=shape).astype(np.float32), rng.normal(size=weight).astype(np.float32)
+    b = rng.normal(size=7).astype(np.float32)
+    base = conv2d_reference(x, w, b, stride, padding)
+    skip = rng.normal(size=base.shape).astype(np.float32)
+    out, _ = op.run(open_device("cpu"), x=x, w=w, bias=b, residual=skip)
+    expect = base + skip
+    if epilogue.get("relu"):
+        expect = np.maximum(expect, 0)
+    if "clip" in epilogue:
+        expect = np.clip(expect, *epilogue["clip"])
+    np.testing.assert_allclose(out, expect, rtol=1e-4, atol=1e-4 * float(np.abs(expect).max()))
+
+
+def test_the_gpu_compiles_the_residual_epilogue():
+    op = host.compile_conv2d(GpuTarget("sm_90"), (1, 8, 8, 8), (16, 8, 1, 1), dtype="float32", bias=True,
+                             residual=True, relu=True)
+    assert "residual" in [p.name for p in op.program.params]
+
+
+def test_refusals():
+    with pytest.raises(OpError, match="needs output rows without a pitch"):
+        host.compile_conv2d(CpuTarget(), (1, 4, 8, 8), (4, 4, 3, 3), padding=1, dtype="float32", residual=True)
+    with pytest.raises(OpError, match="float32 convolutions with one group"):
+        host.compile_conv2d(CpuTarget(), (1, 4, 8, 8), (4, 4, 1, 1), dtype="int8", shift=4, residual=True)
+    with pytest.raises(OpError, match="float32 convolutions with one group"):
+        host.compile_conv2d(CpuTarget(), (1, 4, 8, 8), (4, 1, 3, 3), groups=4, padding=1, dtype="float32",
+                            residual=True)
+    op = host.compile_conv2d(CpuTarget(), (1, 4, 8, 8), (4, 4, 1, 1), dtype="float32", residual=True)
+    with pytest.raises(OpError, match="compiled with a residual input"):
+        op.pack_inputs(x=np.zeros((1, 4, 8, 8), np.float32), w=np.zeros((4, 4, 1, 1), np.float32))
+
+
+def _network():
+    """Adds after a 1×1 (fuses), a strided 3×3 (fuses), a padded stride-1 3×3 (stays), a ReLU'd
+    convolution (stays), a convolution read twice (stays) and a broadcasting add (stays)."""
+    rng = np.random.default_rng(0)
+
+    def w(o, i, k):
+        return rng.normal(size=(o, i, k, k)).astype(np.float32) * 0.3
+
+    def b(o):
+        return rng.normal(size=o).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),                                  # 1x1
+        helper.make_node("Add", ["x", "c1"], ["a1"]),                                         # fuses (c1 second)
+        helper.make_node("Relu", ["a1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1] * 4),   # strided 3x3
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Add", ["c2", "p1"], ["a2"]),                                        # fuses
+        helper.make_node("Conv", ["a2", "w3", "b3"], ["c3"], pads=[1] * 4),                   # shifted: stays
+        helper.make_node("Add", ["c3", "a2"], ["a3"]),
+        helper.make_node("Conv", ["a3", "w4", "b4"], ["c4"]),
+        helper.make_node("Relu", ["c4"], ["r4"]),                                             # ReLU'd: stays
+        helper.make_node("Add", ["r4", "a3"], ["a4"]),
+        helper.make_node("Conv", ["a4", "w5", "b5"], ["c5"]),
+        helper.make_node("Add", ["c5", "a4"], ["a5"]),                                        # c5 read twice
+        helper.make_node("Mul", ["c5", "a5"], ["m5"]),
+        helper.make_node("Conv", ["m5", "w6", "b6"], ["c6"]),
+        helper.make_node("Add", ["c6", "s"], ["y"]),                                          # broadcast: stays
+    ]
+    inits = {"w1": w(6, 6, 1), "b1": b(6), "w2": w(6, 6, 3), "b2": b(6), "w3": w(6, 6, 3), "b3": b(6),
+             "w4": w(6, 6, 1), "b4": b(6), "w5": w(6, 6, 1), "b5": b(6), "w6": w(6, 6, 1), "b6": b(6),
+             "s": rng.normal(size=(1, 6, 1, 1)).astype(np.float32)}
+    return model(nodes, [("x", [1, 6, 10, 10])], [("y", None)], inits)
+
+
+def test_which_adds_fuse_and_the_network_equals_onnx_runtime(tmp_path):
+    import onnxruntime as ort
+    m = _network()
+    compiled = compile_model(m)
+    fused = [n for n in compiled.graph.nodes if n.attrs.get("residual")]
+    assert len(fused) == 2 and sum(n.op == "add" for n in compiled.graph.nodes) == 4
+    assert fused[0].attrs["relu"] and not fused[1].attrs["relu"]
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).normal(size=(1, 6, 10, 10)).astype(np.float32)
+    expect = session.run(None, {"x": x})[0]
+    for got in (compiled.run(x, "cpu"), compiled.run(x, "cpu")):      # traced, then replayed
+        np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4 * float(np.abs(expect).max()))
+    compiled.save(tmp_path / "m.gfm")
+    np.testing.assert_allclose(Model.load(tmp_path / "m.gfm").run(x, "cpu"), expect, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(expect).max()))
+    # The int8 pipeline keeps its adds (its add requantizes).
+    q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")
+    assert not any(n.attrs.get("residual") for n in q.graph.nodes)
