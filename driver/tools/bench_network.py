@@ -1,11 +1,13 @@
 """Whole-network benchmarks: compile time, fsim time, the float32 network on the CPU back end
-against ONNX Runtime (same threads, alternating rounds), the int8 digits CNN's accuracy, and
+against ONNX Runtime and the int8 one against ORT's static QDQ int8 (same threads, alternating
+rounds), the int8 digits CNN's accuracy, and
 with an RTL device ResNet-18's cycles and GEMM-core utilization layer by layer."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,47 @@ def _cpu_vs_ort(onnx_model, x: np.ndarray, repeats: int) -> dict[str, Any]:
     row.update(gemforge_seconds=round(ours, 6), onnxruntime_seconds=round(theirs, 6),
                time_ratio=round(theirs / ours, 3), threads=cores())
     return row
+
+
+def _int8_cpu_vs_ort_qdq(onnx_model, model, samples: np.ndarray, repeats: int) -> dict[str, Any]:
+    """The int8 network (``model``, every layer on the CPU back end) against ONNX Runtime's static
+    QDQ int8 of the same float model (u8 activations × s8 weights, per-tensor, calibrated on the
+    same ``samples``, after ORT's own pre-processing, which folds BatchNorm first), alternating
+    rounds, same threads; each output's cosine to the float32 network's."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return {"onnxruntime": "not installed (the dev extra)"}
+    import tempfile
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    name = onnx_model.graph.input[0].name
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self.left = iter([{name: sample} for sample in samples])
+
+        def get_next(self):
+            return next(self.left, None)
+    with tempfile.TemporaryDirectory() as folder:
+        plain, ready, quantized = (str(Path(folder) / f) for f in ("float.onnx", "pre.onnx", "qdq.onnx"))
+        onnx.save(onnx_model, plain)
+        quant_pre_process(plain, ready, skip_symbolic_shape=True)
+        quantize_static(ready, quantized, Samples(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        qdq = ort_session(onnx.load(quantized))
+    x = samples[0]
+    feed = {name: x}
+    reference = ort_session(onnx_model).run(None, feed)[0]
+    ours, theirs = model.run(x, "cpu"), qdq.run(None, feed)[0]
+    best = best_interleaved({"ours": lambda: model.run(x, "cpu"), "ort": lambda: qdq.run(None, feed)},
+                            rounds=repeats, repeats=1)
+    return {"gemforge_seconds": round(best["ours"], 6), "onnxruntime_seconds": round(best["ort"], 6),
+            "time_ratio": round(best["ort"] / best["ours"], 3), "threads": cores(),
+            "gemforge_cosine": round(_cosine(ours, reference), 5), "onnxruntime_cosine": round(_cosine(theirs, reference), 5)}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def bench_networks(config: AccelConfig, device: str | None = None, quick: bool = False) -> dict[str, Any]:
@@ -81,7 +124,8 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
     fsim_s = time.perf_counter() - start
     row: dict[str, Any] = {"int8_compile_seconds": round(compile_s, 3), "int8_fsim_seconds": round(fsim_s, 3),
                            **_placement(model), "memory": model.graph.notes.memory,
-                           "cpu_float32": _cpu_vs_ort(resnet, x, repeats)}
+                           "cpu_float32": _cpu_vs_ort(resnet, x, repeats),
+                           "cpu_int8": _int8_cpu_vs_ort_qdq(resnet, model, x[None], repeats)}
     if device not in (None, "fsim"):
         row["rtl"] = _on_rtl("ResNet-18", model, x, on_fsim, device, config)
     results["resnet18"] = row
@@ -94,7 +138,8 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
     if not np.array_equal(on_fsim, model.run(x, "cpu")):
         raise AssertionError("MobileNetV2 int8 differs between fsim and the CPU; the benchmark is void")
     row = {"int8_compile_seconds": round(compile_s, 3), **_placement(model),
-           "cpu_float32": _cpu_vs_ort(mobilenet, x, repeats)}
+           "cpu_float32": _cpu_vs_ort(mobilenet, x, repeats),
+           "cpu_int8": _int8_cpu_vs_ort_qdq(mobilenet, model, x[None], repeats)}
     if device not in (None, "fsim"):
         row["rtl"] = _on_rtl("MobileNetV2", model, x, on_fsim, device, config)
     results["mobilenet_v2"] = row
