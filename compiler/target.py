@@ -26,7 +26,7 @@ from gemforge.hw.config import AccelConfig, load_config
 
 from .errors import CompileError
 
-__all__ = ["Target", "AccelTarget", "CpuTarget", "GpuTarget", "target_of", "ACCEL_ON_CHIP_SCOPES",
+__all__ = ["Target", "AccelTarget", "CpuTarget", "GpuTarget", "target_of", "named_cpu", "CPU_LEVELS", "ACCEL_ON_CHIP_SCOPES",
            "GPU_ARCHS", "TargetError"]
 
 #: The accelerator's on-chip buffers that schedules place stages in (the output
@@ -34,6 +34,15 @@ __all__ = ["Target", "AccelTarget", "CpuTarget", "GpuTarget", "target_of", "ACCE
 ACCEL_ON_CHIP_SCOPES = ("inp", "wgt", "acc")
 #: NVIDIA architectures the GPU back end generates PTX for.
 GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+
+#: The x86-64 micro-architecture levels of the System V psABI, as LLVM's CPU names and the
+#: features each guarantees (`named_cpu`): the targets a model's host kernels may be compiled for
+#: ahead of time to run on any machine of that level (`gemforge compile --cpu`).
+_X86_64 = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_V2 = _X86_64 + ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3")
+_V3 = _V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+CPU_LEVELS = {"x86-64": _X86_64, "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
 
 
 class TargetError(CompileError):
@@ -97,6 +106,16 @@ class GpuTarget(Target):
     def __post_init__(self) -> None:
         if self.arch not in GPU_ARCHS:
             raise TargetError(f"GPU architecture {self.arch!r} is not supported; choose one of {', '.join(GPU_ARCHS)}")
+
+
+def named_cpu(name: str, threads: int = 0) -> CpuTarget:
+    """The CPU target ``name`` names: ``host`` (this machine's CPU and features) or an x86-64 level
+    (`CPU_LEVELS`: its LLVM CPU name and exactly the features the level guarantees)."""
+    if name == "host":
+        return CpuTarget(threads=threads)
+    if name not in CPU_LEVELS:
+        raise TargetError(f"--cpu takes host or an x86-64 level ({', '.join(CPU_LEVELS)}), not {name!r}")
+    return CpuTarget(name, ",".join(f"+{f}" for f in CPU_LEVELS[name]), threads)
 
 
 def target_of(spec: Target | AccelConfig | str | None) -> Target:

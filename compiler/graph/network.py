@@ -36,3 +36,6 @@ class CompiledNetwork:
     #: The tuning records (`gemforge.compiler.tuning`, as dicts) of the CPU schedules the network
     #: was compiled with: a run that compiles its host kernels again applies them too.
     tuning: list[dict[str, Any]] = field(default_factory=list)
+    #: The CPU the host kernels were compiled for where it is not the compiling machine's own
+    #: (``{"cpu": level, "features": …}``, `target.named_cpu`; None: that machine's).
+    host_target: dict[str, str] | None = None

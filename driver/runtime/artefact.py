@@ -28,6 +28,7 @@ from gemforge.compiler.backends.cpu import prebuilt
 from gemforge.compiler.graph.memory_plan import MemoryPlan, pack_layouts, plan_alignment, slot_key
 from gemforge.compiler.graph.partition import ACCEL_OPS, AccelLayer, is_depthwise
 from gemforge.compiler.ops.common import int8_clamp_steps
+from gemforge.compiler.target import CPU_LEVELS, named_cpu
 from gemforge.compiler.tuning import TuningError
 from gemforge.compiler.tuning.log import records_from_dicts
 from gemforge.compiler.ops.accel.widened import (MAX_OPERAND_SHIFT, division_by_multiply, pack_depthwise, pool_bias,
@@ -81,6 +82,8 @@ def network_to_bytes(net: CompiledNetwork) -> bytes:
         manifest["host_kernels"] = kernels
     if net.tuning:
         manifest["tuning"] = net.tuning
+    if net.host_target:
+        manifest["host_target"] = net.host_target
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1, default=_json_default))
@@ -182,12 +185,25 @@ def _read_network(z: zipfile.ZipFile, manifest: dict, source: str) -> CompiledNe
     if not isinstance(plan, dict):
         raise ModelError("the memory plan must be an object")
     net = CompiledNetwork(graph, dtype, config, layers, None, float(seconds), _read_host_kernels(z, manifest),
-                          _read_tuning(manifest))
+                          _read_tuning(manifest), _read_host_target(manifest))
     _check_layers(net)
     run_wide = _check_memory_plan(net, plan)
     if config is not None:
         net.plan = MemoryPlan.from_dict(plan, config, run_wide=run_wide)
     return net
+
+
+def _read_host_target(manifest: dict) -> dict[str, str] | None:
+    """The x86-64 level the host kernels were compiled for, if not the compiling machine's CPU."""
+    named = manifest.get("host_target")
+    if named is None:
+        return None
+    level = named.get("cpu") if isinstance(named, dict) else None
+    if level not in CPU_LEVELS or set(named) != {"cpu", "features"} \
+            or named["features"] != named_cpu(level).features:
+        raise ModelError(f"host_target must name an x86-64 level ({', '.join(CPU_LEVELS)}) and its features, "
+                         f"not {str(named)[:120]}")
+    return {"cpu": level, "features": named["features"]}
 
 
 def _read_tuning(manifest: dict) -> list[dict]:

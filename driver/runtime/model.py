@@ -46,7 +46,8 @@ from gemforge.compiler.graph.network import CompiledNetwork
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import Graph, Node
 from gemforge.compiler.graph.operators import OPERATORS
-from gemforge.compiler.target import target_of
+from gemforge.compiler.backends.cpu import runs_here
+from gemforge.compiler.target import CpuTarget, named_cpu, target_of
 from gemforge.compiler import tuning as tuning_dispatch
 from gemforge.files import check_regular_input, write_bytes_atomic
 from gemforge.hw.chain import chain_refusal
@@ -168,6 +169,7 @@ class Model:
         self._node_macs: dict[str, int] = {}
         self._placed: dict[int, _Placed] = {}     # by id of the device (`_placed_on`)
         self._plans: dict[int, HostPlan] = {}     # CPU runs by thread count (`_run_host_planned`)
+        self._cpu_target: CpuTarget | None = None   # `_host_cpu`
 
     # ------------------------------------------------------------------ facts
 
@@ -208,6 +210,7 @@ class Model:
             out["coarser_weights"] = g.notes.coarser_weights
         if self.net.host_kernels:       # compiled CPU kernels the file carries
             out["host_kernels"] = len(self.net.host_kernels)
+            out["host_kernels_cpu"] = self.net.host_target["cpu"] if self.net.host_target else "host"
         return out
 
     # ------------------------------------------------------------------ running
@@ -341,15 +344,22 @@ class Model:
         need = (self.net.plan.peak_bytes if self.net.plan else 0) + programs + (1 << 20)
         return max(16 << 20, 1 << (need - 1).bit_length())
 
-    def compile_host_kernels(self, target_kind: str = "cpu", *, every_node: bool = False) -> int:
+    def compile_host_kernels(self, target_kind: str = "cpu", *, every_node: bool = False,
+                             cpu: str | None = None) -> int:
         """Compile the host kernels a run needs for ``target_kind`` now rather than at the first
         run (`gemforge compile` does, so that `gemforge run` starts without compiling): every
         node's for a float32 network, the nodes the host runs beside the accelerator for one with
         a config (a run of it on the CPU compiles the rest once). The CPU kernels go into the
         kernel cache and into the model (`save` writes them into the file; a run on a machine of
         the same CPU loads them without compiling). ``every_node``: the accelerator's nodes
-        too (what a run of an int8 network on the CPU compiles). Returns how many nodes have a
-        kernel."""
+        too (what a run of an int8 network on the CPU compiles). ``cpu``: the CPU to compile for
+        (`target.named_cpu`: ``host``, or an x86-64 level such as ``x86-64-v3``, whose code runs
+        on every machine of that level; a run on a machine without its features compiles its own).
+        Returns how many nodes have a kernel."""
+        if cpu is not None:
+            target = named_cpu(cpu)
+            self.net.host_target = None if cpu == "host" else {"cpu": target.cpu, "features": target.features}
+            self._cpu_target = None
         nodes = [node for node in self.graph.nodes if every_node or self.config is None or node.device != "accel"]
         self._kernels.pop(target_kind, None)       # found again (not compiled) and collected
         self._plans.clear()
@@ -368,9 +378,20 @@ class Model:
         kernels = self._kernels.setdefault(target_kind, {})
         if node.output not in kernels:
             tuned = tuning_dispatch.applied(self.net.tuning) if self.net.tuning else contextlib.nullcontext()
+            target = self._host_cpu() if target_kind == "cpu" else target_of(target_kind)
             with prebuilt.embedded(self.net.host_kernels), tuned:
-                kernels[node.output] = host_kernel(self.graph, node, target_of(target_kind))
+                kernels[node.output] = host_kernel(self.graph, node, target)
         return kernels[node.output]
+
+    def _host_cpu(self) -> CpuTarget:
+        """The CPU target host kernels compile for: the one the model's kernels were compiled for
+        (`CompiledNetwork.host_target`) where this machine has its features, so they are found
+        as they are; else this machine's own (a kernel for features it lacks never runs)."""
+        if self._cpu_target is None:
+            named = self.net.host_target
+            target = CpuTarget(named["cpu"], named["features"]) if named else CpuTarget()
+            self._cpu_target = target if named is None or runs_here(target) else CpuTarget()
+        return self._cpu_target
 
     @staticmethod
     def _host_target_kind(node: Node, host_kind: str) -> str:
@@ -592,5 +613,5 @@ class Model:
         used where they match this CPU; ``file_kernels=False`` compiles them here instead."""
         net = network_from_bytes(data, source)
         if not file_kernels:
-            net.host_kernels = {}
+            net.host_kernels, net.host_target = {}, None      # compiled here, for this CPU
         return cls(net)

@@ -25,7 +25,7 @@ import numpy as np
 from gemforge import __version__
 from gemforge.compiler.graph.ir import MAX_DIM, MAX_ELEMENTS   # an operator's tensors are bounded as a model's
 from gemforge.compiler.backends.cpu.cache import cache_dir
-from gemforge.compiler.target import GPU_ARCHS
+from gemforge.compiler.target import CPU_LEVELS, GPU_ARCHS
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 from gemforge.hw.isa import IsaError, derived
 
@@ -298,14 +298,17 @@ def cmd_compile(args: argparse.Namespace) -> None:
                           config=(args.config or "default") if args.quantize else None, batch=args.batch,
                           input_shapes=input_shapes, trace=trace, report=report, tuning=tuning)
     _check_runnable_batch(model, args.batch)
+    if args.no_host_kernels and args.cpu != "host":
+        raise UsageError("--cpu names the CPU the host kernels are compiled for; leave out --no-host-kernels")
     if not args.no_host_kernels:
-        # The host layers' kernels, compiled now for this CPU into the model file (and the kernel
-        # cache): a run on this CPU, here or on another machine, then starts without compiling; a
-        # run on another CPU compiles its own, once.
+        # The host layers' kernels, compiled now for this CPU (or the x86-64 level --cpu names)
+        # into the model file (and the kernel cache): a run on a machine they run on starts
+        # without compiling; a run on another CPU compiles its own, once.
         start = time.perf_counter()
-        count = model.compile_host_kernels()
+        count = model.compile_host_kernels(cpu=args.cpu)
         kept = f" and kept in {cache_dir()}" if cache_dir() is not None else ""
-        report(f"host kernels: {count} compiled for this CPU in {time.perf_counter() - start:.1f} s, "
+        where = "this CPU" if args.cpu == "host" else args.cpu
+        report(f"host kernels: {count} compiled for {where} in {time.perf_counter() - start:.1f} s, "
                f"{len(model.net.host_kernels)} CPU kernels carried in the model file{kept}")
     model.save(args.output)
     _print_json(model.summary())
@@ -718,6 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not compile the host layers' kernels now (by default they are compiled for this CPU "
                         "into the model file and the kernel cache, $GEMFORGE_CACHE or ~/.cache/gemforge, so that "
                         "runs on this CPU start without compiling; GEMFORGE_CACHE=off turns the cache off)")
+    p.add_argument("--cpu", default="host", metavar="NAME",
+                   help="the CPU the host kernels are compiled for: host (this machine's, default) or an x86-64 "
+                        f"level ({', '.join(CPU_LEVELS)}), whose code runs on every machine of that level; a "
+                        "run on a machine without its features compiles its own kernels instead")
     p.add_argument("--tuning-log", metavar="LOG",
                    help="use the schedules a `gemforge tune` log found (where it was made for this model, or "
                         "for any, and for this CPU or --config; otherwise the compile says why and goes on "

@@ -755,3 +755,67 @@ def test_compile_builds_the_host_kernels_so_a_run_compiles_nothing(tmp_path, cap
     assert code == 0, err
     code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "n.gfm", "--no-host-kernels")
     assert code == 0 and "host kernels" not in err
+
+
+def test_compile_for_an_x86_64_level_runs_its_kernels_here_without_compiling(tmp_path, capsys, monkeypatch):
+    """`gemforge compile --cpu x86-64-v3` builds AVX2 kernels; this machine (a later level) runs
+    them as they are. A file naming features this machine lacks compiles its own, and a file
+    whose host_target is not a level's is refused."""
+    import zipfile
+    from onnx import helper
+    from onnx_models import model
+    import gemforge.compiler.backends.cpu as cpu
+    from gemforge.driver.runtime.model import Model
+    monkeypatch.setenv("GEMFORGE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(4)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["y"])],
+              [("x", [1, 3, 8, 8])], [("y", None)], {"w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32)})
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    code, out, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "m.gfm", "--cpu", "x86-64-v3")
+    assert code == 0 and "compiled for x86-64-v3" in err, err
+    assert json.loads(out)["host_kernels_cpu"] == "x86-64-v3"
+    x = rng.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    expected = Model.load(tmp_path / "m.gfm", file_kernels=False).run(x, "cpu")
+    loaded = Model.load(tmp_path / "m.gfm")
+    if not cpu.runs_here(loaded._host_cpu()) or loaded._host_cpu().cpu != "x86-64-v3":
+        pytest.skip("this machine is below x86-64-v3")
+    assert cpu.vector_bits(loaded._host_cpu()) == 256
+    monkeypatch.setattr(cpu, "optimize_o3", lambda *a, **k: pytest.fail("a run compiled a kernel"))
+    np.testing.assert_allclose(loaded.run(x, "cpu"), expected, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+    # The same file claiming a level's features with one this machine lacks: refused as no level's.
+    with zipfile.ZipFile(tmp_path / "m.gfm") as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    manifest["host_target"]["features"] += ",+amx-tile"
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(tmp_path / "t.gfm", "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    np.save(tmp_path / "x.npy", x)
+    code, _, err = run(capsys, "run", tmp_path / "t.gfm", "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 2 and "host_target must name an x86-64 level" in err
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "n.gfm", "--cpu", "pentium")
+    assert code == 2 and "--cpu takes host or an x86-64 level" in err
+    code, _, err = run(capsys, "compile", tmp_path / "m.onnx", "-o", tmp_path / "n.gfm", "--cpu", "x86-64-v4",
+                       "--no-host-kernels")
+    assert code == 2 and "leave out --no-host-kernels" in err
+
+
+def test_kernels_for_features_this_machine_lacks_are_compiled_here_instead(tmp_path):
+    """A model whose kernels were built for a CPU with features this machine does not have runs
+    kernels compiled for this machine (never the file's code)."""
+    from onnx import helper
+    from onnx_models import model
+    from gemforge.compiler.target import CpuTarget
+    from gemforge.driver.runtime.model import Model, compile_model
+    rng = np.random.default_rng(5)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", [1, 3, 6, 6])], [("y", None)],
+              {"w": rng.normal(size=(2, 3, 1, 1)).astype(np.float32)})
+    compiled = compile_model(m)
+    compiled.compile_host_kernels(cpu="x86-64-v4")
+    compiled.net.host_target = {"cpu": "x86-64-v4", "features": compiled.net.host_target["features"] + ",+amx-tile"}
+    fresh = Model(compiled.net)
+    assert fresh._host_cpu() == CpuTarget()
+    x = rng.normal(size=(1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(fresh.run(x, "cpu"), compile_model(m).run(x, "cpu"), rtol=1e-5, atol=1e-5)

@@ -40,7 +40,7 @@ from . import cache, runtime
 from .codegen import CpuCodegen
 
 __all__ = ["stages", "CpuModule", "CpuKernel", "KernelArgumentError", "target_machine", "vector_bits",
-           "vector_registers", "has_feature", "aligned_empty"]
+           "vector_registers", "has_feature", "runs_here", "aligned_empty"]
 
 #: Alignment of the arrays the back end allocates: one cache line, one AVX-512 vector
 #: (a vector load that straddles two cache lines costs about twice as much).
@@ -93,6 +93,15 @@ def _resolved(cpu: str, features: str) -> tuple[str, str]:
             flags[change.lstrip("+-")] = "-" if change.startswith("-") else "+"
         return cpu, ",".join(f"{sign}{name}" for name, sign in flags.items())
     return cpu, target.features
+
+
+def runs_here(target: CpuTarget) -> bool:
+    """Whether code compiled for ``target`` runs on this machine: its CPU has every feature the
+    target's feature string turns on (code for a CPU with more would fault on an instruction)."""
+    _initialize()
+    host = {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f.startswith("+")}
+    wanted = {f[1:] for f in _host(target)[1].split(",") if f.startswith("+")}
+    return wanted <= host
 
 
 def has_feature(target: CpuTarget, feature: str) -> bool:
