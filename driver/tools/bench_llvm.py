@@ -79,28 +79,61 @@ def _conv_flops(xs, ws, stride, padding) -> int:
     return 2 * xs[0] * ws[0] * ws[1] * ws[2] * ws[3] * oh * ow
 
 
+#: The CPU target with its AVX-512 turned off (LLVM drops the AVX-512 extensions with their base):
+#: what an AVX2 machine gets, measured here.
+WITHOUT_AVX512 = "host,-avx512f"
+
+
 def bench_cpu_gemm(size: int = 1024, rounds: int = 5) -> dict[str, Any]:
-    """float32 GEMM size³ on the CPU back end against numpy's BLAS."""
+    """float32 GEMM size³ on the CPU back end against numpy's BLAS and ONNX Runtime's MatMul (where
+    installed), for this CPU and for it with AVX-512 turned off (`WITHOUT_AVX512`)."""
     from gemforge.compiler import CpuTarget
+    from gemforge.compiler.backends.cpu import has_feature
     from gemforge.compiler.ops import compile_dense
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size)).astype(np.float32)
     b = rng.standard_normal((size, size)).astype(np.float32)
-    start = time.perf_counter()
-    op = compile_dense(CpuTarget(), size, size, size, dtype="float32")
-    # Both sides get the same cache-line aligned operands.
-    compile_seconds = time.perf_counter() - start
-    arrays, out = _args(op, {"a": a, "b": b})
-    kernel = op.program
-    kernel(*arrays)
     expect = a @ b
-    if not np.allclose(op.unpack_output(out), expect, rtol=1e-3, atol=1e-3 * np.abs(expect).max()):
-        raise AssertionError("the CPU GEMM differs from numpy; benchmark is void")
-    t = best_interleaved({"gemforge": lambda: kernel(*arrays), "numpy": lambda: a @ b}, rounds=rounds)
+    candidates, plans, compile_seconds = {}, {}, 0.0
+    targets = {"gemforge": CpuTarget()}
+    if has_feature(CpuTarget(), "avx512f"):
+        targets["gemforge_avx2"] = CpuTarget(features=WITHOUT_AVX512)
+    for name, target in targets.items():
+        start = time.perf_counter()
+        op = compile_dense(target, size, size, size, dtype="float32")
+        if name == "gemforge":
+            compile_seconds = time.perf_counter() - start
+        # Both sides get the same cache-line aligned operands.
+        arrays, out = _args(op, {"a": a, "b": b})
+        op.program(*arrays)
+        if not np.allclose(op.unpack_output(out), expect, rtol=1e-3, atol=1e-3 * np.abs(expect).max()):
+            raise AssertionError("the CPU GEMM differs from numpy; benchmark is void")
+        candidates[name] = lambda kernel=op.program, arrays=arrays: kernel(*arrays)
+        plans[name] = op.plan
+    candidates["numpy"] = lambda: a @ b
+    if importlib.util.find_spec("onnxruntime") is not None:
+        import onnx
+        from onnx import TensorProto, helper
+        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "gemm",
+                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
+                                  [onnx.numpy_helper.from_array(b, "b")])
+        session = ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+        candidates["onnxruntime"] = lambda: session.run(None, {"a": a})
+    t = best_interleaved(candidates, rounds=rounds)
     flops = 2 * size ** 3
-    return {"shape": [size] * 3, "threads": cores(), "plan": op.plan, "compile_seconds": round(compile_seconds, 3),
-            "gemforge_gflops": round(flops / t["gemforge"] / 1e9, 1), "numpy_gflops": round(flops / t["numpy"] / 1e9, 1),
-            "ratio_vs_numpy": round(t["numpy"] / t["gemforge"], 2)}
+    gflops = {name: round(flops / seconds / 1e9, 1) for name, seconds in t.items()}
+    best_library = min(t[k] for k in ("numpy", "onnxruntime") if k in t)
+    out = {"shape": [size] * 3, "threads": cores(), "plan": plans["gemforge"],
+           "compile_seconds": round(compile_seconds, 3), "gemforge_gflops": gflops["gemforge"],
+           "numpy_gflops": gflops["numpy"], "ratio_vs_numpy": round(t["numpy"] / t["gemforge"], 2),
+           "ratio_vs_best_library": round(best_library / t["gemforge"], 2)}
+    if "onnxruntime" in t:
+        out["onnxruntime_gflops"] = gflops["onnxruntime"]
+    if "gemforge_avx2" in t:
+        out.update(avx2_gflops=gflops["gemforge_avx2"], avx2_plan=plans["gemforge_avx2"],
+                   avx2_ratio_vs_best_library=round(best_library / t["gemforge_avx2"], 2))
+    return out
 
 
 def bench_cpu_convs(layers, rounds: int = 3) -> dict[str, Any]:

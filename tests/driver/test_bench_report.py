@@ -247,3 +247,16 @@ def test_tuning_section_renders_both_devices_per_network():
     assert "## Schedule search: `gemforge tune` (merged from BENCHMARKS.tuning.json)" in text
     assert "| resnet18 | cpu (float32), ≤ 24 trials each | 12 | 300 | 95.2 s | 25.10 ms | 23.90 ms | **1.05×** |" in text
     assert "| 7,700,000 cycles | 7,500,000 cycles | **1.0267×** |" in text
+
+
+def test_cpu_gemm_row_with_avx512_off_and_onnx_runtime():
+    from gemforge.driver.tools.bench_llvm import bench_cpu_gemm
+    gemm = bench_cpu_gemm(size=128, rounds=1)
+    assert gemm["ratio_vs_best_library"] > 0 and gemm["numpy_gflops"] > 0
+    text = render_markdown({"cpu": {"gemm": gemm, "resnet18_convs_skipped": "not asked"}, "wall_seconds": 1.0},
+                           "gemforge bench")
+    assert "| numpy (BLAS), same threads |" in text
+    if "avx2_gflops" in gemm:
+        assert gemm["avx2_plan"]["lanes"] == 8 and "with AVX-512 off" in text
+    if "onnxruntime_gflops" in gemm:
+        assert "| ONNX Runtime MatMul, same threads |" in text
