@@ -87,7 +87,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def bench_networks(config: AccelConfig, device: str | None = None, quick: bool = False) -> dict[str, Any]:
-    from gemforge.models import build_mobilenet_v2, build_resnet18, digits
+    from gemforge.models import build_densenet121, build_mobilenet_v2, build_resnet18, digits
     results: dict[str, Any] = {}
     repeats = 3 if quick else 10
 
@@ -143,6 +143,8 @@ def bench_networks(config: AccelConfig, device: str | None = None, quick: bool =
     if device not in (None, "fsim"):
         row["rtl"] = _on_rtl("MobileNetV2", model, x, on_fsim, device, config)
     results["mobilenet_v2"] = row
+    # DenseNet-121: concat-heavy blocks and pre-activation BatchNorms, float32 on the CPU.
+    results["densenet121"] = {"cpu_float32": _cpu_vs_ort(build_densenet121(), x, repeats)}
     return results
 
 

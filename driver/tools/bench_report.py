@@ -262,6 +262,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
         out.append(_ratio_row("ResNet-18, batch 1, 224×224", r["cpu_float32"]))
         if net.get("mobilenet_v2"):
             out.append(_ratio_row("MobileNetV2, batch 1, 224×224", net["mobilenet_v2"]["cpu_float32"]))
+        if net.get("densenet121"):
+            out.append(_ratio_row("DenseNet-121, batch 1, 224×224", net["densenet121"]["cpu_float32"]))
         int8_rows = [(label, net[key]["cpu_int8"]) for key, label in (("resnet18", "ResNet-18"),
                                                                        ("mobilenet_v2", "MobileNetV2"))
                      if net.get(key, {}).get("cpu_int8", {}).get("onnxruntime_seconds")]
