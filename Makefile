@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install install-icarus demo test test-slow bench bench-synth bench-sweep bench-tuning clean
+.PHONY: install install-icarus demo test test-slow bench bench-synth bench-sweep bench-tuning tuning-defaults clean
 
 install: $(STAMP)
 
@@ -45,6 +45,11 @@ bench-synth: install
 
 bench-sweep: install
 	$(BIN)/gemforge bench --sections sweep -o BENCHMARKS.sweep.json
+
+# The tuning logs shipped for the presets (compiler/tuning/defaults/): ResNet-18's and MobileNetV2's
+# accelerator layers tuned on the cycle model (deterministic; a quarter of an hour per preset).
+tuning-defaults: install
+	$(BIN)/python -m gemforge.driver.tools.tune default
 
 bench-tuning: install
 	$(BIN)/gemforge bench --sections tuning -o BENCHMARKS.tuning.json

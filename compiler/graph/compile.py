@@ -17,6 +17,7 @@ the host layers are compiled for the device that runs them when the network runs
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ from gemforge.hw.config import load_config
 from .. import tuning as tuning_dispatch
 from ..target import CpuTarget
 from ..tuning import target_identity
-from ..tuning.log import TuningLog
+from ..tuning.log import TuningLog, default_records
 from .memory_plan import pack_layouts, plan_memory
 from .network import CompiledNetwork
 from .partition import partition
@@ -79,7 +80,8 @@ def _tuning_records(tuning, graph: Graph, config, report) -> list[dict]:
 
 def compile_network(model, *, quantize_to: str | None = None, calibration=None, config=None, batch: int = 1,
                     input_shapes=None, trace: Callable[[str], None] | None = None,
-                    report: Callable[[str], None] | None = None, tuning=()) -> CompiledNetwork:
+                    report: Callable[[str], None] | None = None, tuning=(),
+                    shipped_tuning: bool = True) -> CompiledNetwork:
     """Compile an ONNX model (path, bytes or ModelProto).
 
     ``quantize_to="int8"`` builds the int8 network from ``calibration`` samples (an
@@ -88,7 +90,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
     accelerator and the CPU. Without quantization the network is float32 for the
     host back ends. ``tuning``: a `TuningLog` (used if it was made for this model, or for
     any, and for this CPU or config; else ``report`` says why not) or records to apply
-    (`_tuning_records`)."""
+    (`_tuning_records`), over the tilings gemforge ships for a preset config
+    (`tuning.log.default_records`; ``shipped_tuning=False``: the planner's own)."""
     start = time.perf_counter()
     if quantize_to not in (None, "int8"):
         raise GraphError(f"quantization is to int8, not {quantize_to!r}")
@@ -139,7 +142,10 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         stage("unfold_small_channel_convs", graph)
         graph = infer_shapes(dense_of_image_as_conv(graph))
         stage("dense_of_image_as_conv", graph)
-        with tuning_dispatch.applied(records):
+        # The shipped tilings for this config, then the log given (which overrides them).
+        shipped = default_records(net.config) if shipped_tuning else []
+        with tuning_dispatch.applied(shipped, strict=False) if shipped else nullcontext(), \
+                tuning_dispatch.applied(records) if records else nullcontext():
             net.layers = partition(graph, net.config, report)
         stage("partition", graph)
         tensors = pack_layouts(graph, net.layers)

@@ -49,7 +49,7 @@ class Task:
         return record_key(self.kind, self.target, self.workload)
 
 
-_APPLIED: ContextVar[dict[str, dict] | None] = ContextVar("gemforge_tuning_applied", default=None)
+_APPLIED: ContextVar[dict[str, tuple[dict, bool]] | None] = ContextVar("gemforge_tuning_applied", default=None)
 class Recorded(dict):
     """The tasks `recording` found, by key, and how many compiles asked for each (``counts``:
     a network's repeated layers are one task, measured once, weighed by its count)."""
@@ -120,21 +120,26 @@ def choice(kind: str, target: dict[str, Any], workload: dict[str, Any], *, defau
     held = (_APPLIED.get() or {}).get(key)
     if held is None:
         return default
-    if not any(_canonical(c) == held for c, _ in candidates()):
-        raise TuningError(f"the tuning record for {kind} {workload_key(workload)} names {workload_key(held)}, "
+    config, strict = held
+    if not any(_canonical(c) == config for c, _ in candidates()):
+        if not strict:
+            return default
+        raise TuningError(f"the tuning record for {kind} {workload_key(workload)} names {workload_key(config)}, "
                           f"which is not one of the operator's configurations on this target; re-tune, or "
                           f"compile without the log")
-    return dict(held)
+    return dict(config)
 
 
 @contextmanager
-def applied(records: Iterable) -> Iterator[None]:
+def applied(records: Iterable, *, strict: bool = True) -> Iterator[None]:
     """Compiles inside use ``records``' configurations (`Record`s or their dicts) where their
-    kind, target and workload match; inner contexts add to and override outer ones."""
+    kind, target and workload match; inner contexts add to and override outer ones. A record
+    naming no configuration of its operator is refused (`TuningError`), or with ``strict=False``
+    (the logs shipped with gemforge, `log.default_records`) passed over."""
     table = dict(_APPLIED.get() or {})
     for r in records:
         r = r if isinstance(r, dict) else r.as_dict()
-        table[record_key(r["kind"], r["target"], r["workload"])] = _canonical(r["config"])
+        table[record_key(r["kind"], r["target"], r["workload"])] = (_canonical(r["config"]), strict)
     token = _APPLIED.set(table)
     try:
         yield

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gemforge.files import write_text_atomic
+
 from .dispatch import TuningError, _canonical, record_key, workload_key
 
-__all__ = ["Record", "TuningLog", "records_from_dicts", "FORMAT", "FORMAT_VERSION", "SPACE_VERSION", "MAX_LOG_BYTES"]
+__all__ = ["Record", "TuningLog", "records_from_dicts", "default_records", "DEFAULTS", "FORMAT", "FORMAT_VERSION", "SPACE_VERSION", "MAX_LOG_BYTES"]
 
 FORMAT = "gemforge-tuning"
 FORMAT_VERSION = 1
@@ -81,18 +82,9 @@ class TuningLog:
                 "seed": self.seed, "trials": self.trials}
 
     def save(self, path: str | Path) -> None:
-        """Write the log whole or not at all (a temporary file renamed over ``path``)."""
-        path = Path(path)
-        text = "".join(json.dumps(line, sort_keys=True) + "\n"
-                       for line in [self.header(), *(r.as_dict() for r in self.records)])
-        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write the log whole or not at all (`gemforge.files.write_text_atomic`)."""
+        write_text_atomic(path, "".join(json.dumps(line, sort_keys=True) + "\n"
+                                        for line in [self.header(), *(r.as_dict() for r in self.records)]))
 
     @classmethod
     def load(cls, path: str | Path) -> TuningLog:
@@ -157,6 +149,26 @@ class TuningLog:
         if target is not None and _canonical(target) != _canonical(self.target):
             return f"it was measured on {_describe(self.target)}, not {_describe(target)}"
         return None
+
+
+#: Tuning logs shipped with gemforge, one per accelerator preset (``<name>.jsonl``): the tilings the
+#: cycle model found best for the layers of ResNet-18 and MobileNetV2 (`make tuning-defaults`).
+DEFAULTS = Path(__file__).parent / "defaults"
+
+
+@lru_cache(maxsize=None)
+def _default_log(name: str) -> TuningLog | None:
+    path = DEFAULTS / f"{name}.jsonl"
+    return TuningLog.load(path) if path.is_file() else None
+
+
+def default_records(config) -> list[Record]:
+    """The shipped log's records for an accelerator ``config`` (none unless a preset's log exists
+    and was measured on exactly this config: same name and digest)."""
+    log = _default_log(config.name) if config is not None and config.name.replace("-", "").isalnum() else None
+    if log is None or log.device != "fsim" or log.target.get("digest") != config.digest:
+        return []
+    return list(log.records)
 
 
 def records_from_dicts(rows: Any, where: str) -> list[Record]:

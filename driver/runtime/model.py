@@ -65,7 +65,7 @@ HOST_PLANS = os.environ.get("GEMFORGE_HOST_PLAN", "1") != "0"
 
 
 def compile_model(model, *, quantize: str | None = None, calibrate=None, config=None, batch: int = 1,
-                  input_shapes=None, trace=None, report=None, tuning=()) -> Model:
+                  input_shapes=None, trace=None, report=None, tuning=(), shipped_tuning: bool = True) -> Model:
     """Compile an ONNX model (path, bytes or `onnx.ModelProto`) into a `Model`.
 
     ``quantize="int8"`` with ``calibrate`` (sample inputs stacked on a new first axis)
@@ -75,12 +75,14 @@ def compile_model(model, *, quantize: str | None = None, calibrate=None, config=
     (`gemforge.compiler.tuning.log.TuningLog`, used where it applies to this model and
     target) or its records, whose configurations the compile uses where their operator,
     workload and target match; the model keeps the CPU ones for the host kernels it
-    compiles later."""
+    compiles later. An accelerator preset's layers take the tilings gemforge ships for it
+    where the log gives none (``shipped_tuning=False``: the planner's own)."""
     # Imported here: the ONNX front end is what compiling needs and loading and running do not
     # (onnx alone takes most of a second to import).
     from gemforge.compiler.graph.compile import compile_network
     net = compile_network(model, quantize_to=quantize, calibration=calibrate, config=config, batch=batch,
-                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning)
+                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning,
+                          shipped_tuning=shipped_tuning)
     return Model(net)
 
 

@@ -74,7 +74,8 @@ def _fsim(onnx_model, x: np.ndarray, log: Path, config: AccelConfig, trials: int
     tuning_seconds = time.perf_counter() - start
     cycles = {}
     for label, tuning in (("untuned", ()), ("tuned", TuningLog.load(log))):
-        model = compile_model(onnx_model, quantize="int8", calibrate=x[None], config=config, tuning=tuning)
+        model = compile_model(onnx_model, quantize="int8", calibrate=x[None], config=config, tuning=tuning,
+                              shipped_tuning=False)
         cycles[label] = sum(run_cycle_model(layer.program.instructions, config).cycles
                             for layer in model.net.layers.values())
         if label == "tuned" and not np.array_equal(model.run(x, "fsim"), model.run(x, "cpu")):

@@ -296,7 +296,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
         tuning = TuningLog.load(args.tuning_log)
     model = compile_model(args.model, quantize=args.quantize, calibrate=samples,
                           config=(args.config or "default") if args.quantize else None, batch=args.batch,
-                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning)
+                          input_shapes=input_shapes, trace=trace, report=report, tuning=tuning,
+                          shipped_tuning=not args.no_shipped_tuning)
     _check_runnable_batch(model, args.batch)
     if args.no_host_kernels and args.cpu != "host":
         raise UsageError("--cpu names the CPU the host kernels are compiled for; leave out --no-host-kernels")
@@ -729,6 +730,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the schedules a `gemforge tune` log found (where it was made for this model, or "
                         "for any, and for this CPU or --config; otherwise the compile says why and goes on "
                         "untuned)")
+    p.add_argument("--no-shipped-tuning", action="store_true",
+                   help="tile the accelerator's layers with the planner's own choice, not the tilings gemforge ships "
+                        "tuned for the preset (compiler/tuning/defaults/)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("tune", help="search the schedules of a model's operators (CPU products on this machine, "

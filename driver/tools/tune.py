@@ -133,3 +133,53 @@ class _Progress:
     def __exit__(self, *exc):
         if self._progress is not None:
             self._progress.__exit__(*exc)
+
+
+#: The networks whose accelerator layers the shipped tuning logs cover (`write_default_logs`).
+DEFAULT_NETWORKS = ("resnet18", "mobilenet_v2")
+
+
+def merge_logs(logs: list[TuningLog]) -> TuningLog:
+    """One log of every operator of ``logs`` (all measured on one target; the cheaper record where
+    two tuned the same operator), for any model."""
+    first = logs[0]
+    if any(log.device != first.device or log.target != first.target for log in logs):
+        raise TuningError("merged tuning logs must be measured on one device and target")
+    best: dict[str, Any] = {}
+    for log in logs:
+        for record in log.records:
+            if record.key not in best or record.cost < best[record.key].cost:
+                best[record.key] = record
+    return TuningLog(first.device, first.target, None, first.seed, max(log.trials for log in logs),
+                     sorted(best.values(), key=lambda r: r.key))
+
+
+def write_default_logs(config_names: list[str], trials: int = 32,
+                       log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
+    """The shipped tuning logs (`compiler/tuning/defaults/<config>.jsonl`): ResNet-18's and
+    MobileNetV2's accelerator layers tuned on the cycle model for each preset (deterministic:
+    the same files on any machine)."""
+    import tempfile
+
+    import numpy as np
+
+    from gemforge.compiler.tuning.log import DEFAULTS
+    from gemforge.hw.config import load_config
+    from gemforge.models import build_mobilenet_v2, build_resnet18
+    builders = {"resnet18": build_resnet18, "mobilenet_v2": build_mobilenet_v2}
+    samples = np.random.default_rng(0).normal(size=(1, 1, 3, 224, 224)).astype(np.float32)
+    for name in config_names:
+        config = load_config(name)
+        logs = []
+        with tempfile.TemporaryDirectory() as folder:
+            for network in DEFAULT_NETWORKS:
+                path = Path(folder) / f"{network}.jsonl"
+                log(f"tuning {network} for {name} on the cycle model")
+                tune_model(builders[network](), path, device="fsim", trials=trials, quantize="int8",
+                           calibrate=samples, config=config, log=log)
+                logs.append(TuningLog.load(path))
+        merge_logs(logs).save(DEFAULTS / f"{name}.jsonl")
+
+
+if __name__ == "__main__":       # python -m gemforge.driver.tools.tune PRESET… (make tuning-defaults)
+    write_default_logs(sys.argv[1:] or ["default"])

@@ -275,3 +275,42 @@ def test_a_log_write_replaces_the_file_whole(tmp_path):
     with pytest.raises(TuningError, match="positive finite"):
         TuningLog.load(path)
     assert [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]       # no temporary file left behind
+
+
+# --- the shipped logs ----------------------------------------------------------------------------
+
+def test_shipped_logs_name_configurations_their_operators_take_and_compiles_use_them():
+    """The shipped log of `default` covers ResNet-18's convolutions: each record is one of its
+    layer's tilings, and the network compile gives the layers those tilings."""
+    from gemforge.compiler.tuning.log import DEFAULTS, default_records
+    from gemforge.driver.runtime.model import compile_model
+    from gemforge.models import build_resnet18
+    assert sorted(p.stem for p in DEFAULTS.glob("*.jsonl")) == ["default"]
+    config = PRESETS["default"]
+    shipped = {r.key: r for r in default_records(config)}
+    assert shipped and all(r.kind == "accel.conv2d" and r.cost <= r.default_cost for r in shipped.values())
+    x = np.random.default_rng(0).normal(size=(1, 1, 3, 224, 224)).astype(np.float32)
+    with tuning.recording() as found:
+        net = compile_model(build_resnet18(), quantize="int8", calibrate=x, config=config).net
+    covered = [t for key, t in found.items() if key in shipped]
+    assert len(covered) == sum(t.kind == "accel.conv2d" for t in found.values()) > 10
+    plans = [layer.plan for layer in net.layers.values()]
+    for task in covered:
+        record = shipped[task.key]
+        assert record.config in [c for c, _ in task.candidates()]
+        assert any(all(p.get(k) == v for k, v in record.config.items()) for p in plans), record.workload
+    planned = compile_model(build_resnet18(), quantize="int8", calibrate=x, config=config, shipped_tuning=False).net
+    changed = [name for name, layer in net.layers.items() if layer.plan != planned.layers[name].plan]
+    # Every layer whose shipped tiling is not the planner's changed, and only those (a workload
+    # a network repeats is one record, counted once per layer).
+    assert changed and len(changed) == sum(found.counts[t.key] for t in covered if shipped[t.key].config != t.default)
+    other = config.replace(wgt_buffer_bytes=config.wgt_buffer_bytes * 2)
+    assert default_records(other) == []               # another config of the same name: not its log
+
+
+def test_shipped_records_are_passed_over_where_they_no_longer_fit():
+    task = _one_task(lambda: host.compile_dense(CPU, 8, 8, 8, dtype="float32"))
+    wrong = _record(task, {"mb": 40, "vectors": 9, "order": "columns"})
+    with tuning.applied([wrong], strict=False):
+        op = host.compile_dense(CPU, 8, 8, 8, dtype="float32")
+    assert (op.plan["mb"], op.plan["nb"] // op.plan["lanes"]) == (task.default["mb"], task.default["vectors"])

@@ -299,11 +299,14 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
             lambda threads: plan_conv2d(c, data, kernel, stride, padding, threads=threads, epilogue=epi),
             latency_hiding)
         if tuning.active():
-            # A tuning log's tiling for this convolution (`gemforge tune --device fsim`).
+            # A tuning log's tiling for this convolution (`gemforge tune --device fsim`). The tilings
+            # that fit depend on whether the epilogue requantizes and clamps, not on the shift's or
+            # the bound's value (which calibration sets): a log applies across calibrations.
             plan = tuning.choice(
                 "accel.conv2d", tuning.target_identity(c),
                 {"input": (n, ch, h, w), "weight": (o, ci, kh, kw), "stride": stride, "padding": padding,
-                 "bias": bias, "shift": shift, "relu": relu, "hi": hi, "latency_hiding": latency_hiding},
+                 "bias": bias, "requantized": shift is not None, "relu": relu, "clamped": hi is not None,
+                 "latency_hiding": latency_hiding},
                 default=plan,
                 candidates=partial(tuning_space.accel_conv2d_candidates, c, data, kernel, stride, padding, epi,
                                    latency_hiding),
