@@ -4,9 +4,10 @@
   vectors of columns, every shape `cpu.tile_shapes` allows on the target's register file) and
   the order its output tiles run in (`cpu.TILE_ORDERS`). The estimate is `cpu.tile_cost`, the
   same one the untuned compile minimizes.
-- ``accel.conv2d``: every tiling of the convolution the accelerator's buffers hold
-  (`accel.conv2d.rank_conv2d`), with the planner's closed-form cycle estimate. The untuned
-  compile takes the best estimate; tuning runs the others on the calibrated cycle model.
+- ``accel.conv2d``: every tiling of the convolution the accelerator's buffers hold, with the
+  planner's closed-form cycle estimate (`ops.accel.conv2d.tiling_candidates`, beside the
+  planner). The untuned compile takes the best estimate; tuning runs the others on the
+  calibrated cycle model.
 
 `features` turns a configuration into the cost model's inputs (`search.CostModel`).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..ops import cpu as cpu_schedules
 
-__all__ = ["cpu_product_candidates", "accel_conv2d_candidates", "features", "describe"]
+__all__ = ["cpu_product_candidates", "features", "describe"]
 
 
 def cpu_product_candidates(rows: int, cols: int, lanes: int, registers: int) -> list[tuple[dict[str, Any], float]]:
@@ -29,18 +30,6 @@ def cpu_product_candidates(rows: int, cols: int, lanes: int, registers: int) -> 
         for order in cpu_schedules.TILE_ORDERS:
             out.append(({"mb": mb, "vectors": vectors, "order": order}, estimate))
     return out
-
-
-def accel_conv2d_candidates(config, data, kernel, stride: int, padding: int, epilogue,
-                            latency_hiding: bool) -> list[tuple[dict[str, Any], float]]:
-    """Every tiling of an accelerator convolution that fits, best estimate first (with two
-    virtual threads where latency hiding is asked for and they fit, as the compile does)."""
-    from ..ops.accel.common import plan_with_fallback
-    from ..ops.accel.conv2d import rank_conv2d
-    return plan_with_fallback(
-        lambda threads: rank_conv2d(config, data, kernel, stride, padding, threads=threads, epilogue=epilogue,
-                                    count=None, with_cost=True),
-        latency_hiding)
 
 
 def features(kind: str, config: dict[str, Any], estimate: float) -> list[float]:

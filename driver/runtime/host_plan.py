@@ -31,7 +31,7 @@ import numpy as np
 
 from gemforge.compiler.backends.cpu import CpuKernel, aligned_empty, runtime
 from gemforge.compiler.graph.kernels import HostKernel, contiguous
-from gemforge.compiler.graph.ir import Node
+from gemforge.compiler.graph.ir import Graph, Node
 
 __all__ = ["HostPlan"]
 
@@ -69,22 +69,22 @@ class _Step:
 
 
 class HostPlan:
-    """The traced CPU run of ``model`` on ``device`` (`Model._run_host_planned` builds and uses it)."""
+    """The traced CPU run of a network on a device (`Model._run_host_planned` builds and uses it).
+    ``row(node, device kind, seconds)`` makes a profile row."""
 
     def __init__(self, steps: list[_Step], constants: dict[str, np.ndarray], threads: int,
-                 macs: Callable[[Node], int]):
+                 row: Callable[[Node, str, float], Any]):
         self.steps = steps
         self.constants = constants
         self.threads = threads
-        self.macs = macs
+        self.row = row
         self.lock = threading.Lock()
 
     @classmethod
-    def trace(cls, model, feeds: dict[str, np.ndarray], device) -> tuple[HostPlan, dict[str, np.ndarray], list]:
-        """Run the network once the ordinary way on the CPU ``device``, recording each node; returns
-        the plan, that run's outputs and its profile rows."""
-        from .model import LayerProfile
-        graph = model.graph
+    def trace(cls, graph: Graph, feeds: dict[str, np.ndarray], device, kernel_of: Callable[[Node], HostKernel],
+              row: Callable[[Node, str, float], Any]) -> tuple[HostPlan, dict[str, np.ndarray], list]:
+        """Run ``graph`` once the ordinary way on the CPU ``device`` (``kernel_of`` gives a node's
+        host kernel), recording each node; returns the plan, that run's outputs and its profile."""
         env: dict[str, np.ndarray] = dict(graph.constants)
         env.update(feeds)
         static: set[str] = set()                       # env values whose buffers the plan owns
@@ -92,7 +92,7 @@ class HostPlan:
         profile = []
         for node in graph.nodes:
             start = time.perf_counter()
-            hk = model._host_kernel(node, "cpu")
+            hk = kernel_of(node)
             args = [env[name] for name in node.inputs]
             step = _trace_node(node, hk, args, node.inputs, graph.constants, static, device)
             if step.kernel is None:
@@ -105,14 +105,12 @@ class HostPlan:
                 kind = "cpu"
             step.device_kind = kind
             steps.append(step)
-            profile.append(LayerProfile(node.name, node.op, kind, time.perf_counter() - start,
-                                        macs=model._macs(node)))
+            profile.append(row(node, kind, time.perf_counter() - start))
         outputs = {name: np.array(env[name]) for name in graph.outputs}
-        return cls(steps, dict(graph.constants), device.threads, model._macs), outputs, profile
+        return cls(steps, dict(graph.constants), device.threads, row), outputs, profile
 
     def run(self, feeds: dict[str, np.ndarray], device, outputs: list[str]) -> tuple[dict[str, np.ndarray], list]:
         """One run on ``feeds``: the outputs (copies) and the profile rows."""
-        from .model import LayerProfile
         env = dict(self.constants)
         env.update(feeds)
         profile = []
@@ -129,8 +127,7 @@ class HostPlan:
                         env[node.output] = step.output
                     else:
                         env[node.output] = contiguous(step.finish(step.raw_output))
-                    profile.append(LayerProfile(node.name, node.op, step.device_kind, time.perf_counter() - start,
-                                                macs=self.macs(node)))
+                    profile.append(self.row(node, step.device_kind, time.perf_counter() - start))
                 result = {name: np.array(env[name]) for name in outputs}
             except BaseException:
                 runtime.leave(previous, check=False)

@@ -459,7 +459,9 @@ class Model:
         by the next ones."""
         plan = self._plans.get(dev.threads)
         if plan is None:
-            plan, outputs, profile = HostPlan.trace(self, feeds, dev)
+            plan, outputs, profile = HostPlan.trace(
+                self.graph, feeds, dev, lambda node: self._host_kernel(node, "cpu"),
+                lambda node, kind, seconds: LayerProfile(node.name, node.op, kind, seconds, macs=self._macs(node)))
             self._plans[dev.threads] = plan
         else:
             outputs, profile = plan.run(feeds, dev, self.graph.outputs)

@@ -31,7 +31,6 @@ from ...backends.accel.intrin import gemm_intrin
 from ...backends.accel.layout import ceil_div, pack_nchw, pack_oihw, unpack_nchw
 from ... import tuning
 from ...pipeline import build
-from ...tuning import space as tuning_space
 from ...schedule import VTHREAD_ORDERS, Schedule, create_schedule
 from ...te import Tensor, compute, pad, placeholder, reduce_axis, sum_
 from ..common import CompiledOp, Epilogue, OpError, out_size
@@ -179,6 +178,17 @@ def _plan_conv2d(config: AccelConfig, data, kernel, stride: int, padding: int, t
     return plans
 
 
+def tiling_candidates(config: AccelConfig, data, kernel, stride: int, padding: int, epilogue: Epilogue,
+                      latency_hiding: bool) -> list[tuple[dict, float]]:
+    """Every tiling of the convolution that fits, in each thread order, with the closed-form cycle
+    estimate (best first; two virtual threads where latency hiding is asked for and they fit, as
+    the compile does): what `gemforge tune` searches (`tuning.choice`)."""
+    return plan_with_fallback(
+        lambda threads: rank_conv2d(config, data, kernel, stride, padding, threads=threads, epilogue=epilogue,
+                                    count=None, with_cost=True),
+        latency_hiding)
+
+
 #: Output pixels from which a convolution loads its bias once, not per tile (`_plan_conv2d`).
 BIAS_ONCE_PIXELS = 49
 
@@ -308,8 +318,7 @@ def compile_conv2d(config: AccelConfig, input_shape: tuple[int, int, int, int],
                  "bias": bias, "requantized": shift is not None, "relu": relu, "clamped": hi is not None,
                  "latency_hiding": latency_hiding},
                 default=plan,
-                candidates=partial(tuning_space.accel_conv2d_candidates, c, data, kernel, stride, padding, epi,
-                                   latency_hiding),
+                candidates=partial(tiling_candidates, c, data, kernel, stride, padding, epi, latency_hiding),
                 build=partial(compile_conv2d, config, (n, ch, h, w), (o, ci, kh, kw), stride=stride,
                               padding=padding, bias=bias, shift=shift, relu=relu, hi=hi,
                               latency_hiding=latency_hiding, tune=False))
