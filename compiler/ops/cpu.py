@@ -20,9 +20,9 @@ from __future__ import annotations
 from ..schedule import Schedule
 from ..te import Tensor
 
-__all__ = ["vector_lanes", "plan_tile", "tile_shapes", "tile_cost", "TILE_ORDERS", "TILE_EFFICIENCY", "schedule_matmul", "schedule_panels", "schedule_im2col",
-           "schedule_flat_image", "schedule_rows", "schedule_elementwise",
-           "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
+__all__ = ["vector_lanes", "plan_tile", "tile_shapes", "tile_cost", "TILE_ORDERS", "TILE_EFFICIENCY",
+           "schedule_matmul", "schedule_panels", "schedule_im2col", "schedule_flat_image", "schedule_rows",
+           "schedule_elementwise", "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
 
 #: The orders a product's output tiles may run in (`schedule_matmul`).
 TILE_ORDERS = ("columns", "rows")
