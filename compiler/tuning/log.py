@@ -26,7 +26,8 @@ from gemforge.files import write_text_atomic
 
 from .dispatch import TuningError, _canonical, record_key, workload_key
 
-__all__ = ["Record", "TuningLog", "records_from_dicts", "default_records", "DEFAULTS", "FORMAT", "FORMAT_VERSION", "SPACE_VERSION", "MAX_LOG_BYTES"]
+__all__ = ["Record", "TuningLog", "records_from_dicts", "default_records", "DEFAULTS", "FORMAT", "FORMAT_VERSION",
+           "SPACE_VERSION", "MAX_LOG_BYTES"]
 
 FORMAT = "gemforge-tuning"
 FORMAT_VERSION = 1

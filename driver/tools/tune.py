@@ -93,7 +93,8 @@ def _summary(tuning_log: TuningLog, output, tasks, counts: dict[str, int], resul
     weighed = [(counts.get(r.key, 1), r) for r in tuning_log.records]
     default = sum(n * r.default_cost for n, r in weighed)
     tuned = sum(n * r.cost for n, r in weighed)
-    return {"log": str(output), "device": tuning_log.device, "unit": "seconds" if tuning_log.device == "cpu" else "cycles",
+    return {"log": str(output), "device": tuning_log.device,
+            "unit": "seconds" if tuning_log.device == "cpu" else "cycles",
             "target": _target_text(tuning_log.target), "operators": len(tasks), "tuned": len(tuning_log.records),
             "trials": result.trials if result else 0, "seconds": round(result.seconds, 2) if result else 0.0,
             "stopped": result.stopped if result else None,
