@@ -162,8 +162,9 @@ class DaskMeasurer:
         self.width = len(workers)
 
     def __call__(self, task: Task, configs: list[dict]) -> list[float | str]:
-        futures = [self.client.submit(_measured, task, c, self.device, workers=[w], pure=False)
-                   for c, w in zip(configs, self.workers)]
+        futures = [self.client.submit(_measured, task, c, self.device, workers=[self.workers[k % len(self.workers)]],
+                                      pure=False)
+                   for k, c in enumerate(configs)]
         out: list[float | str] = []
         for f in futures:
             try:

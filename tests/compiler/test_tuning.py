@@ -314,3 +314,17 @@ def test_shipped_records_are_passed_over_where_they_no_longer_fit():
     with tuning.applied([wrong], strict=False):
         op = host.compile_dense(CPU, 8, 8, 8, dtype="float32")
     assert (op.plan["mb"], op.plan["nb"] // op.plan["lanes"]) == (task.default["mb"], task.default["vectors"])
+
+
+def test_a_dask_round_measures_every_configuration_it_is_given():
+    distributed = pytest.importorskip("distributed")
+    from gemforge.compiler.tuning.search import DaskMeasurer
+    task = _one_task(lambda: host.compile_dense(CPU, 16, 16, 16, dtype="float32"))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        measurer = DaskMeasurer(c.scheduler_address, "cpu", task.target, log=lambda _: None)
+        try:
+            configs = [task.default, {"mb": 1, "vectors": 1, "order": "rows"}, {"mb": 2, "vectors": 1, "order": "rows"}]
+            costs = measurer(task, configs)          # more configurations than workers
+        finally:
+            measurer.close()
+    assert len(costs) == 3 and all(isinstance(c, float) and c > 0 for c in costs)
