@@ -260,3 +260,25 @@ def test_cpu_gemm_row_with_avx512_off_and_onnx_runtime():
         assert gemm["avx2_plan"]["lanes"] == 8 and "with AVX-512 off" in text
     if "onnxruntime_gflops" in gemm:
         assert "| ONNX Runtime MatMul, same threads |" in text
+
+
+def test_a_utilization_row_keeps_the_runs_cycles_and_the_rooflines_apart():
+    """The roofline's ideal cycles went under the run's own `cycles` key, so the GEMM-utilization
+    table printed the ideal machine's cycles as the RTL's; they are now `roofline_cycles`."""
+    import dataclasses
+    from gemforge.driver.tools.bench import _utilization_run
+    config = PRESETS["tiny"]
+    fsim = open_device("fsim", config)
+
+    class Measured:                    # fsim's results, with counters as an RTL device reports them
+        kind = "verilator"
+
+        def run_program(self, program, inputs, outputs):
+            out, result = fsim.run_program(program, inputs, outputs)
+            return out, dataclasses.replace(result, cycles=99_999, hw_counters={"gemm_active": 900, "gemm_reset": 0})
+    op = compile_dense(config, 16, 32, 24)
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(-128, 128, (16, 32), dtype=np.int8), rng.integers(-128, 128, (32, 24), dtype=np.int8)
+    row = _utilization_run(Measured(), op, {"a": a, "b": b}, a.astype(np.int32) @ b.astype(np.int32))
+    assert row["cycles"] == 99_999 and row["utilization"] == round(900 / 99_999, 4)
+    assert row["roofline_cycles"] == roofline(op.program)["cycles"] < 99_999
