@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import CompileError
 
-__all__ = ["Task", "active", "choice", "applied", "recording", "target_identity", "workload_key", "TuningError"]
+__all__ = ["Task", "active", "choice", "applied", "recording", "target_identity", "workload_key", "canonical",
+           "TuningError"]
 
 
 class TuningError(CompileError):
@@ -62,12 +63,12 @@ class Recorded(dict):
 _RECORDING: ContextVar[Recorded | None] = ContextVar("gemforge_tuning_recording", default=None)
 
 
-def _canonical(value: Any) -> Any:
+def canonical(value: Any) -> Any:
     """JSON's form of a workload or configuration: tuples as lists, numpy integers as ints."""
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
+        return {str(k): canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [canonical(v) for v in value]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if hasattr(value, "__index__"):
@@ -78,7 +79,7 @@ def _canonical(value: Any) -> Any:
 
 
 def workload_key(workload: dict[str, Any]) -> str:
-    return json.dumps(_canonical(workload), sort_keys=True, separators=(",", ":"))
+    return json.dumps(canonical(workload), sort_keys=True, separators=(",", ":"))
 
 
 def record_key(kind: str, target: dict[str, Any], workload: dict[str, Any]) -> str:
@@ -115,13 +116,13 @@ def choice(kind: str, target: dict[str, Any], workload: dict[str, Any], *, defau
     recording_into = _RECORDING.get()
     if recording_into is not None:
         if key not in recording_into:
-            recording_into[key] = Task(kind, target, _canonical(workload), _canonical(default), candidates, build)
+            recording_into[key] = Task(kind, target, canonical(workload), canonical(default), candidates, build)
         recording_into.counts[key] = recording_into.counts.get(key, 0) + 1
     held = (_APPLIED.get() or {}).get(key)
     if held is None:
         return default
     config, strict = held
-    if not any(_canonical(c) == config for c, _ in candidates()):
+    if not any(canonical(c) == config for c, _ in candidates()):
         if not strict:
             return default
         raise TuningError(f"the tuning record for {kind} {workload_key(workload)} names {workload_key(config)}, "
@@ -139,7 +140,7 @@ def applied(records: Iterable, *, strict: bool = True) -> Iterator[None]:
     table = dict(_APPLIED.get() or {})
     for r in records:
         r = r if isinstance(r, dict) else r.as_dict()
-        table[record_key(r["kind"], r["target"], r["workload"])] = (_canonical(r["config"]), strict)
+        table[record_key(r["kind"], r["target"], r["workload"])] = (canonical(r["config"]), strict)
     token = _APPLIED.set(table)
     try:
         yield

@@ -24,7 +24,7 @@ from typing import Any
 
 from gemforge.files import write_text_atomic
 
-from .dispatch import TuningError, _canonical, record_key, workload_key
+from .dispatch import TuningError, canonical, record_key, workload_key
 
 __all__ = ["Record", "TuningLog", "records_from_dicts", "default_records", "DEFAULTS", "FORMAT", "FORMAT_VERSION",
            "SPACE_VERSION", "MAX_LOG_BYTES"]
@@ -147,7 +147,7 @@ class TuningLog:
         if self.model_sha256 is not None and model_sha256 is not None and self.model_sha256 != model_sha256:
             return (f"it was tuned for another model (SHA-256 {self.model_sha256[:12]}…, this one is "
                     f"{model_sha256[:12]}…)")
-        if target is not None and _canonical(target) != _canonical(self.target):
+        if target is not None and canonical(target) != canonical(self.target):
             return f"it was measured on {_describe(self.target)}, not {_describe(target)}"
         return None
 
@@ -201,7 +201,7 @@ def _record(row: Any, device: str, target: dict, where: str) -> Record:
     kind = row.get("kind")
     if kind not in KINDS[device]:
         raise TuningError(f"{where}: kind must be one of {', '.join(KINDS[device])} in a {device} log, not {kind!r}")
-    if _canonical(row.get("target")) != _canonical(target):
+    if canonical(row.get("target")) != canonical(target):
         raise TuningError(f"{where}: the record's target is not the header's")
     workload, config = row.get("workload"), row.get("config")
     if not isinstance(workload, dict) or not isinstance(config, dict) or not config:
@@ -213,7 +213,7 @@ def _record(row: Any, device: str, target: dict, where: str) -> Record:
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise TuningError(f"{where}: trials must be a positive integer")
     try:
-        workload, config = _canonical(workload), _canonical(config)
+        workload, config = canonical(workload), canonical(config)
     except TypeError as exc:
         raise TuningError(f"{where}: {exc}") from None
     return Record(kind, target, workload, config, float(cost), float(default), trials)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dispatch import Task, TuningError, _canonical, applied, target_identity
+from .dispatch import Task, TuningError, canonical, applied, target_identity
 from .log import Record, UNITS
 from .space import features
 
@@ -148,7 +148,7 @@ class DaskMeasurer:
         workers = sorted(self.client.scheduler_info()["workers"])
         if device == "cpu":
             identities = self.client.run(_worker_identity, target)
-            refused = [w for w in workers if _canonical(identities.get(w)) != _canonical(target)]
+            refused = [w for w in workers if canonical(identities.get(w)) != canonical(target)]
             for w in refused:
                 got = identities.get(w) or {}
                 log(f"refusing worker {w}: its CPU is {got.get('cpu')} with other features or threads than the "
@@ -209,7 +209,7 @@ def tune(tasks: list[Task], *, device: str, trials: int, seed: int = 0, time_bud
         if time_budget is not None and time.perf_counter() - started >= time_budget:
             stopped = f"the time budget of {time_budget:g} s ran out after {index} of {len(tasks)} operators"
             break
-        candidates = [(_canonical(c), estimate) for c, estimate in task.candidates()]
+        candidates = [(canonical(c), estimate) for c, estimate in task.candidates()]
         configs = [c for c, _ in candidates]
         xs = np.asarray([features(task.kind, c, e) for c, e in candidates])
         model = models.setdefault(task.kind, CostModel())

@@ -67,6 +67,10 @@ class _Step:
     keep: list[np.ndarray] = field(default_factory=list)   # alive while the plan holds addresses
     device_kind: str = "cpu"
 
+    def value(self) -> np.ndarray:
+        """The node's value after its kernel ran: the plan's buffer, or the copy its unpacking makes."""
+        return self.output if self.output is not None else contiguous(self.finish(self.raw_output))
+
 
 class HostPlan:
     """The traced CPU run of a network on a device (`Model._run_host_planned` builds and uses it).
@@ -99,7 +103,7 @@ class HostPlan:
                 env[node.output], result = hk.run(device, args)
                 kind = "cpu" if result is not None else "host (data)"
             else:                 # `_trace_node` ran the kernel
-                env[node.output] = step.output if step.output is not None else contiguous(step.finish(step.raw_output))
+                env[node.output] = step.value()
                 if step.output is not None:
                     static.add(node.output)
                 kind = "cpu"
@@ -123,10 +127,8 @@ class HostPlan:
                     if step.kernel is None or not _call(step, env):
                         # A Python step, or an argument not as traced: the ordinary way.
                         env[node.output], _ = step.hk.run(device, [env[name] for name in node.inputs])
-                    elif step.output is not None:
-                        env[node.output] = step.output
                     else:
-                        env[node.output] = contiguous(step.finish(step.raw_output))
+                        env[node.output] = step.value()
                     profile.append(self.row(node, step.device_kind, time.perf_counter() - start))
                 result = {name: np.array(env[name]) for name in outputs}
             except BaseException:

@@ -25,6 +25,7 @@ from gemforge.models import (build_alexnet_style, build_bert_tiny, build_crnn_st
                              build_unet_style, build_vit_tiny, build_yolo_style)
 
 from ..runtime.model import compile_model
+from .measure import cosine
 
 __all__ = ["bench_models", "MODELS"]
 
@@ -53,11 +54,6 @@ def _macs(graph, node) -> int:
     if node.op == "dense":
         return math.prod(out) * w[0]
     return 0
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def _first(result) -> np.ndarray:
@@ -131,7 +127,7 @@ def _measure(name: str, build: Callable[[], onnx.ModelProto], config: str) -> di
     return {"name": name, "onnx_nodes": len(m.graph.node), "opset": next(o.version for o in m.opset_import
                                                                           if o.domain in ("", "ai.onnx")),
             "operators": sorted({n.op_type for n in m.graph.node}), "float32_error": error,
-            "int8_cosine": round(_cosine(on_cpu, got), 5), "macs": total,
+            "int8_cosine": round(cosine(on_cpu, got), 5), "macs": total,
             "accelerator_mac_share": on_accel / total if total else 0.0,
             "accelerator_nodes": sum(node.device == "accel" for node in g.nodes), "int8_nodes": len(g.nodes),
             "float32_compile_seconds": round(float_seconds, 3), "int8_compile_seconds": round(int8_seconds, 3),

@@ -15,7 +15,7 @@ import onnx
 
 from gemforge.hw.config import AccelConfig
 
-from .measure import best_interleaved, best_of, cores, ort_session, roofline
+from .measure import best_interleaved, best_of, cores, cosine, ort_session, roofline
 from ..runtime.model import compile_model
 from ..runtime.profile import profile_totals
 
@@ -78,12 +78,7 @@ def _int8_cpu_vs_ort_qdq(onnx_model, model, samples: np.ndarray, repeats: int) -
                             rounds=repeats, repeats=1)
     return {"gemforge_seconds": round(best["ours"], 6), "onnxruntime_seconds": round(best["ort"], 6),
             "time_ratio": round(best["ort"] / best["ours"], 3), "threads": cores(),
-            "gemforge_cosine": round(_cosine(ours, reference), 5), "onnxruntime_cosine": round(_cosine(theirs, reference), 5)}
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+            "gemforge_cosine": round(cosine(ours, reference), 5), "onnxruntime_cosine": round(cosine(theirs, reference), 5)}
 
 
 def bench_networks(config: AccelConfig, device: str | None = None, quick: bool = False) -> dict[str, Any]:

@@ -6,7 +6,8 @@
 - `ort_session`: ONNX Runtime, the host baseline, on the same threads as gemforge's
   CPU kernels and without spinning idle threads;
 - `roofline`: the best an accelerator program's work allows, the bound its cycles are
-  compared with.
+  compared with;
+- `cosine`: how close an int8 network's output is to a reference's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from gemforge.compiler.backends.cpu.runtime import cores
 
-__all__ = ["WARM_UP_SECONDS", "best_of", "best_interleaved", "ort_session", "cores", "roofline"]
+__all__ = ["WARM_UP_SECONDS", "best_of", "best_interleaved", "ort_session", "cores", "roofline", "cosine"]
 
 #: Each block of timed calls starts with this much untimed running of the same call:
 #: the other side's library threads (OpenBLAS, ONNX Runtime) stop spinning and the
@@ -92,3 +95,9 @@ def roofline(program) -> dict[str, Any]:
     bound = max(gemm + alu_cycles, beats_read, beats_written)
     return {"gemm_uops": gemm, "gemm_reset_uops": resets, "alu_uops": alu, "beats_read": beats_read,
             "beats_written": beats_written, "cycles": bound, "roofline": round((gemm - resets) / bound, 4)}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine similarity of two outputs, flattened, in float64."""
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

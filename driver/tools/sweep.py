@@ -56,6 +56,8 @@ from typing import Any, Callable, Iterator
 from gemforge.files import check_regular_input, write_bytes_atomic, write_text_atomic
 from gemforge.hw.config import PRESETS, AccelConfig, ConfigError, load_config
 
+from .progress import ProgressBar
+
 __all__ = ["SweepError", "Space", "load_space", "expand", "evaluate_point", "run_sweep", "pareto_front",
            "render_report", "SYNTHESIS_TARGETS"]
 
@@ -548,12 +550,12 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
     where = f"dask at {scheduler}" if scheduler else f"{jobs} local job(s)"
     log(f"sweep {space.name}: {len(points)} points, {len(valid)} valid, {len(valid) - len(tasks)} already done, "
         f"{len(tasks)} to run ({where})")
-    with _Progress("cycles", len(tasks), progress) as bar:
+    with ProgressBar("cycles", len(tasks), progress) as bar:
         for result in _execute(evaluate_point, tasks, jobs, scheduler):
             results[result["index"]] = result
             if not result.get("lost"):             # a lost worker's point is run again next time
                 write_text_atomic(out / "points" / f"{result['key']}.json", json.dumps(result, indent=1))
-            bar.advance(result["index"], result["status"])
+            bar.advance(f"point {result['index']}: {result['status']}")
 
     ok = [i for i in valid if results[i].get("status") == "ok"]
     configs = {i: AccelConfig.from_dict(next(p for p in points if p["index"] == i)["config"]) for i in ok}
@@ -566,11 +568,11 @@ def run_sweep(space: Space, out_dir: str | Path, *, jobs: int = 1, scheduler: st
 
         def synthesize(indices: list[int], what: str) -> None:
             todo = [i for i in indices if i not in synthesized]
-            with _Progress(what, len(todo), progress) as bar:
+            with ProgressBar(what, len(todo), progress) as bar:
                 for s in _execute(synthesize_point, [{"index": i, "config": configs[i].to_dict(),
                                                        "target": space.synthesis} for i in todo], jobs, scheduler):
                     synthesized[s["index"]] = s
-                    bar.advance(s["index"], s["status"])
+                    bar.advance(f"point {s['index']}: {s['status']}")
         if space.synthesis_sample and space.synthesis_sample < len(ok):
             synthesize(sorted(_spread(ok, space.synthesis_sample)), "synthesis (sample)")
             fitted = [i for i in synthesized if synthesized[i]["status"] == "ok"]
@@ -713,31 +715,6 @@ def _check_reachable(address: str) -> None:
         socket.create_connection((parts.hostname, port), timeout=5).close()
     except OSError as exc:
         raise SweepError(f"cannot reach the dask scheduler at {address}: {exc.strerror or exc}") from None
-
-
-class _Progress:
-    """A rich progress bar of points done and remaining (silent when off)."""
-
-    def __init__(self, what: str, total: int, enabled: bool):
-        self.what, self.total, self.enabled = what, total, enabled and total > 0
-        self._progress = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-            self._progress = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                      TextColumn("{task.description}"))
-            self._progress.__enter__()
-            self._task = self._progress.add_task("", total=self.total)
-        return self
-
-    def advance(self, index: int, status: str) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=f"point {index}: {status}")
-
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -20,6 +20,8 @@ from gemforge.compiler.tuning.log import TuningLog
 from gemforge.compiler.tuning.search import DaskMeasurer, LocalMeasurer, tune
 from gemforge.compiler.tuning.space import describe
 
+from .progress import ProgressBar
+
 __all__ = ["tune_model", "DEVICES"]
 
 #: What `gemforge tune --device` measures on, and the operator kinds it tunes there.
@@ -67,9 +69,10 @@ def tune_model(model, output: str | Path, *, device: str = "cpu", trials: int = 
 
     budget = sum(min(trials, len(t.candidates())) for t in tasks)
     try:
-        with _Progress(f"tuning {len(tasks)} operators on {device}", budget, progress) as bar:
-            result = tune(tasks, device=device, trials=trials, seed=seed, time_budget=time_budget,
-                          measurer=measurer, progress=bar.advance, on_record=record_done)
+        with ProgressBar(f"tuning {len(tasks)} operators on {device}", budget, progress) as bar:
+            result = tune(tasks, device=device, trials=trials, seed=seed, time_budget=time_budget, measurer=measurer,
+                          progress=lambda e: bar.advance(f"operator {e['task'] + 1}, trial {e['trial']}/{e['trials']}"),
+                          on_record=record_done)
     finally:
         measurer.close()
     if result.stopped:
@@ -106,34 +109,6 @@ def _target_text(target: dict) -> str:
     if target["kind"] == "cpu":
         return f"cpu {target['cpu']}, {target['threads'] or 'all'} thread(s)"
     return f"accelerator config {target['config']} ({target['digest'][:12]})"
-
-
-class _Progress:
-    """A rich progress bar of trials done (silent when off)."""
-
-    def __init__(self, what: str, total: int, enabled: bool):
-        self.what, self.total, self.enabled = what, total, enabled and total > 0
-        self._progress = None
-        self._done = 0
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._progress = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("{task.description}"), transient=False)
-            self._progress.__enter__()
-            self._task = self._progress.add_task("", total=self.total)
-        return self
-
-    def advance(self, event: dict) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=min(self.total, self._done + 1),
-                                  description=f"operator {event['task'] + 1}, trial {event['trial']}/{event['trials']}")
-            self._done += 1
-
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
 
 
 #: The networks whose accelerator layers the shipped tuning logs cover (`write_default_logs`).
