@@ -27,7 +27,7 @@ from gemforge.hw.config import load_config
 from .. import tuning as tuning_dispatch
 from ..target import CpuTarget
 from ..tuning import target_identity
-from ..tuning.log import TuningLog, default_records
+from ..tuning.log import KINDS, TuningLog, default_records
 from .memory_plan import pack_layouts, plan_memory
 from .network import CompiledNetwork
 from .partition import partition
@@ -100,6 +100,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
                          "accelerator")
     graph = import_onnx(model, batch=batch, input_shapes=input_shapes)
     records = _tuning_records(tuning, graph, config, report)
+    cpu_records = [r for r in records if r["kind"] in KINDS["cpu"]]      # the model keeps them for its runs
 
     def stage(name: str, g: Graph) -> None:
         g.check_writers().unique_node_names()
@@ -118,7 +119,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
             node.device = "cpu"
         _note_batch_mixing(graph)
         return CompiledNetwork(graph, "float32", compile_seconds=time.perf_counter() - start,
-                               tuning=[r for r in records if r["kind"].startswith("cpu.")])
+                               tuning=cpu_records)
     peaks = calibrate(graph, _samples(graph, calibration))
     never_nonzero = sorted(name for name, peak in peaks.items() if peak == 0.0)
     graph = quantize(graph, peaks)
@@ -135,7 +136,7 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
             report(f"quantize: node {row['node']} ({row['op']}) takes its weights at 2^-{row['exponent']}, "
                    f"{row['bits']} bit{'s' * (row['bits'] != 1)} coarser than their range allows, so that its "
                    f"int32 sum cannot overflow (worst case {row['worst_case']:.4g})")
-    net = CompiledNetwork(graph, "int8", tuning=[r for r in records if r["kind"].startswith("cpu.")])
+    net = CompiledNetwork(graph, "int8", tuning=cpu_records)
     if config is not None:
         net.config = load_config(config)
         graph = infer_shapes(unfold_small_channel_convs(graph, net.config))

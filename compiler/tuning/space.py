@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from ..ops import cpu as cpu_schedules
+from .log import KINDS
 
 __all__ = ["cpu_product_candidates", "features", "describe"]
 
@@ -37,7 +38,7 @@ def features(kind: str, config: dict[str, Any], estimate: float) -> list[float]:
     what the estimate leaves out: for a CPU tile its rows, vectors, accumulators and order; for an
     accelerator tiling its tile sizes, threads and loop order."""
     base = [1.0, math.log(max(estimate, 1e-30))]
-    if kind.startswith("cpu."):
+    if kind in KINDS["cpu"]:
         mb, vectors = config["mb"], config["vectors"]
         return base + [mb / 16, vectors / 4, mb * vectors / 24, float(config["order"] == "rows"),
                        float(mb * vectors >= 12), float(mb == 1)]
@@ -48,6 +49,6 @@ def features(kind: str, config: dict[str, Any], estimate: float) -> list[float]:
 
 def describe(kind: str, config: dict[str, Any]) -> str:
     """A configuration in a few words, for progress lines."""
-    if kind.startswith("cpu."):
+    if kind in KINDS["cpu"]:
         return f"{config['mb']}×{config['vectors']} tile, {config['order']} first"
     return ", ".join(f"{k} {v}" for k, v in config.items())

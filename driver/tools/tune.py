@@ -16,16 +16,13 @@ from typing import Any, Callable
 
 from gemforge.compiler.target import CpuTarget
 from gemforge.compiler.tuning import TuningError, recording, target_identity
-from gemforge.compiler.tuning.log import TuningLog
+from gemforge.compiler.tuning.log import KINDS, TuningLog
 from gemforge.compiler.tuning.search import DaskMeasurer, LocalMeasurer, tune
 from gemforge.compiler.tuning.space import describe
 
 from .progress import ProgressBar
 
-__all__ = ["tune_model", "DEVICES"]
-
-#: What `gemforge tune --device` measures on, and the operator kinds it tunes there.
-DEVICES = {"cpu": "cpu.", "fsim": "accel."}
+__all__ = ["tune_model"]
 
 
 def tune_model(model, output: str | Path, *, device: str = "cpu", trials: int = 32, seed: int = 0,
@@ -35,8 +32,8 @@ def tune_model(model, output: str | Path, *, device: str = "cpu", trials: int = 
     """Tune ``model``'s operators on ``device`` and write the log to ``output``; returns a summary
     (operators, trials, seconds, the estimated gain over the network's tuned operators)."""
     from ..runtime.model import compile_model
-    if device not in DEVICES:
-        raise TuningError(f"tuning measures on {' or '.join(DEVICES)} (the accelerator's cycle model), not "
+    if device not in KINDS:
+        raise TuningError(f"tuning measures on {' or '.join(KINDS)} (the accelerator's cycle model), not "
                           f"{device!r}; the GPU back end has no tunable schedule yet")
     if device == "fsim" and quantize is None:
         raise TuningError("--device fsim tunes the accelerator's layers of an int8 network: add --quantize int8")
@@ -48,7 +45,7 @@ def tune_model(model, output: str | Path, *, device: str = "cpu", trials: int = 
                               input_shapes=input_shapes)
         if device == "cpu":
             model.compile_host_kernels("cpu", every_node=True)
-    tasks = [t for key, t in found.items() if t.kind.startswith(DEVICES[device])]
+    tasks = [t for t in found.values() if t.kind in KINDS[device]]
     counts = {t.key: found.counts[t.key] for t in tasks}
     target = target_identity(CpuTarget()) if device == "cpu" else target_identity(model.config)
     tuning_log = TuningLog(device, target, model.graph.notes.model_sha256, seed, trials)
