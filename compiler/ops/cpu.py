@@ -93,20 +93,24 @@ def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32) -> tuple[in
 
 def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, lanes: int,
                     inline: list[Tensor] = (), taps: tuple[int, int] | None = None,
-                    order: str = "columns") -> None:
+                    order: str = "columns", transposed: bool = False) -> None:
     """Register-blocked matrix product: ``out``'s last two axes are rows × columns (any
     axes before them are batch axes), ``acc`` the reduction ``out`` reads element-wise.
     With ``taps`` = (KH, KW) the reduction (a convolution's channels × kernel taps)
     is split into its three loops, so the operands' indices are affine in each.
     ``order`` = ``columns`` runs the tiles column panel by column panel (a thread's
     consecutive tiles reuse the right operand's panel), ``rows`` row block by row block
-    (they reuse the left operand's rows)."""
+    (they reuse the left operand's rows). ``transposed``: ``out``'s last two axes are
+    columns × rows, the transpose of ``acc``'s (`nn.conv1x1_rows_te`), so its vector stores
+    scatter."""
     if order not in TILE_ORDERS:
         raise ValueError(f"a product's tile order is {' or '.join(TILE_ORDERS)}, not {order!r}")
     for t in inline:
         s[t].compute_inline()
     so = s[out]
     *batch, rows, cols = so.leaf
+    if transposed:
+        rows, cols = cols, rows
     ro, co, ri, ci = so.tile(rows, cols, mb, nb)
     outer = [*batch, co, ro] if order == "columns" else [*batch, ro, co]
     so.reorder(*outer, ri, ci)

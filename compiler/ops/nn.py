@@ -38,8 +38,8 @@ from .common import Epilogue, OpError, four_pads, out_size, window_count
 from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
-    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv1x1_rows_te", "pack_conv1x1_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
+    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
     "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
@@ -76,21 +76,29 @@ def _zero_padded(t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
     return pad(t, [0] * t.ndim, [s - d for s, d in zip(shape, t.shape)], name)
 
 
-def dense_te(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+def dense_te(m: int, k: int, n: int, dtype: str, epilogue: Epilogue, panel: int,
+             packed: bool = False) -> dict[str, Tensor]:
     """``out = epilogue(a @ w)`` with ``w`` packed into column panels of width ``panel``.
 
     Tensors: ``a`` (m, k), ``w`` (k, n), ``bias`` (n_pad,), ``wp`` (packed weights),
-    ``c`` (the accumulation), ``out`` (m, n_pad) with n_pad = n rounded up to ``panel``."""
+    ``c`` (the accumulation), ``out`` (m, n_pad) with n_pad = n rounded up to ``panel``.
+    With ``packed`` the panels are the input (`pack_dense_panels`; no ``w``): constant
+    weights packed once, where a matrix-vector product would otherwise spend more time
+    packing them at every call than multiplying."""
     acc = accumulator_dtype(dtype)
     n_pad = round_up(n, panel)
     a = placeholder((m, k), dtype, "a")
-    w = placeholder((k, n), dtype, "w")
-    w_padded = _zero_padded(w, (k, n_pad), "w.pad")
-    wp = compute((n_pad // panel, k, panel), lambda o, r, i: w_padded[r, o * panel + i], name="wp")
+    tensors: dict[str, Tensor] = {"a": a}
+    if packed:
+        wp = tensors["wp"] = placeholder((n_pad // panel, k, panel), dtype, "wp")
+    else:
+        w = tensors["w"] = placeholder((k, n), dtype, "w")
+        w_padded = tensors["w.pad"] = _zero_padded(w, (k, n_pad), "w.pad")
+        wp = tensors["wp"] = compute((n_pad // panel, k, panel), lambda o, r, i: w_padded[r, o * panel + i],
+                                     name="wp")
     r = reduce_axis(k, "k")
-    c = compute((m, n_pad), lambda i, j: sum_(a[i, r].astype(acc) * wp[j // panel, r, j % panel].astype(acc), [r]),
-                name="c")
-    tensors = {"a": a, "w": w, "w.pad": w_padded, "wp": wp, "c": c}
+    c = tensors["c"] = compute(
+        (m, n_pad), lambda i, j: sum_(a[i, r].astype(acc) * wp[j // panel, r, j % panel].astype(acc), [r]), name="c")
     bias = None
     if epilogue.bias:
         bias = tensors["bias"] = placeholder((n_pad,), acc, "bias")
@@ -171,11 +179,12 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
             def column(b, g, r, q):
                 return flat[b, g * cg + r // taps, q + ((r // kw) % kh) * pitch + r % kw]
         else:
-            xp = tensors["xp"] = pad(x, (0, 0, padding, padding), (0, 0, padding, padding), "xp") if padding else x
-            col = tensors["col"] = compute(
-                (n, groups, red, p_pad),
-                lambda b, g, r, q: xp[(b, g * cg + r // taps, *window_pixel(q, r, ow, kh, kw, stride))],
-                name="col")
+            # The window's padding read as zeros of a masked load (no padded copy, no select
+            # per element): a strided window's lanes then load as one span (`llvm.codegen`).
+            def window(b, g, r, q):
+                y, xx = window_pixel(q, r, ow, kh, kw, stride)
+                return BufferLoad(x.buffer, (b, g * cg + r // taps, y - padding, xx - padding), zero_outside=True)
+            col = tensors["col"] = compute((n, groups, red, p_pad), window, name="col")
 
             def column(b, g, r, q):
                 return col[b, g, r, q]
@@ -199,6 +208,61 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
         name="out", dtype=epilogue.out_dtype(acc))
     tensors["layout"] = layout
     return tensors
+
+
+def conv1x1_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
+                    dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """An unpadded 1×1 convolution (one group, any stride) as the product with the output
+    pixels for rows and the output channels for columns, the transpose of `conv2d_te`'s:
+    ``c[b, q, oc] = Σ_ci x[b, ci, pixel q] · wp[oc // panel, ci, oc % panel]``, written to
+    NCHW ``out[b, oc, q]``. The vectorized axis is then the channels (a multiple of 16 in
+    most networks) rather than the pixels, which a small image leaves ragged: a 7×7 image's 49
+    pixels pad to 64 columns (31% computed and dropped), and with `conv2d_te` a pixel count
+    that is no multiple of ``panel`` also copies its input into an im2col matrix. The price:
+    each output element is stored on its own (the vector lanes are channels, 4·pixels bytes
+    apart in NCHW).
+
+    Tensors: ``x`` (N, C, H·W) for stride 1, else (N, C, H, W); ``wp`` the weights packed
+    into column panels (`pack_conv1x1_rows`), ``bias`` (O_pad,), ``residual`` (N, O, OH·OW)
+    with ``epilogue.residual``, ``c`` and ``out`` (N, O_pad, OH·OW)."""
+    n, c, h, wd = shape
+    o = weight[0]
+    acc = accumulator_dtype(dtype)
+    oh, ow = out_size(h, 1, stride, 0), out_size(wd, 1, stride, 0)
+    pixels, o_pad = oh * ow, round_up(o, panel)
+    wp = placeholder((o_pad // panel, c, panel), dtype, "wp")
+    tensors: dict[str, Tensor] = {"wp": wp}
+    if stride == 1:
+        x = tensors["x"] = placeholder((n, c, pixels), dtype, "x")
+
+        def pixel(b, ci, q):
+            return x[b, ci, q]
+    else:
+        x = tensors["x"] = placeholder((n, c, h, wd), dtype, "x")
+
+        def pixel(b, ci, q):
+            return x[b, ci, (q // ow) * stride, (q % ow) * stride]
+    rr = reduce_axis(c, "r")
+    cc = tensors["c"] = compute((n, pixels, o_pad), lambda b, q, oc: sum_(
+        pixel(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
+    bias = tensors["bias"] = placeholder((o_pad,), acc, "bias") if epilogue.bias else None
+    residual = tensors["residual"] = placeholder((n, o, pixels), acc, "residual") if epilogue.residual else None
+    tensors["out"] = compute(
+        (n, o_pad, pixels), lambda b, oc, q: epilogue.apply(
+            cc[b, q, oc], bias[oc] if bias else None,
+            BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
+        name="out", dtype=epilogue.out_dtype(acc))
+    if bias is None:
+        del tensors["bias"]
+    if residual is None:
+        del tensors["residual"]
+    tensors["layout"] = ConvLayout("rows", ow)
+    return tensors
+
+
+def pack_conv1x1_rows(w, panel: int):
+    """(O, C, 1, 1) weights → the (O_pad/panel, C, panel) column panels `conv1x1_rows_te` reads."""
+    return pack_dense_panels(w.reshape(w.shape[0], -1).T, panel)
 
 
 def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
@@ -361,6 +425,16 @@ def pack_conv_weights_vnni(w, groups: int):
     w4 = np.ascontiguousarray(padded.reshape(o, cg4, 4, kh, kw).transpose(0, 1, 3, 4, 2)).view(np.int32)
     corr = (128 * w.reshape(o, -1).astype(np.int64).sum(1)).astype(np.int32)
     return w4.reshape(o, cg4 * kh * kw), corr
+
+
+def pack_dense_panels(w, panel: int):
+    """(K, N) weights → the (N_pad/panel, K, panel) column panels `dense_te` reads (numpy)."""
+    import numpy as np
+    k, n = w.shape
+    n_pad = round_up(n, panel)
+    padded = np.zeros((k, n_pad), w.dtype)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, n_pad // panel, panel).transpose(1, 0, 2))
 
 
 def pack_dense_weights_vnni(w, panel: int):

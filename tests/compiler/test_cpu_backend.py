@@ -296,3 +296,37 @@ def test_let_binding_ends_with_its_body_before_a_parallel_loop():
     a = np.zeros(8, np.int32)
     _jit_func(PrimFunc("let_then_parallel", [a_buf], body))(a)
     np.testing.assert_array_equal(a, np.arange(8) * 2 + 1)
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4, 5])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("room", [False, True])
+def test_strided_vector_loads_read_one_span_and_never_outside(stride, padded, room):
+    """Lanes a small constant stride apart load as one span and a shuffle (no gather), a
+    zero-padded one masked lane by lane; a span that would reach past the array's end is
+    masked too. Wider strides gather. Values equal numpy's either way, at both vector widths
+    the loop splits into (36 = 32 + 4)."""
+    width = 36
+    # Without room the last lane reads the last element, so no span fits: masked loads.
+    columns = stride * (width - 1) + 1 + (stride if room else 0)
+    a = placeholder((3, columns), "float32", "a")
+    if padded:   # shifted by one column: the first lane of each row reads the zero padding
+        from gemforge.compiler.ir import BufferLoad
+        out = compute((3, width), lambda i, j: BufferLoad(a.buffer, (i, j * stride - 1), zero_outside=True) * 2.0,
+                      name="out")
+    else:
+        out = compute((3, width), lambda i, j: a[i, j * stride] * 2.0, name="out")
+    s = create_schedule(out)
+    s[out].vectorize(s[out].leaf[1])
+    A = np.random.default_rng(stride).standard_normal((3, columns)).astype(np.float32)
+    O = np.zeros((3, width), np.float32)
+    kernel = _run(s, [a, out], A, O)
+    if padded:
+        expect = np.concatenate([np.zeros((3, 1), np.float32), A], axis=1)[:, ::stride][:, :width] * 2
+    else:
+        expect = A[:, ::stride][:, :width] * 2
+    np.testing.assert_array_equal(O, expect)
+    assert ("llvm.masked.gather" in kernel.llvm_ir) == (stride > 4)
+    if stride <= 4:
+        assert "shufflevector" in kernel.llvm_ir
+        assert ("llvm.masked.load" in kernel.llvm_ir) == (padded or not room)

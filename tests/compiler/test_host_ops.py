@@ -150,6 +150,56 @@ def test_conv2d_every_method_and_grouping(shape, weight, stride, padding, groups
         _close(out, expect)
 
 
+@pytest.mark.parametrize("shape,o,stride,rows", [
+    ((1, 96, 7, 7), 40, 1, True),         # 49 pixels: channels vectorized
+    ((2, 24, 9, 5), 20, 2, None),         # strided, batch 2, 20 channels (padded to a panel)
+    ((1, 64, 14, 14), 16, 1, True),       # 196 pixels: the columns product would copy its input
+    ((1, 8, 16, 16), 24, 1, False),       # 256 pixels, few input channels: pixels vectorized
+])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("forced", [False, True])
+def test_float32_1x1_conv_with_pixels_for_rows(shape, o, stride, rows, residual, forced, cpu, monkeypatch):
+    """An unpadded 1×1 float32 convolution with the output pixels for the product's rows
+    (`nn.conv1x1_rows_te`) where `host._pixel_rows` expects it faster, or always (``forced``):
+    bias, residual and clip epilogue, any stride."""
+    from gemforge.compiler.ops import host
+    if forced:
+        monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
+    elif rows is not None:
+        assert host._pixel_rows(o, (shape[2] // stride) * (shape[3] // stride), shape[1], (1, 1), 0, 1, 16, 32) == rows
+    if residual and stride != 1:
+        return
+    rng = np.random.default_rng(sum(shape) + o)
+    weight = (o, shape[1], 1, 1)
+    x, w = _data(rng, shape, "float32"), _data(rng, weight, "float32")
+    bias = rng.standard_normal(o).astype(np.float32)
+    op = host.compile_conv2d(CPU, shape, weight, stride=stride, dtype="float32", bias=True, relu=True, clip=(0.0, 1.5),
+                             residual=residual)
+    expect = conv2d_reference(x, w, bias, stride, 0)
+    arrays = {"x": x, "w": w, "bias": bias}
+    if residual:
+        arrays["residual"] = _data(rng, expect.shape, "float32")
+        expect = expect + arrays["residual"]
+    out, _ = op.run(cpu, **arrays)
+    assert (op.plan["method"] == "rows") == (forced or bool(rows))
+    _close(out, np.clip(expect, 0.0, 1.5))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1280, 1000), (5, 33, 17)])
+def test_float32_dense_with_constant_weights_packed_once(m, k, n, cpu):
+    """``constant_b``: the kernel reads the weights as `pack` laid them out (column panels),
+    with no packing stage of its own, and computes what the packing kernel does."""
+    rng = np.random.default_rng(m + k)
+    a, b = _data(rng, (m, k), "float32"), _data(rng, (k, n), "float32")
+    bias = rng.standard_normal(n).astype(np.float32)
+    packed = compile_dense("cpu", m, k, n, dtype="float32", bias=True)
+    from gemforge.compiler.ops import host
+    constant = host.compile_dense(CPU, m, k, n, dtype="float32", bias=True, constant_b=True)
+    assert constant.inputs == ["a", "wp", "bias"] and packed.inputs == ["a", "w", "bias"]
+    np.testing.assert_array_equal(constant.run(cpu, a=a, b=b, bias=bias)[0], packed.run(cpu, a=a, b=b, bias=bias)[0])
+    _close(constant.run(cpu, a=a, b=b, bias=bias)[0], dense_reference(a, b, bias))
+
+
 @pytest.mark.parametrize("op", ["add", "mul"])
 @pytest.mark.parametrize("dtype", ["int8", "float32"])
 def test_broadcasting_add_and_mul(op, dtype, cpu):

@@ -9,8 +9,10 @@ row-major, loops become counted LLVM loops. Loop kinds:
   accumulator arrays get constant indices and live in registers);
 - ``vectorize``: the body once, with the loop variable a vector of lanes
   (`_Vector`): contiguous loads and stores become vector loads and stores,
-  loads that do not depend on the variable stay scalar and are broadcast, other
-  accesses gather and scatter. Bodies that cannot be vectorized that way (a
+  loads that do not depend on the variable stay scalar and are broadcast, loads
+  a small constant stride apart (a stride-2 convolution's windows) read the span
+  as one wide vector and keep every stride-th lane, other accesses gather and
+  scatter. Bodies that cannot be vectorized that way (a
   loop-carried store, a branch on the lanes) stay a loop;
 - ``parallel`` and ``thread_binding``: hooks the CPU and GPU back ends
   implement (`emit_parallel`, `thread_index`).
@@ -49,6 +51,9 @@ I1, I8, I32, I64 = ll.IntType(1), ll.IntType(8), ll.IntType(32), ll.IntType(64)
 
 #: A vectorized loop longer than this is strip-mined into vectors of this many lanes.
 MAX_VECTOR_LANES = 64
+#: The largest constant lane stride a vector load reads as one span and a shuffle (wider
+#: strides gather: the span would hold more elements skipped than kept).
+MAX_LOAD_STRIDE = 4
 #: Fast-math flags on float arithmetic: contraction (FMA), reassociation (vectorized
 #: reductions), no signed zeros; NaN and infinity keep their meaning.
 FAST_MATH = ("reassoc", "nsz", "arcp", "contract", "afn")
@@ -364,13 +369,64 @@ class LLVMCodegen:
     def _lane_split(self, flat: Expr) -> tuple[str, Expr | None]:
         """How an access with element offset ``flat`` varies over the vector lanes:
         ``uniform`` (same for all), ``contiguous`` (consecutive; returns the first
-        lane's offset) or ``gather``."""
+        lane's offset), ``strided`` (`_lane_stride` apart; the first lane's offset)
+        or ``gather``."""
         v = self.vector
         if v is None or v.var not in free_vars(flat):
             return "uniform", None
-        if linear_coefficient(flat, v.var) == 1:
+        coefficient = linear_coefficient(flat, v.var)
+        if coefficient == 1:
             return "contiguous", simplify(substitute(flat, {v.var: v.base}))
+        if coefficient is not None and 2 <= coefficient <= MAX_LOAD_STRIDE:
+            return "strided", simplify(substitute(flat, {v.var: v.base}))
         return "gather", None
+
+    def _lane_stride(self, flat: Expr) -> int:
+        return linear_coefficient(flat, self.vector.var)
+
+    def _strided_load(self, buffer: Buffer, flat: Expr, first: Expr, lane_mask: ll.Value | None) -> ll.Value:
+        """Lanes ``stride`` elements apart as one load of the span they cover and a shuffle
+        that keeps every stride-th element (on x86 a permute of two registers, where a
+        gather loads element by element). The span's elements between the lanes are
+        read too, and past the last lane up to ``stride − 1`` more: where the buffer may
+        end there (or ``lane_mask``, a zero-padded read's lanes, is given), a masked load
+        reads the kept lanes only."""
+        stride, lanes = self._lane_stride(flat), self.vector.lanes
+        elem = llvm_type(buffer.dtype)
+        span = stride * lanes
+        wide = ll.VectorType(elem, span)
+        align = max(1, bits(buffer.dtype) // 8)
+        keep = ll.Constant(ll.VectorType(I32, lanes), [stride * lane for lane in range(lanes)])
+        if lane_mask is None and self._span_inside(buffer, flat, stride):
+            value = self.builder.load(self._address(buffer, self.index(first)), typ=wide, align=align)
+            return self.builder.shuffle_vector(value, ll.Constant(wide, ll.Undefined), keep)
+        if lane_mask is None:
+            mask = ll.Constant(ll.VectorType(I1, span), [int(i % stride == 0) for i in range(span)])
+        else:
+            # Lane l of the result is element stride·l of the span: widen the mask to match.
+            spread = self.builder.shuffle_vector(lane_mask, ll.Constant(lane_mask.type, None), ll.Constant(
+                ll.VectorType(I32, span), [i // stride if i % stride == 0 else lanes for i in range(span)]))
+            mask = spread
+        space = self._addrspace(buffer)
+        # No inbounds: with a mask the first lane may lie outside the buffer (its lane is off).
+        address = self.builder.gep(self._pointer(buffer), [self.index(first)], source_etype=elem)
+        load = self.intrinsic(f"llvm.masked.load.v{span}{_suffix(elem)}.p{space}", wide,
+                              [self.ptr_type(space), I32, ll.VectorType(I1, span), wide])
+        value = self.builder.call(load, [address, ll.Constant(I32, align), mask, ll.Constant(wide, None)])
+        return self.builder.shuffle_vector(value, ll.Constant(wide, ll.Undefined), keep)
+
+    def _span_inside(self, buffer: Buffer, flat: Expr, stride: int) -> bool:
+        """Whether a strided load's whole span (``stride − 1`` elements past its last lane
+        included) lies inside ``buffer``."""
+        try:
+            lo, hi = interval(flat, self._all_ranges())
+        except ValueError:
+            return False
+        size = 1
+        for extent in buffer.shape:
+            size *= int(extent)
+        return (isinstance(lo, Const) and isinstance(hi, Const) and lo.value >= 0
+                and hi.value + stride - 1 < size)
 
     def _clamped(self, buffer: Buffer, indices) -> tuple[Expr, Expr | None]:
         """Indices clamped into the buffer, and the in-bounds condition (None: always)."""
@@ -427,7 +483,7 @@ class LLVMCodegen:
         load, lanes outside the buffer disabled (they read nothing and give 0)."""
         flat = self.flat_index(e.buffer, e.indices)
         kind, first = self._lane_split(flat)
-        if kind != "contiguous":
+        if kind not in ("contiguous", "strided"):
             return None
         _, cond = self._clamped(e.buffer, e.indices)
         if cond is None:
@@ -436,6 +492,8 @@ class LLVMCodegen:
         lanes = self.vector.lanes
         if not isinstance(mask.type, ll.VectorType):
             mask = self.broadcast(mask, lanes)
+        if kind == "strided":
+            return self._strided_load(e.buffer, flat, first, mask)
         elem = llvm_type(e.buffer.dtype)
         vec = ll.VectorType(elem, lanes)
         space = self._addrspace(e.buffer)
@@ -456,6 +514,8 @@ class LLVMCodegen:
         if kind == "contiguous":
             return self.builder.load(self._address(buffer, self.index(first)), typ=ll.VectorType(elem, lanes),
                                      align=align)
+        if kind == "strided":
+            return self._strided_load(buffer, flat, first, None)
         offsets = self.index(flat)
         ptrs = self.builder.gep(self._pointer(buffer), [offsets], inbounds=True, source_etype=elem)
         ptrs.type = ll.VectorType(self._pointer(buffer).type, lanes)  # a vector of addresses

@@ -136,7 +136,8 @@ def _dense_host(graph, node, target):
     m = int(np.prod(shapes[0][:-1]))
     k, n = shapes[1]
     op = host.compile_dense(target, m, k, n, dtype=dtype, bias=len(shapes) > 2,
-                            shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"])
+                            shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
+                            constant_b=node.inputs[1] in graph.constants)
     return with_weights(node, op, "a", "b", (m, k), [graph.constants.get(i) for i in node.inputs],
                         lambda out: out.reshape(out_shape))
 
