@@ -189,10 +189,9 @@ def fuse_clips(graph: Graph) -> Graph:
 
 def fuse_residual_adds(graph: Graph) -> Graph:
     """In a float32 network, an ``add`` of two tensors of one shape, one of them the output of a
-    convolution that nothing else reads (one group, a bias, no ReLU or clip of its own, output
-    rows without a pitch: a 1×1 stride-1 unpadded or a strided one, `nn.conv2d_method`), joins
+    convolution that nothing else reads (one group, a bias, no ReLU or clip of its own), joins
     that convolution's epilogue: ``relu(conv + bias + other)`` in one pass over the output
-    instead of two (the residual add of MobileNetV2's blocks and of ResNet's downsampling ones).
+    instead of two (the residual add of MobileNetV2's and ResNet's blocks).
     The convolution takes the other tensor as its fourth input and moves to the add's place,
     where that tensor exists."""
     producer, consumers = graph.producer(), graph.consumers()
@@ -223,14 +222,10 @@ def fuse_residual_adds(graph: Graph) -> Graph:
 
 def _takes_residual(graph: Graph, conv: Node) -> bool:
     """Whether a convolution's epilogue can add a residual (`fuse_residual_adds`)."""
-    from ..ops.nn import conv2d_method
     a = conv.attrs
-    if conv.op != "conv2d" or len(conv.inputs) != 3 or a["groups"] != 1 or a["relu"] or "lo" in a \
-            or a.get("residual") or not isinstance(a["padding"], int) \
-            or not all(graph.is_constant(name) for name in conv.inputs[1:]):
-        return False
-    kernel = tuple(graph.values[conv.inputs[1]].shape[2:])
-    return conv2d_method(kernel, a["stride"], a["padding"]) != "shifted"
+    return conv.op == "conv2d" and len(conv.inputs) == 3 and a["groups"] == 1 and not a["relu"] \
+        and "lo" not in a and not a.get("residual") and isinstance(a["padding"], int) \
+        and all(graph.is_constant(name) for name in conv.inputs[1:])
 
 
 def _fold_into_producer(graph: Graph, folds: Callable[[Node, Node], bool]) -> Graph:

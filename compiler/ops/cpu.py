@@ -101,7 +101,7 @@ def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, 
     ``order`` = ``columns`` runs the tiles column panel by column panel (a thread's
     consecutive tiles reuse the right operand's panel), ``rows`` row block by row block
     (they reuse the left operand's rows). ``transposed``: ``out``'s last two axes are
-    columns × rows, the transpose of ``acc``'s (`nn.conv1x1_rows_te`), so its vector stores
+    columns × rows, the transpose of ``acc``'s (`nn.conv2d_rows_te`), so its vector stores
     scatter."""
     if order not in TILE_ORDERS:
         raise ValueError(f"a product's tile order is {' or '.join(TILE_ORDERS)}, not {order!r}")

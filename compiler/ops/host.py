@@ -24,9 +24,9 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
-    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv1x1_rows_te, conv2d_layout,
+    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_rows_te, conv2d_layout,
     conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te, mean_te,
-    pack_conv1x1_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
+    pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
     slice_te, softmax_te, transpose_te,
 )
 
@@ -212,8 +212,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                    residual: bool = False) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
     zero padding, with the fused epilogue (float32: ``residual``, an NCHW input ``residual``
-    of the output's shape added before the ReLU, for one group and output rows without a
-    pitch (`nn.conv2d_layout`), then ``clip``, finite (lo, hi) bounds, after the ReLU; int8:
+    of the output's shape added before the ReLU, for one group, then ``clip``, finite (lo, hi)
+    bounds, after the ReLU; int8:
     ``hi``, an upper bound below 127). Output NCHW."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
@@ -236,7 +236,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         vnni = _vnni(target, dtype)
         registers = _registers(target, dtype)
         pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=vnni).pitch
-        rows = dtype == "float32" and _pixel_rows(o, pixels, c, (kh, kw), padding, groups, lanes, registers)
+        rows = dtype == "float32" and _pixel_rows(o, c, (kh, kw), stride, padding, groups, w, (oh, ow), lanes,
+                                                  registers)
         mb, nb, order = _product_tile(
             "cpu.conv2d", target,
             {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
@@ -246,10 +247,12 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
                     dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual))
         if rows:
-            t = conv1x1_rows_te(shape, weight, stride, dtype, epi, panel=nb)
+            t = conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)
             s = create_schedule(t["out"])
             cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, order=order,
-                                          transposed=True)
+                                          taps=(kh, kw) if kh * kw > 1 else None, transposed=True)
+            if "flat" in t:
+                cpu_schedules.schedule_flat_image(s, t["flat"], w + 2 * padding)
             plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": "rows"}
         elif vnni:
             t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
@@ -289,7 +292,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             w4, corr = pack_conv_weights_vnni(weights, groups)
             weights = {"w4": w4, "corr": corr}
         elif "wp" in t:
-            weights = {"wp": pack_conv1x1_rows(weights, t["wp"].shape[2])}
+            weights = {"wp": pack_conv_rows(weights, t["wp"].shape[2])}
         else:
             weights = {"w": weights.reshape(o, cg * kh * kw)}
         if (residual is not None) != epi.residual:
@@ -309,30 +312,41 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
 
 
-def _pixel_rows(o: int, pixels: int, c: int, kernel: tuple[int, int], padding: int, groups: int, lanes: int,
-                registers: int) -> bool:
-    """Whether an unpadded 1×1 convolution runs as `nn.conv1x1_rows_te`'s product (pixels for
+def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: int, groups: int, width: int,
+                out_hw: tuple[int, int], lanes: int, registers: int) -> bool:
+    """Whether a one-group float32 convolution runs as `nn.conv2d_rows_te`'s product (pixels for
     rows, channels vectorized) rather than `nn.conv2d_te`'s (channels for rows, pixels
-    vectorized), by `cpu.tile_cost`'s estimate of each (the pixel columns' padding counted)
-    and what each does besides: `conv2d_te` copies its input into an im2col matrix when the
-    pixels are no multiple of its tile's columns (`COPY_COST`), the rows product stores its
-    outputs one by one (`ROWS_STORE_COST`)."""
-    if kernel != (1, 1) or padding or groups != 1:
+    vectorized), by `cpu.tile_cost`'s estimate of each (the pixel columns' padding and a shifted
+    layout's row pitch counted) and what each does besides: `conv2d_te` copies its windows
+    into an im2col matrix when strided, or when a 1×1 layer's pixels are no multiple of its
+    tile's columns (`COPY_COST`); the rows product stores its outputs one by one
+    (`ROWS_STORE_COST`) and loses some speed on large images (`ROWS_LARGE_IMAGE`)."""
+    if groups != 1:
         return False
-    columns = min(((cpu_schedules.tile_cost(o, pixels, lanes, registers, *t), t[1] * lanes)
-                   for t in cpu_schedules.tile_shapes(o, registers)))
+    oh, ow = out_hw
+    pixels, red = oh * ow, c * kernel[0] * kernel[1]
+    layout = conv2d_layout(width, kernel, stride, padding)
+    columns = min((cpu_schedules.tile_cost(o, oh * layout.pitch, lanes, registers, *t), t[1] * lanes)
+                  for t in cpu_schedules.tile_shapes(o, registers))
     rows = min(cpu_schedules.tile_cost(pixels, o, lanes, registers, *t)
                for t in cpu_schedules.tile_shapes(pixels, registers))
-    copies = pixels % columns[1] != 0
-    return rows * (1 + ROWS_STORE_COST / c) < columns[0] * (1 + (COPY_COST / o if copies else 0))
+    copies = layout.method == "im2col" or (layout.method == "direct" and pixels % columns[1] != 0)
+    estimate = (columns[0] * (1 + (COPY_COST / o if copies else 0))) / (rows * (1 + ROWS_STORE_COST / red))
+    if pixels > ROWS_LARGE_IMAGE[0]:
+        estimate *= ROWS_LARGE_IMAGE[1]
+    return estimate >= ROWS_MARGIN
 
 
-#: What `_pixel_rows` adds to a product per output element, in multiply-adds of its reduction:
-#: storing the element on its own, and (per input element, so over the output channels)
-#: copying the input into an im2col matrix. Fitted to 13 1×1 layers of MobileNetV2 and
-#: ResNet-18 (AVX-512, 2 cores), the choice right on all of them.
+#: `_pixel_rows`'s costs beyond the tiles, in multiply-adds of a product's reduction: storing an
+#: output element on its own, and copying a window element into an im2col matrix (over the
+#: output channels that use it); the speed the rows product keeps above this many pixels, and
+#: the estimated gain it must show. Fitted to 23 layers of MobileNetV2, ResNet-18 and others
+#: (1×1 to 7×7, strides 1 and 2, 7×7 to 224×224 images; AVX-512, 2 cores): each chosen right,
+#: the closest calls within 5% of even.
 ROWS_STORE_COST = 25
-COPY_COST = 15
+COPY_COST = 30
+ROWS_LARGE_IMAGE = (256, 0.85)
+ROWS_MARGIN = 1.05
 
 
 def _check_conv_operands(x, w, shape: tuple[int, ...], weight: tuple[int, ...]) -> None:

@@ -38,7 +38,7 @@ from .common import Epilogue, OpError, four_pads, out_size, window_count
 from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv1x1_rows_te", "pack_conv1x1_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
     "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
@@ -197,54 +197,68 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
         bias = tensors["bias"] = placeholder((o,), acc, "bias")
     residual = None
     if epilogue.residual:
-        if pitch != ow:
-            raise OpError(f"a fused residual add needs output rows without a pitch (a 1×1 stride-1 unpadded or a "
-                          f"strided convolution), not a {kh}x{kw} stride-{stride} one of padding {padding}")
         residual = tensors["residual"] = placeholder((n, o, oh * ow), acc, "residual")
+
+    def residual_at(b, oc, q):
+        # Output pixel q lies at (q // pitch, q % pitch); the columns past ``ow`` of a pitched
+        # row are dropped, so what they read does not matter (as long as it is inside).
+        pixel = q if pitch == ow else (q // pitch) * ow + q % pitch
+        return BufferLoad(residual.buffer, (b, oc, pixel), zero_outside=True)
     tensors["out"] = compute(
         (n, o, p_pad), lambda b, oc, q: epilogue.apply(
-            cc[b, oc, q], bias[oc] if bias else None,
-            BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
+            cc[b, oc, q], bias[oc] if bias else None, residual_at(b, oc, q) if residual else None),
         name="out", dtype=epilogue.out_dtype(acc))
     tensors["layout"] = layout
     return tensors
 
 
-def conv1x1_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
-                    dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
-    """An unpadded 1×1 convolution (one group, any stride) as the product with the output
-    pixels for rows and the output channels for columns, the transpose of `conv2d_te`'s:
-    ``c[b, q, oc] = Σ_ci x[b, ci, pixel q] · wp[oc // panel, ci, oc % panel]``, written to
-    NCHW ``out[b, oc, q]``. The vectorized axis is then the channels (a multiple of 16 in
-    most networks) rather than the pixels, which a small image leaves ragged: a 7×7 image's 49
-    pixels pad to 64 columns (31% computed and dropped), and with `conv2d_te` a pixel count
-    that is no multiple of ``panel`` also copies its input into an im2col matrix. The price:
-    each output element is stored on its own (the vector lanes are channels, 4·pixels bytes
-    apart in NCHW).
+def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
+                   dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """A one-group convolution as the product with the output pixels for rows and the output
+    channels for columns, the transpose of `conv2d_te`'s: ``c[b, q, oc] = Σ_r window(b, q, r) ·
+    wp[oc // panel, r, oc % panel]`` over r = (channel, kernel row, kernel column), written to
+    NCHW ``out[b, oc, q]``. The vectorized axis is then the channels (a multiple of 16 in most
+    networks) rather than the pixels, which a small image leaves ragged: a 7×7 image's 49
+    pixels pad to 64 columns, and `conv2d_te`'s shifted windows compute a 3×3 layer's 7 rows
+    9 pixels apart (63 columns for 49 pixels); a strided layer reads its windows in place
+    instead of copying them into an im2col matrix. The window values are the product's
+    broadcast operand, read one at a time, so a padded image is first copied into ``flat``
+    (zero-padded, rows ``pitch`` apart) where each read is one load. The price: each output
+    element is stored on its own (the vector lanes are channels, 4·pixels bytes apart).
 
-    Tensors: ``x`` (N, C, H·W) for stride 1, else (N, C, H, W); ``wp`` the weights packed
-    into column panels (`pack_conv1x1_rows`), ``bias`` (O_pad,), ``residual`` (N, O, OH·OW)
-    with ``epilogue.residual``, ``c`` and ``out`` (N, O_pad, OH·OW)."""
+    Tensors: ``x`` (N, C, H·W) for an unpadded 1×1 stride-1 layer, else (N, C, H, W); ``flat``
+    when padded; ``wp`` the weights packed into column panels (`pack_conv_rows`), ``bias``
+    (O_pad,), ``residual`` (N, O, OH·OW) with ``epilogue.residual``, ``c`` and ``out``
+    (N, O_pad, OH·OW)."""
     n, c, h, wd = shape
-    o = weight[0]
+    o, _, kh, kw = weight
+    taps = kh * kw
     acc = accumulator_dtype(dtype)
-    oh, ow = out_size(h, 1, stride, 0), out_size(wd, 1, stride, 0)
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
     pixels, o_pad = oh * ow, round_up(o, panel)
-    wp = placeholder((o_pad // panel, c, panel), dtype, "wp")
+    wp = placeholder((o_pad // panel, c * taps, panel), dtype, "wp")
     tensors: dict[str, Tensor] = {"wp": wp}
-    if stride == 1:
+    if (kh, kw, stride, padding) == (1, 1, 1, 0):
         x = tensors["x"] = placeholder((n, c, pixels), dtype, "x")
 
-        def pixel(b, ci, q):
-            return x[b, ci, q]
+        def window(b, r, q):
+            return x[b, r, q]
+    elif padding:
+        x = tensors["x"] = placeholder((n, c, h, wd), dtype, "x")
+        pitch = wd + 2 * padding
+        flat = tensors["flat"] = compute((n, c, (h + 2 * padding) * pitch),
+                                         lambda b, ci, f: _read_padded(x, b, ci, f, pitch, padding), name="flat")
+
+        def window(b, r, q):
+            return flat[b, r // taps, ((q // ow) * stride + (r // kw) % kh) * pitch + (q % ow) * stride + r % kw]
     else:
         x = tensors["x"] = placeholder((n, c, h, wd), dtype, "x")
 
-        def pixel(b, ci, q):
-            return x[b, ci, (q // ow) * stride, (q % ow) * stride]
-    rr = reduce_axis(c, "r")
+        def window(b, r, q):
+            return x[b, r // taps, (q // ow) * stride + (r // kw) % kh, (q % ow) * stride + r % kw]
+    rr = reduce_axis(c * taps, "r")
     cc = tensors["c"] = compute((n, pixels, o_pad), lambda b, q, oc: sum_(
-        pixel(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
+        window(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
     bias = tensors["bias"] = placeholder((o_pad,), acc, "bias") if epilogue.bias else None
     residual = tensors["residual"] = placeholder((n, o, pixels), acc, "residual") if epilogue.residual else None
     tensors["out"] = compute(
@@ -260,8 +274,8 @@ def conv1x1_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, in
     return tensors
 
 
-def pack_conv1x1_rows(w, panel: int):
-    """(O, C, 1, 1) weights → the (O_pad/panel, C, panel) column panels `conv1x1_rows_te` reads."""
+def pack_conv_rows(w, panel: int):
+    """(O, C, KH, KW) weights → the (O_pad/panel, C·KH·KW, panel) column panels `conv2d_rows_te` reads."""
     return pack_dense_panels(w.reshape(w.shape[0], -1).T, panel)
 
 

@@ -150,38 +150,44 @@ def test_conv2d_every_method_and_grouping(shape, weight, stride, padding, groups
         _close(out, expect)
 
 
-@pytest.mark.parametrize("shape,o,stride,rows", [
-    ((1, 96, 7, 7), 40, 1, True),         # 49 pixels: channels vectorized
-    ((2, 24, 9, 5), 20, 2, None),         # strided, batch 2, 20 channels (padded to a panel)
-    ((1, 64, 14, 14), 16, 1, True),       # 196 pixels: the columns product would copy its input
-    ((1, 8, 16, 16), 24, 1, False),       # 256 pixels, few input channels: pixels vectorized
+@pytest.mark.parametrize("shape,o,kernel,stride,padding,rows", [
+    ((1, 96, 7, 7), 40, 1, 1, 0, True),         # 49 pixels: channels vectorized
+    ((2, 24, 9, 5), 20, 1, 2, 0, None),         # strided, batch 2, 20 channels (padded to a panel)
+    ((1, 64, 14, 14), 16, 1, 1, 0, True),       # 196 pixels: the columns product would copy its input
+    ((1, 8, 16, 16), 24, 1, 1, 0, False),       # 256 pixels, few input channels: pixels vectorized
+    ((1, 64, 7, 7), 48, 3, 1, 1, True),         # 3x3 on 7x7: the shifted layout's pitch wastes 2 of 9
+    ((1, 32, 14, 14), 64, 3, 2, 1, True),       # strided 3x3: no im2col matrix
+    ((1, 3, 32, 32), 16, 7, 2, 3, None),        # a stem
+    ((2, 5, 9, 11), 7, 3, 1, 0, None),          # unpadded, odd sizes
+    ((1, 64, 56, 56), 64, 3, 1, 1, False),      # a large image: pixels vectorized
 ])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("forced", [False, True])
-def test_float32_1x1_conv_with_pixels_for_rows(shape, o, stride, rows, residual, forced, cpu, monkeypatch):
-    """An unpadded 1×1 float32 convolution with the output pixels for the product's rows
-    (`nn.conv1x1_rows_te`) where `host._pixel_rows` expects it faster, or always (``forced``):
-    bias, residual and clip epilogue, any stride."""
+def test_float32_conv_with_pixels_for_rows(shape, o, kernel, stride, padding, rows, residual, forced, cpu,
+                                           monkeypatch):
+    """A float32 convolution with the output pixels for the product's rows (`nn.conv2d_rows_te`)
+    where `host._pixel_rows` expects it faster, or always (``forced``): bias, residual and clip
+    epilogue, any kernel, stride and padding."""
     from gemforge.compiler.ops import host
+    weight = (o, shape[1], kernel, kernel)
+    out_hw = tuple((size + 2 * padding - kernel) // stride + 1 for size in shape[2:])
     if forced:
         monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
     elif rows is not None:
-        assert host._pixel_rows(o, (shape[2] // stride) * (shape[3] // stride), shape[1], (1, 1), 0, 1, 16, 32) == rows
-    if residual and stride != 1:
-        return
+        assert host._pixel_rows(o, shape[1], (kernel, kernel), stride, padding, 1, shape[3], out_hw, 16, 32) == rows
     rng = np.random.default_rng(sum(shape) + o)
-    weight = (o, shape[1], 1, 1)
     x, w = _data(rng, shape, "float32"), _data(rng, weight, "float32")
     bias = rng.standard_normal(o).astype(np.float32)
-    op = host.compile_conv2d(CPU, shape, weight, stride=stride, dtype="float32", bias=True, relu=True, clip=(0.0, 1.5),
-                             residual=residual)
-    expect = conv2d_reference(x, w, bias, stride, 0)
+    op = host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype="float32", bias=True,
+                             relu=True, clip=(0.0, 1.5), residual=residual)
+    expect = conv2d_reference(x, w, bias, stride, padding)
     arrays = {"x": x, "w": w, "bias": bias}
     if residual:
         arrays["residual"] = _data(rng, expect.shape, "float32")
         expect = expect + arrays["residual"]
     out, _ = op.run(cpu, **arrays)
-    assert (op.plan["method"] == "rows") == (forced or bool(rows))
+    if forced or rows is not None:
+        assert (op.plan["method"] == "rows") == (forced or rows)
     _close(out, np.clip(expect, 0.0, 1.5))
 
 
