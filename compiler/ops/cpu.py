@@ -80,14 +80,18 @@ def tile_cost(rows: int, cols: int, lanes: int, registers: int, mb: int, vectors
     return (full * mb + 3 * rest) * padded_cols / efficiency
 
 
-def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32) -> tuple[int, int]:
+def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32, padding_cost: float = 0.0) -> tuple[int, int]:
     """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
     output of ``rows`` × ``cols`` on a CPU with ``registers`` vector registers: of
     `tile_shapes`, the one `tile_cost` estimates fastest (then the one with more
     accumulators, then wider). Columns are padded to ``nb`` (the padding is computed and
-    dropped); rows are not. `gemforge.compiler.tuning` measures the others instead."""
-    best = min(tile_shapes(rows, registers),
-               key=lambda t: (tile_cost(rows, cols, lanes, registers, *t), -t[0] * t[1], -t[1]))
+    dropped; ``padding_cost``, a fraction of the tiles' cost, is what padding costs besides,
+    a 1×1 convolution's copies of its input and output); rows are not.
+    `gemforge.compiler.tuning` measures the others instead."""
+    def cost(t):
+        padded = cols % (t[1] * lanes) != 0
+        return tile_cost(rows, cols, lanes, registers, *t) * (1 + (padding_cost if padded else 0))
+    best = min(tile_shapes(rows, registers), key=lambda t: (cost(t), -t[0] * t[1], -t[1]))
     return best[0], best[1] * lanes
 
 

@@ -105,10 +105,10 @@ def _vnni(target: Target, dtype: str) -> bool:
 
 
 def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
-                  rebuild) -> tuple[int, int, str]:
+                  rebuild, padding_cost: float = 0.0) -> tuple[int, int, str]:
     """(mb, nb, order) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning log's
     (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`)."""
-    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers)
+    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost)
     if not tuning.active():
         return mb, nb, "columns"
     from ..tuning.space import cpu_product_candidates
@@ -245,7 +245,10 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
              **({"residual": True} if residual else {}), **({"method": "rows"} if rows else {})},
             *((pixels, o) if rows else (o // groups, oh * pitch)), lanes, registers,
             partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
-                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual))
+                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual),
+            # A direct 1×1 product whose pixels its tile's columns do not divide copies its input
+            # and its output.
+            padding_cost=COPY_COST / o if not rows and (kh, kw, stride, padding) == (1, 1, 1, 0) else 0.0)
         if rows:
             t = conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)
             s = create_schedule(t["out"])
@@ -326,27 +329,31 @@ def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: i
     oh, ow = out_hw
     pixels, red = oh * ow, c * kernel[0] * kernel[1]
     layout = conv2d_layout(width, kernel, stride, padding)
-    columns = min((cpu_schedules.tile_cost(o, oh * layout.pitch, lanes, registers, *t), t[1] * lanes)
-                  for t in cpu_schedules.tile_shapes(o, registers))
+    def columns_cost(tile: tuple[int, int]) -> float:
+        copies = layout.method == "im2col" or (layout.method == "direct" and pixels % (tile[1] * lanes) != 0)
+        return cpu_schedules.tile_cost(o, oh * layout.pitch, lanes, registers, *tile) * \
+            (1 + ((COPY_COST if copies else 0) + COLUMN_REREAD_COST) / o)
+    columns = min(columns_cost(t) for t in cpu_schedules.tile_shapes(o, registers))
     rows = min(cpu_schedules.tile_cost(pixels, o, lanes, registers, *t)
                for t in cpu_schedules.tile_shapes(pixels, registers))
-    copies = layout.method == "im2col" or (layout.method == "direct" and pixels % columns[1] != 0)
-    estimate = (columns[0] * (1 + (COPY_COST / o if copies else 0))) / (rows * (1 + ROWS_STORE_COST / red))
+    estimate = columns / (rows * (1 + ROWS_STORE_COST / red))
     if pixels > ROWS_LARGE_IMAGE[0]:
         estimate *= ROWS_LARGE_IMAGE[1]
     return estimate >= ROWS_MARGIN
 
 
 #: `_pixel_rows`'s costs beyond the tiles, in multiply-adds of a product's reduction: storing an
-#: output element on its own, and copying a window element into an im2col matrix (over the
-#: output channels that use it); the speed the rows product keeps above this many pixels, and
-#: the estimated gain it must show. Fitted to 23 layers of MobileNetV2, ResNet-18 and others
-#: (1×1 to 7×7, strides 1 and 2, 7×7 to 224×224 images; AVX-512, 2 cores): each chosen right,
-#: the closest calls within 5% of even.
+#: output element on its own; copying a window element into an im2col matrix, and reading a
+#: column panel again for each row tile (both over the output channels that share it); the
+#: speed the rows product keeps above this many pixels, and the estimated gain it must show.
+#: Fitted to 29 layers of MobileNetV2, ResNet-18, DenseNet-121 and others (1×1 to 7×7,
+#: strides 1 and 2, 7×7 to 224×224 images, 3 to 960 channels; AVX-512, 2 cores): one wrong
+#: call, 2% from even.
 ROWS_STORE_COST = 25
 COPY_COST = 30
-ROWS_LARGE_IMAGE = (256, 0.85)
-ROWS_MARGIN = 1.05
+COLUMN_REREAD_COST = 16
+ROWS_LARGE_IMAGE = (256, 0.8)
+ROWS_MARGIN = 1.1
 
 
 def _check_conv_operands(x, w, shape: tuple[int, ...], weight: tuple[int, ...]) -> None:

@@ -11,10 +11,18 @@ under one thread-count setting for the whole run (TVM's graph executor does the 
 static memory plan).
 
 A node the plan cannot fix stays a Python step and runs as before: data movement (reshape,
-concat, …), a kernel whose argument is a copy made per run rather than a view of a node's output,
-an unpacking that copies (a convolution whose output rows have a pitch). Its consumers then find
+…), a kernel whose argument is a copy made per run rather than a view of a node's output, an
+unpacking that copies (a convolution whose output rows have a pitch). Its consumers then find
 their argument's address at run time, after checking the array's shape, type and layout against
 the trace's (a mismatch runs that node the slow way).
+
+A concatenation whose parts are contiguous slices of its output (along the first axis longer
+than 1) costs nothing where its parts' kernels write into those slices: the plan places each
+part there before tracing (`_place_concats`), so the concatenation's output is a view of a
+buffer its parts already filled, and it copies only a part that ended elsewhere (one whose
+kernel pads its output, or a Python step's). DenseNet's blocks concatenate every earlier
+layer's output at every layer (a quadratic amount of copying); placed, the block is one buffer
+whose prefixes the concatenations are, each layer writing its slice once.
 
 The outputs a run returns are copies (the next run overwrites the plan's buffers). One run at a
 time uses a plan (a lock); each kernel's own lock is taken around its call, as a direct call does.
@@ -94,11 +102,16 @@ class HostPlan:
         static: set[str] = set()                       # env values whose buffers the plan owns
         steps: list[_Step] = []
         profile = []
+        places = _place_concats(graph)
         for node in graph.nodes:
             start = time.perf_counter()
             hk = kernel_of(node)
+            if node.output in places and node.op == "concat":
+                hk = HostKernel(node, move=_PlacedConcat(places[node.output]))
+                static.add(node.output)
             args = [env[name] for name in node.inputs]
-            step = _trace_node(node, hk, args, node.inputs, graph.constants, static, device)
+            step = _trace_node(node, hk, args, node.inputs, graph.constants, static, device,
+                               places.get(node.output))
             if step.kernel is None:
                 env[node.output], result = hk.run(device, args)
                 kind = "cpu" if result is not None else "host (data)"
@@ -139,9 +152,11 @@ class HostPlan:
 
 
 def _trace_node(node: Node, hk: HostKernel, args: list[np.ndarray], names: list[str],
-                constants: dict[str, np.ndarray], static: set[str], device) -> _Step:
+                constants: dict[str, np.ndarray], static: set[str], device,
+                place: np.ndarray | None = None) -> _Step:
     """``node``'s step: native where every kernel argument is a fixed buffer or a view of an input
-    (and its output is a view of its buffer or a copy the step makes), else a Python step."""
+    (and its output is a view of its buffer or a copy the step makes), else a Python step. A
+    kernel whose output is the node's value as it is writes it to ``place``, where given."""
     op = hk.op
     kernel = op.program if op is not None else None
     if not isinstance(kernel, CpuKernel) or getattr(device, "kind", None) != "cpu":
@@ -155,6 +170,8 @@ def _trace_node(node: Node, hk: HostKernel, args: list[np.ndarray], names: list[
         array = prepared.get(param.name)
         if param.name == op.output:
             buffer = aligned_empty(param.shape, param.dtype)
+            if place is not None and place.nbytes == buffer.nbytes and place.dtype == buffer.dtype:
+                buffer = place.reshape(param.shape)     # if unpacking is a reshape (checked below)
             keep.append(buffer)
             arguments.append(_Argument(fixed=_address(buffer)))
             continue
@@ -178,6 +195,10 @@ def _trace_node(node: Node, hk: HostKernel, args: list[np.ndarray], names: list[
     # The traced run's own call (it allocates the kernel's workspaces, whose addresses stay).
     kernel(*[buffer if p.name == op.output else prepared[p.name] for p in kernel.params], threads=device.threads)
     value = contiguous(hk.finish(op.unpack_output(buffer)))
+    if place is not None and _address(buffer) == _address(place) and _address(value) != _address(buffer):
+        # Unpacking copies: the value is not in its place, and the buffer must be the kernel's own
+        # (a concatenation copies the value into the place, which this buffer would overwrite).
+        return _trace_node(node, hk, args, names, constants, static, device)
     step = _Step(node, hk, kernel, arguments, raw_output=buffer, keep=keep + [value],
                  scratch=tuple(_address(w) for w in kernel._scratch or ()))
     if _address(value) == _address(buffer) and value.flags.c_contiguous:
@@ -187,6 +208,104 @@ def _trace_node(node: Node, hk: HostKernel, args: list[np.ndarray], names: list[
     if all(a.fixed is not None for a in arguments):
         step.fixed = tuple(a.fixed for a in arguments) + step.scratch
     return step
+
+
+def _place_concats(graph: Graph) -> dict[str, np.ndarray]:
+    """Where each concatenation's output and parts live (`HostPlan`): the largest concatenation
+    gets a buffer, each part a view of its slice (recursively into a part that is itself a
+    concatenation); a smaller concatenation whose parts are already placed one after another in
+    one buffer is the view of their span, else gets its own. Placed are only values a node
+    makes (not inputs or constants), each in one place; concatenations of contiguous slices."""
+    producer = graph.producer()
+    places: dict[str, np.ndarray] = {}
+    made = {node.output for node in graph.nodes}
+
+    def place(name: str, view: np.ndarray) -> None:
+        places[name] = view
+        node = producer.get(name)
+        if node is None or node.op != "concat" or not _slices_contiguous(graph, node):
+            return
+        axis, start = node.attrs["axis"] % view.ndim, 0
+        for part in node.inputs:
+            size = graph.values[part].shape[axis]
+            if part in made and part not in places:
+                place(part, view[(slice(None),) * axis + (slice(start, start + size),)])
+            start += size
+
+    concats = [n for n in graph.nodes if n.op == "concat" and _slices_contiguous(graph, n)]
+    for node in sorted(concats, key=lambda n: -_nbytes(graph, n.output)):
+        if node.output in places:
+            continue
+        span = _span(graph, node, places)
+        value = graph.values[node.output]
+        place(node.output, span if span is not None else aligned_empty(value.shape, value.dtype))
+    return places
+
+
+def _slices_contiguous(graph: Graph, node: Node) -> bool:
+    """Whether a concatenation's parts are contiguous slices of its output (nothing but axes of
+    length 1 before its axis)."""
+    shape = graph.values[node.output].shape
+    axis = node.attrs["axis"] % len(shape)
+    return all(int(d) == 1 for d in shape[:axis]) and \
+        all(graph.values[part].dtype == graph.values[node.output].dtype for part in node.inputs)
+
+
+def _nbytes(graph: Graph, name: str) -> int:
+    value = graph.values[name]
+    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize
+
+
+def _span(graph: Graph, node: Node, places: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The view of ``node``'s output shape over its parts' places, where they are placed one
+    after another in one buffer, else None."""
+    parts = node.inputs
+    if not parts or not all(part in places for part in parts):
+        return None
+    first = places[parts[0]]
+    buffer = _owner(first)
+    at = _address(first)
+    for part in parts:
+        view = places[part]
+        if _address(view) != at or _owner(view) is not buffer:
+            return None
+        at += view.nbytes
+    value = graph.values[node.output]
+    start = _address(first) - _address(buffer)
+    return buffer.reshape(-1).view(np.uint8)[start:start + _nbytes(graph, node.output)].view(
+        np.dtype(value.dtype)).reshape(value.shape)
+
+
+def _owner(view: np.ndarray) -> np.ndarray:
+    """The array that owns ``view``'s memory."""
+    while isinstance(view.base, np.ndarray):
+        view = view.base
+    return view
+
+
+class _PlacedConcat:
+    """A placed concatenation's step: copies into ``out`` the parts not already in their slices.
+    The first call (the trace's) finds the parts in place; later calls skip exactly those
+    arrays (the plan's buffers, the same objects each run), without asking numpy where they are."""
+
+    def __init__(self, out: np.ndarray):
+        self.out = out
+        self.slices: list[np.ndarray] | None = None
+        self.in_place: list[np.ndarray | None] = []
+
+    def __call__(self, node: Node, args: list[np.ndarray]) -> np.ndarray:
+        if self.slices is None:
+            axis, start, self.slices = node.attrs["axis"] % self.out.ndim, 0, []
+            for part in args:
+                size = part.shape[axis]
+                self.slices.append(self.out[(slice(None),) * axis + (slice(start, start + size),)])
+                start += size
+            self.in_place = [part if _address(part) == _address(target) and part.shape == target.shape else None
+                             for part, target in zip(args, self.slices)]
+        for part, target, placed in zip(args, self.slices, self.in_place):
+            if part is not placed:
+                np.copyto(target, part)
+        return self.out
 
 
 def _view_of(array: np.ndarray, args: list[np.ndarray], names: list[str]) -> tuple[str, int] | None:
