@@ -4,7 +4,8 @@ The pipeline, in order (``trace`` prints the graph after each stage):
 
 1. ``infer_shapes``, ``pad_convolutions``, ``fold_constants``, ``fold_batch_norm``, ``fuse`` —
    the float graph; a float32 network then ``fuse_clips`` and ``fuse_residual_adds`` (clips and
-   residual adds into the convolutions' epilogues);
+   residual adds into the convolutions' epilogues) and ``fuse_scale_shift`` (a batch norm no
+   convolution precedes in one pass);
 2. with ``quantize="int8"``: ``quantize`` (power-of-two scales calibrated on sample
    inputs), then for an accelerator config ``partition``, ``pack_layouts`` and
    ``plan_memory`` (`accel`).
@@ -36,8 +37,8 @@ from .unfold import unfold_small_channel_convs
 from .batch import batch_mixing
 from .ir import Graph, GraphError
 from .onnx_import import import_onnx
-from .passes import (fold_batch_norm, fold_constants, fuse, fuse_clips, fuse_residual_adds, infer_shapes,
-                     pad_convolutions)
+from .passes import (fold_batch_norm, fold_constants, fuse, fuse_clips, fuse_residual_adds, fuse_scale_shift,
+                     infer_shapes, pad_convolutions)
 from .quantize import calibrate, quantize
 
 __all__ = ["CompiledNetwork", "compile_network", "FLOAT_PASSES"]
@@ -115,6 +116,8 @@ def compile_network(model, *, quantize_to: str | None = None, calibration=None, 
         stage("fuse_clips", graph)
         graph = fuse_residual_adds(graph)
         stage("fuse_residual_adds", graph)
+        graph = fuse_scale_shift(graph)
+        stage("fuse_scale_shift", graph)
         for node in graph.nodes:
             node.device = "cpu"
         _note_batch_mixing(graph)

@@ -27,10 +27,11 @@ from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_rows_te, conv2d_layout,
     conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te, mean_te,
     pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
-    slice_te, softmax_te, transpose_te,
+    scale_shift_te, slice_te, softmax_te, transpose_te,
 )
 
-__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_transpose", "compile_slice", "compile_pad",
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_scale_shift", "compile_transpose",
+           "compile_slice", "compile_pad",
            "compile_pool2d", "compile_mean", "compile_softmax", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
@@ -388,6 +389,29 @@ def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int,
 #: Element-wise operators that need ``exp``, ``log`` or ``tanh``, which the GPU back end lacks
 #: (no libdevice).
 _NOT_ON_GPU = tuple(name for name, f in FLOAT_FUNCTIONS.items() if not f.gpu)
+
+
+def compile_scale_shift(target: Target, shape, *, dtype: str = "float32", relu: bool = False) -> CompiledOp:
+    """``x · a + b`` (then ReLU) with ``a`` and ``b`` per channel (axis 1 of ``x``, rank 2 or
+    more; `nn.scale_shift_te`), float32. Inputs ``x``, ``a`` and ``b`` (C,)."""
+    _host(target)
+    shape = tuple(_positive("scale_shift dimension", v) for v in shape)
+    if len(shape) < 2:
+        raise OpError(f"scale_shift scales the channels of an (N, C, …) tensor, not one of shape {list(shape)}")
+    dtype = _check_dtype("scale_shift", dtype, ("float32",))
+    t = scale_shift_te(shape, dtype, relu)
+    s = create_schedule(t["out"])
+    if target.kind == "gpu":
+        from . import gpu as gpu_schedules
+        gpu_schedules.schedule_elementwise(s, t["out"])
+    else:
+        cpu_schedules.schedule_elementwise(s, t["out"])
+    kernel = build(s, target, [t["x"], t["a"], t["b"], t["out"]], name="scale_shift")
+
+    def pack(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+        return {"x": _array(x, "x", dtype, shape), "a": _array(a, "a", dtype, (shape[1],)),
+                "b": _array(b, "b", dtype, (shape[1],))}
+    return CompiledOp("scale_shift", kernel, ["x", "a", "b"], "out", pack, lambda out: out, plan={"dtype": dtype})
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,

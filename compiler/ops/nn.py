@@ -40,7 +40,7 @@ from .functions import FLOAT_FUNCTIONS
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
-    "mean_te", "softmax_te", "round_up",
+    "mean_te", "softmax_te", "round_up", "scale_shift_te",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
 
@@ -500,6 +500,20 @@ def elementwise_te(op: str, shape: tuple[int, ...], dtype: str, y_shape: tuple[i
     else:
         raise OpError(f"unknown element-wise operator {op!r}; known: {', '.join(ELEMENTWISE_OPS)}")
     return tensors
+
+
+def scale_shift_te(shape: tuple[int, ...], dtype: str, relu: bool = False) -> dict[str, Tensor]:
+    """``out = x · a[c] + b[c]`` (then ReLU) along axis 1 of ``x`` (N, C, …): a batch norm that
+    no convolution precedes, in one pass over ``x`` where a multiply and an add take two.
+    Tensors ``x``, ``a`` and ``b`` (C,), ``out``."""
+    x = placeholder(shape, dtype, "x")
+    a = placeholder((shape[1],), dtype, "a")
+    b = placeholder((shape[1],), dtype, "b")
+
+    def body(*idx):
+        value = x[idx] * a[idx[1]] + b[idx[1]]
+        return Max(value, Const(0, dtype)) if relu else value
+    return {"x": x, "a": a, "b": b, "out": compute(shape, body, name="out")}
 
 
 def transpose_te(shape: tuple[int, ...], perm: tuple[int, ...], dtype: str) -> dict[str, Tensor]:

@@ -1,6 +1,7 @@
-"""A float32 residual add fused into the convolution that feeds it (`passes.fuse_residual_adds`):
-which adds fuse, the kernels' epilogue against numpy on the CPU (and compiled for the GPU), the
-networks against ONNX Runtime, the model file round trip, and refusals."""
+"""A float32 residual add fused into the convolution that feeds it (`passes.fuse_residual_adds`),
+and a batch norm no convolution precedes run as one ``scale_shift`` (`passes.fuse_scale_shift`):
+which nodes fuse, the kernels against numpy on the CPU (and compiled for the GPU), the networks
+against ONNX Runtime, the model file round trip, and refusals."""
 
 from __future__ import annotations
 
@@ -107,3 +108,68 @@ def test_which_adds_fuse_and_the_network_equals_onnx_runtime(tmp_path):
     # The int8 pipeline keeps its adds (its add requantizes).
     q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")
     assert not any(n.attrs.get("residual") for n in q.graph.nodes)
+
+
+# ---------------------------------------------------------------------------- scale_shift
+
+def _pre_activation_network():
+    """Batch norms no convolution precedes (BN → ReLU → conv, DenseNet's and a pre-activation
+    ResNet's order), one read twice, and multiply/add pairs that are not per-channel."""
+    rng = np.random.default_rng(5)
+
+    def bn(name, c):
+        return {f"{name}.s": rng.uniform(0.5, 1.5, c).astype(np.float32), f"{name}.b": rng.normal(size=c).astype(np.float32),
+                f"{name}.m": rng.normal(size=c).astype(np.float32), f"{name}.v": rng.uniform(0.5, 2, c).astype(np.float32)}
+    inits = {**bn("bn1", 4), **bn("bn2", 6), "w1": rng.normal(size=(6, 4, 3, 3)).astype(np.float32) * 0.3,
+             "row": rng.normal(size=(1, 1, 1, 7)).astype(np.float32), "k": np.float32(0.5),
+             "per_channel": rng.normal(size=(6, 1, 1)).astype(np.float32)}
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "bn1.s", "bn1.b", "bn1.m", "bn1.v"], ["n1"]),   # fuses
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w1"], ["c1"], pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r2"]),
+        helper.make_node("BatchNormalization", ["r2", "bn2.s", "bn2.b", "bn2.m", "bn2.v"], ["n2"]),  # fuses
+        helper.make_node("Mul", ["n2", "row"], ["m3"]),                      # varies along the width: stays
+        helper.make_node("Add", ["m3", "k"], ["a3"]),
+        helper.make_node("Mul", ["per_channel", "a3"], ["m4"]),              # constant first: fuses
+        helper.make_node("Add", ["m4", "per_channel"], ["a4"]),
+        helper.make_node("Mul", ["a4", "k"], ["m5"]),                        # read twice: stays
+        helper.make_node("Add", ["m5", "k"], ["a5"]),
+        helper.make_node("Add", ["a5", "m5"], ["y"]),
+    ]
+    return model(nodes, [("x", [1, 4, 6, 7])], [("y", None)], inits)
+
+
+def test_batch_norms_no_convolution_precedes_run_as_one_scale_shift(tmp_path):
+    import onnxruntime as ort
+    m = _pre_activation_network()
+    compiled = compile_model(m)
+    ops = [n.op for n in compiled.graph.nodes]
+    assert ops.count("scale_shift") == 3 and ops.count("mul") == 2, ops
+    assert [n.attrs["relu"] for n in compiled.graph.nodes if n.op == "scale_shift"] == [True, False, False]
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).normal(size=(1, 4, 6, 7)).astype(np.float32)
+        expect = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(compiled.run(x, "cpu"), expect, rtol=1e-4, atol=1e-4 * float(np.abs(expect).max()))
+    compiled.save(tmp_path / "m.gfm")
+    np.testing.assert_allclose(Model.load(tmp_path / "m.gfm").run(x, "cpu"), expect, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(expect).max()))
+    # The int8 pipeline keeps the multiply and the add (it requantizes both).
+    q = compile_model(m, quantize="int8", calibrate=x[None], config="tiny")
+    assert "scale_shift" not in [n.op for n in q.graph.nodes]
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (1, 3, 7), (2, 16, 5, 9)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_scale_shift_kernel(shape, relu):
+    rng = np.random.default_rng(len(shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    a, b = rng.normal(size=shape[1]).astype(np.float32), rng.normal(size=shape[1]).astype(np.float32)
+    out, _ = host.compile_scale_shift(CpuTarget(), shape, relu=relu).run(open_device("cpu"), x=x, a=a, b=b)
+    bcast = (1, -1) + (1,) * (len(shape) - 2)
+    expect = x * a.reshape(bcast) + b.reshape(bcast)
+    np.testing.assert_allclose(out, np.maximum(expect, 0) if relu else expect, rtol=1e-6, atol=1e-6)
+    assert "scale_shift" in host.compile_scale_shift(GpuTarget("sm_90"), shape).program.name
+    with pytest.raises(OpError, match="scales the channels"):
+        host.compile_scale_shift(CpuTarget(), (5,))

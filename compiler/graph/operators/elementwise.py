@@ -15,7 +15,7 @@ from ...ops.functions import FLOAT_FUNCTIONS
 from ...ops.nn import ELEMENTWISE_OPS
 from ..kernels import HostKernel, contiguous, quantized_elementwise, unary
 from ..numeric import int8_clipped, rounding_shift
-from .base import Int8, OpDef, broadcast, per_item, register
+from .base import Int8, OpDef, broadcast, fail, per_item, register
 
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -118,6 +118,40 @@ register(
     _binary("min", Int8.FLOAT,
             _FLOAT_DOC.format("; max and min propagate NaN, as numpy's and ONNX Runtime's do")),
 )
+
+
+# --- scale_shift -------------------------------------------------------------------------
+
+def _scale_shift_shape(graph, node, shapes):
+    x = shapes[0]
+    if len(x) < 2 or shapes[1] != (x[1],) or shapes[2] != (x[1],):
+        raise fail(node, f"scale and shift must have shape [{x[1] if len(x) > 1 else '?'}] (one per channel)")
+    return tuple(x)
+
+
+def _scale_shift_evaluate(node, args):
+    x, a, b = args
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    value = x.astype(np.float64) * a.reshape(shape) + b.reshape(shape)
+    return (np.maximum(value, 0) if node.attrs["relu"] else value).astype(np.float32)
+
+
+def _scale_shift_host(graph, node, target):
+    shape = tuple(graph.values[node.inputs[0]].shape)
+    op = host.compile_scale_shift(target, shape, relu=node.attrs["relu"])
+    fixed = {param: contiguous(graph.constants[name]) for param, name in zip(("a", "b"), node.inputs[1:])
+             if name in graph.constants}
+
+    def prepare(args):
+        return {"x": contiguous(args[0]), "a": fixed.get("a", args[1]), "b": fixed.get("b", args[2])}
+    return HostKernel(node, op, prepare)
+
+
+# A float32 network's batch norm that no convolution precedes, after `passes.fuse_scale_shift`
+# (an int8 network keeps the multiply and the add, which it requantizes).
+register(OpDef("scale_shift", "inputs x, scale, shift (one per channel, axis 1); relu (float32 only)", (3, 3),
+               _scale_shift_shape, _scale_shift_evaluate, attrs=("relu",), same_dtype=None, int8=Int8.NONE,
+               batch=per_item, host=_scale_shift_host))
 
 
 # --- one tensor --------------------------------------------------------------------------
