@@ -231,9 +231,12 @@ def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
         split.compute_at(so, so.leaf[0])
         split.vectorize(split.leaf[-1])
         return
-    if tensors["xp"] is not tensors["x"]:
-        s[tensors["xp"]].compute_inline()
     _row_sums(s, tensors["out"], tensors["sum"])
+    if tensors["xp"] is not tensors["x"]:
+        padded = s[tensors["xp"]]
+        so = s[tensors["out"]]
+        padded.compute_at(so, so.leaf[0])
+        padded.vectorize(padded.leaf[-1])
 
 
 def _row_sums(s: Schedule, out: Tensor, sums: Tensor) -> None:

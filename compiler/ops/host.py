@@ -379,8 +379,8 @@ def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int,
 
     def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
         _check_conv_operands(x, w, shape, weight)
-        return {"x": _array(x, "input", dtype, shape), "w": _array(w, "weight", dtype, weight).reshape(o, kh * kw),
-                **_bias(bias, epi, dtype, o, o, "conv2d")}
+        weights = _array(w, "weight", dtype, weight).reshape(o, kh * kw).astype(t["w"].dtype, copy=False)
+        return {"x": _array(x, "input", dtype, shape), "w": weights, **_bias(bias, epi, dtype, o, o, "conv2d")}
 
     return CompiledOp("conv2d", kernel, names, "out", pack, lambda out: out,
                       plan={"method": "depthwise", "dtype": dtype, "groups": c, "oh": oh, "ow": ow})
