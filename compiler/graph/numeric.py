@@ -12,7 +12,7 @@ __all__ = ["quantize_array", "dequantize_array", "rounding_shift", "int8_clipped
 
 
 def quantize_array(x: np.ndarray, exponent: int) -> np.ndarray:
-    """float → int8 at scale 2**-exponent, rounding half to even, saturating.
+    """float → int8 at scale 2**-exponent, rounding half to even, saturating (NaN → 0).
 
     A float32 array is scaled in float32: a product with a power of two is exact there, or
     overflows to ±inf (which saturates as the exact value would) or falls below 2^-126 (which
@@ -25,6 +25,7 @@ def quantize_array(x: np.ndarray, exponent: int) -> np.ndarray:
         scaled *= kind(2.0 ** exponent)
     np.rint(scaled, out=scaled)
     np.clip(scaled, -128, 127, out=scaled)
+    scaled[np.isnan(scaled)] = 0             # defined (numpy's cast of NaN is not), as the kernel's
     return scaled.astype(np.int8)
 
 

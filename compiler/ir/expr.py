@@ -376,6 +376,7 @@ def register_intrinsic(name: str, arity: int, result: str, kind: str, doc: str) 
 for _name, _doc in (("exp", "e to the power x"), ("log", "natural logarithm"), ("sqrt", "square root"),
                     ("fabs", "absolute value"), ("tanh", "hyperbolic tangent")):
     register_intrinsic(_name, 1, "arg", "math", _doc)
+register_intrinsic("roundeven", 1, "arg", "math", "x rounded to the nearest integer, halves to even (numpy's rint)")
 register_intrinsic("fma", 3, "arg", "math", "a * b + c with one rounding")
 register_intrinsic("fmax", 2, "arg", "math", "the larger of a and b, a NaN operand ignored (IEEE maxNum, numpy's "
                                              "fmax): NaN only when both are")

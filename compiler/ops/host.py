@@ -27,10 +27,11 @@ from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_rows_te, conv2d_layout,
     conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te, mean_te,
     pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
-    scale_shift_te, slice_te, softmax_te, transpose_te,
+    quantize_te, scale_shift_te, slice_te, unfold_te, softmax_te, transpose_te,
 )
 
-__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_scale_shift", "compile_transpose",
+__all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_scale_shift", "compile_quantize",
+           "compile_unfold", "compile_transpose",
            "compile_slice", "compile_pad",
            "compile_pool2d", "compile_mean", "compile_softmax", "HOST_DTYPES"]
 
@@ -125,8 +126,9 @@ def _host(target: Target) -> None:
 
 
 def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8", bias: bool = False,
-                  shift: int | None = None, relu: bool = False, constant_b: bool = False) -> CompiledOp:
-    """``(M×K) @ (K×N)`` (+ bias, >> shift and clip to int8, or ReLU).
+                  shift: int | None = None, relu: bool = False, hi: int | None = None,
+                  constant_b: bool = False) -> CompiledOp:
+    """``(M×K) @ (K×N)`` (+ bias, >> shift and clip to int8 — below ``hi`` where given —, or ReLU).
 
     Inputs: ``a`` (M, K) and ``b`` (K, N) of ``dtype``, with ``bias`` an (N,) int32 or
     float32 ``bias``. Output: (M, N), int8 with ``shift``, else int32 or float32.
@@ -136,16 +138,17 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
     _host(target)
     m, k, n = _positive("dense M", m), _positive("dense K", k), _positive("dense N", n)
     dtype = _check_dtype("dense", dtype)
-    epi = _epilogue(dtype, bias, shift, relu)
+    epi = _epilogue(dtype, bias, shift, relu, None, hi)
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.dense(m, k, n, dtype, epi)
     else:
         lanes = _lanes(target)
         mb, nb, order = _product_tile(
-            "cpu.dense", target, {"m": m, "k": k, "n": n, "dtype": dtype, "bias": bias, "shift": shift, "relu": relu},
+            "cpu.dense", target, {"m": m, "k": k, "n": n, "dtype": dtype, "bias": bias, "shift": shift, "relu": relu,
+                                  **({"hi": hi} if hi is not None else {})},
             m, n, lanes, _registers(target, dtype),
-            partial(compile_dense, target, m, k, n, dtype=dtype, bias=bias, shift=shift, relu=relu,
+            partial(compile_dense, target, m, k, n, dtype=dtype, bias=bias, shift=shift, relu=relu, hi=hi,
                     constant_b=constant_b))
         if _vnni(target, dtype):
             t = dense_vnni_te(m, k, n, epi, panel=nb)
@@ -399,19 +402,47 @@ def compile_scale_shift(target: Target, shape, *, dtype: str = "float32", relu: 
     if len(shape) < 2:
         raise OpError(f"scale_shift scales the channels of an (N, C, …) tensor, not one of shape {list(shape)}")
     dtype = _check_dtype("scale_shift", dtype, ("float32",))
-    t = scale_shift_te(shape, dtype, relu)
+    kernel = _elementwise_kernel(target, scale_shift_te(shape, dtype, relu), ["x", "a", "b"], "scale_shift")
+
+    def pack(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+        return {"x": _array(x, "x", dtype, shape), "a": _array(a, "a", dtype, (shape[1],)),
+                "b": _array(b, "b", dtype, (shape[1],))}
+    return CompiledOp("scale_shift", kernel, ["x", "a", "b"], "out", pack, lambda out: out, plan={"dtype": dtype})
+
+
+def _elementwise_kernel(target: Target, t: dict, names: list[str], name: str):
+    """``t["out"]`` with the target's element-wise schedule, built with parameters ``names``."""
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         gpu_schedules.schedule_elementwise(s, t["out"])
     else:
         cpu_schedules.schedule_elementwise(s, t["out"])
-    kernel = build(s, target, [t["x"], t["a"], t["b"], t["out"]], name="scale_shift")
+    return build(s, target, [t[k] for k in names] + [t["out"]], name=name)
 
-    def pack(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-        return {"x": _array(x, "x", dtype, shape), "a": _array(a, "a", dtype, (shape[1],)),
-                "b": _array(b, "b", dtype, (shape[1],))}
-    return CompiledOp("scale_shift", kernel, ["x", "a", "b"], "out", pack, lambda out: out, plan={"dtype": dtype})
+
+def compile_quantize(target: Target, shape, exponent: int) -> CompiledOp:
+    """float32 → int8 at scale 2^−``exponent`` (`nn.quantize_te`): an int8 network's entry."""
+    _host(target)
+    given = tuple(_positive("quantize dimension", v) for v in shape)
+    shape = given or (1,)           # a rank-0 tensor runs as one element
+    kernel = _elementwise_kernel(target, quantize_te(shape, int(exponent)), ["x"], "quantize")
+    return CompiledOp("quantize", kernel, ["x"], "out",
+                      lambda x: {"x": _array(x, "x", "float32", given).reshape(shape)},
+                      lambda out: out.reshape(given), plan={"exponent": int(exponent)})
+
+
+def compile_unfold(target: Target, shape, kernel, stride: int, padding, *, dtype: str = "int8") -> CompiledOp:
+    """A convolution's patches as channels (`nn.unfold_te`), ``padding`` (top, left, bottom, right)."""
+    _host(target)
+    shape = tuple(_positive("unfold dimension", v) for v in shape)
+    if len(shape) != 4:
+        raise OpError(f"unfold takes an NCHW tensor, not one of shape {list(shape)}")
+    dtype = _check_dtype("unfold", dtype)
+    built = _elementwise_kernel(target, unfold_te(shape, tuple(kernel), int(stride), tuple(padding), dtype), ["x"],
+                                "unfold")
+    return CompiledOp("unfold", built, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
+                      plan={"dtype": dtype})
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,

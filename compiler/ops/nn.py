@@ -40,7 +40,7 @@ from .functions import FLOAT_FUNCTIONS
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
-    "mean_te", "softmax_te", "round_up", "scale_shift_te",
+    "mean_te", "softmax_te", "round_up", "scale_shift_te", "quantize_te", "unfold_te",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
 
@@ -529,6 +529,34 @@ def scale_shift_te(shape: tuple[int, ...], dtype: str, relu: bool = False) -> di
         value = x[idx] * a[idx[1]] + b[idx[1]]
         return Max(value, Const(0, dtype)) if relu else value
     return {"x": x, "a": a, "b": b, "out": compute(shape, body, name="out")}
+
+
+def quantize_te(shape: tuple[int, ...], exponent: int) -> dict[str, Tensor]:
+    """float32 ``x`` → int8 at scale 2^−``exponent``: ``x · 2^exponent`` (exact, a power of two)
+    rounded half to even and saturated (NaN → 0), as `graph.numeric.quantize_array` defines it."""
+    x = placeholder(shape, "float32", "x")
+
+    def body(*idx):
+        scaled = Call("roundeven", (x[idx] * Const(2.0 ** exponent, "float32"),))
+        return Cast("int8", Min(Max(scaled, Const(-128.0, "float32")), Const(127.0, "float32")))
+    return {"x": x, "out": compute(shape, body, name="out")}
+
+
+def unfold_te(shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: int,
+              padding: tuple[int, int, int, int], dtype: str) -> dict[str, Tensor]:
+    """A convolution's patches as channels (`graph.operators`' ``unfold``): output channel
+    ``c·kh·kw + i·kw + j`` at (y, x) is ``x[c, y·stride + i − top, x·stride + j − left]``, 0
+    outside. Tensors ``x`` (N, C, H, W), ``out`` (N, C·KH·KW, OH, OW)."""
+    n, c, h, w = shape
+    (kh, kw), (top, left, bottom, right) = kernel, padding
+    oh, ow = (h + top + bottom - kh) // stride + 1, (w + left + right - kw) // stride + 1
+    x = placeholder(shape, dtype, "x")
+    taps = kh * kw
+
+    def body(b, ch, y, xx):
+        return BufferLoad(x.buffer, (b, ch // taps, y * stride + (ch // kw) % kh - top,
+                                     xx * stride + ch % kw - left), zero_outside=True)
+    return {"x": x, "out": compute((n, c * taps, oh, ow), body, name="out")}
 
 
 def transpose_te(shape: tuple[int, ...], perm: tuple[int, ...], dtype: str) -> dict[str, Tensor]:

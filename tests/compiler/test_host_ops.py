@@ -435,3 +435,35 @@ def test_dense_tiles_follow_the_target_registers(features, cpu):
             np.testing.assert_array_equal(out, dense_reference(a, b))
         else:
             np.testing.assert_allclose(out, dense_reference(a, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,exponent", [((2, 3, 5, 7), 4), ((37,), 0), ((), 6), ((1, 3, 16, 16), -2)])
+def test_quantize_kernel_rounds_half_to_even_and_saturates(shape, exponent, cpu):
+    """`host.compile_quantize` equals `numeric.quantize_array` (the graph's definition) on halves,
+    the saturation edges, ±inf and NaN."""
+    from gemforge.compiler.graph.numeric import quantize_array
+    from gemforge.compiler.ops import host
+    rng = np.random.default_rng(exponent + 10)
+    x = np.array(rng.standard_normal(shape) * 200 / 2.0 ** exponent, np.float32)
+    flat = x.reshape(-1)
+    specials = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 127.5, -128.5, 126.5, np.nan, np.inf, -np.inf, 1e30],
+                        np.float32) / np.float32(2.0 ** exponent)
+    flat[:min(flat.size, specials.size)] = specials[:flat.size]
+    out, _ = host.compile_quantize(CPU, shape, exponent).run(cpu, x=x)
+    assert out.shape == shape and out.dtype == np.int8
+    np.testing.assert_array_equal(out, quantize_array(x, exponent))
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding", [
+    ((1, 3, 17, 16), (3, 3), 2, (1, 1, 1, 1)),      # MobileNetV2's stem, unfolded
+    ((2, 2, 9, 11), (7, 7), 2, (3, 3, 3, 3)),       # ResNet's
+    ((1, 1, 6, 5), (2, 3), 1, (0, 1, 1, 0)),        # uneven padding
+])
+def test_unfold_kernel_equals_the_graph_definition(shape, kernel, stride, padding, cpu):
+    from gemforge.compiler.graph.ir import Node
+    from gemforge.compiler.graph.operators.linear import _unfold_evaluate
+    from gemforge.compiler.ops import host
+    x = np.random.default_rng(sum(shape)).integers(-128, 128, shape).astype(np.int8)
+    out, _ = host.compile_unfold(CPU, shape, kernel, stride, padding).run(cpu, x=x)
+    node = Node("unfold", "u", ["x"], "y", {"kernel": kernel, "stride": stride, "padding": padding})
+    np.testing.assert_array_equal(out, _unfold_evaluate(node, [x]))

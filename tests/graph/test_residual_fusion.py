@@ -1,7 +1,8 @@
 """A float32 residual add fused into the convolution that feeds it (`passes.fuse_residual_adds`),
 and a batch norm no convolution precedes run as one ``scale_shift`` (`passes.fuse_scale_shift`):
 which nodes fuse, the kernels against numpy on the CPU (and compiled for the GPU), the networks
-against ONNX Runtime, the model file round trip, and refusals."""
+against ONNX Runtime, the model file round trip, and refusals. And a dense layer written as a
+convolution over one pixel, run as the dense kernel."""
 
 from __future__ import annotations
 
@@ -173,3 +174,33 @@ def test_scale_shift_kernel(shape, relu):
     assert "scale_shift" in host.compile_scale_shift(GpuTarget("sm_90"), shape).program.name
     with pytest.raises(OpError, match="scales the channels"):
         host.compile_scale_shift(CpuTarget(), (5,))
+
+
+# ---------------------------------------------------------------------------- a dense layer as a convolution
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_convolution_of_a_one_pixel_image_runs_as_the_dense_kernel(quantize):
+    """A classifier written as a 1×1 convolution after a global pool (as the int8 pipeline
+    writes a dense layer, `image_dense`) runs as the dense kernel (one pixel: a convolution's
+    product would vectorize it), equal to ONNX Runtime in float32 and bit-identical to fsim
+    in int8."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1] * 4),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("GlobalAveragePool", ["r0"], ["g"]),
+             helper.make_node("Conv", ["g", "w1", "b1"], ["y"])]
+    inits = {"w0": rng.normal(size=(16, 3, 3, 3)).astype(np.float32) * 0.3, "b0": rng.normal(size=16).astype(np.float32),
+             "w1": rng.normal(size=(24, 16, 1, 1)).astype(np.float32) * 0.3, "b1": rng.normal(size=24).astype(np.float32)}
+    m = model(nodes, [("x", [1, 3, 8, 8])], [("y", None)], inits)
+    x = rng.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    compiled = compile_model(m, quantize=quantize, calibrate=x[None] if quantize else None,
+                             config="default" if quantize else None)
+    classifier = [n for n in compiled.graph.nodes if n.op == "conv2d"][-1]
+    assert compiled._host_kernel(classifier, "cpu").op.name == "dense"
+    got = compiled.run(x, "cpu")
+    if quantize:
+        np.testing.assert_array_equal(got, compiled.run(x, "fsim"))
+    else:
+        import onnxruntime as ort
+        expect = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4)

@@ -864,7 +864,7 @@ class LLVMCodegen:
         return b.select(small, self._splat(ty, -(1 << (width - 1))), result)
 
     def call(self, e: Call) -> ll.Value:
-        if e.name in ("exp", "log", "sqrt", "fabs"):
+        if e.name in ("exp", "log", "sqrt", "fabs", "roundeven"):
             x = self.expr(e.args[0])
             return self._call_intrinsic(f"llvm.{e.name}", x.type, [x])
         if e.name in ("fma", "fmax"):

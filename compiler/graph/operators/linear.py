@@ -74,6 +74,8 @@ def _conv2d_host(graph, node, target):
     shapes = [tuple(graph.values[i].shape) for i in node.inputs]
     dtype = graph.values[node.inputs[0]].dtype
     residual = bool(a.get("residual"))
+    if _is_dense(graph, node, shapes) and not residual and "lo" not in a:
+        return _conv2d_as_dense(graph, node, target, shapes, dtype)
     op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
                              groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
                              shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
@@ -91,6 +93,27 @@ def _conv2d_host(graph, node, target):
     def prepare(args):
         return dict(packed, x=contiguous(args[0]).reshape(x_layout), residual=contiguous(args[3]).reshape(rows))
     return HostKernel(node, op, prepare)
+
+
+def _is_dense(graph, node, shapes) -> bool:
+    """Whether a convolution is a dense layer: a 1×1 kernel of one group over a 1×1 image (a
+    classifier after a global pool, as the int8 pipeline writes it: `image_dense`)."""
+    a = node.attrs
+    return len(shapes[0]) == 4 and tuple(shapes[0][2:]) == (1, 1) and tuple(shapes[1][2:]) == (1, 1) \
+        and a["groups"] == 1 and a["stride"] == 1 and a["padding"] == 0 and graph.is_constant(node.inputs[1])
+
+
+def _conv2d_as_dense(graph, node, target, shapes, dtype):
+    """A dense layer written as a convolution (`_is_dense`) as the dense kernel: a convolution's
+    product vectorizes the pixels, of which there is one."""
+    a = node.attrs
+    (n, c), o = shapes[0][:2], shapes[1][0]
+    op = host.compile_dense(target, n, c, o, dtype=dtype, bias=len(shapes) > 2,
+                            shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
+                            hi=a.get("hi") if dtype == "int8" else None, constant_b=True)
+    const = [None, graph.constants[node.inputs[1]].reshape(o, c).T,
+             graph.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None]
+    return with_weights(node, op, "a", "b", (n, c), const[:len(node.inputs)], lambda out: out.reshape(n, o, 1, 1))
 
 
 # --- dense -------------------------------------------------------------------------------
@@ -170,6 +193,14 @@ def _unfold_evaluate(node, args):
     return np.stack(taps, axis=2).reshape(n, c * kh * kw, oh, ow)
 
 
+def _unfold_host(graph, node, target):
+    a = node.attrs
+    shape = tuple(graph.values[node.inputs[0]].shape)
+    return HostKernel(node, host.compile_unfold(target, shape, tuple(a["kernel"]), a["stride"], padding(node),
+                                                dtype=graph.values[node.inputs[0]].dtype),
+                      lambda args: {"x": contiguous(args[0])})
+
+
 register(
     OpDef("conv2d",
           "inputs x, w (OIHW; a dilated kernel spread out with zeros), [bias]; stride, padding (every side; until "
@@ -184,7 +215,7 @@ register(
     OpDef("unfold", "kernel (kh, kw), stride, padding (every side, or (top, left, bottom, right)): out channel "
                     "c·kh·kw + i·kw + j at (y, x) = x[c, y·stride + i − top, x·stride + j − left], 0 outside",
           (1, 1), _unfold_shape, _unfold_evaluate, attrs=("kernel", "stride", "padding"), int8=Int8.SAME_SCALE,
-          batch=per_item, move=_unfold_evaluate),
+          batch=per_item, host=_unfold_host, gpu=False),
     OpDef("dense", "inputs a (M, K), w (K, N), [bias]; relu; int8: shift",
           (2, 3), _dense_shape, _dense_evaluate, attrs=("relu",), int8_attrs=("shift",), same_dtype=2,
           int8=Int8.PRODUCT, batch=_dense_batch, host=_dense_host),
