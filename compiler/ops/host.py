@@ -25,6 +25,7 @@ from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_win
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
     ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_rows_te, conv2d_layout,
+    conv2d_vnni_rows_te,
     conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te, mean_te,
     pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
     quantize_te, scale_shift_te, slice_te, unfold_te, softmax_te, transpose_te,
@@ -240,8 +241,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         vnni = _vnni(target, dtype)
         registers = _registers(target, dtype)
         pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=vnni).pitch
-        rows = dtype == "float32" and _pixel_rows(o, c, (kh, kw), stride, padding, groups, w, (oh, ow), lanes,
-                                                  registers)
+        rows = (dtype == "float32" or vnni) and _pixel_rows(o, c, (kh, kw), stride, padding, groups, w, (oh, ow),
+                                                            lanes, registers)
         mb, nb, order = _product_tile(
             "cpu.conv2d", target,
             {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
@@ -254,13 +255,15 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             # and its output.
             padding_cost=COPY_COST / o if not rows and (kh, kw, stride, padding) == (1, 1, 1, 0) else 0.0)
         if rows:
-            t = conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)
+            t = conv2d_vnni_rows_te(shape, weight, stride, padding, epi, panel=nb) if vnni else \
+                conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)
             s = create_schedule(t["out"])
             cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, order=order,
                                           taps=(kh, kw) if kh * kw > 1 else None, transposed=True)
-            if "flat" in t:
-                cpu_schedules.schedule_flat_image(s, t["flat"], w + 2 * padding)
-            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": "rows"}
+            for stage in ("flat", "x4"):
+                if stage in t:
+                    cpu_schedules.schedule_flat_image(s, t[stage], w + 2 * padding)
+            plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": t["layout"].method}
         elif vnni:
             t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
             s = create_schedule(t["out"])
@@ -286,16 +289,21 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     pitch = t["layout"].pitch
     bias_len = t["bias"].shape[0] if bias else o
     x_shape = t["x"].shape
-    vnni = "w4" in t
-    names = ["x"] + (["w4", "corr"] if vnni else ["wp"] if "wp" in t else ["w"]) + (["bias"] if bias else []) + \
-        (["residual"] if residual else [])
+    vnni = "w4" in t or "w4p" in t
+    weight_names = ["w4", "corr"] if "w4" in t else ["w4p", "corr"] if "w4p" in t else ["wp"] if "wp" in t else ["w"]
+    names = ["x"] + weight_names + (["bias"] if bias else []) + (["residual"] if residual else [])
     kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
 
     def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
              residual: np.ndarray | None = None) -> dict[str, np.ndarray]:
         _check_conv_operands(x, w, shape, weight)
         weights = _array(w, "weight", dtype, weight)
-        if vnni:
+        if "w4p" in t:
+            w4, corr = pack_conv_weights_vnni(weights, groups)
+            panel = t["w4p"].shape[2]
+            weights = {"w4p": pack_dense_panels(w4.T, panel),
+                       "corr": np.pad(corr, (0, t["corr"].shape[0] - o))}
+        elif vnni:
             w4, corr = pack_conv_weights_vnni(weights, groups)
             weights = {"w4": w4, "corr": corr}
         elif "wp" in t:

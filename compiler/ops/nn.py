@@ -38,7 +38,7 @@ from .common import Epilogue, OpError, four_pads, out_size, window_count
 from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_vnni_rows_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
     "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
     "mean_te", "softmax_te", "round_up", "scale_shift_te", "quantize_te", "unfold_te",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
@@ -418,6 +418,41 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
         (n, o, p_pad), lambda b, oc, q: epilogue.apply(cc[b, oc, q] - corr[oc], bias[oc] if bias else None),
         name="out", dtype=epilogue.out_dtype("int32"))
     tensors["layout"] = layout
+    return tensors
+
+
+def conv2d_vnni_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
+                        padding: int, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+    """`conv2d_vnni_te`'s int8 product (one group) transposed as `conv2d_rows_te`'s: the output
+    pixels for rows, the output channels for columns, ``c[b, q, oc] = Σ_r4 dot4(x4[…], w4p[oc //
+    panel, r4, oc % panel])``. ``x4`` is the padded image flattened (rows ``pitch`` apart) with
+    four channels' bytes to an int32, read one at a time as the broadcast operand; ``w4p`` the
+    VNNI weights packed into column panels, ``corr`` (O_pad,). ``out`` (N, O_pad, OH·OW)."""
+    n, c, h, wd = shape
+    o, _, kh, kw = weight
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    taps, c4 = kh * kw, -(-c // 4)
+    pitch, o_pad = wd + 2 * padding, round_up(o, panel)
+    x = placeholder((n, c, h, wd), "int8", "x")
+    w4p = placeholder((o_pad // panel, c4 * taps, panel), "int32", "w4p")
+    corr = placeholder((o_pad,), "int32", "corr")
+    x4 = compute((n, c4, (h + 2 * padding) * pitch), lambda b, q4, f: _bytes_u8(lambda j: BufferLoad(
+        x.buffer, (b, q4 * 4 + j, FloorDiv(f, Const(pitch)) - padding, FloorMod(f, Const(pitch)) - padding),
+        zero_outside=True)), name="x4")
+    r4 = reduce_axis(c4 * taps, "r4")
+
+    def window(b, r, q):
+        return x4[b, r // taps, ((q // ow) * stride + (r // kw) % kh) * pitch + (q % ow) * stride + r % kw]
+    cc = compute((n, oh * ow, o_pad), lambda b, q, oc: sum_(
+        Call("dot4_u8s8", (window(b, r4.var, q), w4p[oc // panel, r4, oc % panel])), [r4]), name="c")
+    tensors: dict[str, Tensor] = {"x": x, "w4p": w4p, "corr": corr, "x4": x4, "c": cc}
+    bias = tensors["bias"] = placeholder((o_pad,), "int32", "bias") if epilogue.bias else None
+    if bias is None:
+        del tensors["bias"]
+    tensors["out"] = compute(
+        (n, o_pad, oh * ow), lambda b, oc, q: epilogue.apply(cc[b, q, oc] - corr[oc], bias[oc] if bias else None),
+        name="out", dtype=epilogue.out_dtype("int32"))
+    tensors["layout"] = ConvLayout("vnni-rows", ow)
     return tensors
 
 

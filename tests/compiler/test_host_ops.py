@@ -467,3 +467,33 @@ def test_unfold_kernel_equals_the_graph_definition(shape, kernel, stride, paddin
     out, _ = host.compile_unfold(CPU, shape, kernel, stride, padding).run(cpu, x=x)
     node = Node("unfold", "u", ["x"], "y", {"kernel": kernel, "stride": stride, "padding": padding})
     np.testing.assert_array_equal(out, _unfold_evaluate(node, [x]))
+
+
+@pytest.mark.parametrize("shape,o,kernel,stride,padding", [
+    ((1, 64, 7, 7), 48, 3, 1, 1),
+    ((2, 6, 9, 11), 20, 3, 2, 1),         # channels no multiple of 4, batch 2, strided
+    ((1, 3, 17, 17), 16, 7, 2, 3),        # a stem
+    ((1, 96, 7, 7), 40, 1, 1, 0),
+])
+@pytest.mark.parametrize("forced", [False, True])
+def test_int8_vnni_conv_with_pixels_for_rows(shape, o, kernel, stride, padding, forced, monkeypatch):
+    """int8 on 4-byte dot products with the pixels for rows (`nn.conv2d_vnni_rows_te`), bit for
+    bit the reference's (requantization, ReLU, upper bound)."""
+    from gemforge.compiler.backends.cpu import has_feature
+    from gemforge.compiler.ops import host
+    target = CPU
+    if not has_feature(target, "avx512vnni"):
+        pytest.skip("this CPU has no AVX-512 VNNI (the rows product is the VNNI path's)")
+    if forced:
+        monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
+    rng = np.random.default_rng(sum(shape) + o)
+    weight = (o, shape[1], kernel, kernel)
+    x, w = _data(rng, shape, "int8"), _data(rng, weight, "int8")
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    op = host.compile_conv2d(target, shape, weight, stride=stride, padding=padding, dtype="int8", bias=True,
+                             shift=7, relu=True, hi=90)
+    if forced:
+        assert op.plan["method"] == "vnni-rows"
+    out, _ = op.run(open_device("cpu"), x=x, w=w, bias=bias)
+    expect = np.minimum(conv2d_reference(x, w, bias, stride, padding, shift=7, relu=True), 90)
+    np.testing.assert_array_equal(out, expect)
