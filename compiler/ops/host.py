@@ -24,17 +24,15 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
-    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_rows_te, conv2d_layout,
-    conv2d_vnni_rows_te,
-    conv2d_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te, mean_te,
-    pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
-    quantize_te, scale_shift_te, slice_te, unfold_te, softmax_te, transpose_te,
+    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_rows_te,
+    conv2d_te, conv2d_vnni_rows_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te,
+    mean_te, pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
+    quantize_te, scale_shift_te, slice_te, softmax_te, transpose_te, unfold_te,
 )
 
 __all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_scale_shift", "compile_quantize",
-           "compile_unfold", "compile_transpose",
-           "compile_slice", "compile_pad",
-           "compile_pool2d", "compile_mean", "compile_softmax", "HOST_DTYPES"]
+           "compile_unfold", "compile_transpose", "compile_slice", "compile_pad", "compile_pool2d", "compile_mean",
+           "compile_softmax", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
 HOST_DTYPES = ("int8", "float32")
@@ -329,9 +327,9 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
 
 def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: int, groups: int, width: int,
                 out_hw: tuple[int, int], lanes: int, registers: int) -> bool:
-    """Whether a one-group float32 convolution runs as `nn.conv2d_rows_te`'s product (pixels for
-    rows, channels vectorized) rather than `nn.conv2d_te`'s (channels for rows, pixels
-    vectorized), by `cpu.tile_cost`'s estimate of each (the pixel columns' padding and a shifted
+    """Whether a one-group convolution runs as `nn.conv2d_rows_te`'s product (pixels for rows,
+    channels vectorized; int8 on VNNI: `nn.conv2d_vnni_rows_te`) rather than `nn.conv2d_te`'s
+    (channels for rows, pixels vectorized), by `cpu.tile_cost`'s estimate of each (the pixel columns' padding and a shifted
     layout's row pitch counted) and what each does besides: `conv2d_te` copies its windows
     into an im2col matrix when strided, or when a 1×1 layer's pixels are no multiple of its
     tile's columns (`COPY_COST`); the rows product stores its outputs one by one

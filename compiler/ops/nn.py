@@ -12,7 +12,9 @@ change what is computed where, and the schedules pass them in:
 - conv2d lowers to a matrix product per group: weights ``(O, C/G·KH·KW)``
   times the input's windows (`conv2d_method`: read in place from the padded
   image flattened row by row for stride 1, copied into an im2col matrix
-  otherwise, the input itself for an unpadded 1×1).
+  otherwise, the input itself for an unpadded 1×1), or, for one group, its
+  transpose with the output pixels for rows (`conv2d_rows_te`: the channels
+  vectorized, for small images and strided windows).
 
 Integers accumulate in int32 and end with the `Epilogue` (bias, shift,
 clip/ReLU); floats accumulate in float32 (bias, ReLU). `dense_vnni_te` and
@@ -38,9 +40,10 @@ from .common import Epilogue, OpError, four_pads, out_size, window_count
 from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
-    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "pack_conv_rows", "conv2d_vnni_rows_te", "conv2d_method", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te",
-    "pack_conv_weights_vnni", "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "transpose_te", "slice_te", "pad_te", "pool2d_te",
-    "mean_te", "softmax_te", "round_up", "scale_shift_te", "quantize_te", "unfold_te",
+    "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "conv2d_vnni_rows_te", "conv2d_method",
+    "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te", "pack_conv_rows", "pack_conv_weights_vnni",
+    "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "scale_shift_te", "quantize_te", "unfold_te",
+    "transpose_te", "slice_te", "pad_te", "pool2d_te", "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
 ]
 
