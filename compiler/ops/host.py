@@ -106,17 +106,29 @@ def _vnni(target: Target, dtype: str) -> bool:
 
 
 def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
-                  rebuild, padding_cost: float = 0.0) -> tuple[int, int, str]:
-    """(mb, nb, order) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning log's
-    (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`)."""
+                  rebuild, padding_cost: float = 0.0,
+                  transposed: tuple[str, int, int] | None = None) -> tuple[int, int, str, str | None]:
+    """(mb, nb, order, method) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning
+    log's (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`).
+    ``transposed`` = (method, rows, cols): another way to compute the product (a convolution's
+    other orientation, `_pixel_rows`), whose tiles the search may choose too; the method is then
+    the one the chosen configuration names (None: the default one)."""
     mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost)
     if not tuning.active():
-        return mb, nb, "columns"
+        return mb, nb, "columns", None
     from ..tuning.space import cpu_product_candidates
+
+    def candidates():
+        out = cpu_product_candidates(rows, cols, lanes, registers)
+        if transposed is not None:
+            method, other_rows, other_cols = transposed
+            out += [(dict(config, method=method), estimate)
+                    for config, estimate in cpu_product_candidates(other_rows, other_cols, lanes, registers)]
+        return out
     config = tuning.choice(kind, tuning.target_identity(target), workload,
                            default={"mb": mb, "vectors": nb // lanes, "order": "columns"},
-                           candidates=partial(cpu_product_candidates, rows, cols, lanes, registers), build=rebuild)
-    return config["mb"], config["vectors"] * lanes, config["order"]
+                           candidates=candidates, build=rebuild)
+    return config["mb"], config["vectors"] * lanes, config["order"], config.get("method")
 
 
 def _host(target: Target) -> None:
@@ -143,7 +155,7 @@ def compile_dense(target: Target, m: int, k: int, n: int, *, dtype: str = "int8"
         t, s, plan = gpu_schedules.dense(m, k, n, dtype, epi)
     else:
         lanes = _lanes(target)
-        mb, nb, order = _product_tile(
+        mb, nb, order, _ = _product_tile(
             "cpu.dense", target, {"m": m, "k": k, "n": n, "dtype": dtype, "bias": bias, "shift": shift, "relu": relu,
                                   **({"hi": hi} if hi is not None else {})},
             m, n, lanes, _registers(target, dtype),
@@ -239,19 +251,24 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         vnni = _vnni(target, dtype)
         registers = _registers(target, dtype)
         pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=vnni).pitch
-        rows = (dtype == "float32" or vnni) and _pixel_rows(o, c, (kh, kw), stride, padding, groups, w, (oh, ow),
-                                                            lanes, registers)
-        mb, nb, order = _product_tile(
+        rows_allowed = groups == 1 and (dtype == "float32" or vnni)
+        rows = rows_allowed and _pixel_rows(o, c, (kh, kw), stride, padding, groups, w, (oh, ow), lanes, registers)
+        products = {True: (pixels, o), False: (o // groups, oh * pitch)}
+        mb, nb, order, method = _product_tile(
             "cpu.conv2d", target,
             {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
              "dtype": dtype, "bias": bias, "shift": shift, "relu": relu, "clip": clip, "hi": hi,
-             **({"residual": True} if residual else {}), **({"method": "rows"} if rows else {})},
-            *((pixels, o) if rows else (o // groups, oh * pitch)), lanes, registers,
+             **({"residual": True} if residual else {})},
+            *products[rows], lanes, registers,
             partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
                     dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual),
             # A direct 1×1 product whose pixels its tile's columns do not divide copies its input
             # and its output.
-            padding_cost=COPY_COST / o if not rows and (kh, kw, stride, padding) == (1, 1, 1, 0) else 0.0)
+            padding_cost=COPY_COST / o if not rows and (kh, kw, stride, padding) == (1, 1, 1, 0) else 0.0,
+            # The search may take the other orientation (a configuration naming its method).
+            transposed=("columns" if rows else "rows", *products[not rows]) if rows_allowed else None)
+        if method is not None:
+            rows = method == "rows"
         if rows:
             t = conv2d_vnni_rows_te(shape, weight, stride, padding, epi, panel=nb) if vnni else \
                 conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)

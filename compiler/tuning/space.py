@@ -41,7 +41,8 @@ def features(kind: str, config: dict[str, Any], estimate: float) -> list[float]:
     if kind in KINDS["cpu"]:
         mb, vectors = config["mb"], config["vectors"]
         return base + [mb / 16, vectors / 4, mb * vectors / 24, float(config["order"] == "rows"),
-                       float(mb * vectors >= 12), float(mb == 1)]
+                       float(mb * vectors >= 12), float(mb == 1), float(config.get("method") == "rows"),
+                       float(config.get("method") == "columns")]
     sizes = [math.log2(config.get(k, 1)) for k in ("toc", "toh", "tow", "tic", "tkh", "tkw")]
     return base + sizes + [float(config.get("threads", 1) == 2), float(bool(config.get("bias_once"))),
                            float(config.get("order") == "interleaved")]
@@ -50,5 +51,6 @@ def features(kind: str, config: dict[str, Any], estimate: float) -> list[float]:
 def describe(kind: str, config: dict[str, Any]) -> str:
     """A configuration in a few words, for progress lines."""
     if kind in KINDS["cpu"]:
-        return f"{config['mb']}×{config['vectors']} tile, {config['order']} first"
+        method = f", pixels for {'rows' if config['method'] == 'rows' else 'columns'}" if "method" in config else ""
+        return f"{config['mb']}×{config['vectors']} tile, {config['order']} first{method}"
     return ", ".join(f"{k} {v}" for k, v in config.items())
