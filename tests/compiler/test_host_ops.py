@@ -497,3 +497,30 @@ def test_int8_vnni_conv_with_pixels_for_rows(shape, o, kernel, stride, padding, 
     out, _ = op.run(open_device("cpu"), x=x, w=w, bias=bias)
     expect = np.minimum(conv2d_reference(x, w, bias, stride, padding, shift=7, relu=True), 90)
     np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_convolutions_with_pixels_for_rows_on_random_shapes(seed, cpu, monkeypatch):
+    """The rows products (float32, and int8 on VNNI) forced on random shapes, kernels, strides
+    and paddings equal the reference (int8 bit for bit)."""
+    from gemforge.compiler.backends.cpu import has_feature
+    from gemforge.compiler.ops import host
+    monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
+    rng = np.random.default_rng(100 + seed)
+    k = int(rng.choice([1, 2, 3, 5]))
+    stride, padding = int(rng.integers(1, 3)), int(rng.integers(0, k))
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 20)), int(rng.integers(k, 15)), int(rng.integers(k, 15)))
+    weight = (int(rng.integers(1, 40)), shape[1], k, k)
+    bias_f = rng.standard_normal(weight[0]).astype(np.float32)
+    x, w = _data(rng, shape, "float32"), _data(rng, weight, "float32")
+    out, _ = host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype="float32", bias=True,
+                                 relu=True).run(cpu, x=x, w=w, bias=bias_f)
+    _close(out, conv2d_reference(x, w, bias_f, stride, padding, relu=True))
+    if has_feature(CPU, "avx512vnni"):
+        x8, w8 = _data(rng, shape, "int8"), _data(rng, weight, "int8")
+        bias8 = rng.integers(-2000, 2000, weight[0]).astype(np.int32)
+        op = host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype="int8", bias=True,
+                                 shift=6, relu=False)
+        assert op.plan["method"] == "vnni-rows"
+        out8, _ = op.run(cpu, x=x8, w=w8, bias=bias8)
+        np.testing.assert_array_equal(out8, conv2d_reference(x8, w8, bias8, stride, padding, shift=6))
