@@ -447,12 +447,10 @@ def _elementwise_kernel(target: Target, t: dict, names: list[str], name: str):
 def compile_quantize(target: Target, shape, exponent: int) -> CompiledOp:
     """float32 → int8 at scale 2^−``exponent`` (`nn.quantize_te`): an int8 network's entry."""
     _host(target)
-    given = tuple(_positive("quantize dimension", v) for v in shape)
-    shape = given or (1,)           # a rank-0 tensor runs as one element
-    kernel = _elementwise_kernel(target, quantize_te(shape, int(exponent)), ["x"], "quantize")
-    return CompiledOp("quantize", kernel, ["x"], "out",
-                      lambda x: {"x": _array(x, "x", "float32", given).reshape(shape)},
-                      lambda out: out.reshape(given), plan={"exponent": int(exponent)})
+    shape = tuple(_positive("quantize dimension", v) for v in shape)
+    # A rank-0 tensor runs as a tensor of one element.
+    return _moving(target, "quantize", quantize_te(shape or (1,), int(exponent)), shape, shape, "float32",
+                   exponent=int(exponent))
 
 
 def compile_unfold(target: Target, shape, kernel, stride: int, padding, *, dtype: str = "int8") -> CompiledOp:
@@ -462,10 +460,8 @@ def compile_unfold(target: Target, shape, kernel, stride: int, padding, *, dtype
     if len(shape) != 4:
         raise OpError(f"unfold takes an NCHW tensor, not one of shape {list(shape)}")
     dtype = _check_dtype("unfold", dtype)
-    built = _elementwise_kernel(target, unfold_te(shape, tuple(kernel), int(stride), tuple(padding), dtype), ["x"],
-                                "unfold")
-    return CompiledOp("unfold", built, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
-                      plan={"dtype": dtype})
+    t = unfold_te(shape, tuple(kernel), int(stride), tuple(padding), dtype)
+    return _moving(target, "unfold", t, shape, t["out"].shape, dtype)
 
 
 def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", y_shape=None,
@@ -513,14 +509,8 @@ def compile_elementwise(target: Target, op: str, shape, *, dtype: str = "int8", 
         raise OpError("a shift applies to integer operands, not float32")
     t = elementwise_te(op, shape, dtype, y_shape if binary else None, shift=shift, relu=relu, lo=lo, hi=hi,
                        alpha=alpha)
-    s = create_schedule(t["out"])
-    if target.kind == "gpu":
-        from . import gpu as gpu_schedules
-        gpu_schedules.schedule_elementwise(s, t["out"])
-    else:
-        cpu_schedules.schedule_elementwise(s, t["out"])
     names = ["x"] + (["y"] if "y" in t else [])
-    kernel = build(s, target, [t[k] for k in names] + [t["out"]], name=op)
+    kernel = _elementwise_kernel(target, t, names, op)
 
     def pack(x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if scalar:
@@ -556,13 +546,7 @@ def compile_transpose(target: Target, shape, perm, *, dtype: str = "float32") ->
 def _moving(target: Target, name: str, t: dict, shape, out_shape, dtype: str, **plan) -> CompiledOp:
     """The kernel of an operator that only moves elements (``t``: its tensors x and out), with
     the element-wise schedule of the target."""
-    s = create_schedule(t["out"])
-    if target.kind == "gpu":
-        from . import gpu as gpu_schedules
-        gpu_schedules.schedule_elementwise(s, t["out"])
-    else:
-        cpu_schedules.schedule_elementwise(s, t["out"])
-    kernel = build(s, target, [t["x"], t["out"]], name=name)
+    kernel = _elementwise_kernel(target, t, ["x"], name)
     return CompiledOp(name, kernel, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
                       lambda out: out.reshape(out_shape), plan={"dtype": dtype, **plan})
 
@@ -602,15 +586,7 @@ def compile_pad(target: Target, shape, pads, value=0, *, dtype: str = "float32")
     out_shape = tuple(n + b + a for n, b, a in zip(shape, pads[:len(shape)], pads[len(shape):]))
     # A rank-0 tensor runs as a tensor of one element (it has no axes to pad).
     t = pad_te(shape or (1,), pads[:len(shape)] or (0,), pads[len(shape):] or (0,), dtype, value)
-    s = create_schedule(t["out"])
-    if target.kind == "gpu":
-        from . import gpu as gpu_schedules
-        gpu_schedules.schedule_elementwise(s, t["out"])
-    else:
-        cpu_schedules.schedule_elementwise(s, t["out"])
-    kernel = build(s, target, [t["x"], t["out"]], name="pad")
-    return CompiledOp("pad", kernel, ["x"], "out", lambda x: {"x": _array(x, "x", dtype, shape).reshape(t["x"].shape)},
-                      lambda out: out.reshape(out_shape), plan={"dtype": dtype, "pads": pads})
+    return _moving(target, "pad", t, shape, out_shape, dtype, pads=pads)
 
 
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:

@@ -253,12 +253,13 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
                                          lambda b, ci, f: _read_padded(x, b, ci, f, pitch, padding), name="flat")
 
         def window(b, r, q):
-            return flat[b, r // taps, ((q // ow) * stride + (r // kw) % kh) * pitch + (q % ow) * stride + r % kw]
+            row, col = window_pixel(q, r, ow, kh, kw, stride)
+            return flat[b, r // taps, row * pitch + col]
     else:
         x = tensors["x"] = placeholder((n, c, h, wd), dtype, "x")
 
         def window(b, r, q):
-            return x[b, r // taps, (q // ow) * stride + (r // kw) % kh, (q % ow) * stride + r % kw]
+            return x[(b, r // taps, *window_pixel(q, r, ow, kh, kw, stride))]
     rr = reduce_axis(c * taps, "r")
     cc = tensors["c"] = compute((n, pixels, o_pad), lambda b, q, oc: sum_(
         window(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
@@ -439,13 +440,13 @@ def conv2d_vnni_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int
     x = placeholder((n, c, h, wd), "int8", "x")
     w4p = placeholder((o_pad // panel, c4 * taps, panel), "int32", "w4p")
     corr = placeholder((o_pad,), "int32", "corr")
-    x4 = compute((n, c4, (h + 2 * padding) * pitch), lambda b, q4, f: _bytes_u8(lambda j: BufferLoad(
-        x.buffer, (b, q4 * 4 + j, FloorDiv(f, Const(pitch)) - padding, FloorMod(f, Const(pitch)) - padding),
-        zero_outside=True)), name="x4")
+    x4 = compute((n, c4, (h + 2 * padding) * pitch), lambda b, q4, f: _bytes_u8(
+        lambda j: _read_padded(x, b, q4 * 4 + j, f, pitch, padding)), name="x4")
     r4 = reduce_axis(c4 * taps, "r4")
 
     def window(b, r, q):
-        return x4[b, r // taps, ((q // ow) * stride + (r // kw) % kh) * pitch + (q % ow) * stride + r % kw]
+        row, col = window_pixel(q, r, ow, kh, kw, stride)
+        return x4[b, r // taps, row * pitch + col]
     cc = compute((n, oh * ow, o_pad), lambda b, q, oc: sum_(
         Call("dot4_u8s8", (window(b, r4.var, q), w4p[oc // panel, r4, oc % panel])), [r4]), name="c")
     tensors: dict[str, Tensor] = {"x": x, "w4p": w4p, "corr": corr, "x4": x4, "c": cc}

@@ -225,12 +225,9 @@ def _place_concats(graph: Graph) -> dict[str, np.ndarray]:
         node = producer.get(name)
         if node is None or node.op != "concat" or not _slices_contiguous(graph, node):
             return
-        axis, start = node.attrs["axis"] % view.ndim, 0
-        for part in node.inputs:
-            size = graph.values[part].shape[axis]
+        for part, part_view in zip(node.inputs, _part_slices(view, node, [graph.values[p].shape for p in node.inputs])):
             if part in made and part not in places:
-                place(part, view[(slice(None),) * axis + (slice(start, start + size),)])
-            start += size
+                place(part, part_view)
 
     concats = [n for n in graph.nodes if n.op == "concat" and _slices_contiguous(graph, n)]
     for node in sorted(concats, key=lambda n: -_nbytes(graph, n.output)):
@@ -276,6 +273,15 @@ def _span(graph: Graph, node: Node, places: dict[str, np.ndarray]) -> np.ndarray
         np.dtype(value.dtype)).reshape(value.shape)
 
 
+def _part_slices(out: np.ndarray, node: Node, shapes) -> list[np.ndarray]:
+    """The views of a concatenation's output ``out`` that its parts (of ``shapes``) fill."""
+    axis, start, views = node.attrs["axis"] % out.ndim, 0, []
+    for shape in shapes:
+        views.append(out[(slice(None),) * axis + (slice(start, start + shape[axis]),)])
+        start += shape[axis]
+    return views
+
+
 def _owner(view: np.ndarray) -> np.ndarray:
     """The array that owns ``view``'s memory."""
     while isinstance(view.base, np.ndarray):
@@ -295,11 +301,7 @@ class _PlacedConcat:
 
     def __call__(self, node: Node, args: list[np.ndarray]) -> np.ndarray:
         if self.slices is None:
-            axis, start, self.slices = node.attrs["axis"] % self.out.ndim, 0, []
-            for part in args:
-                size = part.shape[axis]
-                self.slices.append(self.out[(slice(None),) * axis + (slice(start, start + size),)])
-                start += size
+            self.slices = _part_slices(self.out, node, [part.shape for part in args])
             self.in_place = [part if _address(part) == _address(target) and part.shape == target.shape else None
                              for part, target in zip(args, self.slices)]
         for part, target, placed in zip(args, self.slices, self.in_place):
