@@ -17,8 +17,13 @@ from .operators import op_def
 __all__ = ["HostKernel", "host_kernel"]
 
 
-def host_kernel(graph: Graph, node: Node, target: Target) -> HostKernel:
-    """Compile ``node`` of ``graph`` for a host ``target`` (cpu or gpu)."""
+def host_kernel(graph: Graph, node: Node, target: Target, blocked: frozenset[str] = frozenset()) -> HostKernel:
+    """Compile ``node`` of ``graph`` for a host ``target`` (cpu or gpu), the values named in
+    ``blocked`` in the CPU's blocked image layout (`blocked.plan`), the others in the graph's."""
+    from . import blocked as blocked_layout
+    kernel = blocked_layout.host_kernel(graph, node, target, blocked) if blocked else None
+    if kernel is not None:
+        return kernel
     definition = op_def(node)
     if definition.host is None:
         if definition.move is None:

@@ -17,13 +17,14 @@ import numpy as np
 from ..ir import Cast, Const, Shr
 from ..ops import cpu as cpu_schedules
 from ..ops.common import CompiledOp
+from ..ops.host import blocked_shape
 from ..pipeline import build
 from ..schedule import create_schedule
 from ..target import Target
 from ..te import clip, compute, placeholder
 from .ir import Node
 
-__all__ = ["HostKernel", "contiguous", "unary", "with_weights", "quantized_elementwise"]
+__all__ = ["HostKernel", "contiguous", "unary", "with_weights", "quantized_elementwise", "in_blocks"]
 
 
 def contiguous(array) -> np.ndarray:
@@ -49,6 +50,21 @@ class HostKernel:
             return self.move(self.node, args), None
         outputs, result = device.run_program(self.op.program, self.prepare(args), [self.op.output])
         return contiguous(self.finish(self.op.unpack_output(outputs[self.op.output]))), result
+
+
+def in_blocks(ordinary: Callable) -> Callable:
+    """The blocked-layout kernel (`OpDef.blocked`) of an element-wise operator whose operands and
+    output are all blocked (`graph.blocked` ties them): its ``ordinary`` kernel, which computes
+    each element on its own, run on the same elements in the blocked order."""
+    def lower(graph, node: Node, target: Target, inputs, out) -> HostKernel:
+        kernel = ordinary(graph, node, target)
+        logical = [tuple(graph.values[name].shape) for name in node.inputs]
+        physical = blocked_shape(tuple(graph.values[node.output].shape))
+
+        def prepare(args):
+            return kernel.prepare([np.reshape(a, shape) for a, shape in zip(args, logical)])
+        return HostKernel(node, kernel.op, prepare, lambda result: kernel.finish(result).reshape(physical))
+    return lower
 
 
 def unary(node: Node, op: CompiledOp) -> HostKernel:

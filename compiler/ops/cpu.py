@@ -21,7 +21,9 @@ from ..schedule import Schedule
 from ..te import Tensor
 
 __all__ = ["vector_lanes", "plan_tile", "tile_shapes", "tile_cost", "TILE_ORDERS", "TILE_EFFICIENCY",
-           "schedule_matmul", "schedule_panels", "schedule_im2col", "schedule_flat_image", "schedule_rows",
+           "schedule_matmul", "schedule_panels", "schedule_im2col", "schedule_flat_image", "schedule_blocked_image",
+           "schedule_blocked_window",
+           "schedule_rows",
            "schedule_elementwise", "schedule_pool", "schedule_mean", "schedule_softmax", "MAX_ACCUMULATORS"]
 
 #: The orders a product's output tiles may run in (`schedule_matmul`).
@@ -80,24 +82,28 @@ def tile_cost(rows: int, cols: int, lanes: int, registers: int, mb: int, vectors
     return (full * mb + 3 * rest) * padded_cols / efficiency
 
 
-def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32, padding_cost: float = 0.0) -> tuple[int, int]:
+def plan_tile(rows: int, cols: int, lanes: int, registers: int = 32, padding_cost: float = 0.0,
+              column_multiple: int = 1) -> tuple[int, int]:
     """(mb, nb): register tile rows and columns (``nb`` a multiple of ``lanes``) for an
     output of ``rows`` × ``cols`` on a CPU with ``registers`` vector registers: of
     `tile_shapes`, the one `tile_cost` estimates fastest (then the one with more
     accumulators, then wider). Columns are padded to ``nb`` (the padding is computed and
     dropped; ``padding_cost``, a fraction of the tiles' cost, is what padding costs besides,
-    a 1×1 convolution's copies of its input and output); rows are not.
+    a 1×1 convolution's copies of its input and output); rows are not. ``column_multiple``: ``nb``
+    a multiple of it too (a blocked layout's whole channel blocks).
     `gemforge.compiler.tuning` measures the others instead."""
     def cost(t):
         padded = cols % (t[1] * lanes) != 0
         return tile_cost(rows, cols, lanes, registers, *t) * (1 + (padding_cost if padded else 0))
-    best = min(tile_shapes(rows, registers), key=lambda t: (cost(t), -t[0] * t[1], -t[1]))
+    shapes = [t for t in tile_shapes(rows, registers) if t[1] * lanes % column_multiple == 0]
+    best = min(shapes, key=lambda t: (cost(t), -t[0] * t[1], -t[1]))
     return best[0], best[1] * lanes
 
 
 def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, lanes: int,
                     inline: list[Tensor] = (), taps: tuple[int, int] | None = None,
-                    order: str = "columns", transposed: bool = False) -> None:
+                    order: str = "columns", transposed: bool = False, block: int | None = None,
+                    block_in: int | None = None) -> None:
     """Register-blocked matrix product: ``out``'s last two axes are rows × columns (any
     axes before them are batch axes), ``acc`` the reduction ``out`` reads element-wise.
     With ``taps`` = (KH, KW) the reduction (a convolution's channels × kernel taps)
@@ -106,22 +112,35 @@ def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, 
     consecutive tiles reuse the right operand's panel), ``rows`` row block by row block
     (they reuse the left operand's rows). ``transposed``: ``out``'s last two axes are
     columns × rows, the transpose of ``acc``'s (`nn.conv2d_rows_te`), so its vector stores
-    scatter."""
+    scatter; ``block``: ``out`` is (…, column blocks, rows, ``block``), the blocked image layout
+    (`nn.CHANNEL_BLOCK`), whose tile rows store whole vectors. ``block_in``: the reduction's
+    innermost ``block_in`` steps are the channels of a blocked input (inside the taps)."""
     if order not in TILE_ORDERS:
         raise ValueError(f"a product's tile order is {' or '.join(TILE_ORDERS)}, not {order!r}")
     for t in inline:
         s[t].compute_inline()
     so = s[out]
-    *batch, rows, cols = so.leaf
-    if transposed:
-        rows, cols = cols, rows
-    ro, co, ri, ci = so.tile(rows, cols, mb, nb)
+    if block is not None:
+        *batch, blocks, rows, lane = so.leaf
+        co, cb = so.split(blocks, nb // block)
+        ro, ri = so.split(rows, mb)
+        inner = [ri, cb, lane]
+        ci = lane
+    else:
+        *batch, rows, cols = so.leaf
+        if transposed:
+            rows, cols = cols, rows
+        ro, co, ri, ci = so.tile(rows, cols, mb, nb)
+        inner = [ri, ci]
     outer = [*batch, co, ro] if order == "columns" else [*batch, ro, co]
-    so.reorder(*outer, ri, ci)
+    so.reorder(*outer, *inner)
     tile = outer[0]
     for axis in outer[1:]:
         tile = so.fuse(tile, axis)
     so.parallel(tile)
+    if block is not None:
+        so.unroll(ri)
+        so.unroll(cb)
     so.vectorize(ci)
     sa = s[acc]
     sa.set_scope("local")
@@ -129,10 +148,13 @@ def schedule_matmul(s: Schedule, out: Tensor, acc: Tensor, *, mb: int, nb: int, 
     *abatch, arow, acol, red = sa.leaf
     cvo, cvi = sa.split(acol, lanes)
     reduction = [red]
+    if block_in is not None:
+        red, channel = sa.split(red, block_in)
+        reduction = [red, channel]
     if taps is not None:
         rest, rkw = sa.split(red, taps[1])
         rc, rkh = sa.split(rest, taps[0])
-        reduction = [rc, rkh, rkw]
+        reduction = [rc, rkh, rkw, *reduction[1:]]
     sa.reorder(*abatch, *reduction, arow, cvo, cvi)
     sa.unroll(arow)
     sa.unroll(cvo)
@@ -174,6 +196,15 @@ def schedule_flat_image(s: Schedule, flat: Tensor, pitch: int) -> None:
     sf.vectorize(col)
 
 
+def schedule_blocked_image(s: Schedule, image: Tensor) -> None:
+    """A copy of an image in the blocked layout (N, C/16, H, W, 16), padded: rows of each
+    channel block in parallel, each pixel's 16 channels one vector."""
+    si = s[image]
+    b, k, y, x, lane = si.leaf
+    si.parallel(si.fuse(si.fuse(b, k), y))
+    si.vectorize(lane)
+
+
 def schedule_rows(s: Schedule, t: Tensor) -> None:
     """A 2-D packing stage: rows in parallel, each row vectorized."""
     st = s[t]
@@ -206,6 +237,21 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
     if tensors.get("xp") is not None and tensors["xp"] is not tensors["x"]:
         s[tensors["xp"]].compute_inline()
     so = s[out]
+    if len(out.shape) == 5:          # the blocked layout: a pixel's 16 channels one vector
+        if kind == "max":
+            b, k, y, x, lane, rh, rw = so.leaf
+            so.reorder(b, k, y, x, rh, rw, lane)
+        else:
+            b, k, y, x, lane = so.leaf
+            total = s[tensors["sum"]]
+            total.set_scope("local")
+            total.compute_at(so, x)
+            tb, tk, ty, tx, tl, rh, rw = total.leaf
+            total.reorder(tb, tk, ty, tx, rh, rw, tl)
+            total.vectorize(tl)
+        so.parallel(so.fuse(so.fuse(b, k), y))
+        so.vectorize(lane)
+        return
     if kind == "max":
         n, c, y, x, rh, rw = so.leaf
         nc = so.fuse(n, c)
@@ -236,6 +282,37 @@ def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
         padded = s[tensors["xp"]]
         so = s[tensors["out"]]
         padded.compute_at(so, so.leaf[0])
+        padded.vectorize(padded.leaf[-1])
+
+
+#: Output pixels a blocked window operator (depthwise convolution) keeps in registers: a vector
+#: of 16 channels each, a tap's weights loaded once for all of them.
+BLOCKED_WINDOW_PIXELS = 8
+
+
+def schedule_blocked_window(s: Schedule, tensors: dict[str, Tensor]) -> None:
+    """A window operator in the blocked layout (`nn.depthwise_blocked_te`): channel blocks in
+    parallel, each block's padded copy made there (it stays in cache for its reads); per output
+    row, tiles of `BLOCKED_WINDOW_PIXELS` pixels whose sums stay in registers while the taps
+    run, each pixel's 16 channels one vector."""
+    so = s[tensors["out"]]
+    b, k, y, x, lane = so.leaf
+    xo, xi = so.split(x, BLOCKED_WINDOW_PIXELS)
+    block = so.fuse(b, k)
+    so.reorder(block, y, xo, xi, lane)
+    so.parallel(block)
+    so.unroll(xi)
+    so.vectorize(lane)
+    total = s[tensors["sum"]]
+    total.set_scope("local")
+    total.compute_at(so, xo)
+    tb, tk, ty, tx, tl, rh, rw = total.leaf
+    total.reorder(tb, tk, ty, rh, rw, tx, tl)
+    total.unroll(tx)
+    total.vectorize(tl)
+    if "padded" in tensors:
+        padded = s[tensors["padded"]]
+        padded.compute_at(so, block)
         padded.vectorize(padded.leaf[-1])
 
 

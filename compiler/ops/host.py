@@ -24,15 +24,16 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
-    ALPHA_FUNCTIONS, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_rows_te,
-    conv2d_te, conv2d_vnni_rows_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_conv2d_te, elementwise_te,
+    ALPHA_FUNCTIONS, CHANNEL_BLOCK, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_rows_te,
+    conv2d_te, conv2d_vnni_rows_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_blocked_te,
+    depthwise_conv2d_te, elementwise_te,
     mean_te, pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
     quantize_te, scale_shift_te, slice_te, softmax_te, transpose_te, unfold_te,
 )
 
 __all__ = ["compile_dense", "compile_conv2d", "compile_elementwise", "compile_scale_shift", "compile_quantize",
            "compile_unfold", "compile_transpose", "compile_slice", "compile_pad", "compile_pool2d", "compile_mean",
-           "compile_softmax", "HOST_DTYPES"]
+           "compile_softmax", "blocked_shape", "HOST_DTYPES"]
 
 #: Operand types of the host operators.
 HOST_DTYPES = ("int8", "float32")
@@ -107,19 +108,22 @@ def _vnni(target: Target, dtype: str) -> bool:
 
 def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
                   rebuild, padding_cost: float = 0.0,
-                  transposed: tuple[str, int, int] | None = None) -> tuple[int, int, str, str | None]:
+                  transposed: tuple[str, int, int] | None = None,
+                  column_multiple: int = 1) -> tuple[int, int, str, str | None]:
     """(mb, nb, order, method) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning
     log's (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`).
     ``transposed`` = (method, rows, cols): another way to compute the product (a convolution's
     other orientation, `_pixel_rows`), whose tiles the search may choose too; the method is then
-    the one the chosen configuration names (None: the default one)."""
-    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost)
+    the one the chosen configuration names (None: the default one). ``column_multiple``: the
+    tile's columns must be a multiple of it (whole channel blocks)."""
+    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost, column_multiple)
     if not tuning.active():
         return mb, nb, "columns", None
     from ..tuning.space import cpu_product_candidates
 
     def candidates():
-        out = cpu_product_candidates(rows, cols, lanes, registers)
+        out = [(config, estimate) for config, estimate in cpu_product_candidates(rows, cols, lanes, registers)
+               if config["vectors"] * lanes % column_multiple == 0]
         if transposed is not None:
             method, other_rows, other_cols = transposed
             out += [(dict(config, method=method), estimate)
@@ -224,12 +228,15 @@ def _conv_args(shape, weight, stride, padding, groups):
 def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
                    dtype: str = "int8", bias: bool = False, shift: int | None = None,
                    relu: bool = False, clip: tuple[float, float] | None = None, hi: int | None = None,
-                   residual: bool = False) -> CompiledOp:
+                   residual: bool = False, blocked_in: bool = False, blocked_out: bool = False) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
     zero padding, with the fused epilogue (float32: ``residual``, an NCHW input ``residual``
     of the output's shape added before the ReLU, for one group, then ``clip``, finite (lo, hi)
     bounds, after the ReLU; int8:
-    ``hi``, an upper bound below 127). Output NCHW."""
+    ``hi``, an upper bound below 127). Output NCHW. On the CPU, a float32 convolution of one group
+    may read its input (``blocked_in``) or write its output and residual (``blocked_out``) in the
+    blocked layout (N, C/16, H, W, 16) instead (`nn.CHANNEL_BLOCK`; a depthwise one: both or
+    neither)."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
     dtype = _check_dtype("conv2d", dtype)
@@ -241,8 +248,18 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     n, c, h, w = shape
     o, cg, kh, kw = weight
     pixels = oh * ow
-    if target.kind == "cpu" and groups == c and cg == 1 and kh * kw > 1 and not residual:
-        return _compile_depthwise(target, shape, weight, stride, padding, dtype, epi, bias, oh, ow)
+    depthwise = groups == c and cg == 1 and kh * kw > 1 and not residual
+    if blocked_in or blocked_out:
+        if target.kind != "cpu" or dtype != "float32" or (groups != 1 and not depthwise) \
+                or (groups != 1 and not blocked_in == blocked_out == (o == c)):
+            raise OpError("the blocked layout is the CPU's, for float32 convolutions of one group and depthwise ones "
+                          "(one output channel per input channel, blocked in and out)")
+        if groups == 1:
+            return _compile_conv2d_blocked(target, shape, weight, stride, padding, epi, bias, oh, ow, blocked_in,
+                                           blocked_out)
+    if target.kind == "cpu" and depthwise:
+        return _compile_depthwise(target, shape, weight, stride, padding, dtype, epi, bias, oh, ow,
+                                  blocked=blocked_in)
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
@@ -342,6 +359,71 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                       plan=dict(plan, dtype=dtype, groups=groups, oh=oh, ow=ow))
 
 
+def _compile_conv2d_blocked(target: Target, shape, weight, stride: int, padding: int, epi: Epilogue, bias: bool,
+                           oh: int, ow: int, blocked_in: bool, blocked_out: bool) -> CompiledOp:
+    """`compile_conv2d` of a float32 convolution of one group reading or writing the blocked layout:
+    the rows product (`nn.conv2d_rows_te`: output pixels for rows, channels vectorized), its
+    register tile's columns whole channel blocks."""
+    n, c, h, w = shape
+    o, _, kh, kw = weight
+    pixels = oh * ow
+    lanes, registers = _lanes(target), _registers(target, "float32")
+    workload = {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": 1,
+                "dtype": "float32", "bias": bias, "relu": epi.relu, "clip": (epi.lo, epi.hi) if epi.lo is not None
+                else None, **({"residual": True} if epi.residual else {}),
+                "layout": f"{'blocked' if blocked_in else 'plain'}-{'blocked' if blocked_out else 'plain'}"}
+    mb, nb, order, _ = _product_tile(
+        "cpu.conv2d", target, workload, pixels, o, lanes, registers,
+        partial(_compile_conv2d_blocked, target, shape, weight, stride, padding, epi, bias, oh, ow, blocked_in,
+                blocked_out), column_multiple=CHANNEL_BLOCK if blocked_out else 1)
+    t = conv2d_rows_te(shape, weight, stride, padding, "float32", epi, panel=nb, blocked_in=blocked_in,
+                       blocked_out=blocked_out)
+    s = create_schedule(t["out"])
+    cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, order=order,
+                                  taps=(kh, kw) if kh * kw > 1 else None, transposed=not blocked_out,
+                                  block=CHANNEL_BLOCK if blocked_out else None,
+                                  block_in=CHANNEL_BLOCK if blocked_in else None)
+    if "flat" in t:
+        cpu_schedules.schedule_flat_image(s, t["flat"], w + 2 * padding)
+    if "padded" in t:
+        cpu_schedules.schedule_blocked_image(s, t["padded"])
+    names = ["x", "wp"] + (["bias"] if bias else []) + (["residual"] if epi.residual else [])
+    kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="conv2d")
+    x_shape, o_pad = t["x"].shape, t["wp"].shape[0] * nb
+    out_shape = blocked_shape((n, o, oh, ow)) if blocked_out else (n, o, oh, ow)
+    residual_layout = t["residual"].shape if epi.residual else None
+
+    def pack(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+             residual: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        weights = _array(w, "weight", "float32", weight)
+        if not isinstance(x, np.ndarray) or x.size != int(np.prod(x_shape)):
+            raise OpError(f"conv2d was compiled for an input of {int(np.prod(x_shape))} elements "
+                          f"({'blocked ' if blocked_in else ''}{list(shape)}), not {list(np.shape(x))}")
+        if (residual is not None) != epi.residual:
+            raise OpError(f"conv2d was compiled {'with' if epi.residual else 'without'} a residual input")
+        added = {"residual": _array(residual, "residual", "float32", out_shape).reshape(residual_layout)} \
+            if epi.residual else {}
+        return {"x": _array(x, "input", "float32", tuple(x.shape)).reshape(x_shape),
+                "wp": pack_conv_rows(weights, nb, blocked_in), **_bias(bias, epi, "float32", o, o_pad, "conv2d"),
+                **added}
+
+    def unpack(out: np.ndarray) -> np.ndarray:
+        if blocked_out:
+            return out[:, :o // CHANNEL_BLOCK].reshape(out_shape)
+        return out[:, :o].reshape(out_shape)
+
+    return CompiledOp("conv2d", kernel, names, "out", pack, unpack,
+                      plan={"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": "blocked",
+                            "blocked_in": blocked_in, "blocked_out": blocked_out, "dtype": "float32", "groups": 1,
+                            "oh": oh, "ow": ow})
+
+
+def blocked_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The blocked layout's shape of an NCHW image shape: (N, C/16, H, W, 16)."""
+    n, c, h, w = shape
+    return (n, c // CHANNEL_BLOCK, h, w, CHANNEL_BLOCK)
+
+
 def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: int, groups: int, width: int,
                 out_hw: tuple[int, int], lanes: int, registers: int) -> bool:
     """Whether a one-group convolution runs as `nn.conv2d_rows_te`'s product (pixels for rows,
@@ -392,11 +474,26 @@ def _check_conv_operands(x, w, shape: tuple[int, ...], weight: tuple[int, ...]) 
 
 
 def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int, dtype: str, epi: Epilogue,
-                       bias: bool, oh: int, ow: int) -> CompiledOp:
+                       bias: bool, oh: int, ow: int, blocked: bool = False) -> CompiledOp:
     """`compile_conv2d` of a depthwise convolution on the CPU: window sums per channel
-    (`nn.depthwise_conv2d_te`, `cpu.schedule_depthwise`) instead of a 1 × KH·KW product per group."""
+    (`nn.depthwise_conv2d_te`, `cpu.schedule_depthwise`) instead of a 1 × KH·KW product per group;
+    ``blocked``: in the blocked layout (`nn.depthwise_blocked_te`, `cpu.schedule_blocked_window`)."""
     n, c, h, w = shape
     o, _, kh, kw = weight
+    if blocked:
+        t = depthwise_blocked_te(shape, weight, stride, padding, epi)
+        s = create_schedule(t["out"])
+        cpu_schedules.schedule_blocked_window(s, t)
+        names = ["x", "w"] + (["bias"] if bias else [])
+        kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="depthwise_conv2d")
+        x_shape = t["x"].shape
+
+        def pack_blocked(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+            weights = _array(w, "weight", dtype, weight).reshape(c // CHANNEL_BLOCK, CHANNEL_BLOCK, kh * kw)
+            return {"x": _array(x, "input", dtype, x_shape), "w": np.ascontiguousarray(weights.transpose(0, 2, 1)),
+                    **_bias(bias, epi, dtype, o, o, "conv2d")}
+        return CompiledOp("conv2d", kernel, names, "out", pack_blocked, lambda out: out,
+                          plan={"method": "depthwise-blocked", "dtype": dtype, "groups": c, "oh": oh, "ow": ow})
     t = depthwise_conv2d_te(shape, weight, stride, padding, dtype, epi)
     s = create_schedule(t["out"])
     cpu_schedules.schedule_depthwise(s, t)
@@ -599,12 +696,13 @@ def _pair(value, name: str, minimum: int) -> tuple[int, int]:
 
 def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, padding=0, dilation=1,
                    ceil_mode: bool = False, dtype: str = "int8", count_include_pad: bool = False,
-                   lshift: int = 0) -> CompiledOp:
+                   lshift: int = 0, blocked: bool = False) -> CompiledOp:
     """Max or average pooling of an NCHW tensor over ``kernel`` windows (an int or (kh, kw),
     as ``stride`` and ``dilation``; ``padding`` also (top, left, bottom, right)); a kernel
     of the whole image is global pooling. ``ceil_mode`` keeps a partial last window, as
     ONNX Runtime does (`window_count`). An int8 average with ``lshift`` averages its input
-    shifted left that far, saturating (an output at a finer scale than its input's)."""
+    shifted left that far, saturating (an output at a finer scale than its input's). ``blocked``
+    (CPU, float32): input and output in the blocked layout (N, C/16, H, W, 16)."""
     _host(target)
     if kind not in ("max", "avg"):
         raise OpError(f"pooling is max or avg, not {kind!r}")
@@ -622,8 +720,10 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
         padding = four_pads(_pair(padding, "padding", 0))
     dtype = _check_dtype(f"{kind} pooling", dtype, ("int8", "int32", "float32"))
     pool_windows(shape[2:], kernel, stride, padding, dilation, bool(ceil_mode))
+    if blocked and target.kind != "cpu":
+        raise OpError("the blocked layout is the CPU's")
     t = pool2d_te(kind, shape, kernel, stride, padding, dtype, dilation=dilation, ceil_mode=bool(ceil_mode),
-                  count_include_pad=count_include_pad, lshift=lshift)
+                  count_include_pad=count_include_pad, lshift=lshift, blocked=blocked)
     s = create_schedule(t["out"])
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
@@ -631,8 +731,9 @@ def compile_pool2d(target: Target, kind: str, shape, kernel, *, stride=None, pad
     else:
         cpu_schedules.schedule_pool(s, t, kind)
     kernel_fn = build(s, target, [t["x"], t["out"]], name=f"{kind}_pool2d")
+    x_shape = t["x"].shape
     return CompiledOp(f"{kind}_pool2d", kernel_fn, ["x"], "out",
-                      lambda x: {"x": _array(x, "x", dtype, shape)}, lambda out: out,
+                      lambda x: {"x": _array(x, "x", dtype, x_shape)}, lambda out: out,
                       plan={"dtype": dtype, "kernel": kernel, "stride": stride, "padding": padding,
                             "dilation": dilation, "ceil_mode": bool(ceil_mode), "lshift": lshift})
 

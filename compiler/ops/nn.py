@@ -44,8 +44,14 @@ __all__ = [
     "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te", "pack_conv_rows", "pack_conv_weights_vnni",
     "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "scale_shift_te", "quantize_te", "unfold_te",
     "transpose_te", "slice_te", "pad_te", "pool2d_te", "mean_te", "softmax_te", "round_up",
-    "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel",
+    "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel", "CHANNEL_BLOCK",
+    "depthwise_blocked_te",
 ]
+
+#: Channels per block of the CPU's blocked image layout, NCHW16c: an (N, C, H, W) float32 image
+#: held as (N, C/16, H, W, 16), the 16 channels of a pixel one AVX-512 vector (two AVX2 ones), as
+#: oneDNN's and TVM's x86 convolutions keep it between layers (`graph.blocked` plans where).
+CHANNEL_BLOCK = 16
 
 #: The element-wise operators of two tensors (``y`` broadcast to ``x``).
 _BINARY = ("add", "sub", "mul", "div", "max", "min")
@@ -216,7 +222,8 @@ def conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int
 
 
 def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
-                   dtype: str, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+                   dtype: str, epilogue: Epilogue, panel: int, *, blocked_in: bool = False,
+                   blocked_out: bool = False) -> dict[str, Tensor]:
     """A one-group convolution as the product with the output pixels for rows and the output
     channels for columns, the transpose of `conv2d_te`'s: ``c[b, q, oc] = Σ_r window(b, q, r) ·
     wp[oc // panel, r, oc % panel]`` over r = (channel, kernel row, kernel column), written to
@@ -229,8 +236,15 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     (zero-padded, rows ``pitch`` apart) where each read is one load. The price: each output
     element is stored on its own (the vector lanes are channels, 4·pixels bytes apart).
 
+    In the CPU's blocked image layout (`CHANNEL_BLOCK`, float32): ``blocked_in`` reads ``x`` as
+    (N, C/16, H, W, 16), the reduction running over (channel block, kernel row, kernel column,
+    channel in the block) so that consecutive steps read one cache line of 16 channels;
+    ``blocked_out`` writes ``out`` (N, O_pad/16, OH·OW, 16), each tile's vectors stored whole
+    (no scatter), ``residual`` alike.
+
     Tensors: ``x`` (N, C, H·W) for an unpadded 1×1 stride-1 layer, else (N, C, H, W); ``flat``
-    when padded; ``wp`` the weights packed into column panels (`pack_conv_rows`), ``bias``
+    when padded (``padded``, (N, C/16, H + 2·padding, W + 2·padding, 16), for a blocked input);
+    ``wp`` the weights packed into column panels (`pack_conv_rows`), ``bias``
     (O_pad,), ``residual`` (N, O, OH·OW) with ``epilogue.residual``, ``c`` and ``out``
     (N, O_pad, OH·OW)."""
     n, c, h, wd = shape
@@ -241,7 +255,25 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     pixels, o_pad = oh * ow, round_up(o, panel)
     wp = placeholder((o_pad // panel, c * taps, panel), dtype, "wp")
     tensors: dict[str, Tensor] = {"wp": wp}
-    if (kh, kw, stride, padding) == (1, 1, 1, 0):
+    block = CHANNEL_BLOCK
+    if (blocked_in or blocked_out) and (dtype != "float32" or (blocked_in and c % block)
+                                        or (blocked_out and (o % block or panel % block))):
+        raise OpError(f"a blocked convolution is float32 with channels (and its output's tile) a multiple of "
+                      f"{block}, not {c} → {o} channels of {dtype} in tiles of {panel}")
+    if blocked_in:
+        x = tensors["x"] = placeholder((n, c // block, h, wd, block), dtype, "x")
+        image = x
+        if padding:
+            image = tensors["padded"] = compute(
+                (n, c // block, h + 2 * padding, wd + 2 * padding, block),
+                lambda b, k, y, xx, i: BufferLoad(x.buffer, (b, k, y - padding, xx - padding, i), zero_outside=True),
+                name="padded")
+
+        def window(b, r, q):
+            tap = r // block
+            row, col = window_pixel(q, tap, ow, kh, kw, stride)
+            return image[b, tap // taps, row, col, r % block]
+    elif (kh, kw, stride, padding) == (1, 1, 1, 0):
         x = tensors["x"] = placeholder((n, c, pixels), dtype, "x")
 
         def window(b, r, q):
@@ -264,23 +296,36 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     cc = tensors["c"] = compute((n, pixels, o_pad), lambda b, q, oc: sum_(
         window(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
     bias = tensors["bias"] = placeholder((o_pad,), acc, "bias") if epilogue.bias else None
-    residual = tensors["residual"] = placeholder((n, o, pixels), acc, "residual") if epilogue.residual else None
-    tensors["out"] = compute(
-        (n, o_pad, pixels), lambda b, oc, q: epilogue.apply(
-            cc[b, q, oc], bias[oc] if bias else None,
-            BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
-        name="out", dtype=epilogue.out_dtype(acc))
+    if blocked_out:
+        residual = tensors["residual"] = placeholder((n, o // block, pixels, block), acc, "residual") \
+            if epilogue.residual else None
+        tensors["out"] = compute(
+            (n, o_pad // block, pixels, block), lambda b, k, q, i: epilogue.apply(
+                cc[b, q, k * block + i], bias[k * block + i] if bias else None,
+                BufferLoad(residual.buffer, (b, k, q, i), zero_outside=True) if residual else None),
+            name="out", dtype=epilogue.out_dtype(acc))
+    else:
+        residual = tensors["residual"] = placeholder((n, o, pixels), acc, "residual") if epilogue.residual else None
+        tensors["out"] = compute(
+            (n, o_pad, pixels), lambda b, oc, q: epilogue.apply(
+                cc[b, q, oc], bias[oc] if bias else None,
+                BufferLoad(residual.buffer, (b, oc, q), zero_outside=True) if residual else None),
+            name="out", dtype=epilogue.out_dtype(acc))
     if bias is None:
         del tensors["bias"]
     if residual is None:
         del tensors["residual"]
-    tensors["layout"] = ConvLayout("rows", ow)
+    tensors["layout"] = ConvLayout("blocked" if blocked_in or blocked_out else "rows", ow)
     return tensors
 
 
-def pack_conv_rows(w, panel: int):
-    """(O, C, KH, KW) weights → the (O_pad/panel, C·KH·KW, panel) column panels `conv2d_rows_te` reads."""
-    return pack_dense_panels(w.reshape(w.shape[0], -1).T, panel)
+def pack_conv_rows(w, panel: int, blocked_in: bool = False):
+    """(O, C, KH, KW) weights → the (O_pad/panel, C·KH·KW, panel) column panels `conv2d_rows_te` reads
+    (``blocked_in``: its reduction in the order (C/16, KH, KW, 16))."""
+    o, c, kh, kw = w.shape
+    if blocked_in:
+        w = w.reshape(o, c // CHANNEL_BLOCK, CHANNEL_BLOCK, kh, kw).transpose(0, 1, 3, 4, 2)
+    return pack_dense_panels(w.reshape(o, -1).T, panel)
 
 
 def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
@@ -340,6 +385,41 @@ def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int
     tensors["out"] = compute((n, o, oh, ow), lambda b, k, y, xx: epilogue.apply(summed(b, k, y, xx),
                                                                                  bias[k] if bias else None),
                              name="out", dtype=epilogue.out_dtype(acc))
+    return tensors
+
+
+def depthwise_blocked_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
+                         padding: int, epilogue: Epilogue) -> dict[str, Tensor]:
+    """A float32 depthwise convolution (one output channel per input channel) in the blocked layout
+    (`CHANNEL_BLOCK`): ``out[b, k, y, x, i] = epilogue(Σ_ij xp[b, k, y·s + i', x·s + j] · w[k, i'·KW + j, i])``,
+    each tap one vector multiply-add over a pixel's 16 channels, whatever the stride.
+
+    Tensors: ``x`` (N, C/16, H, W, 16), ``padded`` with padding (N, C/16, H + 2p, W + 2p, 16),
+    ``w`` (C/16, KH·KW, 16), ``bias`` (C,), ``sum`` and ``out`` (N, C/16, OH, OW, 16)."""
+    n, c, h, wd = shape
+    o, _, kh, kw = weight
+    block = CHANNEL_BLOCK
+    if o != c or c % block:
+        raise OpError(f"a blocked depthwise convolution has one output channel per input channel, a multiple of "
+                      f"{block}, not {c} → {o}")
+    oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
+    x = placeholder((n, c // block, h, wd, block), "float32", "x")
+    w = placeholder((c // block, kh * kw, block), "float32", "w")
+    tensors: dict[str, Tensor] = {"x": x, "w": w}
+    image = x
+    if padding:
+        image = tensors["padded"] = compute(
+            (n, c // block, h + 2 * padding, wd + 2 * padding, block),
+            lambda b, k, y, xx, i: BufferLoad(x.buffer, (b, k, y - padding, xx - padding, i), zero_outside=True),
+            name="padded")
+    ri, rj = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
+    total = tensors["sum"] = compute((n, c // block, oh, ow, block), lambda b, k, y, xx, i: sum_(
+        image[b, k, y * stride + ri, xx * stride + rj, i] * w[k, ri * kw + rj, i], [ri, rj]), name="sum")
+    bias = tensors["bias"] = placeholder((c,), "float32", "bias") if epilogue.bias else None
+    tensors["out"] = compute((n, c // block, oh, ow, block), lambda b, k, y, xx, i: epilogue.apply(
+        total[b, k, y, xx, i], bias[k * block + i] if bias else None), name="out", dtype="float32")
+    if bias is None:
+        del tensors["bias"]
     return tensors
 
 
@@ -638,10 +718,11 @@ def pad_te(shape: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ..
 
 def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
               padding: tuple[int, ...], dtype: str, *, dilation: tuple[int, int] = (1, 1), ceil_mode: bool = False,
-              count_include_pad: bool = False, lshift: int = 0) -> dict[str, Tensor]:
+              count_include_pad: bool = False, lshift: int = 0, blocked: bool = False) -> dict[str, Tensor]:
     """Max or average pooling of NCHW ``x`` over ``kernel`` windows whose taps lie
     ``dilation`` apart, ``padding`` a (height, width) pair or (top, left, bottom, right),
-    ``ceil_mode`` as ONNX Runtime's (`window_count`).
+    ``ceil_mode`` as ONNX Runtime's (`window_count`). ``blocked``: ``x`` and ``out`` in the
+    blocked layout (N, C/16, H, W, 16) (`CHANNEL_BLOCK`, float32), a pixel's channels one vector.
 
     Max: padding never wins (it reads the type's lowest value; for floats NaN, which the
     maximum ignores, as it ignores NaN inputs: a window is NaN only when all of it is, as
@@ -653,6 +734,9 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     if lshift and (kind != "avg" or dtype != "int8"):
         raise OpError(f"a left shift applies to an int8 average, not a {dtype} {kind} pool")
     n, c, h, w = shape
+    if blocked and (dtype != "float32" or c % CHANNEL_BLOCK):
+        raise OpError(f"blocked pooling takes float32 images of a multiple of {CHANNEL_BLOCK} channels, not {c} of "
+                      f"{dtype}")
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     top, left, bottom, right = four_pads(padding)
     oh = window_count(h, kh, sh, top, bottom, dh, ceil_mode)
@@ -661,7 +745,20 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     below = max((oh - 1) * sh + (kh - 1) * dh + 1 - top - h, 0)
     beside = max((ow - 1) * sw + (kw - 1) * dw + 1 - left - w, 0)
     framed = top or left or below or beside
-    x = placeholder(shape, dtype, "x")
+
+    # An image's element (b, channel, y, x): ``channel`` is one index, or (block, lane) when blocked.
+    def image(hh: int, ww: int) -> tuple[int, ...]:
+        return (n, c // CHANNEL_BLOCK, hh, ww, CHANNEL_BLOCK) if blocked else (n, c, hh, ww)
+
+    def at(b, ch, y, xx) -> tuple:
+        return (b, ch[0], y, xx, ch[1]) if blocked else (b, ch, y, xx)
+
+    def per_pixel(f):
+        """``f(b, channel, y, x)`` as a compute body over `image`'s axes."""
+        if blocked:
+            return lambda b, k, y, xx, i: f(b, (k, i), y, xx)
+        return f
+    x = placeholder(image(h, w), dtype, "x")
     rh, rw = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
     tensors = {"x": x}
     if kind == "max":
@@ -672,8 +769,8 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
         def padded(b, ch, y, xx):
             inside = And(And(Cmp("<=", Const(top), y), Cmp("<", y, Const(h + top))),
                          And(Cmp("<=", Const(left), xx), Cmp("<", xx, Const(w + left))))
-            return Select(inside, BufferLoad(x.buffer, (b, ch, y - top, xx - left), zero_outside=True), lowest)
-        if sw > 1:
+            return Select(inside, BufferLoad(x.buffer, at(b, ch, y - top, xx - left), zero_outside=True), lowest)
+        if sw > 1 and not blocked:
             # The framed input with each row's columns split by phase (`depthwise_conv2d_te`'s
             # reason): ``xs[.., y, p, j]`` is column ``j·sw + p``, so a tap reads consecutive ones.
             columns = ow + ((kw - 1) * dw) // sw
@@ -682,17 +779,20 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
             tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
                 xs[b, ch, y * sh + rh * dh, (rw * dw) % sw, xx + (rw * dw) // sw], [rh, rw]), name="out")
             return tensors
-        xp = tensors["xp"] = compute((n, c, top + h + below, left + w + beside), padded, name="xp") if framed else x
-        tensors["out"] = compute((n, c, oh, ow), lambda b, ch, y, xx: reduce(
-            xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw], [rh, rw]), name="out")
+        xp = tensors["xp"] = compute(image(top + h + below, left + w + beside), per_pixel(padded), name="xp") \
+            if framed else x
+        tensors["out"] = compute(image(oh, ow), per_pixel(lambda b, ch, y, xx: reduce(
+            xp[at(b, ch, y * sh + rh * dh, xx * sw + rw * dw)], [rh, rw])), name="out")
         return tensors
     if kind != "avg":
         raise OpError(f"pooling is max or avg, not {kind!r}")
     # Sums of int32 values need 64 bits; int8 sums fit int32 for any window.
     acc = "int64" if dtype == "int32" else accumulator_dtype(dtype)
-    xp = tensors["xp"] = pad(x, (0, 0, top, left), (0, 0, below, beside), "xp") if framed else x
-    total = tensors["sum"] = compute((n, c, oh, ow), lambda b, ch, y, xx: sum_(
-        xp[b, ch, y * sh + rh * dh, xx * sw + rw * dw].astype(acc), [rh, rw]), name="sum")
+    frame = (0, 0, top, left, 0) if blocked else (0, 0, top, left)
+    beyond = (0, 0, below, beside, 0) if blocked else (0, 0, below, beside)
+    xp = tensors["xp"] = pad(x, frame, beyond, "xp") if framed else x
+    total = tensors["sum"] = compute(image(oh, ow), per_pixel(lambda b, ch, y, xx: sum_(
+        xp[at(b, ch, y * sh + rh * dh, xx * sw + rw * dw)].astype(acc), [rh, rw])), name="sum")
     gain = Const(1 << lshift, acc)
 
     def taps(start: Expr, k: int, d: int, lo: int, hi: int) -> Expr:
@@ -706,18 +806,17 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     def count(y, xx) -> Expr:
         if not framed or (count_include_pad and below <= bottom and beside <= right):
             return Const(kh * kw)      # every tap of every window counts
-            return Const(kh * kw)
         lo_h, hi_h, lo_w, hi_w = (-top, h + bottom, -left, w + right) if count_include_pad else (0, h, 0, w)
         return taps(y * sh - top, kh, dh, lo_h, hi_h) * taps(xx * sw - left, kw, dw, lo_w, hi_w)
 
     def mean(b, ch, y, xx):
-        s, k = total[b, ch, y, xx], count(y, xx).astype(acc)
+        s, k = total[at(b, ch, y, xx)], count(y, xx).astype(acc)
         if is_float(dtype):
             return Div(s, k)
         if lshift:
             return Cast(dtype, clip(FloorDiv(s * gain + FloorDiv(k, Const(2, acc)), k), -128, 127))
         return Cast(dtype, FloorDiv(s + FloorDiv(k, Const(2, acc)), k))
-    tensors["out"] = compute((n, c, oh, ow), mean, name="out", dtype=dtype)
+    tensors["out"] = compute(image(oh, ow), per_pixel(mean), name="out", dtype=dtype)
     return tensors
 
 

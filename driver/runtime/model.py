@@ -43,6 +43,7 @@ from gemforge.compiler.graph.memory_plan import Slot, slot_key
 from gemforge.compiler.graph.partition import accel_runs, host_reads, host_round_trips
 from gemforge.compiler.graph.batch import batched_values
 from gemforge.compiler.graph.network import CompiledNetwork
+from gemforge.compiler.graph import blocked as blocked_layout
 from gemforge.compiler.graph.cpu_kernels import HostKernel, host_kernel
 from gemforge.compiler.graph.ir import Graph, Node
 from gemforge.compiler.graph.operators import OPERATORS
@@ -62,6 +63,9 @@ __all__ = ["Model", "ModelError", "compile_model", "ACCEL_DEVICES", "HOST_DEVICE
 
 #: Runs on the CPU replay a traced `HostPlan` (``GEMFORGE_HOST_PLAN=0``: every node the ordinary way).
 HOST_PLANS = os.environ.get("GEMFORGE_HOST_PLAN", "1") != "0"
+#: CPU runs hold images in the blocked layout between layers (``GEMFORGE_BLOCKED_LAYOUT=0``: NCHW
+#: throughout, for comparison).
+BLOCKED_LAYOUTS = os.environ.get("GEMFORGE_BLOCKED_LAYOUT", "1") != "0"
 
 
 def compile_model(model, *, quantize: str | None = None, calibrate=None, config=None, batch: int = 1,
@@ -171,6 +175,7 @@ class Model:
         self._node_macs: dict[str, int] = {}
         self._placed: dict[int, _Placed] = {}     # by id of the device (`_placed_on`)
         self._plans: dict[int, HostPlan] = {}     # CPU runs by thread count (`_run_host_planned`)
+        self._blocked_values: frozenset[str] | None = None
         self._cpu_target: CpuTarget | None = None   # `_host_cpu`
 
     # ------------------------------------------------------------------ facts
@@ -367,23 +372,34 @@ class Model:
         self._plans.clear()
         collected: dict = {}
         with prebuilt.collecting(collected):
-            built = [self._host_kernel(node, self._host_target_kind(node, target_kind)) for node in nodes]
+            built = [self._host_kernel(node, kind, beside=kind != target_kind)
+                     for node in nodes for kind in [self._host_target_kind(node, target_kind)]]
         if collected:
             # The model file carries them: a run on a machine they match loads them as they are.
             self.net.host_kernels = collected
         return sum(kernel.op is not None for kernel in built)
 
-    def _host_kernel(self, node: Node, target_kind: str) -> HostKernel:
+    def _host_kernel(self, node: Node, target_kind: str, *, beside: bool = False) -> HostKernel:
         """``node`` compiled for a host target (once per model and target). Keyed by the tensor
         it writes, which no other node writes (a model file from before node names were made
-        unique may repeat a name)."""
-        kernels = self._kernels.setdefault(target_kind, {})
+        unique may repeat a name). A CPU run of a network without an accelerator holds its images
+        in the blocked layout where `blocked.plan` says; the CPU ``beside`` a GPU or an accelerator
+        takes and gives NCHW."""
+        blocked = self._blocked() if target_kind == "cpu" and not beside and self.config is None else frozenset()
+        kernels = self._kernels.setdefault(target_kind if not beside else f"{target_kind} beside", {})
         if node.output not in kernels:
             tuned = tuning_dispatch.applied(self.net.tuning) if self.net.tuning else contextlib.nullcontext()
             target = self._host_cpu() if target_kind == "cpu" else target_of(target_kind)
             with prebuilt.embedded(self.net.host_kernels), tuned:
-                kernels[node.output] = host_kernel(self.graph, node, target)
+                kernels[node.output] = host_kernel(self.graph, node, target, blocked)
         return kernels[node.output]
+
+    def _blocked(self) -> frozenset[str]:
+        """The values a CPU run holds in the blocked layout (`blocked.plan`; none with
+        ``GEMFORGE_BLOCKED_LAYOUT=0``)."""
+        if self._blocked_values is None:
+            self._blocked_values = blocked_layout.plan(self.graph) if BLOCKED_LAYOUTS else frozenset()
+        return self._blocked_values
 
     def _host_cpu(self) -> CpuTarget:
         """The CPU target host kernels compile for: the one the model's kernels were compiled for
@@ -442,7 +458,8 @@ class Model:
                 args = [env[name] for name in node.inputs]
                 kind = self._host_target_kind(node, host_kind)
                 runner = host_dev if kind == host_kind else self._cpu_device()
-                env[node.output], result = self._host_kernel(node, kind).run(runner, args)
+                beside = on_accel or kind != host_kind
+                env[node.output], result = self._host_kernel(node, kind, beside=beside).run(runner, args)
                 profile.append(LayerProfile(node.name, node.op, kind if result is not None else "host (data)",
                                             time.perf_counter() - start, macs=self._macs(node)))
                 step += 1

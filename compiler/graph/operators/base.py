@@ -26,7 +26,7 @@ import numpy as np
 from ...ops.common import OpError, four_pads, pool_windows
 from ..ir import MAX_RANK, Graph, GraphError, Node
 
-__all__ = ["OpDef", "OPERATORS", "Int8", "register", "op_def", "fail", "per_item", "ATTRIBUTE_TYPES", "integers",
+__all__ = ["OpDef", "Blocked", "OPERATORS", "Int8", "register", "op_def", "fail", "per_item", "ATTRIBUTE_TYPES", "integers",
            "same_padding", "padding", "window_out", "resolve_axes", "broadcast", "check_rank"]
 
 
@@ -56,6 +56,19 @@ Semantics = Callable[[Node, list[np.ndarray]], np.ndarray]
 #: ``(graph, node, input shapes, output shape, indices of the batched inputs) → why the node
 #: mixes the items of a batch, or None``.
 BatchRule = Callable[[Graph, Node, dict[str, tuple[int, ...]], tuple[int, ...], list[int]], str | None]
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """How an operator runs on the CPU with float32 images in the blocked layout (N, C/16, H, W, 16)
+    (`graph.blocked` plans which values are)."""
+
+    #: ``(graph, node) → (tied, free)`` or None where the node runs in NCHW only: the input
+    #: positions whose layout must be its output's (an element-wise operand, a pooled image), and
+    #: those that may be blocked whatever its output is (a convolution's input).
+    form: Callable[[Graph, Node], tuple[tuple[int, ...], tuple[int, ...]] | None]
+    #: ``(graph, node, target, blocked inputs (a bool each), blocked output) → HostKernel``.
+    host: Callable
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,8 @@ class OpDef:
     move: Semantics | None = None
     #: Whether the GPU back end compiles its kernel (else it runs on the CPU beside the GPU).
     gpu: bool = True
+    #: Its CPU kernel in the blocked image layout, where it has one (`graph.blocked`).
+    blocked: Blocked | None = None
 
     def check_arity(self, node: Node) -> None:
         low, high = self.arity

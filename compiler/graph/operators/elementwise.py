@@ -13,9 +13,9 @@ import numpy as np
 from ...ops import host
 from ...ops.functions import FLOAT_FUNCTIONS
 from ...ops.nn import ELEMENTWISE_OPS
-from ..kernels import HostKernel, contiguous, quantized_elementwise, unary
+from ..kernels import HostKernel, contiguous, in_blocks, quantized_elementwise, unary
 from ..numeric import int8_clipped, rounding_shift
-from .base import Int8, OpDef, broadcast, fail, per_item, register
+from .base import Blocked, Int8, OpDef, broadcast, fail, per_item, register
 
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -98,10 +98,22 @@ def _binary_host(graph, node, target):
     return HostKernel(node, op, prepare)
 
 
+def _binary_blocked(graph, node):
+    """Both operands of the output's shape (no broadcasting): they and the output share a layout."""
+    out = graph.values[node.output].shape
+    return ((0, 1), ()) if all(graph.values[name].shape == out for name in node.inputs) else None
+
+
+def _same_layout(graph, node):
+    """An element-wise operator of one input: its output in its input's layout."""
+    return ((0,), ())
+
+
 def _binary(name: str, int8: str, doc: str) -> OpDef:
     return OpDef(name, doc, (2, 2), _binary_shape, _binary_evaluate, attrs=("relu",),
                  int8_attrs=("lshift", "shift") if int8 == Int8.SHIFTED else (), same_dtype=2, int8=int8,
-                 float_propagating=int8 == Int8.SHIFTED, batch=_binary_batch, host=_binary_host)
+                 float_propagating=int8 == Int8.SHIFTED, batch=_binary_batch, host=_binary_host,
+                 blocked=Blocked(_binary_blocked, in_blocks(_binary_host)))
 
 
 #: The element-wise operators of two tensors (numpy broadcasting): the operator library's.
@@ -163,7 +175,8 @@ def _function_host(graph, node, target):
 
 
 register(OpDef("relu", "—", (1, 1), _same_shape, lambda node, args: np.maximum(args[0], 0).astype(args[0].dtype),
-               int8=Int8.SAME_SCALE, float_propagating=True, saturation_safe=True, batch=per_item, host=_function_host))
+               int8=Int8.SAME_SCALE, float_propagating=True, saturation_safe=True, batch=per_item, host=_function_host,
+               blocked=Blocked(_same_layout, in_blocks(_function_host))))
 
 
 def _function_evaluate(node, args):
@@ -174,7 +187,7 @@ def _function_evaluate(node, args):
 
 register(*(OpDef(name, f"— (float32 only: {f.doc})" if not f.alpha else f"alpha (float32 only): {f.doc}",
                  (1, 1), _same_shape, _function_evaluate, attrs=("alpha",) if f.alpha else (), int8=Int8.FLOAT,
-                 batch=per_item, host=_function_host, gpu=f.gpu)
+                 batch=per_item, host=_function_host, gpu=f.gpu, blocked=Blocked(_same_layout, in_blocks(_function_host)))
            for name, f in FLOAT_FUNCTIONS.items()))
 
 
@@ -198,4 +211,4 @@ def _clip_host(graph, node, target):
 register(OpDef("clip", "lo, hi (float bounds; int8: quantized integer bounds)", (1, 1), _same_shape,
                lambda node, args: np.clip(args[0], node.attrs["lo"], node.attrs["hi"]).astype(args[0].dtype),
                attrs=("lo", "hi"), int8=Int8.SAME_SCALE, saturation_safe=True, float_when_narrower=True,
-               on_grid=_clip_on_grid, batch=per_item, host=_clip_host))
+               on_grid=_clip_on_grid, batch=per_item, host=_clip_host, blocked=Blocked(_same_layout, in_blocks(_clip_host))))

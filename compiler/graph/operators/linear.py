@@ -8,7 +8,7 @@ from ...ops import host
 from ...ops.common import reference_epilogue, window_count
 from ...ops.reference import conv2d_reference
 from ..kernels import HostKernel, contiguous, with_weights
-from .base import Int8, OpDef, fail, padding, per_item, register, same_padding
+from .base import Blocked, Int8, OpDef, fail, padding, per_item, register, same_padding
 
 #: The largest float32: the kernels take finite bounds, and ±FLT_MAX clips nothing a float32 holds.
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -92,6 +92,44 @@ def _conv2d_host(graph, node, target):
 
     def prepare(args):
         return dict(packed, x=contiguous(args[0]).reshape(x_layout), residual=contiguous(args[3]).reshape(rows))
+    return HostKernel(node, op, prepare)
+
+
+def _conv2d_blocked(graph, node):
+    """A float32 convolution with constant weights: of one group, it reads either layout and
+    writes either (its residual in its output's); depthwise (a channel to a channel), its input's."""
+    a = node.attrs
+    shapes = [tuple(graph.values[i].shape) for i in node.inputs]
+    if graph.values[node.inputs[0]].dtype != "float32" or not all(graph.is_constant(i) for i in node.inputs[1:3]) \
+            or _is_dense(graph, node, shapes) or not isinstance(a["padding"], int):
+        return None
+    x, w = shapes[0], shapes[1]
+    if a["groups"] == 1:
+        return ((3,) if a.get("residual") else (), (0,))
+    if a["groups"] == x[1] == w[0] and w[1] == 1 and w[2] * w[3] > 1:
+        return ((0,), ())
+    return None
+
+
+def _conv2d_blocked_host(graph, node, target, inputs, out):
+    a = node.attrs
+    shapes = [tuple(graph.values[i].shape) for i in node.inputs]
+    residual = bool(a.get("residual"))
+    op = host.compile_conv2d(target, shapes[0], shapes[1], stride=a["stride"], padding=a["padding"],
+                             groups=a["groups"], dtype="float32", bias=len(shapes) > 2, relu=a["relu"],
+                             clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None,
+                             residual=residual, blocked_in=inputs[0], blocked_out=out)
+    out_shape = host.blocked_shape(shapes[3]) if residual and out else shapes[3] if residual else None
+    packed = op.pack_inputs(x=np.zeros(host.blocked_shape(shapes[0]) if inputs[0] else shapes[0], np.float32),
+                            w=graph.constants[node.inputs[1]],
+                            bias=graph.constants[node.inputs[2]] if len(shapes) > 2 else None,
+                            **({"residual": np.zeros(out_shape, np.float32)} if residual else {}))
+    x_layout = packed.pop("x").shape
+    rows = packed.pop("residual").shape if residual else None
+
+    def prepare(args):
+        added = {"residual": contiguous(args[3]).reshape(rows)} if residual else {}
+        return dict(packed, x=contiguous(args[0]).reshape(x_layout), **added)
     return HostKernel(node, op, prepare)
 
 
@@ -209,7 +247,8 @@ register(
           "the ReLU, `fuse_residual_adds`); int8: shift (requantization into the output's scale), hi (a fused "
           "Clip's upper bound, `fuse_clips`)",
           (2, 4), _conv2d_shape, _conv2d_evaluate, attrs=("stride", "padding", "groups", "relu"),
-          int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host),
+          int8_attrs=("shift",), same_dtype=0, int8=Int8.PRODUCT, batch=per_item, host=_conv2d_host,
+          blocked=Blocked(_conv2d_blocked, _conv2d_blocked_host)),
     # The patches of a convolution with few input channels, so that a 1×1 convolution over them
     # fills the accelerator's reduction (`unfold.unfold_small_channel_convs`).
     OpDef("unfold", "kernel (kh, kw), stride, padding (every side, or (top, left, bottom, right)): out channel "

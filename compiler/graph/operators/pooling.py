@@ -6,9 +6,9 @@ import numpy as np
 
 from ...ops import host
 from ...ops.reference import avg_pool2d_reference, max_pool2d_reference
-from ..kernels import unary
+from ..kernels import HostKernel, contiguous, unary
 from ..numeric import int8_clipped
-from .base import Int8, OpDef, fail, per_item, register, window_out
+from .base import Blocked, Int8, OpDef, fail, per_item, register, window_out
 
 #: The most bits an int8 average's output may be finer than its input (`quantize`): the
 #: accelerator widens the window by 2^lshift in an int8 weight.
@@ -54,13 +54,35 @@ def _pool_host(graph, node, target):
                                            lshift=a.get("lshift", 0)))
 
 
+def _pool_blocked(graph, node):
+    """A float32 pool keeps its input's layout; one whose output is a pixel (a global pool) writes
+    it in NCHW, the same bytes as blocked, whichever its input is."""
+    out = graph.values[node.output].shape
+    if graph.values[node.inputs[0]].dtype != "float32" or node.attrs.get("lshift"):
+        return None
+    return ((), (0,)) if out[2] * out[3] == 1 else ((0,), ())
+
+
+def _pool_blocked_host(graph, node, target, inputs, out):
+    a = node.attrs
+    x = graph.values[node.inputs[0]]
+    op = host.compile_pool2d(target, node.op.split("_")[0], tuple(x.shape), a["kernel"], stride=a["stride"],
+                             padding=a["padding"], dilation=a.get("dilation", 1), ceil_mode=bool(a.get("ceil_mode")),
+                             dtype=x.dtype, count_include_pad=a.get("count_include_pad", False), blocked=True)
+    shape = tuple(graph.values[node.output].shape)
+    return HostKernel(node, op, lambda args: op.pack_inputs(x=contiguous(args[0])),
+                      (lambda result: result) if out else (lambda result: result.reshape(shape)))
+
+
+_BLOCKED = Blocked(_pool_blocked, _pool_blocked_host)
 _WINDOW_ATTRS = ("kernel", "stride", "padding")
 register(
     OpDef("max_pool", "kernel, stride, dilation (pairs), padding (top, left, bottom, right; auto_pad until "
                       "`infer_shapes`), ceil_mode",
           (1, 1), _pool_shape, _pool_evaluate, attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_propagating=True,
-          saturation_safe=True, batch=per_item, host=_pool_host),
+          saturation_safe=True, batch=per_item, host=_pool_host, blocked=_BLOCKED),
     OpDef("avg_pool", "as max_pool, and count_include_pad, global; int8: lshift (its output that many bits finer "
                       "than its input)", (1, 1), _pool_shape, _pool_evaluate,
-          attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_when_narrower=True, batch=per_item, host=_pool_host),
+          attrs=_WINDOW_ATTRS, int8=Int8.SAME_SCALE, float_when_narrower=True, batch=per_item, host=_pool_host,
+          blocked=_BLOCKED),
 )
