@@ -12,10 +12,13 @@ chosen for the whole network and converted only at its edges.
 form: the inputs whose layout must be its output's (``tied``: an element-wise operand, a pooled
 image, a convolution's residual) and those that may be either (``free``: a convolution reads
 NCHW or blocked input alike, converting while it copies its padded image). A value is blocked
-when its producer can write it so, it is a float32 image of whole channel blocks with more than
-one pixel, it is not a network output, and every reader takes it blocked; the tied positions are
-then made to agree (a value failing them goes back to NCHW, which may send others back, until
-nothing changes). A one-pixel image is the same bytes in both layouts, so a global pool's output
+when its producer can write it so, it is a float32 image of more than one pixel, it is not a
+network output, and every reader takes it blocked; the tied positions are then made to agree (a
+value failing them goes back to NCHW, which may send others back, until nothing changes). An
+image whose channels are no multiple of 16 ends in a partial block, padded with zeros: only
+operators that keep those zeros write it and only those that read them as zeros take it (a
+convolution, whose weights there are zero; a pool; a ReLU; not a sigmoid, whose value at 0 is not 0,
+nor a division). A one-pixel image is the same bytes in both layouts, so a global pool's output
 is NCHW at no cost.
 
 `host_kernel` compiles a node for the layouts its values got. The CPU runs of a network without
@@ -30,12 +33,13 @@ from ..target import Target
 from .ir import Graph, Node
 from .kernels import HostKernel
 from .operators import op_def
+from .operators.base import BlockedForm
 
 __all__ = ["plan", "host_kernel", "forms"]
 
 
-def forms(graph: Graph) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]] | None]:
-    """Each node's blocked form (`OpDef.blocked`), by its output: (tied, free) input positions, or None."""
+def forms(graph: Graph) -> dict[str, BlockedForm | None]:
+    """Each node's blocked form (`OpDef.blocked`), by its output; None where it runs in NCHW only."""
     out = {}
     for node in graph.nodes:
         rule = op_def(node).blocked
@@ -44,27 +48,30 @@ def forms(graph: Graph) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]] | N
 
 
 def _image(graph: Graph, name: str) -> bool:
-    """A float32 image of whole channel blocks and more than one pixel."""
+    """A float32 image of more than one pixel."""
     value = graph.values.get(name)
     shape = value.shape if value is not None else None
-    return shape is not None and len(shape) == 4 and value.dtype == "float32" and shape[1] % CHANNEL_BLOCK == 0 \
-        and shape[2] * shape[3] > 1
+    return shape is not None and len(shape) == 4 and value.dtype == "float32" and shape[2] * shape[3] > 1
 
 
 def plan(graph: Graph) -> frozenset[str]:
     """The values of ``graph`` held in the blocked layout on the CPU (module docstring)."""
     form = forms(graph)
     outputs = set(graph.outputs)
+
+    def partial(name: str) -> bool:
+        return graph.values[name].shape[1] % CHANNEL_BLOCK != 0
     blocked = {node.output for node in graph.nodes
                if form[node.output] is not None and node.output not in outputs and node.output not in graph.constants
-               and _image(graph, node.output)}
+               and _image(graph, node.output) and (form[node.output].partial or not partial(node.output))}
     changed = True
     while changed:
         changed = False
         for node in graph.nodes:
-            tied, free = form[node.output] or ((), ())
+            tied, free, takes_partial = form[node.output] or BlockedForm(())
             for index, name in enumerate(node.inputs):
-                if name in blocked and not (index in free or (index in tied and node.output in blocked)):
+                if name in blocked and not ((index in free or (index in tied and node.output in blocked))
+                                            and (takes_partial or not partial(name))):
                     blocked.discard(name)
                     changed = True
             if node.output in blocked and any(node.inputs[i] not in blocked for i in tied):

@@ -9,7 +9,7 @@ and rounding (an expression built here, bit-exact with the accelerator's epilogu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -55,14 +55,18 @@ class HostKernel:
 def in_blocks(ordinary: Callable) -> Callable:
     """The blocked-layout kernel (`OpDef.blocked`) of an element-wise operator whose operands and
     output are all blocked (`graph.blocked` ties them): its ``ordinary`` kernel, which computes
-    each element on its own, run on the same elements in the blocked order."""
+    each element on its own, compiled for the images' blocks (a partial last block's padding
+    included) and run on them as they are."""
     def lower(graph, node: Node, target: Target, inputs, out) -> HostKernel:
-        kernel = ordinary(graph, node, target)
-        logical = [tuple(graph.values[name].shape) for name in node.inputs]
         physical = blocked_shape(tuple(graph.values[node.output].shape))
+        n, blocks, h, w, lanes = physical
+        values = dict(graph.values)
+        for name in (*node.inputs, node.output):
+            values[name] = replace(values[name], shape=(n, blocks * lanes, h, w))
+        kernel = ordinary(replace(graph, values=values), node, target)
 
         def prepare(args):
-            return kernel.prepare([np.reshape(a, shape) for a, shape in zip(args, logical)])
+            return kernel.prepare([np.reshape(a, (n, blocks * lanes, h, w)) for a in args])
         return HostKernel(node, kernel.op, prepare, lambda result: kernel.finish(result).reshape(physical))
     return lower
 

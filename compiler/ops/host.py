@@ -108,15 +108,16 @@ def _vnni(target: Target, dtype: str) -> bool:
 
 def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
                   rebuild, padding_cost: float = 0.0,
-                  transposed: tuple[str, int, int] | None = None,
-                  column_multiple: int = 1) -> tuple[int, int, str, str | None]:
+                  transposed: tuple[str, int, int] | None = None, column_multiple: int = 1,
+                  efficiencies: dict = cpu_schedules.TILE_EFFICIENCY) -> tuple[int, int, str, str | None]:
     """(mb, nb, order, method) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning
     log's (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`).
     ``transposed`` = (method, rows, cols): another way to compute the product (a convolution's
     other orientation, `_pixel_rows`), whose tiles the search may choose too; the method is then
     the one the chosen configuration names (None: the default one). ``column_multiple``: the
-    tile's columns must be a multiple of it (whole channel blocks)."""
-    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost, column_multiple)
+    tile's columns must be a multiple of it (whole channel blocks); ``efficiencies``: the kernel's
+    table of tile speeds."""
+    mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost, column_multiple, efficiencies)
     if not tuning.active():
         return mb, nb, "columns", None
     from ..tuning.space import cpu_product_candidates
@@ -375,7 +376,8 @@ def _compile_conv2d_blocked(target: Target, shape, weight, stride: int, padding:
     mb, nb, order, _ = _product_tile(
         "cpu.conv2d", target, workload, pixels, o, lanes, registers,
         partial(_compile_conv2d_blocked, target, shape, weight, stride, padding, epi, bias, oh, ow, blocked_in,
-                blocked_out), column_multiple=CHANNEL_BLOCK if blocked_out else 1)
+                blocked_out), column_multiple=CHANNEL_BLOCK if blocked_out else 1,
+        efficiencies=cpu_schedules.BLOCKED_TILE_EFFICIENCY)
     t = conv2d_rows_te(shape, weight, stride, padding, "float32", epi, panel=nb, blocked_in=blocked_in,
                        blocked_out=blocked_out)
     s = create_schedule(t["out"])
@@ -409,7 +411,7 @@ def _compile_conv2d_blocked(target: Target, shape, weight, stride: int, padding:
 
     def unpack(out: np.ndarray) -> np.ndarray:
         if blocked_out:
-            return out[:, :o // CHANNEL_BLOCK].reshape(out_shape)
+            return out[:, :out_shape[1]].reshape(out_shape)
         return out[:, :o].reshape(out_shape)
 
     return CompiledOp("conv2d", kernel, names, "out", pack, unpack,
@@ -419,9 +421,10 @@ def _compile_conv2d_blocked(target: Target, shape, weight, stride: int, padding:
 
 
 def blocked_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The blocked layout's shape of an NCHW image shape: (N, C/16, H, W, 16)."""
+    """The blocked layout's shape of an NCHW image shape: (N, C/16, H, W, 16), C/16 rounded up
+    (a partial last block's padding is zeros)."""
     n, c, h, w = shape
-    return (n, c // CHANNEL_BLOCK, h, w, CHANNEL_BLOCK)
+    return (n, -(-c // CHANNEL_BLOCK), h, w, CHANNEL_BLOCK)
 
 
 def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: int, groups: int, width: int,
@@ -483,15 +486,18 @@ def _compile_depthwise(target: Target, shape, weight, stride: int, padding: int,
     if blocked:
         t = depthwise_blocked_te(shape, weight, stride, padding, epi)
         s = create_schedule(t["out"])
-        cpu_schedules.schedule_blocked_window(s, t)
+        cpu_schedules.schedule_blocked_window(s, t, stride)
         names = ["x", "w"] + (["bias"] if bias else [])
         kernel = build(s, target, [t[k] for k in names] + [t["out"]], name="depthwise_conv2d")
         x_shape = t["x"].shape
 
         def pack_blocked(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
-            weights = _array(w, "weight", dtype, weight).reshape(c // CHANNEL_BLOCK, CHANNEL_BLOCK, kh * kw)
-            return {"x": _array(x, "input", dtype, x_shape), "w": np.ascontiguousarray(weights.transpose(0, 2, 1)),
-                    **_bias(bias, epi, dtype, o, o, "conv2d")}
+            blocks = x_shape[1]
+            weights = np.zeros((blocks * CHANNEL_BLOCK, kh * kw), np.float32)
+            weights[:c] = _array(w, "weight", dtype, weight).reshape(c, kh * kw)
+            weights = weights.reshape(blocks, CHANNEL_BLOCK, kh * kw).transpose(0, 2, 1)
+            return {"x": _array(x, "input", dtype, x_shape), "w": np.ascontiguousarray(weights),
+                    **_bias(bias, epi, dtype, o, blocks * CHANNEL_BLOCK, "conv2d")}
         return CompiledOp("conv2d", kernel, names, "out", pack_blocked, lambda out: out,
                           plan={"method": "depthwise-blocked", "dtype": dtype, "groups": c, "oh": oh, "ow": ow})
     t = depthwise_conv2d_te(shape, weight, stride, padding, dtype, epi)

@@ -253,19 +253,21 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     acc = accumulator_dtype(dtype)
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
     pixels, o_pad = oh * ow, round_up(o, panel)
-    wp = placeholder((o_pad // panel, c * taps, panel), dtype, "wp")
-    tensors: dict[str, Tensor] = {"wp": wp}
     block = CHANNEL_BLOCK
-    if (blocked_in or blocked_out) and (dtype != "float32" or (blocked_in and c % block)
-                                        or (blocked_out and (o % block or panel % block))):
-        raise OpError(f"a blocked convolution is float32 with channels (and its output's tile) a multiple of "
-                      f"{block}, not {c} → {o} channels of {dtype} in tiles of {panel}")
+    if (blocked_in or blocked_out) and (dtype != "float32" or (blocked_out and panel % block)):
+        raise OpError(f"a blocked convolution is float32 with its output's tile whole channel blocks of {block}, not "
+                      f"{dtype} in tiles of {panel}")
+    # A blocked input's last block may be partly channels: the reduction runs over whole blocks,
+    # the weights of the channels past C zero.
+    reduced = round_up(c, block) if blocked_in else c
+    wp = placeholder((o_pad // panel, reduced * taps, panel), dtype, "wp")
+    tensors: dict[str, Tensor] = {"wp": wp}
     if blocked_in:
-        x = tensors["x"] = placeholder((n, c // block, h, wd, block), dtype, "x")
+        x = tensors["x"] = placeholder((n, reduced // block, h, wd, block), dtype, "x")
         image = x
         if padding:
             image = tensors["padded"] = compute(
-                (n, c // block, h + 2 * padding, wd + 2 * padding, block),
+                (n, reduced // block, h + 2 * padding, wd + 2 * padding, block),
                 lambda b, k, y, xx, i: BufferLoad(x.buffer, (b, k, y - padding, xx - padding, i), zero_outside=True),
                 name="padded")
 
@@ -292,17 +294,17 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
 
         def window(b, r, q):
             return x[(b, r // taps, *window_pixel(q, r, ow, kh, kw, stride))]
-    rr = reduce_axis(c * taps, "r")
+    rr = reduce_axis(reduced * taps, "r")
     cc = tensors["c"] = compute((n, pixels, o_pad), lambda b, q, oc: sum_(
         window(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
     bias = tensors["bias"] = placeholder((o_pad,), acc, "bias") if epilogue.bias else None
     if blocked_out:
-        residual = tensors["residual"] = placeholder((n, o // block, pixels, block), acc, "residual") \
+        residual = tensors["residual"] = placeholder((n, -(-o // block), pixels, block), acc, "residual") \
             if epilogue.residual else None
         tensors["out"] = compute(
-            (n, o_pad // block, pixels, block), lambda b, k, q, i: epilogue.apply(
+            (n, o_pad // block, pixels, block), lambda b, k, q, i: zero_past(o, k * block + i, epilogue.apply(
                 cc[b, q, k * block + i], bias[k * block + i] if bias else None,
-                BufferLoad(residual.buffer, (b, k, q, i), zero_outside=True) if residual else None),
+                BufferLoad(residual.buffer, (b, k, q, i), zero_outside=True) if residual else None)),
             name="out", dtype=epilogue.out_dtype(acc))
     else:
         residual = tensors["residual"] = placeholder((n, o, pixels), acc, "residual") if epilogue.residual else None
@@ -321,11 +323,23 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
 
 def pack_conv_rows(w, panel: int, blocked_in: bool = False):
     """(O, C, KH, KW) weights → the (O_pad/panel, C·KH·KW, panel) column panels `conv2d_rows_te` reads
-    (``blocked_in``: its reduction in the order (C/16, KH, KW, 16))."""
+    (``blocked_in``: its reduction in the order (C/16, KH, KW, 16), C rounded up to whole blocks
+    with zero weights)."""
+    import numpy as np
     o, c, kh, kw = w.shape
     if blocked_in:
-        w = w.reshape(o, c // CHANNEL_BLOCK, CHANNEL_BLOCK, kh, kw).transpose(0, 1, 3, 4, 2)
+        blocks = -(-c // CHANNEL_BLOCK)
+        w = np.pad(w, ((0, 0), (0, blocks * CHANNEL_BLOCK - c), (0, 0), (0, 0)))
+        w = w.reshape(o, blocks, CHANNEL_BLOCK, kh, kw).transpose(0, 1, 3, 4, 2)
     return pack_dense_panels(w.reshape(o, -1).T, panel)
+
+
+def zero_past(channels: int, channel: Expr, value: Expr) -> Expr:
+    """``value``, or 0 in the lanes of a blocked image's last block past its ``channels``: a partial
+    block's padding is zeros, which the layers reading it keep (`graph.blocked`)."""
+    if channels % CHANNEL_BLOCK == 0:
+        return value
+    return Select(Cmp("<", channel, Const(channels)), value, Const(0.0, value.dtype))
 
 
 def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
@@ -395,29 +409,30 @@ def depthwise_blocked_te(shape: tuple[int, int, int, int], weight: tuple[int, in
     each tap one vector multiply-add over a pixel's 16 channels, whatever the stride.
 
     Tensors: ``x`` (N, C/16, H, W, 16), ``padded`` with padding (N, C/16, H + 2p, W + 2p, 16),
-    ``w`` (C/16, KH·KW, 16), ``bias`` (C,), ``sum`` and ``out`` (N, C/16, OH, OW, 16)."""
+    ``w`` (C/16, KH·KW, 16), ``bias`` (C rounded up to whole blocks,), ``sum`` and ``out``
+    (N, C/16, OH, OW, 16); C/16 rounded up, a partial last block's padding zero in ``out``."""
     n, c, h, wd = shape
     o, _, kh, kw = weight
     block = CHANNEL_BLOCK
-    if o != c or c % block:
-        raise OpError(f"a blocked depthwise convolution has one output channel per input channel, a multiple of "
-                      f"{block}, not {c} → {o}")
+    if o != c:
+        raise OpError(f"a blocked depthwise convolution has one output channel per input channel, not {c} → {o}")
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
-    x = placeholder((n, c // block, h, wd, block), "float32", "x")
-    w = placeholder((c // block, kh * kw, block), "float32", "w")
+    blocks = -(-c // block)
+    x = placeholder((n, blocks, h, wd, block), "float32", "x")
+    w = placeholder((blocks, kh * kw, block), "float32", "w")
     tensors: dict[str, Tensor] = {"x": x, "w": w}
     image = x
     if padding:
         image = tensors["padded"] = compute(
-            (n, c // block, h + 2 * padding, wd + 2 * padding, block),
+            (n, blocks, h + 2 * padding, wd + 2 * padding, block),
             lambda b, k, y, xx, i: BufferLoad(x.buffer, (b, k, y - padding, xx - padding, i), zero_outside=True),
             name="padded")
     ri, rj = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
-    total = tensors["sum"] = compute((n, c // block, oh, ow, block), lambda b, k, y, xx, i: sum_(
+    total = tensors["sum"] = compute((n, blocks, oh, ow, block), lambda b, k, y, xx, i: sum_(
         image[b, k, y * stride + ri, xx * stride + rj, i] * w[k, ri * kw + rj, i], [ri, rj]), name="sum")
-    bias = tensors["bias"] = placeholder((c,), "float32", "bias") if epilogue.bias else None
-    tensors["out"] = compute((n, c // block, oh, ow, block), lambda b, k, y, xx, i: epilogue.apply(
-        total[b, k, y, xx, i], bias[k * block + i] if bias else None), name="out", dtype="float32")
+    bias = tensors["bias"] = placeholder((blocks * block,), "float32", "bias") if epilogue.bias else None
+    tensors["out"] = compute((n, blocks, oh, ow, block), lambda b, k, y, xx, i: zero_past(c, k * block + i, epilogue.apply(
+        total[b, k, y, xx, i], bias[k * block + i] if bias else None)), name="out", dtype="float32")
     if bias is None:
         del tensors["bias"]
     return tensors
@@ -734,9 +749,8 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
     if lshift and (kind != "avg" or dtype != "int8"):
         raise OpError(f"a left shift applies to an int8 average, not a {dtype} {kind} pool")
     n, c, h, w = shape
-    if blocked and (dtype != "float32" or c % CHANNEL_BLOCK):
-        raise OpError(f"blocked pooling takes float32 images of a multiple of {CHANNEL_BLOCK} channels, not {c} of "
-                      f"{dtype}")
+    if blocked and dtype != "float32":
+        raise OpError(f"blocked pooling takes float32 images, not {dtype}")
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     top, left, bottom, right = four_pads(padding)
     oh = window_count(h, kh, sh, top, bottom, dh, ceil_mode)
@@ -748,7 +762,7 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
 
     # An image's element (b, channel, y, x): ``channel`` is one index, or (block, lane) when blocked.
     def image(hh: int, ww: int) -> tuple[int, ...]:
-        return (n, c // CHANNEL_BLOCK, hh, ww, CHANNEL_BLOCK) if blocked else (n, c, hh, ww)
+        return (n, -(-c // CHANNEL_BLOCK), hh, ww, CHANNEL_BLOCK) if blocked else (n, c, hh, ww)
 
     def at(b, ch, y, xx) -> tuple:
         return (b, ch[0], y, xx, ch[1]) if blocked else (b, ch, y, xx)

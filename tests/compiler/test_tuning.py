@@ -87,7 +87,11 @@ def test_cpu_dense_under_every_tile_order_equals_numpy(cpu):
     m, k, n = 19, 23, 37
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     task = _one_task(lambda: host.compile_dense(CPU, m, k, n, dtype="float32"))
-    for config in [{"mb": 3, "vectors": 2, "order": "rows"}, {"mb": 16, "vectors": 1, "order": "columns"}]:
+    # The tallest tile this CPU's registers hold (columns first) and a small one (rows first).
+    candidates = [c for c, _ in task.candidates()]
+    tallest = max((c for c in candidates if c["order"] == "columns"), key=lambda c: c["mb"])
+    assert {"mb": 3, "vectors": 2, "order": "rows"} in candidates and tallest["mb"] >= 8
+    for config in [{"mb": 3, "vectors": 2, "order": "rows"}, tallest]:
         with tuning.applied([_record(task, config)]):
             op = host.compile_dense(CPU, m, k, n, dtype="float32")
         out, _ = op.run(cpu, a=a, b=b)
@@ -97,7 +101,9 @@ def test_cpu_dense_under_every_tile_order_equals_numpy(cpu):
 def test_untuned_compiles_keep_the_planned_tile():
     op = host.compile_conv2d(CPU, (1, 16, 14, 14), (32, 16, 3, 3), padding=1, dtype="float32")
     task = _one_task(lambda: host.compile_conv2d(CPU, (1, 16, 14, 14), (32, 16, 3, 3), padding=1, dtype="float32"))
-    mb, nb = plan_tile(32, 14 * 16, op.plan["lanes"], 32 if "avx512f" in task.target["features"] else 16)
+    # The product's rows are the pixels (196) or the output channels (32, against 14 rows of 16 padded pixels).
+    product = (14 * 14, 32) if op.plan["method"].endswith("rows") else (32, 14 * 16)
+    mb, nb = plan_tile(*product, op.plan["lanes"], 32 if "+avx512f" in task.target["features"] else 16)
     assert (op.plan["mb"], op.plan["nb"], op.plan["order"]) == (mb, nb, "columns")
     assert task.default == {"mb": mb, "vectors": nb // op.plan["lanes"], "order": "columns"}
 
@@ -170,10 +176,10 @@ def test_search_measures_the_default_first_finds_the_best_and_is_reproducible():
         assert json.loads(measurer.calls[0]) == task.default
         assert record.trials == 45 and record.cost <= record.default_cost
     assert runs[0] == runs[1]                                     # same seed, same trials
-    # 45 of 168 candidates (the tiles of both orientations of the product) measured: the one
-    # kept is among the best few of all of them.
+    # 45 of the candidates (the tiles of both orientations of the product: 168 with 32 vector
+    # registers, 104 with 16) measured: the one kept is among the best few of all of them.
     every = sorted(_Formula(best_mb)(task, [c for c, _ in task.candidates()]))
-    assert len(every) > 120 and record.cost <= every[3]
+    assert len(every) > 100 and record.cost <= every[3]
     other = _Formula(best_mb)
     tune([task], device="fsim", trials=45, seed=8, measurer=other)
     assert other.calls != runs[0]

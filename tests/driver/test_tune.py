@@ -51,9 +51,10 @@ def test_cpu_tuning_log_compiles_runs_and_travels_in_the_model_file(onnx_file, t
     assert summary["trials"] >= 6 and err.count("cpu.conv2d") == 2
     tuned = TuningLog.load(log)
     assert tuned.device == "cpu" and len(tuned.records) == 2
-    # Every record forced to another candidate than the default: the compile must use it.
+    # Every record forced to another candidate than the default: the compile must use it (two
+    # vectors: whole 16-channel blocks of a blocked output with AVX2's 8 lanes and AVX-512's 16).
     for record in tuned.records:
-        record.config = {"mb": 1, "vectors": 1, "order": "rows"}
+        record.config = {"mb": 1, "vectors": 2, "order": "rows"}
     tuned.save(log)
     code, _, err = run(capsys, "compile", onnx_file / "m.onnx", "-o", tmp_path / "t.gfm", "--tuning-log", log)
     assert code == 0 and "tuning log: 2 tuned cpu schedule(s)" in err, err
@@ -61,7 +62,7 @@ def test_cpu_tuning_log_compiles_runs_and_travels_in_the_model_file(onnx_file, t
     assert len(loaded.net.tuning) == 2
     convs = [n for n in loaded.graph.nodes if n.op == "conv2d"]
     plans = [loaded._host_kernel(n, "cpu").op.plan for n in convs]
-    assert [(p["mb"], p["nb"] // p["lanes"], p["order"]) for p in plans] == [(1, 1, "rows")] * 2
+    assert [(p["mb"], p["nb"] // p["lanes"], p["order"]) for p in plans] == [(1, 2, "rows")] * 2
     x = np.load(onnx_file / "x.npy")
     np.testing.assert_allclose(loaded.run(x, "cpu"), compile_model(onnx_file / "m.onnx").run(x, "cpu"),
                                rtol=1e-5, atol=1e-5)

@@ -19,14 +19,14 @@ at the graph level. The definitions live by family in this package's modules.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from ...ops.common import OpError, four_pads, pool_windows
 from ..ir import MAX_RANK, Graph, GraphError, Node
 
-__all__ = ["OpDef", "Blocked", "OPERATORS", "Int8", "register", "op_def", "fail", "per_item", "ATTRIBUTE_TYPES", "integers",
+__all__ = ["OpDef", "Blocked", "BlockedForm", "OPERATORS", "Int8", "register", "op_def", "fail", "per_item", "ATTRIBUTE_TYPES", "integers",
            "same_padding", "padding", "window_out", "resolve_axes", "broadcast", "check_rank"]
 
 
@@ -58,15 +58,24 @@ Semantics = Callable[[Node, list[np.ndarray]], np.ndarray]
 BatchRule = Callable[[Graph, Node, dict[str, tuple[int, ...]], tuple[int, ...], list[int]], str | None]
 
 
+class BlockedForm(NamedTuple):
+    """How a node takes the blocked layout: the input positions whose layout must be its output's
+    (an element-wise operand, a pooled image), those that may be blocked whatever its output is (a
+    convolution's input), and whether it takes and gives images whose last block is partly
+    channels: it reads the rest of that block as zeros and writes zeros there."""
+
+    tied: tuple[int, ...]
+    free: tuple[int, ...] = ()
+    partial: bool = False
+
+
 @dataclass(frozen=True)
 class Blocked:
     """How an operator runs on the CPU with float32 images in the blocked layout (N, C/16, H, W, 16)
     (`graph.blocked` plans which values are)."""
 
-    #: ``(graph, node) → (tied, free)`` or None where the node runs in NCHW only: the input
-    #: positions whose layout must be its output's (an element-wise operand, a pooled image), and
-    #: those that may be blocked whatever its output is (a convolution's input).
-    form: Callable[[Graph, Node], tuple[tuple[int, ...], tuple[int, ...]] | None]
+    #: ``(graph, node) → BlockedForm``, or None where the node runs in NCHW only.
+    form: Callable[[Graph, Node], BlockedForm | None]
     #: ``(graph, node, target, blocked inputs (a bool each), blocked output) → HostKernel``.
     host: Callable
 

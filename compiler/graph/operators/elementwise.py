@@ -15,7 +15,7 @@ from ...ops.functions import FLOAT_FUNCTIONS
 from ...ops.nn import ELEMENTWISE_OPS
 from ..kernels import HostKernel, contiguous, in_blocks, quantized_elementwise, unary
 from ..numeric import int8_clipped, rounding_shift
-from .base import Blocked, Int8, OpDef, broadcast, fail, per_item, register
+from .base import Blocked, BlockedForm, Int8, OpDef, broadcast, fail, per_item, register
 
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -99,14 +99,19 @@ def _binary_host(graph, node, target):
 
 
 def _binary_blocked(graph, node):
-    """Both operands of the output's shape (no broadcasting): they and the output share a layout."""
+    """Both operands of the output's shape (no broadcasting): they and the output share a layout
+    (a partial block's zeros kept, but by a division)."""
     out = graph.values[node.output].shape
-    return ((0, 1), ()) if all(graph.values[name].shape == out for name in node.inputs) else None
+    if not all(graph.values[name].shape == out for name in node.inputs):
+        return None
+    return BlockedForm((0, 1), partial=node.op != "div")
 
 
 def _same_layout(graph, node):
-    """An element-wise operator of one input: its output in its input's layout."""
-    return ((0,), ())
+    """An element-wise operator of one input: its output in its input's layout (a partial block's
+    zeros kept by a ReLU, and by a clip whose range holds 0)."""
+    keeps_zero = node.op == "relu" or (node.op == "clip" and node.attrs["lo"] <= 0 <= node.attrs["hi"])
+    return BlockedForm((0,), partial=keeps_zero)
 
 
 def _binary(name: str, int8: str, doc: str) -> OpDef:

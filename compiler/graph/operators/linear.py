@@ -8,7 +8,7 @@ from ...ops import host
 from ...ops.common import reference_epilogue, window_count
 from ...ops.reference import conv2d_reference
 from ..kernels import HostKernel, contiguous, with_weights
-from .base import Blocked, Int8, OpDef, fail, padding, per_item, register, same_padding
+from .base import Blocked, BlockedForm, Int8, OpDef, fail, padding, per_item, register, same_padding
 
 #: The largest float32: the kernels take finite bounds, and ±FLT_MAX clips nothing a float32 holds.
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -97,7 +97,8 @@ def _conv2d_host(graph, node, target):
 
 def _conv2d_blocked(graph, node):
     """A float32 convolution with constant weights: of one group, it reads either layout and
-    writes either (its residual in its output's); depthwise (a channel to a channel), its input's."""
+    writes either (its residual in its output's); depthwise (a channel to a channel), its input's.
+    Either reads a partial block's padding times zero weights and writes zeros there."""
     a = node.attrs
     shapes = [tuple(graph.values[i].shape) for i in node.inputs]
     if graph.values[node.inputs[0]].dtype != "float32" or not all(graph.is_constant(i) for i in node.inputs[1:3]) \
@@ -105,9 +106,9 @@ def _conv2d_blocked(graph, node):
         return None
     x, w = shapes[0], shapes[1]
     if a["groups"] == 1:
-        return ((3,) if a.get("residual") else (), (0,))
+        return BlockedForm((3,) if a.get("residual") else (), (0,), partial=True)
     if a["groups"] == x[1] == w[0] and w[1] == 1 and w[2] * w[3] > 1:
-        return ((0,), ())
+        return BlockedForm((0,), partial=True)
     return None
 
 

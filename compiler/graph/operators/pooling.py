@@ -8,7 +8,7 @@ from ...ops import host
 from ...ops.reference import avg_pool2d_reference, max_pool2d_reference
 from ..kernels import HostKernel, contiguous, unary
 from ..numeric import int8_clipped
-from .base import Blocked, Int8, OpDef, fail, per_item, register, window_out
+from .base import Blocked, BlockedForm, Int8, OpDef, fail, per_item, register, window_out
 
 #: The most bits an int8 average's output may be finer than its input (`quantize`): the
 #: accelerator widens the window by 2^lshift in an int8 weight.
@@ -55,12 +55,12 @@ def _pool_host(graph, node, target):
 
 
 def _pool_blocked(graph, node):
-    """A float32 pool keeps its input's layout; one whose output is a pixel (a global pool) writes
-    it in NCHW, the same bytes as blocked, whichever its input is."""
+    """A float32 pool keeps its input's layout (and a partial block's zeros); one whose output is a
+    pixel (a global pool) writes it in NCHW, the same bytes as blocked, whichever its input is."""
     out = graph.values[node.output].shape
     if graph.values[node.inputs[0]].dtype != "float32" or node.attrs.get("lshift"):
         return None
-    return ((), (0,)) if out[2] * out[3] == 1 else ((0,), ())
+    return BlockedForm((), (0,), partial=True) if out[2] * out[3] == 1 else BlockedForm((0,), partial=True)
 
 
 def _pool_blocked_host(graph, node, target, inputs, out):
@@ -70,8 +70,12 @@ def _pool_blocked_host(graph, node, target, inputs, out):
                              padding=a["padding"], dilation=a.get("dilation", 1), ceil_mode=bool(a.get("ceil_mode")),
                              dtype=x.dtype, count_include_pad=a.get("count_include_pad", False), blocked=True)
     shape = tuple(graph.values[node.output].shape)
+
+    def one_pixel(result):
+        # (N, C/16, 1, 1, 16) holds the pixel's channels in order, a partial block's padding last.
+        return result.reshape(shape[0], -1)[:, :shape[1]].reshape(shape)
     return HostKernel(node, op, lambda args: op.pack_inputs(x=contiguous(args[0])),
-                      (lambda result: result) if out else (lambda result: result.reshape(shape)))
+                      (lambda result: result) if out else one_pixel)
 
 
 _BLOCKED = Blocked(_pool_blocked, _pool_blocked_host)
