@@ -109,17 +109,18 @@ def _vnni(target: Target, dtype: str) -> bool:
 def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: int, lanes: int, registers: int,
                   rebuild, padding_cost: float = 0.0,
                   transposed: tuple[str, int, int] | None = None, column_multiple: int = 1,
-                  efficiencies: dict = cpu_schedules.TILE_EFFICIENCY) -> tuple[int, int, str, str | None]:
+                  efficiencies: dict = cpu_schedules.TILE_EFFICIENCY,
+                  order: str = "columns") -> tuple[int, int, str, str | None]:
     """(mb, nb, order, method) of a CPU product's register tile: `cpu.plan_tile`'s, or a tuning
     log's (`tuning.choice`; ``rebuild`` compiles the operator again, for `gemforge tune`).
     ``transposed`` = (method, rows, cols): another way to compute the product (a convolution's
     other orientation, `_pixel_rows`), whose tiles the search may choose too; the method is then
     the one the chosen configuration names (None: the default one). ``column_multiple``: the
     tile's columns must be a multiple of it (whole channel blocks); ``efficiencies``: the kernel's
-    table of tile speeds."""
+    table of tile speeds; ``order``: the tile order untuned."""
     mb, nb = cpu_schedules.plan_tile(rows, cols, lanes, registers, padding_cost, column_multiple, efficiencies)
     if not tuning.active():
-        return mb, nb, "columns", None
+        return mb, nb, order, None
     from ..tuning.space import cpu_product_candidates
 
     def candidates():
@@ -131,7 +132,7 @@ def _product_tile(kind: str, target: Target, workload: dict, rows: int, cols: in
                     for config, estimate in cpu_product_candidates(other_rows, other_cols, lanes, registers)]
         return out
     config = tuning.choice(kind, tuning.target_identity(target), workload,
-                           default={"mb": mb, "vectors": nb // lanes, "order": "columns"},
+                           default={"mb": mb, "vectors": nb // lanes, "order": order},
                            candidates=candidates, build=rebuild)
     return config["mb"], config["vectors"] * lanes, config["order"], config.get("method")
 
@@ -377,7 +378,8 @@ def _compile_conv2d_blocked(target: Target, shape, weight, stride: int, padding:
         "cpu.conv2d", target, workload, pixels, o, lanes, registers,
         partial(_compile_conv2d_blocked, target, shape, weight, stride, padding, epi, bias, oh, ow, blocked_in,
                 blocked_out), column_multiple=CHANNEL_BLOCK if blocked_out else 1,
-        efficiencies=cpu_schedules.BLOCKED_TILE_EFFICIENCY)
+        efficiencies=cpu_schedules.BLOCKED_TILE_EFFICIENCY,
+        order="rows" if kh * kw == 1 and c * o * 4 <= cpu_schedules.ROWS_FIRST_WEIGHT_BYTES else "columns")
     t = conv2d_rows_te(shape, weight, stride, padding, "float32", epi, panel=nb, blocked_in=blocked_in,
                        blocked_out=blocked_out)
     s = create_schedule(t["out"])
