@@ -375,25 +375,34 @@ def test_bad_arguments_get_clear_errors(cpu):
         op.run(cpu, a=np.zeros((3, 4), np.float32), b=np.zeros((4, 4), np.float32))
 
 
-@pytest.mark.parametrize("features", ["host", "host,-avx512vnni"], ids=["vnni-if-present", "no-vnni"])
-def test_int8_products_with_and_without_vnni(features, cpu):
+@pytest.mark.parametrize("cpu_name,features", [("host", "host"), ("host", "host,-avx512vnni"), ("x86-64-v2", "")],
+                         ids=["vnni-if-present", "no-vnni", "sse4"])
+def test_int8_products_with_and_without_vnni(cpu_name, features, cpu):
     """With AVX-512 VNNI the int8 products run on 4-byte dot products (activations offset
-    to unsigned bytes, corrected by the weights' sums); without it, on widened products.
-    Both are exact."""
+    to unsigned bytes, corrected by the weights' sums); on AVX2 without it, on the same dot
+    products from byte and word multiply-adds; on older CPUs, on widened products. All are exact."""
     from gemforge.compiler.backends.cpu import has_feature
-    target = CpuTarget(features=features)
+    from gemforge.compiler.ops.host import _vnni
+    target = CpuTarget(cpu=cpu_name, features=features)
+    vnni, avx2 = has_feature(target, "avx512vnni"), has_feature(target, "avx2")
     rng = np.random.default_rng(9)
+    # Activations at both ends of the range: the top bit of an unsigned byte is the one AVX2's
+    # saturating byte multiply-add cannot take as it is.
     x, w = _data(rng, (1, 7, 9, 10), "int8"), _data(rng, (9, 7, 3, 3), "int8")
+    x.flat[::5], w.flat[::7] = 127, -128
     bias = rng.integers(-999, 999, 9).astype(np.int32)
     for stride in (1, 2):
         op = compile_conv2d(target, x.shape, w.shape, stride=stride, padding=1, bias=True, shift=5, relu=True)
         out, _ = op.run(cpu, x=x, w=w, bias=bias)
         np.testing.assert_array_equal(out, conv2d_reference(x, w, bias, stride, 1, 5, True))
-        assert ("vpdpbusd" in op.program.assembly) == has_feature(target, "avx512vnni")
+        assert ("vpdpbusd" in op.program.assembly) == vnni
+        assert ("vpmaddubsw" in op.program.assembly) == (avx2 and not vnni)
     a, b = _data(rng, (13, 30), "int8"), _data(rng, (30, 21), "int8")
-    out, _ = compile_dense(target, 13, 30, 21).run(cpu, a=a, b=b)
+    a[::2], b[:, ::3] = 127, -128
+    op = compile_dense(target, 13, 30, 21)
+    out, _ = op.run(cpu, a=a, b=b)
     np.testing.assert_array_equal(out, dense_reference(a, b))
-    assert compile_dense(CpuTarget(features="host,-avx512vnni"), 4, 4, 4).plan.get("method") != "vnni"
+    assert (op.plan.get("method") == "vnni") == (vnni or avx2) == _vnni(target, "int8")
 
 
 @pytest.mark.parametrize("registers", [16, 32])
@@ -479,11 +488,10 @@ def test_unfold_kernel_equals_the_graph_definition(shape, kernel, stride, paddin
 def test_int8_vnni_conv_with_pixels_for_rows(shape, o, kernel, stride, padding, forced, monkeypatch):
     """int8 on 4-byte dot products with the pixels for rows (`nn.conv2d_vnni_rows_te`), bit for
     bit the reference's (requantization, ReLU, upper bound)."""
-    from gemforge.compiler.backends.cpu import has_feature
     from gemforge.compiler.ops import host
     target = CPU
-    if not has_feature(target, "avx512vnni"):
-        pytest.skip("this CPU has no AVX-512 VNNI (the rows product is the VNNI path's)")
+    if not host._vnni(target, "int8"):
+        pytest.skip("this CPU has neither AVX-512 VNNI nor AVX2 (the rows product is the 4-byte dot products' path)")
     if forced:
         monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
     rng = np.random.default_rng(sum(shape) + o)
@@ -501,9 +509,8 @@ def test_int8_vnni_conv_with_pixels_for_rows(shape, o, kernel, stride, padding, 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_convolutions_with_pixels_for_rows_on_random_shapes(seed, cpu, monkeypatch):
-    """The rows products (float32, and int8 on VNNI) forced on random shapes, kernels, strides
-    and paddings equal the reference (int8 bit for bit)."""
-    from gemforge.compiler.backends.cpu import has_feature
+    """The rows products (float32, and int8 on 4-byte dot products) forced on random shapes, kernels,
+    strides and paddings equal the reference (int8 bit for bit)."""
     from gemforge.compiler.ops import host
     monkeypatch.setattr(host, "_pixel_rows", lambda *args: True)
     rng = np.random.default_rng(100 + seed)
@@ -516,7 +523,7 @@ def test_convolutions_with_pixels_for_rows_on_random_shapes(seed, cpu, monkeypat
     out, _ = host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype="float32", bias=True,
                                  relu=True).run(cpu, x=x, w=w, bias=bias_f)
     _close(out, conv2d_reference(x, w, bias_f, stride, padding, relu=True))
-    if has_feature(CPU, "avx512vnni"):
+    if host._vnni(CPU, "int8"):
         x8, w8 = _data(rng, shape, "int8"), _data(rng, weight, "int8")
         bias8 = rng.integers(-2000, 2000, weight[0]).astype(np.int32)
         op = host.compile_conv2d(CPU, shape, weight, stride=stride, padding=padding, dtype="int8", bias=True,

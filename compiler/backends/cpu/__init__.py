@@ -273,7 +273,8 @@ def make_llvm_ir(func: PrimFunc, target: CpuTarget, *, cached: bool = True) -> C
     module.triple = llvm.get_process_triple()
     module.data_layout = str(machine.target_data)
     CpuCodegen(module, PrimFunc(func.name, func.params + workspaces, body, func.attrs),
-               vnni=has_feature(target, "avx512vnni"), vl=has_feature(target, "avx512vl")).emit_function()
+               vnni=has_feature(target, "avx512vnni"), vl=has_feature(target, "avx512vl"),
+               avx2=has_feature(target, "avx2")).emit_function()
     return CpuModule(func, target, str(module), workspaces, cache_key=key)
 
 
