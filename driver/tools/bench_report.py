@@ -269,7 +269,8 @@ def _network_section(net: dict[str, Any]) -> list[str]:
                                                                        ("mobilenet_v2", "MobileNetV2"))
                      if net.get(key, {}).get("cpu_int8", {}).get("onnxruntime_seconds")]
         if int8_rows:
-            out += ["", "int8 on the CPU (every layer on the CPU back end, AVX-512 VNNI where the CPU has it) against "
+            out += ["", "int8 on the CPU (every layer on the CPU back end, its products on 4-byte dot products: AVX-512 "
+                    "VNNI's, or on AVX2 the same sums from byte and word multiply-adds) against "
                     "ONNX Runtime's static QDQ int8 of the same float model (u8 activations × s8 weights, "
                     "per-tensor scales calibrated on the same input, after ORT's `quant_pre_process`), alternating "
                     "rounds, same threads; cosine: each output against the float32 network's.", "",
@@ -438,7 +439,9 @@ def _cpu_section(cpu: dict[str, Any], machine: dict[str, str] | None = None) -> 
     out.append(f"| numpy (BLAS), same threads | {gemm['numpy_gflops']} | | |")
     if "onnxruntime_gflops" in gemm:
         out.append(f"| ONNX Runtime MatMul, same threads | {gemm['onnxruntime_gflops']} | | |")
-    out += ["", f"Ratios: the faster library's time over gemforge's (the libraries use the CPU's {vector}).", ""]
+    out += ["", f"Ratios: the faster library's time over gemforge's (the libraries use the CPU's {vector})."
+            + (" This CPU has no AVX-512: its GEMM row is the AVX2 figure." if machine and "AVX-512" not in vector
+               and "avx2_gflops" not in gemm else ""), ""]
     convs = cpu.get("resnet18_convs")
     if "resnet18_convs_skipped" in cpu:
         out += [f"ResNet-18 convolutions not measured: {cpu['resnet18_convs_skipped']}.", ""]
@@ -453,11 +456,13 @@ def _cpu_section(cpu: dict[str, Any], machine: dict[str, str] | None = None) -> 
             "reads stride-1 windows in place from the padded image (no im2col matrix); `im2col` copies the",
             "windows first (stride 2), a larger share of the time when the reduction is short (1×1); `rows`",
             "is the transposed product, the output pixels for rows and the channels vectorized, chosen for",
-            "small images and strided windows (`host._pixel_rows`); `vnni-*` runs int8 products on AVX-512",
-            "VNNI's 4-byte dot products (activations offset to unsigned bytes, corrected by the weights' sums),",
-            *(("on this machine the int8 path's method.",) if vnni else
-              ("where the CPU has it; this one has not, so its int8 products are widened and multiplied lane by",
-               "lane (exact, as the accelerator's are) — the int8 columns measure that fallback.")), "",
+            "small images and strided windows (`host._pixel_rows`); `vnni-*` runs int8 products on 4-byte dot",
+            "products (activations offset to unsigned bytes, corrected by the weights' sums): AVX-512 VNNI's",
+            *(("`vpdpbusd`, one instruction each.",) if vnni else
+              ("`vpdpbusd` where the CPU has it; on this one, the same sums from AVX2's `vpmaddubsw` and `vpmaddwd`,",
+               "each unsigned byte split into its low 7 bits and its top bit so that no 16-bit sum saturates: exact,",
+               "as the accelerator is, at twice the instructions of ORT's uint8 path, which lets its sums saturate.")),
+            "",
             "| layer | input | weight | stride | method | float32 GFLOP/s gemforge / ORT | ratio | "
             "int8 GOP/s gemforge | ORT int8 | ORT uint8 | ratio vs int8 / uint8 |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
