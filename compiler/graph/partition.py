@@ -44,7 +44,7 @@ from ..errors import CompileError
 from ..ops.accel.widened import compile_int8_depthwise_conv2d, compile_int8_pool2d, compile_scaled_add
 from ..ops.common import OpError
 from .ir import Graph, Node
-from .operators.base import padding
+from .operators.base import nonnegative, padding
 
 __all__ = ["AccelLayer", "DATA_INPUTS", "ACCEL_OPS", "partition", "compile_pool", "nonnegative", "is_depthwise",
            "host_reads", "accel_runs", "host_round_trips", "round_trips"]
@@ -126,18 +126,6 @@ def is_depthwise(graph: Graph, node: Node) -> bool:
     """Whether the conv2d ``node`` is depthwise: a group per input channel, one output channel each."""
     channels = graph.values[node.inputs[0]].shape[1]
     return node.attrs["groups"] == channels > 1 and graph.values[node.inputs[1]].shape[:2] == (channels, 1)
-
-
-def nonnegative(graph: Graph, tensor: str) -> bool:
-    """Whether ``tensor`` is known to hold no negative value: a ReLU's output (a layer's fused
-    one included), a clip's from 0 or above, or a pool of such a tensor."""
-    producer = next((n for n in graph.nodes if n.output == tensor), None)
-    if producer is None:
-        return False
-    if producer.op == "relu" or bool(producer.attrs.get("relu")) or \
-            (producer.op == "clip" and producer.attrs["lo"] >= 0):
-        return True
-    return producer.op in ("max_pool", "avg_pool") and nonnegative(graph, producer.inputs[0])
 
 
 def compile_pool(graph: Graph, node: Node, config: AccelConfig):

@@ -387,6 +387,9 @@ register_intrinsic("barrier", 0, VOID, "sync", "wait until every thread of the b
 register_intrinsic("dot4_u8s8", 2, "int32", "int",
                    "the dot product of a's four bytes as unsigned and b's four bytes as signed integers "
                    "(byte 0 the least significant): x86's VNNI vpdpbusd lane, the GPU's dp4a")
+register_intrinsic("dot4_u7s8", 2, "int32", "int",
+                   "dot4_u8s8 of an a whose bytes are all below 128 (non-negative int8 values): on AVX2 one "
+                   "byte multiply-add whose 16-bit pair sums cannot saturate")
 
 
 @dataclass(frozen=True, eq=False)

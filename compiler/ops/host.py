@@ -234,7 +234,8 @@ def _conv_args(shape, weight, stride, padding, groups):
 def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1, padding: int = 0, groups: int = 1,
                    dtype: str = "int8", bias: bool = False, shift: int | None = None,
                    relu: bool = False, clip: tuple[float, float] | None = None, hi: int | None = None,
-                   residual: bool = False, blocked_in: bool = False, blocked_out: bool = False) -> CompiledOp:
+                   residual: bool = False, blocked_in: bool = False, blocked_out: bool = False,
+                   nonnegative: bool = False) -> CompiledOp:
     """2-D convolution of NCHW ``x`` with OIHW ``w`` (``groups``: grouped or depthwise),
     zero padding, with the fused epilogue (float32: ``residual``, an NCHW input ``residual``
     of the output's shape added before the ReLU, for one group, then ``clip``, finite (lo, hi)
@@ -242,7 +243,9 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     ``hi``, an upper bound below 127). Output NCHW. On the CPU, a float32 convolution of one group
     may read its input (``blocked_in``) or write its output and residual (``blocked_out``) in the
     blocked layout (N, C/16, H, W, 16) instead (`nn.CHANNEL_BLOCK`; a depthwise one: both or
-    neither)."""
+    neither). ``nonnegative``: an int8 input the caller knows holds no negative value (a ReLU's
+    output); its 4-byte dot products then take its bytes as they are (`nn.conv2d_vnni_te`), one
+    multiply-add fewer each on AVX2 — a negative value would give a wrong result."""
     _host(target)
     shape, weight, stride, padding, groups, oh, ow = _conv_args(input_shape, weight_shape, stride, padding, groups)
     dtype = _check_dtype("conv2d", dtype)
@@ -266,12 +269,15 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
     if target.kind == "cpu" and depthwise:
         return _compile_depthwise(target, shape, weight, stride, padding, dtype, epi, bias, oh, ow,
                                   blocked=blocked_in)
+    unsigned = False
     if target.kind == "gpu":
         from . import gpu as gpu_schedules
         t, s, plan = gpu_schedules.conv2d(shape, weight, stride, padding, groups, dtype, epi)
     else:
         lanes = _lanes(target)
         vnni = _vnni(target, dtype)
+        # Known non-negative int8 input: its bytes unsigned as they are (the 4-byte dot products').
+        unsigned = vnni and nonnegative
         registers = _registers(target, dtype)
         pitch = conv2d_layout(w, (kh, kw), stride, padding, vnni=vnni).pitch
         rows_allowed = groups == 1 and (dtype == "float32" or vnni)
@@ -281,10 +287,11 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             "cpu.conv2d", target,
             {"input": shape, "weight": weight, "stride": stride, "padding": padding, "groups": groups,
              "dtype": dtype, "bias": bias, "shift": shift, "relu": relu, "clip": clip, "hi": hi,
-             **({"residual": True} if residual else {})},
+             **({"residual": True} if residual else {}), **({"nonnegative": True} if unsigned else {})},
             *products[rows], lanes, registers,
             partial(compile_conv2d, target, shape, weight, stride=stride, padding=padding, groups=groups,
-                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual),
+                    dtype=dtype, bias=bias, shift=shift, relu=relu, clip=clip, hi=hi, residual=residual,
+                    nonnegative=nonnegative),
             # A direct 1×1 product whose pixels its tile's columns do not divide copies its input
             # and its output.
             padding_cost=COPY_COST / o if not rows and (kh, kw, stride, padding) == (1, 1, 1, 0) else 0.0,
@@ -293,7 +300,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         if method is not None:
             rows = method == "rows"
         if rows:
-            t = conv2d_vnni_rows_te(shape, weight, stride, padding, epi, panel=nb) if vnni else \
+            t = conv2d_vnni_rows_te(shape, weight, stride, padding, epi, panel=nb, nonnegative=unsigned) if vnni else \
                 conv2d_rows_te(shape, weight, stride, padding, dtype, epi, panel=nb)
             s = create_schedule(t["out"])
             cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes, order=order,
@@ -303,7 +310,7 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
                     cpu_schedules.schedule_flat_image(s, t[stage], w + 2 * padding)
             plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": t["layout"].method}
         elif vnni:
-            t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb)
+            t = conv2d_vnni_te(shape, weight, stride, padding, groups, epi, panel=nb, nonnegative=unsigned)
             s = create_schedule(t["out"])
             shifted = t["layout"].method == "vnni-shifted"
             cpu_schedules.schedule_matmul(s, t["out"], t["c"], mb=mb, nb=nb, lanes=lanes,
@@ -323,6 +330,8 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
             if "flat" in t:
                 cpu_schedules.schedule_flat_image(s, t["flat"], t["layout"].pitch)
             plan = {"mb": mb, "nb": nb, "lanes": lanes, "order": order, "method": t["layout"].method}
+    if unsigned:
+        plan["nonnegative"] = True
     o_pad, p_pad = t["out"].shape[1:]
     pitch = t["layout"].pitch
     bias_len = t["bias"].shape[0] if bias else o
@@ -337,12 +346,12 @@ def compile_conv2d(target: Target, input_shape, weight_shape, *, stride: int = 1
         _check_conv_operands(x, w, shape, weight)
         weights = _array(w, "weight", dtype, weight)
         if "w4p" in t:
-            w4, corr = pack_conv_weights_vnni(weights, groups)
+            w4, corr = pack_conv_weights_vnni(weights, groups, offset=not unsigned)
             panel = t["w4p"].shape[2]
             weights = {"w4p": pack_dense_panels(w4.T, panel),
                        "corr": np.pad(corr, (0, t["corr"].shape[0] - o))}
         elif vnni:
-            w4, corr = pack_conv_weights_vnni(weights, groups)
+            w4, corr = pack_conv_weights_vnni(weights, groups, offset=not unsigned)
             weights = {"w4": w4, "corr": corr}
         elif "wp" in t:
             weights = {"wp": pack_conv_rows(weights, t["wp"].shape[2])}

@@ -452,18 +452,19 @@ def _read_padded(x: Tensor, b, ci, f: Expr, pitch: int, padding: int) -> Expr:
                       zero_outside=True)
 
 
-def _bytes_u8(load_byte, count: int = 4) -> Expr:
+def _bytes_u8(load_byte, count: int = 4, offset: int = 128) -> Expr:
     """Four int8 values (``load_byte(j)``) offset by 128 to unsigned bytes and packed little-
-    endian into one int32: the unsigned operand of `dot4_u8s8`."""
+    endian into one int32: the unsigned operand of `dot4_u8s8` (``offset`` 0: values known to be
+    non-negative, already unsigned bytes below 128, `dot4_u7s8`'s)."""
     packed: Expr | None = None
     for j in range(count):
-        term = (load_byte(j).astype("int32") + 128) * (1 << (8 * j))
+        term = (load_byte(j).astype("int32") + offset) * (1 << (8 * j))
         packed = term if packed is None else packed + term
     return packed
 
 
 def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int, padding: int,
-                   groups: int, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+                   groups: int, epilogue: Epilogue, panel: int, nonnegative: bool = False) -> dict[str, Tensor]:
     """int8 conv2d on 4-byte dot products (`dot4_u8s8`: AVX-512 VNNI's ``vpdpbusd``).
 
     Each group's input channels go in fours: the activations, offset by 128 to
@@ -471,7 +472,10 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
     image flattened with the `conv2d_method` pitch for stride 1, an im2col
     matrix otherwise); the weights ``w4`` (O, C/G/4·KH·KW) int32 and the offset's
     correction ``corr`` = 128·Σ w (O,) come packed from the host. ``out`` is laid
-    out as in `conv2d_te`."""
+    out as in `conv2d_te`. ``nonnegative``: the input holds no negative value (a ReLU's output),
+    so its bytes go as they are (``corr`` then zero) into `dot4_u7s8`, cheaper where the CPU
+    has no VNNI."""
+    offset, dot4 = (0, "dot4_u7s8") if nonnegative else (128, "dot4_u8s8")
     n, c, h, wd = shape
     o, cg, kh, kw = weight
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
@@ -494,7 +498,8 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
         x4 = tensors["x4"] = compute(
             (n, groups, cg4, length),
             lambda b, g, c4, f: _bytes_u8(lambda j: channel(b, g, c4, j, FloorDiv(f, Const(pitch)) - padding,
-                                                            FloorMod(f, Const(pitch)) - padding)), name="x4")
+                                                            FloorMod(f, Const(pitch)) - padding), offset=offset),
+            name="x4")
 
         def operand(b, g, r4, q):
             return x4[b, g, r4 // taps, q + ((r4 // kw) % kh) * pitch + r4 % kw]
@@ -502,13 +507,14 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
         x4 = tensors["x4"] = compute(
             (n, groups, cg4 * taps, p_pad),
             lambda b, g, r4, q: _bytes_u8(lambda j: channel(
-                b, g, r4 // taps, j, *(v - padding for v in window_pixel(q, r4, ow, kh, kw, stride)))), name="x4")
+                b, g, r4 // taps, j, *(v - padding for v in window_pixel(q, r4, ow, kh, kw, stride))), offset=offset),
+            name="x4")
 
         def operand(b, g, r4, q):
             return x4[b, g, r4, q]
     r4 = reduce_axis(cg4 * taps, "r4")
     cc = tensors["c"] = compute(
-        (n, o, p_pad), lambda b, oc, q: sum_(Call("dot4_u8s8", (operand(b, oc // og, r4.var, q), w4[oc, r4])), [r4]),
+        (n, o, p_pad), lambda b, oc, q: sum_(Call(dot4, (operand(b, oc // og, r4.var, q), w4[oc, r4])), [r4]),
         name="c")
     bias = None
     if epilogue.bias:
@@ -521,12 +527,14 @@ def conv2d_vnni_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
 
 
 def conv2d_vnni_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int, int], stride: int,
-                        padding: int, epilogue: Epilogue, panel: int) -> dict[str, Tensor]:
+                        padding: int, epilogue: Epilogue, panel: int, nonnegative: bool = False) -> dict[str, Tensor]:
     """`conv2d_vnni_te`'s int8 product (one group) transposed as `conv2d_rows_te`'s: the output
     pixels for rows, the output channels for columns, ``c[b, q, oc] = Σ_r4 dot4(x4[…], w4p[oc //
     panel, r4, oc % panel])``. ``x4`` is the padded image flattened (rows ``pitch`` apart) with
     four channels' bytes to an int32, read one at a time as the broadcast operand; ``w4p`` the
-    VNNI weights packed into column panels, ``corr`` (O_pad,). ``out`` (N, O_pad, OH·OW)."""
+    VNNI weights packed into column panels, ``corr`` (O_pad,). ``out`` (N, O_pad, OH·OW).
+    ``nonnegative`` as for `conv2d_vnni_te`."""
+    offset, dot4 = (0, "dot4_u7s8") if nonnegative else (128, "dot4_u8s8")
     n, c, h, wd = shape
     o, _, kh, kw = weight
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
@@ -536,14 +544,14 @@ def conv2d_vnni_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int
     w4p = placeholder((o_pad // panel, c4 * taps, panel), "int32", "w4p")
     corr = placeholder((o_pad,), "int32", "corr")
     x4 = compute((n, c4, (h + 2 * padding) * pitch), lambda b, q4, f: _bytes_u8(
-        lambda j: _read_padded(x, b, q4 * 4 + j, f, pitch, padding)), name="x4")
+        lambda j: _read_padded(x, b, q4 * 4 + j, f, pitch, padding), offset=offset), name="x4")
     r4 = reduce_axis(c4 * taps, "r4")
 
     def window(b, r, q):
         row, col = window_pixel(q, r, ow, kh, kw, stride)
         return x4[b, r // taps, row * pitch + col]
     cc = compute((n, oh * ow, o_pad), lambda b, q, oc: sum_(
-        Call("dot4_u8s8", (window(b, r4.var, q), w4p[oc // panel, r4, oc % panel])), [r4]), name="c")
+        Call(dot4, (window(b, r4.var, q), w4p[oc // panel, r4, oc % panel])), [r4]), name="c")
     tensors: dict[str, Tensor] = {"x": x, "w4p": w4p, "corr": corr, "x4": x4, "c": cc}
     bias = tensors["bias"] = placeholder((o_pad,), "int32", "bias") if epilogue.bias else None
     if bias is None:
@@ -578,15 +586,16 @@ def dense_vnni_te(m: int, k: int, n: int, epilogue: Epilogue, panel: int) -> dic
     return tensors
 
 
-def pack_conv_weights_vnni(w, groups: int):
-    """OIHW int8 weights → (w4, corr) for `conv2d_vnni_te` (numpy)."""
+def pack_conv_weights_vnni(w, groups: int, offset: bool = True):
+    """OIHW int8 weights → (w4, corr) for `conv2d_vnni_te` (numpy); ``offset`` False: an input taken
+    as it is (``nonnegative``), whose correction is zero."""
     import numpy as np
     o, cg, kh, kw = w.shape
     cg4 = -(-cg // 4)
     padded = np.zeros((o, cg4 * 4, kh, kw), np.int8)
     padded[:, :cg] = w
     w4 = np.ascontiguousarray(padded.reshape(o, cg4, 4, kh, kw).transpose(0, 1, 3, 4, 2)).view(np.int32)
-    corr = (128 * w.reshape(o, -1).astype(np.int64).sum(1)).astype(np.int32)
+    corr = ((128 if offset else 0) * w.reshape(o, -1).astype(np.int64).sum(1)).astype(np.int32)
     return w4.reshape(o, cg4 * kh * kw), corr
 
 

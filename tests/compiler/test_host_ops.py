@@ -405,6 +405,37 @@ def test_int8_products_with_and_without_vnni(cpu_name, features, cpu):
     assert (op.plan.get("method") == "vnni") == (vnni or avx2) == _vnni(target, "int8")
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_int8_conv_of_a_nonnegative_input_takes_its_bytes_as_they_are(seed, cpu, monkeypatch):
+    """An input known to hold no negative value (a ReLU's output: ``nonnegative``) goes into the
+    4-byte dot products without the offset and its correction (`dot4_u7s8`), bit for bit the
+    reference's in every method (the pixels for rows or for columns, stride 1 or 2)."""
+    from gemforge.compiler.ops import host
+    target = CpuTarget()
+    if not host._vnni(target, "int8"):
+        pytest.skip("this CPU has neither AVX-512 VNNI nor AVX2 (no 4-byte dot products)")
+    rng = np.random.default_rng(40 + seed)
+    monkeypatch.setattr(host, "_pixel_rows", lambda *args: bool(seed % 2))
+    k = int(rng.choice([1, 3]))
+    shape = (1, int(rng.integers(1, 20)), int(rng.integers(k, 12)), int(rng.integers(k, 12)))
+    weight = (int(rng.integers(1, 40)), shape[1], k, k)
+    stride, padding = 1 + seed // 2, int(rng.integers(0, k))
+    x = rng.integers(0, 128, shape).astype(np.int8)
+    x.flat[::3] = 127                                     # the largest a byte below 128 holds
+    w = _data(rng, weight, "int8")
+    w.flat[::5] = -128
+    bias = rng.integers(-3000, 3000, weight[0]).astype(np.int32)
+    op = host.compile_conv2d(target, shape, weight, stride=stride, padding=padding, bias=True, shift=6, relu=True,
+                             nonnegative=True)
+    assert op.plan["method"].startswith("vnni") and op.plan["nonnegative"]
+    out, _ = op.run(cpu, x=x, w=w, bias=bias)
+    np.testing.assert_array_equal(out, conv2d_reference(x, w, bias, stride, padding, shift=6, relu=True))
+    # The promise is the caller's: a negative input (bytes of 128 and more) reads wrongly.
+    negative = np.full(shape, -100, np.int8)
+    out, _ = op.run(cpu, x=negative, w=w, bias=bias)
+    assert not np.array_equal(out, conv2d_reference(negative, w, bias, stride, padding, shift=6, relu=True))
+
+
 @pytest.mark.parametrize("registers", [16, 32])
 def test_register_tiles_fit_the_register_file(registers):
     """A micro-kernel's accumulators, its loaded vectors and the broadcast fit the vector

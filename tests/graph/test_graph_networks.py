@@ -96,6 +96,13 @@ def test_mobilenet_v2_float32_as_onnx_runtime_and_int8_on_fsim_and_cpu():
     np.testing.assert_array_equal(on_fsim, model.run(x, "cpu"))
     cosine = float(on_fsim.ravel() @ expected.ravel() / np.linalg.norm(on_fsim) / np.linalg.norm(expected))
     assert cosine > 0.95, cosine
+    # On the CPU, the 1×1 projections read ReLU6 outputs: their dot products take the bytes as they
+    # are; the expansions read the (signed) residual stream.
+    from gemforge.compiler.ops.host import _vnni
+    from gemforge.compiler import CpuTarget
+    if _vnni(CpuTarget(), "int8"):
+        plans = {n.name: model._host_kernel(n, "cpu").op.plan for n in convs if n not in depthwise}
+        assert plans["features.2.project"].get("nonnegative") and not plans["features.2.expand"].get("nonnegative")
 
 
 @pytest.mark.parametrize("placement, trips", [([], 0), ([False, False], 0), ([True], 0), ([True, True], 0),

@@ -39,7 +39,7 @@ class CpuCodegen(LLVMCodegen):
         self.vl = vl
         self.avx2 = avx2
 
-    def dot4(self, acc, a, b):
+    def dot4(self, acc, a, b, below_128: bool = False):
         a, b = self._match(a, b)
         lanes = a.type.count if isinstance(a.type, ll.VectorType) else 1
         if self.vnni and lanes > 16 and lanes % 16 == 0:
@@ -47,10 +47,10 @@ class CpuCodegen(LLVMCodegen):
             if acc is not None and not isinstance(acc.type, ll.VectorType):
                 acc = self.broadcast(acc, lanes)
             parts = [self.dot4(None if acc is None else self._lanes(acc, k, 16), self._lanes(a, k, 16),
-                               self._lanes(b, k, 16)) for k in range(0, lanes, 16)]
+                               self._lanes(b, k, 16), below_128) for k in range(0, lanes, 16)]
             return self._concat(parts)
         if not self.vnni and self.avx2 and lanes % 8 == 0:
-            return self._dot4_avx2(acc, a, b, lanes)
+            return self._dot4_avx2(acc, a, b, lanes, below_128)
         if not self.vnni or lanes not in ((4, 8, 16) if self.vl else (16,)):
             return super().dot4(acc, a, b)
         # acc + Σ u8(a) × s8(b) per 32-bit lane in one instruction.
@@ -63,23 +63,27 @@ class CpuCodegen(LLVMCodegen):
         fn = self.intrinsic(f"llvm.x86.avx512.vpdpbusd.{bits}", words, [words, octets, octets])
         return self.builder.call(fn, [acc, self.builder.bitcast(a, octets), self.builder.bitcast(b, octets)])
 
-    def _dot4_avx2(self, acc, a, b, lanes: int):
+    def _dot4_avx2(self, acc, a, b, lanes: int, below_128: bool = False):
         """``acc + Σ u8(a) × s8(b)`` per 32-bit lane on AVX2, bit-exact: ``vpmaddubsw`` multiplies
         unsigned by signed bytes and adds pairs into 16 bits, saturating (255 · −128 · 2 does not
         fit), so ``a`` is split into its low 7 bits and its top bit, each product pair then fits
-        (127 · 128 · 2 < 2^15); ``vpmaddwd`` widens the pairs' sums to 32 bits, the top bits' by 128."""
+        (127 · 128 · 2 < 2^15); ``vpmaddwd`` widens the pairs' sums to 32 bits, the top bits' by 128.
+        ``below_128`` (`dot4_u7s8`): ``a`` has no top bits, one multiply-add of each suffices."""
         bld = self.builder
         if acc is not None and not isinstance(acc.type, ll.VectorType):
             acc = self.broadcast(acc, lanes)
         if lanes > 8:                    # one 256-bit register per 8 lanes
             parts = [self._dot4_avx2(None if acc is None else self._lanes(acc, k, 8), self._lanes(a, k, 8),
-                                     self._lanes(b, k, 8), 8) for k in range(0, lanes, 8)]
+                                     self._lanes(b, k, 8), 8, below_128) for k in range(0, lanes, 8)]
             return self._concat(parts)
         octets, halves = ll.VectorType(ll.IntType(8), 32), ll.VectorType(ll.IntType(16), 16)
         words = ll.VectorType(ll.IntType(32), 8)
         ubs = self.intrinsic("llvm.x86.avx2.pmadd.ub.sw", halves, [octets, octets])
         wd = self.intrinsic("llvm.x86.avx2.pmadd.wd", words, [halves, halves])
         bytes_a, bytes_b = bld.bitcast(a, octets), bld.bitcast(b, octets)
+        if below_128:
+            total = bld.call(wd, [bld.call(ubs, [bytes_a, bytes_b]), ll.Constant(halves, [1] * 16)])
+            return total if acc is None else bld.add(acc, total)
         low = bld.and_(bytes_a, ll.Constant(octets, [0x7F] * 32))
         top = bld.lshr(bytes_a, ll.Constant(octets, [7] * 32))
         total = bld.add(bld.call(wd, [bld.call(ubs, [low, bytes_b]), ll.Constant(halves, [1] * 16)]),

@@ -766,9 +766,10 @@ class LLVMCodegen:
             return self.shift(e)
         if isinstance(e, Add):
             for acc, other in ((e.a, e.b), (e.b, e.a)):
-                if isinstance(other, Call) and other.name == "dot4_u8s8":
+                if isinstance(other, Call) and other.name in ("dot4_u8s8", "dot4_u7s8"):
                     # An accumulation into a dot product: one instruction where the target has it.
-                    return self.dot4(self.expr(acc), *(self.expr(x) for x in other.args))
+                    return self.dot4(self.expr(acc), *(self.expr(x) for x in other.args),
+                                     below_128=other.name == "dot4_u7s8")
         x, y = self._match(self.expr(e.a), self.expr(e.b))
         if is_float(dtype):
             if isinstance(e, (Add, Sub, Mul, Div)):
@@ -878,13 +879,13 @@ class LLVMCodegen:
             return self.tanh(self.expr(e.args[0]))
         if e.name.startswith(("threadIdx.", "blockIdx.")):
             return self.thread_index(e.name)
-        if e.name == "dot4_u8s8":
-            return self.dot4(None, *(self.expr(a) for a in e.args))
+        if e.name in ("dot4_u8s8", "dot4_u7s8"):
+            return self.dot4(None, *(self.expr(a) for a in e.args), below_128=e.name == "dot4_u7s8")
         raise CodegenError(f"intrinsic {e.name} is not available on this back end")
 
-    def dot4(self, acc: ll.Value | None, a: ll.Value, b: ll.Value) -> ll.Value:
+    def dot4(self, acc: ll.Value | None, a: ll.Value, b: ll.Value, below_128: bool = False) -> ll.Value:
         """``acc + dot4_u8s8(a, b)`` (``acc`` may be None) from byte extractions; back ends
-        with a dot-product instruction override it."""
+        with a dot-product instruction override it (``below_128``: ``a``'s bytes are, `dot4_u7s8`)."""
         bld = self.builder
         a, b = self._match(a, b)
         total = None

@@ -27,7 +27,7 @@ from ...ops.common import OpError, four_pads, pool_windows
 from ..ir import MAX_RANK, Graph, GraphError, Node
 
 __all__ = ["OpDef", "Blocked", "BlockedForm", "OPERATORS", "Int8", "register", "op_def", "fail", "per_item", "ATTRIBUTE_TYPES", "integers",
-           "same_padding", "padding", "window_out", "resolve_axes", "broadcast", "check_rank"]
+           "same_padding", "padding", "nonnegative", "window_out", "resolve_axes", "broadcast", "check_rank"]
 
 
 class Int8:
@@ -188,6 +188,18 @@ ATTRIBUTE_TYPES: dict[str, Callable[[Any], bool]] = {
 
 
 # --- shape rules' helpers ----------------------------------------------------------------
+
+def nonnegative(graph: Graph, tensor: str) -> bool:
+    """Whether ``tensor`` is known to hold no negative value: a ReLU's output (a layer's fused
+    one included), a clip's from 0 or above, or a pool of such a tensor."""
+    producer = next((n for n in graph.nodes if n.output == tensor), None)
+    if producer is None:
+        return False
+    if producer.op == "relu" or bool(producer.attrs.get("relu")) or \
+            (producer.op == "clip" and producer.attrs["lo"] >= 0):
+        return True
+    return producer.op in ("max_pool", "avg_pool") and nonnegative(graph, producer.inputs[0])
+
 
 def same_padding(node: Node, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
                  pooling: bool = False) -> tuple[int, int, int, int]:

@@ -8,7 +8,7 @@ from ...ops import host
 from ...ops.common import reference_epilogue, window_count
 from ...ops.reference import conv2d_reference
 from ..kernels import HostKernel, contiguous, with_weights
-from .base import Blocked, BlockedForm, Int8, OpDef, fail, padding, per_item, register, same_padding
+from .base import Blocked, BlockedForm, Int8, OpDef, fail, nonnegative, padding, per_item, register, same_padding
 
 #: The largest float32: the kernels take finite bounds, and ±FLT_MAX clips nothing a float32 holds.
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -80,7 +80,8 @@ def _conv2d_host(graph, node, target):
                              groups=a["groups"], dtype=dtype, bias=len(shapes) > 2,
                              shift=a.get("shift") if dtype == "int8" else None, relu=a["relu"],
                              clip=(max(a["lo"], -_FLOAT_MAX), min(a["hi"], _FLOAT_MAX)) if "lo" in a else None,
-                             hi=a.get("hi") if dtype == "int8" else None, residual=residual)
+                             hi=a.get("hi") if dtype == "int8" else None, residual=residual,
+                             nonnegative=dtype == "int8" and nonnegative(graph, node.inputs[0]))
     if not residual:
         return with_weights(node, op, "x", "w", shapes[0], [graph.constants.get(i) for i in node.inputs],
                             lambda out: out)
