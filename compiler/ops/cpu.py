@@ -295,6 +295,10 @@ def schedule_depthwise(s: Schedule, tensors: dict[str, Tensor]) -> None:
         split = s[tensors["xs"]]
         _row_sums(s, tensors["out"], tensors["sum"])
         so = s[tensors["out"]]
+        if "xp" in tensors:                     # an int8 input's padded float copy, then its split
+            padded = s[tensors["xp"]]
+            padded.compute_at(so, so.leaf[0])
+            padded.vectorize(padded.leaf[-1])
         split.compute_at(so, so.leaf[0])
         split.vectorize(split.leaf[-1])
         return

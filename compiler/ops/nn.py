@@ -372,9 +372,21 @@ def depthwise_conv2d_te(shape: tuple[int, int, int, int], weight: tuple[int, int
     ri, rj = reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
     if stride > 1:
         columns = ow + (kw - 1) // stride
-        xs = tensors["xs"] = compute((n, c, h + 2 * padding, stride, columns), lambda b, ch, y, phase, j: BufferLoad(
-            x.buffer, (b, ch, y - padding, j * stride + phase - padding), zero_outside=True).astype(sums),
-            name="xs")
+        if float_sums:
+            # int8 read through a padded float copy first (contiguous rows, each edge's masked load
+            # on 32-bit lanes): the split's strided reads are then in bounds, where a masked strided
+            # read of bytes went element by element on AVX2 (96 channels, 112×112: 1.5 → 0.84 ms).
+            xp = tensors["xp"] = compute(
+                (n, c, h + 2 * padding, max(wd + 2 * padding, columns * stride) + stride),
+                lambda b, ch, y, xx: BufferLoad(x.buffer, (b, ch, y - padding, xx - padding),
+                                                zero_outside=True).astype(sums), name="xp")
+            xs = tensors["xs"] = compute((n, c, h + 2 * padding, stride, columns),
+                                         lambda b, ch, y, phase, j: xp[b, ch, y, j * stride + phase], name="xs")
+        else:
+            xs = tensors["xs"] = compute(
+                (n, c, h + 2 * padding, stride, columns), lambda b, ch, y, phase, j: BufferLoad(
+                    x.buffer, (b, ch, y - padding, j * stride + phase - padding), zero_outside=True).astype(sums),
+                name="xs")
 
         def tap(b, k, y, xx):
             return xs[b, k // multiplier, y * stride + ri, rj % stride, xx + rj // stride]
