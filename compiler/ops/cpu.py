@@ -253,10 +253,15 @@ def schedule_elementwise(s: Schedule, out: Tensor) -> None:
 
 def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
     """Pooling: (batch, channel) fused and parallel, one output row at a time with its
-    window loops outside the vectorized output columns."""
+    window loops outside the vectorized output columns. A padded max pool in NCHW frames its
+    channel first (``xp``, made in the channel loop), so that every tap reads in bounds: inlined,
+    each tap tested the image's edges (64 channels of 56×56, stride 1: int8 3×3 1.22 → 0.16 ms,
+    5×5 3.4 → 0.20 ms; float32 5×5 1.26 → 0.37 ms on znver3)."""
     out = tensors["out"]
-    if tensors.get("xp") is not None and tensors["xp"] is not tensors["x"]:
+    framed = tensors.get("xp") is not None and tensors["xp"] is not tensors["x"]
+    if framed and not (kind == "max" and len(out.shape) == 4):
         s[tensors["xp"]].compute_inline()
+        framed = False
     so = s[out]
     if len(out.shape) == 5:          # the blocked layout: a pixel's 16 channels one vector
         if kind == "max":
@@ -279,6 +284,10 @@ def schedule_pool(s: Schedule, tensors: dict[str, Tensor], kind: str) -> None:
         so.reorder(nc, y, rh, rw, x)
         so.parallel(nc)
         so.vectorize(x)
+        if framed:                   # the padded image, channel by channel
+            padded = s[tensors["xp"]]
+            padded.compute_at(so, nc)
+            padded.vectorize(padded.leaf[-1])
         if "xs" in tensors:          # strided: the input split by column phase, channel by channel
             split = s[tensors["xs"]]
             split.compute_at(so, nc)
