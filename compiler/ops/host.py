@@ -24,8 +24,8 @@ from . import cpu as cpu_schedules
 from .common import CompiledOp, Epilogue, OpError, four_pads, out_size, pool_windows
 from .functions import FLOAT_FUNCTIONS
 from .nn import (
-    ALPHA_FUNCTIONS, CHANNEL_BLOCK, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, conv2d_layout, conv2d_rows_te,
-    conv2d_te, conv2d_vnni_rows_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_blocked_te,
+    ALPHA_FUNCTIONS, CHANNEL_BLOCK, ELEMENTWISE_OPS, FLOAT_ELEMENTWISE_OPS, accumulator_dtype, channel_blocks, conv2d_layout,
+    conv2d_rows_te, conv2d_te, conv2d_vnni_rows_te, conv2d_vnni_te, dense_te, dense_vnni_te, depthwise_blocked_te,
     depthwise_conv2d_te, elementwise_te,
     mean_te, pack_conv_rows, pack_conv_weights_vnni, pack_dense_panels, pack_dense_weights_vnni, pad_te, pool2d_te,
     quantize_te, scale_shift_te, slice_te, softmax_te, transpose_te, unfold_te,
@@ -439,7 +439,7 @@ def blocked_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The blocked layout's shape of an NCHW image shape: (N, C/16, H, W, 16), C/16 rounded up
     (a partial last block's padding is zeros)."""
     n, c, h, w = shape
-    return (n, -(-c // CHANNEL_BLOCK), h, w, CHANNEL_BLOCK)
+    return (n, channel_blocks(c), h, w, CHANNEL_BLOCK)
 
 
 def _pixel_rows(o: int, c: int, kernel: tuple[int, int], stride: int, padding: int, groups: int, width: int,

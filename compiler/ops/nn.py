@@ -41,7 +41,7 @@ from .functions import FLOAT_FUNCTIONS
 
 __all__ = [
     "accumulator_dtype", "dense_te", "conv2d_te", "conv2d_rows_te", "conv2d_vnni_rows_te", "conv2d_method",
-    "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te", "pack_conv_rows", "pack_conv_weights_vnni",
+    "channel_blocks", "conv2d_layout", "ConvLayout", "dense_vnni_te", "conv2d_vnni_te", "pack_conv_rows", "pack_conv_weights_vnni",
     "pack_dense_weights_vnni", "pack_dense_panels", "elementwise_te", "scale_shift_te", "quantize_te", "unfold_te",
     "transpose_te", "slice_te", "pad_te", "pool2d_te", "mean_te", "softmax_te", "round_up",
     "ELEMENTWISE_OPS", "FLOAT_ELEMENTWISE_OPS", "ALPHA_FUNCTIONS", "window_pixel", "CHANNEL_BLOCK",
@@ -52,6 +52,12 @@ __all__ = [
 #: held as (N, C/16, H, W, 16), the 16 channels of a pixel one AVX-512 vector (two AVX2 ones), as
 #: oneDNN's and TVM's x86 convolutions keep it between layers (`graph.blocked` plans where).
 CHANNEL_BLOCK = 16
+
+
+def channel_blocks(channels: int) -> int:
+    """The blocks a blocked image of ``channels`` channels holds: a partial last one padded with zeros."""
+    return -(-channels // CHANNEL_BLOCK)
+
 
 #: The element-wise operators of two tensors (``y`` broadcast to ``x``).
 _BINARY = ("add", "sub", "mul", "div", "max", "min")
@@ -299,7 +305,7 @@ def conv2d_rows_te(shape: tuple[int, int, int, int], weight: tuple[int, int, int
         window(b, rr.var, q).astype(acc) * wp[oc // panel, rr, oc % panel].astype(acc), [rr]), name="c")
     bias = tensors["bias"] = placeholder((o_pad,), acc, "bias") if epilogue.bias else None
     if blocked_out:
-        residual = tensors["residual"] = placeholder((n, -(-o // block), pixels, block), acc, "residual") \
+        residual = tensors["residual"] = placeholder((n, channel_blocks(o), pixels, block), acc, "residual") \
             if epilogue.residual else None
         tensors["out"] = compute(
             (n, o_pad // block, pixels, block), lambda b, k, q, i: zero_past(o, k * block + i, epilogue.apply(
@@ -328,7 +334,7 @@ def pack_conv_rows(w, panel: int, blocked_in: bool = False):
     import numpy as np
     o, c, kh, kw = w.shape
     if blocked_in:
-        blocks = -(-c // CHANNEL_BLOCK)
+        blocks = channel_blocks(c)
         w = np.pad(w, ((0, 0), (0, blocks * CHANNEL_BLOCK - c), (0, 0), (0, 0)))
         w = w.reshape(o, blocks, CHANNEL_BLOCK, kh, kw).transpose(0, 1, 3, 4, 2)
     return pack_dense_panels(w.reshape(o, -1).T, panel)
@@ -429,7 +435,7 @@ def depthwise_blocked_te(shape: tuple[int, int, int, int], weight: tuple[int, in
     if o != c:
         raise OpError(f"a blocked depthwise convolution has one output channel per input channel, not {c} → {o}")
     oh, ow = out_size(h, kh, stride, padding), out_size(wd, kw, stride, padding)
-    blocks = -(-c // block)
+    blocks = channel_blocks(c)
     x = placeholder((n, blocks, h, wd, block), "float32", "x")
     w = placeholder((blocks, kh * kw, block), "float32", "w")
     tensors: dict[str, Tensor] = {"x": x, "w": w}
@@ -783,7 +789,7 @@ def pool2d_te(kind: str, shape: tuple[int, int, int, int], kernel: tuple[int, in
 
     # An image's element (b, channel, y, x): ``channel`` is one index, or (block, lane) when blocked.
     def image(hh: int, ww: int) -> tuple[int, ...]:
-        return (n, -(-c // CHANNEL_BLOCK), hh, ww, CHANNEL_BLOCK) if blocked else (n, c, hh, ww)
+        return (n, channel_blocks(c), hh, ww, CHANNEL_BLOCK) if blocked else (n, c, hh, ww)
 
     def at(b, ch, y, xx) -> tuple:
         return (b, ch[0], y, xx, ch[1]) if blocked else (b, ch, y, xx)
